@@ -1,0 +1,53 @@
+# The developer interface, and CI's: `make run` and `make test` set everything up themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# Debian packages the test suite uses (bubblewrap: sandboxed runner; git: scope repositories)
+DEB_PACKAGES := git bubblewrap
+
+.PHONY: run test check fmt bench system-deps venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Atrium needs Python 3.11+"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Install missing Debian packages when running as root; otherwise say what is missing.
+system-deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else \
+	    echo "missing Debian packages:$$missing (run as root or: sudo apt-get install$$missing)"; exit 1; \
+	  fi; \
+	fi
+
+run: $(STAMP)
+	$(BIN)/atrium serve
+
+check: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: system-deps $(STAMP) check
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

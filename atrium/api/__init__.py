@@ -1,0 +1,1 @@
+"""The HTTP API: Starlette routes, one module per area; routes are thin glue over services."""

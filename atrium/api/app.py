@@ -1,0 +1,34 @@
+"""`create_app(settings, token)`: the Starlette application; its lifespan opens the shell."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from atrium.api import apps, events, kv, meta, scopes
+from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
+from atrium.errors import AtriumError
+from atrium.settings import Settings
+from atrium.shell import open_shell
+
+
+def create_app(settings: Settings, user_token: str) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with open_shell(settings, user_token) as shell:
+            app.state.shell = shell
+            try:
+                yield
+            finally:
+                shell.bus.close()
+
+    return Starlette(
+        routes=[*meta.routes, *apps.routes, *scopes.routes, *kv.routes, *events.routes],
+        middleware=[Middleware(InternalErrorMiddleware)],
+        exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,107 @@
+"""Who a request comes from, decided in one function, and routes that declare who may call them.
+
+`identify` trusts only what the shell issued: the user's bearer token or session cookie, an app
+instance's bearer token. Never the caller's own headers (decisions.md "Who is calling").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from enum import Enum
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from atrium.errors import PermissionDenied, Unauthenticated
+from atrium.identity import SESSION_COOKIE, Anonymous, AppCaller, Caller, UserCaller
+from atrium.shell import Shell
+
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+class Access(Enum):
+    """Who may call a route."""
+
+    ANYONE = "anyone"
+    USER = "user"
+    USER_OR_APP = "user or app"
+
+
+def shell_of(request: Request) -> Shell:
+    shell: Shell = request.app.state.shell
+    return shell
+
+
+def identify(request: Request, shell: Shell) -> Caller:
+    """The caller of ``request``. A presented but unknown bearer token is 401, never anonymous."""
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+        if shell.user_auth.is_token(token):
+            return UserCaller()
+        app = shell.app_tokens.lookup(token)
+        if app is None:
+            raise Unauthenticated("the bearer token is not valid (expired instance or wrong token)")
+        return app
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie is not None and shell.user_auth.is_session(cookie):
+        return UserCaller(via_cookie=True)
+    return Anonymous()
+
+
+def check_cookie_origin(request: Request, shell: Shell) -> None:
+    """A cookie-authenticated change must come from the host page's own origin."""
+    if request.method in SAFE_METHODS:
+        return
+    origin = request.headers.get("origin")
+    if origin is not None:
+        if origin in shell.host_origins:
+            return
+        raise PermissionDenied(
+            f"a change made with the session cookie must come from the host page; origin {origin!r} "
+            "is not it"
+        )
+    if request.headers.get("sec-fetch-site") == "same-origin":
+        return
+    raise PermissionDenied(
+        "a change made with the session cookie must carry the host page's Origin or "
+        "Sec-Fetch-Site: same-origin; other clients use the bearer token"
+    )
+
+
+def authorize(caller: Caller, access: Access) -> None:
+    if access is Access.ANYONE:
+        return
+    if isinstance(caller, Anonymous):
+        raise Unauthenticated(
+            "this endpoint needs the user's token (Authorization: Bearer …, see $ATRIUM_HOME/run/token) "
+            "or the host page's session"
+        )
+    if access is Access.USER and isinstance(caller, AppCaller):
+        raise PermissionDenied(
+            f"only the user may call this endpoint, not app {caller.app_id!r}",
+            caller_app_id=caller.app_id,
+        )
+
+
+def endpoint(
+    path: str, handler: Handler, *, methods: Sequence[str], access: Access, name: str | None = None
+) -> Route:
+    """A route whose handler receives the identified, authorized caller."""
+
+    async def guarded(request: Request) -> Response:
+        shell = shell_of(request)
+        caller = identify(request, shell)
+        authorize(caller, access)
+        if isinstance(caller, UserCaller) and caller.via_cookie:
+            check_cookie_origin(request, shell)
+        return await handler(request, caller)
+
+    return Route(path, guarded, methods=list(methods), name=name or handler.__name__)

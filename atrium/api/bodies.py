@@ -1,0 +1,48 @@
+"""Request bodies: JSON parsed into a pydantic model; every problem is a 400 `bad_request`."""
+
+from __future__ import annotations
+
+import json
+from typing import Final, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from atrium.errors import InvalidRequest
+
+MAX_BODY: Final = 2 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+def problems_of(err: ValidationError) -> list[dict[str, str]]:
+    return [
+        {
+            "field": ".".join(str(p) for p in e["loc"]) or "(body)",
+            "message": e["msg"].removeprefix("Value error, "),
+        }
+        for e in err.errors(include_url=False)
+    ]
+
+
+async def read_json(request: Request) -> object:
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise InvalidRequest(f"the request body is larger than {MAX_BODY} bytes")
+    if not body:
+        raise InvalidRequest("the request needs a JSON body")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as err:
+        raise InvalidRequest(f"the body is not valid JSON: {err}") from err
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    data = await read_json(request)
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"the body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = problems_of(err)
+        listed = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        raise InvalidRequest(f"bad request body: {listed}", problems=problems) from err

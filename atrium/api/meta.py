@@ -1,0 +1,54 @@
+"""Open routes: the version, the login URL that sets the host page's cookie, the host page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount
+from starlette.staticfiles import StaticFiles
+
+from atrium import API_VERSION, MANIFEST_SCHEMA, __version__
+from atrium.api.auth import Access, endpoint, shell_of
+from atrium.errors import Unauthenticated
+from atrium.identity import SESSION_COOKIE, Caller
+
+WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
+
+
+async def version(request: Request, caller: Caller) -> Response:
+    return JSONResponse(
+        {"version": __version__, "api": API_VERSION, "manifestSchema": MANIFEST_SCHEMA}
+    )
+
+
+async def login(request: Request, caller: Caller) -> Response:
+    """``/login?token=…``: trade the user token for an HttpOnly SameSite=Strict host-only cookie."""
+    shell = shell_of(request)
+    token = request.query_params.get("token", "")
+    if not token or not shell.user_auth.is_token(token):
+        raise Unauthenticated(
+            "the login link's token is missing or wrong; run `atrium serve` again "
+            "or read $ATRIUM_HOME/run/token"
+        )
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE, shell.user_auth.session, httponly=True, samesite="strict", path="/"
+    )  # no Domain attribute: host-only
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+async def host_page(request: Request, caller: Caller) -> Response:
+    return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+routes: list[BaseRoute] = [
+    endpoint("/api/version", version, methods=["GET"], access=Access.ANYONE),
+    endpoint("/login", login, methods=["GET"], access=Access.ANYONE),
+    endpoint("/", host_page, methods=["GET"], access=Access.ANYONE),
+    Mount("/static", app=StaticFiles(directory=WEB_DIR), name="static"),
+]

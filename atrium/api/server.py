@@ -1,0 +1,73 @@
+"""Run the API under uvicorn on a socket bound first, so port 0 works and the real URL is known."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvicorn
+from starlette.applications import Starlette
+
+from atrium.api.app import create_app
+from atrium.settings import Settings
+from atrium.shell import Shell
+
+
+class _Server(uvicorn.Server):
+    """Ends every event stream as soon as shutdown begins, so open streams never hold it up."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        shell: Shell | None = getattr(self._app.state, "shell", None)
+        if shell is not None:
+            shell.bus.close()
+        await super().shutdown(sockets)
+
+
+class ShellServer:
+    """One shell on one listening socket."""
+
+    def __init__(self, settings: Settings, user_token: str) -> None:
+        self.socket = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((settings.host, settings.port))
+        self.socket.listen(2048)
+        self.socket.setblocking(False)
+        port = self.socket.getsockname()[1]
+        self.settings = settings.model_copy(update={"port": port})
+        self.app = create_app(self.settings, user_token)
+        config = uvicorn.Config(
+            self.app,
+            loop="none",
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            timeout_graceful_shutdown=3,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+        )
+        self._server = _Server(config, self.app)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://localhost:{self.settings.port}"
+
+    @property
+    def started(self) -> bool:
+        return self._server.started
+
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self.socket])
+
+    def request_exit(self) -> None:
+        """Ask the server to stop; safe from any thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(setattr, self._server, "should_exit", True)
+        else:
+            self._server.should_exit = True

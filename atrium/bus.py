@@ -1,0 +1,157 @@
+"""The in-process event bus: `publish` never blocks; each subscriber has a bounded queue.
+
+A frame is encoded once per event and shared by every subscriber. A subscriber whose queue is full is
+dropped (its stream ends; it may reconnect with ``Last-Event-ID`` and replay what it missed from the
+last ``history`` events). ``close`` ends every stream so open streams never hold up shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final, Self
+
+from atrium.events import matches_any
+
+_LOGGER = logging.getLogger(__name__)
+
+HISTORY: Final = 1000
+QUEUE_SIZE: Final = 1024
+
+Listener = Callable[["Event"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One published event; ``frame`` is its SSE encoding, made once."""
+
+    id: int
+    topic: str
+    payload: Mapping[str, Any]
+    frame: bytes
+
+
+def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
+    data = json.dumps({"type": topic, **payload}, separators=(",", ":"), default=str)
+    return f"id: {event_id}\nevent: {topic}\ndata: {data}\n\n".encode()
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    """One subscriber: iterate it for frames (bytes); iteration ends when it is closed or dropped."""
+
+    globs: tuple[str, ...] | None
+    queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    closed: bool = False
+    dropped: bool = False
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame`` without waiting; False when the queue is full."""
+        try:
+            self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    def end(self) -> None:
+        """End the stream: discard what is queued (the client can replay it) and wake the reader."""
+        if self.closed:
+            return
+        self.closed = True
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
+
+    async def next(self, wait: float | None = None) -> bytes | None:
+        """The next frame; None when the stream ended. Raises TimeoutError after ``wait`` s."""
+        async with asyncio.timeout(wait):
+            return await self.queue.get()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (frame := await self.queue.get()) is not None:
+            yield frame
+
+
+class EventBus:
+    """Publish/subscribe by topic with globs, history for replay, and synchronous listeners."""
+
+    def __init__(self, history: int = HISTORY) -> None:
+        # ids stay increasing across restarts, so a client holding an id from a previous process
+        # replays everything the new process still has
+        self._next_id = int(time.time() * 1000) * 1000
+        self._history: deque[Event] = deque(maxlen=history)
+        self._subscribers: set[Subscription] = set()
+        self._listeners: list[tuple[tuple[str, ...] | None, Listener]] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    def publish(self, topic: str, payload: Mapping[str, Any]) -> Event:
+        """Deliver to every matching subscriber and listener; never waits."""
+        self._next_id += 1
+        event = Event(
+            self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload)
+        )
+        self._history.append(event)
+        for sub in tuple(self._subscribers):
+            if matches_any(topic, sub.globs) and not sub.offer(event.frame):
+                _LOGGER.warning("dropping a slow event subscriber (%d frames queued)", QUEUE_SIZE)
+                sub.dropped = True
+                self.unsubscribe(sub)
+        for globs, listener in tuple(self._listeners):
+            if matches_any(topic, globs):
+                try:
+                    listener(event)
+                except Exception:  # a listener's bug must not break publishing
+                    _LOGGER.exception("event listener failed on %s", topic)
+        return event
+
+    def subscribe(
+        self, globs: tuple[str, ...] | None = None, last_event_id: int | None = None
+    ) -> Subscription:
+        """A new subscription, first fed the missed events after ``last_event_id`` (if any)."""
+        sub = Subscription(globs)
+        if self._closed:
+            sub.end()
+            return sub
+        if last_event_id is not None:
+            for event in self._history:
+                if event.id > last_event_id and matches_any(event.topic, globs):
+                    sub.offer(event.frame)
+        self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        sub.end()
+
+    def listen(self, globs: tuple[str, ...] | None, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` synchronously for each matching event; returns the remover."""
+        entry = (globs, listener)
+        self._listeners.append(entry)
+        return lambda: self._listeners.remove(entry)
+
+    def close(self) -> None:
+        """End every stream; later subscriptions end at once."""
+        self._closed = True
+        for sub in tuple(self._subscribers):
+            self.unsubscribe(sub)

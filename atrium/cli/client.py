@@ -1,0 +1,111 @@
+"""The CLI's httpx client: finds the shell and its token, turns error bodies into one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import httpx
+import typer
+
+from atrium.settings import Settings
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+
+
+def _home() -> Path:
+    raw = os.environ.get("ATRIUM_HOME")
+    return (
+        Path(raw).expanduser()
+        if raw
+        else Settings.model_fields["home"].get_default(call_default_factory=True)
+    )
+
+
+def shell_url() -> str:
+    """``ATRIUM_URL``, else the URL the running shell wrote to ``$ATRIUM_HOME/run/url``."""
+    if url := os.environ.get("ATRIUM_URL"):
+        return url.rstrip("/")
+    try:
+        return (_home() / "run" / "url").read_text().strip().rstrip("/")
+    except OSError:
+        return DEFAULT_URL
+
+
+def user_token() -> str | None:
+    if token := os.environ.get("ATRIUM_TOKEN"):
+        return token
+    try:
+        return (_home() / "run" / "token").read_text().strip()
+    except OSError:
+        return None
+
+
+def fail(message: str, exit_code: int = 1) -> NoReturn:
+    """Report ``message`` as one line on stderr and exit non-zero (2: the shell is unreachable)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(exit_code)
+
+
+def describe_error(response: httpx.Response) -> str:
+    try:
+        err = response.json()["error"]
+        line = f"{err['code']}: {err['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    for problem in err.get("problems") or []:
+        if isinstance(problem, dict):
+            line += f"\n  - {problem.get('field')}: {problem.get('message')}"
+    return line
+
+
+class ShellClient:
+    """Calls the running shell as the user."""
+
+    def __init__(self, url: str | None = None, token: str | None = None) -> None:
+        self.url = url or shell_url()
+        headers = {}
+        if tok := token or user_token():
+            headers["Authorization"] = f"Bearer {tok}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+
+    def __enter__(self) -> ShellClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
+        if response.status_code >= 400:
+            fail(describe_error(response))
+        return response.json()
+
+    def stream_events(self, path: str, params: dict[str, str]) -> Iterator[tuple[str, str, Any]]:
+        """Yield ``(id, topic, payload)`` for each server-sent event."""
+        try:
+            with self._http.stream(
+                "GET", path, params=params, timeout=httpx.Timeout(30.0, read=None)
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    fail(describe_error(response))
+                event_id, topic, data = "", "", ""
+                for line in response.iter_lines():
+                    if line.startswith("id:"):
+                        event_id = line[3:].strip()
+                    elif line.startswith("event:"):
+                        topic = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data += line[5:].strip()
+                    elif not line and data:
+                        yield event_id, topic, json.loads(data)
+                        event_id, topic, data = "", "", ""
+        except httpx.TransportError as err:
+            fail(f"lost the shell at {self.url} ({err})", 2)

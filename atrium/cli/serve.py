@@ -1,0 +1,62 @@
+"""`atrium serve`: the only command that imports the API; writes token and URL, prints the login."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvloop
+
+from atrium.api.server import ShellServer
+from atrium.identity import new_token
+from atrium.settings import Settings
+from atrium.shell import write_private
+
+
+def serve(
+    home: Annotated[Path | None, typer.Option(help="data directory [env ATRIUM_HOME]")] = None,
+    host: Annotated[str | None, typer.Option(help="bind address [127.0.0.1]")] = None,
+    port: Annotated[int | None, typer.Option(help="port, 0 for any free one [7070]")] = None,
+    app_domain: Annotated[
+        str | None, typer.Option(help="domain of app origins [localhost]")
+    ] = None,
+    system_apps: Annotated[
+        Path | None, typer.Option(help="system apps directory [bundled]")
+    ] = None,
+    user: Annotated[str | None, typer.Option(help="user id of the user scope [default]")] = None,
+    index_url: Annotated[str | None, typer.Option(help="URL of the app index")] = None,
+    runner: Annotated[str | None, typer.Option(help="auto, process or bwrap [auto]")] = None,
+    heartbeat_seconds: Annotated[float | None, typer.Option(help="SSE heartbeat [15]")] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning [info]")] = None,
+) -> None:
+    """Start the shell (CLI flags > ATRIUM_* environment > defaults)."""
+    settings = Settings.load(
+        home=home,
+        host=host,
+        port=port,
+        app_domain=app_domain,
+        system_apps=system_apps,
+        user=user,
+        index_url=index_url,
+        runner=runner,
+        heartbeat_seconds=heartbeat_seconds,
+        log_level=log_level,
+    )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    token = settings.token.get_secret_value() if settings.token else new_token()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    server = ShellServer(settings, token)
+    url_path = server.settings.url_path
+    write_private(server.settings.token_path, token + "\n")
+    write_private(url_path, server.url + "\n")
+    typer.echo(f"Atrium {server.url} (home {settings.home})")
+    typer.echo(f"Open the host page: {server.url}/login?token={token}")
+    try:
+        uvloop.run(server.serve())
+    finally:
+        if url_path.exists() and url_path.read_text().strip() == server.url:
+            url_path.unlink()

@@ -1,0 +1,368 @@
+"""The one error tree of Atrium; every API error body is built from these classes.
+
+Each class carries a stable ``code`` (the JSON ``error.code``), an ``http_status`` and the fields
+that report it (camelCase on the wire). The tree mirrors the table in decisions.md "Errors"; a unit test
+keeps the two together::
+
+    AtriumError                         500 internal
+    ├── InvalidRequest                  400 bad_request            (problems)
+    │   └── BadRef                      400 bad_ref                (ref, accepted)
+    ├── Unauthenticated                 401 unauthenticated
+    ├── Forbidden                       403 (abstract)
+    │   ├── PermissionDenied            403 permission_denied      (callerAppId, permission)
+    │   ├── CallerMismatch              403 caller_mismatch        (claimed, actual)
+    │   ├── SystemScopeImmutable        403 system_scope_immutable (scope)
+    │   └── ApprovalDenied              403 approval_denied        (diff)
+    ├── NotFound                        404 not_found              (kind, id)
+    │   ├── NoProvider                  404 no_provider            (authority, path)
+    │   └── NoHandler                   404 no_handler             (action)
+    ├── Conflict                        409 (abstract)
+    │   ├── LifecycleTransitionError    409 illegal_transition     (instanceId, from, to)
+    │   ├── Busy                        409 busy                   (appId, operation)
+    │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
+    │   └── AuthorityConflict           409 authority_conflict     (authority, appId)
+    ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
+    ├── BadGateway                      502 (abstract)
+    │   ├── UpstreamFailed              502 upstream_failed
+    │   ├── HookFailed                  502 hook_failed            (hook, status)
+    │   ├── SpawnFailed                 502 spawn_failed           (appId, cause)
+    │   └── FetchFailed                 502 fetch_failed           (ref, reason)
+    ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
+    ├── UpstreamTimeout                 504 upstream_timeout
+    └── InstallFailed                   500 install_failed         (appId, reason)
+
+An ``AtriumError`` is expected (bad input, a denied permission, a misbehaving app): it is logged as one
+line. Anything else is a bug: logged with its traceback and answered 500 ``internal`` without internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+JsonFields = dict[str, Any]
+
+
+class AtriumError(Exception):
+    """Base of every expected error: ``code``, ``http_status``, ``message`` and wire ``fields``."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+    #: abstract groupings (Forbidden, Conflict, BadGateway) have no code of their own
+    abstract: ClassVar[bool] = False
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields: JsonFields = {k: v for k, v in fields.items() if v is not None}
+
+    def headers(self) -> Mapping[str, str]:
+        """Extra response headers (e.g. ``Retry-After``)."""
+        return {}
+
+    def to_body(self) -> JsonFields:
+        return {"error": {"code": self.code, "message": self.message, **self.fields}}
+
+
+class InvalidRequest(AtriumError):
+    """Malformed body, bad field, unknown scope, non-canonical data path."""
+
+    code = "bad_request"
+    http_status = 400
+
+    def __init__(
+        self, message: str, *, problems: Sequence[Mapping[str, str]] | None = None, **fields: Any
+    ) -> None:
+        super().__init__(message, problems=list(problems) if problems else None, **fields)
+
+
+class BadRef(InvalidRequest):
+    """A ref that is none of the accepted forms; the message holds the raw ref."""
+
+    code = "bad_ref"
+    ACCEPTED: ClassVar[str] = (
+        "oci://<host>/<repo>[:tag|@digest], <host>/<repo>:<tag>, git://…, git+https://…, "
+        "git+file://…, <host>/<user>/<repo>[#ref], a reverse-domain app id[@channel], or local:<path>"
+    )
+
+    def __init__(self, ref: str, reason: str) -> None:
+        super().__init__(
+            f"{ref!r} is not a ref: {reason}; accepted: {self.ACCEPTED}",
+            ref=ref,
+            accepted=self.ACCEPTED,
+        )
+
+
+class Unauthenticated(AtriumError):
+    """No or invalid credentials where needed."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class Forbidden(AtriumError):
+    """The caller is known but may not do this."""
+
+    code = "forbidden"
+    http_status = 403
+    abstract = True
+
+
+class PermissionDenied(Forbidden):
+    """The caller lacks the permission."""
+
+    code = "permission_denied"
+
+    def __init__(
+        self, message: str, *, caller_app_id: str | None = None, permission: str | None = None
+    ) -> None:
+        super().__init__(message, callerAppId=caller_app_id, permission=permission)
+
+
+class CallerMismatch(Forbidden):
+    """An inbound ``X-Os-Caller-App-Id`` differs from the authenticated app."""
+
+    code = "caller_mismatch"
+
+    def __init__(self, claimed: str, actual: str | None) -> None:
+        super().__init__(
+            f"X-Os-Caller-App-Id says {claimed!r} but the request is authenticated as "
+            f"{actual or 'the user'!r}",
+            claimed=claimed,
+            actual=actual,
+        )
+
+
+class SystemScopeImmutable(Forbidden):
+    """Install into or removal from the system scope."""
+
+    code = "system_scope_immutable"
+
+    def __init__(self, action: str) -> None:
+        super().__init__(
+            f"the system scope is immutable: cannot {action}; system apps change only with a "
+            "platform release (use scope 'global' or 'user')",
+            scope="system",
+        )
+
+
+class ApprovalDenied(Forbidden):
+    """The user denied an approval."""
+
+    code = "approval_denied"
+
+    def __init__(self, app_id: str, diff: JsonFields | None = None) -> None:
+        super().__init__(
+            f"the user denied the permissions asked by {app_id!r}", appId=app_id, diff=diff
+        )
+
+
+class NotFound(AtriumError):
+    """Unknown app, instance, theme, install record, activity, view, key or route."""
+
+    code = "not_found"
+    http_status = 404
+
+    def __init__(self, kind: str, id: str, message: str | None = None) -> None:
+        super().__init__(message or f"no {kind} {id!r}", kind=kind, id=id)
+
+
+class NoProvider(NotFound):
+    """No visible app declares the authority and path."""
+
+    code = "no_provider"
+
+    def __init__(self, authority: str, path: str) -> None:
+        AtriumError.__init__(
+            self,
+            f"no visible app declares a provider for authority {authority!r} and path {path!r}",
+            authority=authority,
+            path=path,
+        )
+
+
+class NoHandler(NotFound):
+    """No intent filter matches the intent (start)."""
+
+    code = "no_handler"
+
+    def __init__(self, action: str) -> None:
+        AtriumError.__init__(
+            self, f"no app has an intent filter matching action {action!r}", action=action
+        )
+
+
+class Conflict(AtriumError):
+    """The request conflicts with the current state."""
+
+    code = "conflict"
+    http_status = 409
+    abstract = True
+
+
+class LifecycleTransitionError(Conflict):
+    """A move the lifecycle table does not allow."""
+
+    code = "illegal_transition"
+
+    def __init__(
+        self,
+        instance_id: str,
+        from_state: str,
+        to_state: str,
+        app_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            f"instance {instance_id!r} cannot move from {from_state!r} to {to_state!r}",
+            instanceId=instance_id,
+            appId=app_id,
+            **{"from": from_state, "to": to_state},
+        )
+
+
+class Busy(Conflict):
+    """Another operation on the same app is running."""
+
+    code = "busy"
+
+    def __init__(self, app_id: str, operation: str) -> None:
+        super().__init__(
+            f"another operation ({operation}) on {app_id!r} is running; try again",
+            appId=app_id,
+            operation=operation,
+        )
+
+
+class ApprovalStale(Conflict):
+    """The approved digest differs from what the source resolves to now."""
+
+    code = "approval_stale"
+
+    def __init__(self, approved_digest: str, digest: str) -> None:
+        super().__init__(
+            f"the source moved since it was approved ({approved_digest} → {digest}); review the new "
+            "permission diff",
+            approvedDigest=approved_digest,
+            digest=digest,
+        )
+
+
+class AuthorityConflict(Conflict):
+    """The authority is already declared by another installed app."""
+
+    code = "authority_conflict"
+
+    def __init__(self, authority: str, app_id: str) -> None:
+        super().__init__(
+            f"authority {authority!r} is already declared by {app_id!r}",
+            authority=authority,
+            appId=app_id,
+        )
+
+
+class ManifestInvalid(AtriumError):
+    """Manifest invalid: every problem listed as ``{field, message}``."""
+
+    code = "invalid_manifest"
+    http_status = 422
+
+    def __init__(self, app_id: str | None, problems: Sequence[Mapping[str, str]]) -> None:
+        listed = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        super().__init__(
+            f"invalid manifest for {app_id or 'an app'!r}: {listed}",
+            appId=app_id,
+            problems=[dict(p) for p in problems],
+        )
+        self.problems = [dict(p) for p in problems]
+
+
+class BadGateway(AtriumError):
+    """Something the shell called failed."""
+
+    code = "bad_gateway"
+    http_status = 502
+    abstract = True
+
+
+class UpstreamFailed(BadGateway):
+    """The provider upstream failed."""
+
+    code = "upstream_failed"
+
+
+class HookFailed(BadGateway):
+    """A lifecycle hook answered 4xx/5xx, a 2xx without ``ok: true``, or timed out."""
+
+    code = "hook_failed"
+
+    def __init__(self, message: str, *, hook: str, status: int | None = None) -> None:
+        super().__init__(message, hook=hook, status=status)
+
+
+class SpawnFailed(BadGateway):
+    """Spawning failed: port, identity, early exit or mount."""
+
+    code = "spawn_failed"
+
+    def __init__(self, message: str, *, app_id: str, cause: str) -> None:
+        super().__init__(message, appId=app_id, cause=cause)
+
+
+class FetchFailed(BadGateway):
+    """Fetching failed: network, credentials, missing ref, digest mismatch."""
+
+    code = "fetch_failed"
+
+    def __init__(self, ref: str, reason: str) -> None:
+        super().__init__(f"fetching {ref!r} failed: {reason}", ref=ref, reason=reason)
+
+
+class ProviderUnavailable(AtriumError):
+    """The declared provider has no ``resumed`` instance; answered with Retry-After."""
+
+    code = "provider_unavailable"
+    http_status = 503
+
+    def __init__(self, authority: str, state: str | None = None) -> None:
+        super().__init__(
+            f"the provider of {authority!r} is not running (state: {state or 'not started'}); "
+            "retry with backoff",
+            authority=authority,
+            state=state,
+        )
+
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": "1"}
+
+
+class UpstreamTimeout(AtriumError):
+    """The provider upstream did not answer in time."""
+
+    code = "upstream_timeout"
+    http_status = 504
+
+
+class InstallFailed(AtriumError):
+    """Install failed (disk, lock) and nothing changed on disk."""
+
+    code = "install_failed"
+    http_status = 500
+
+    def __init__(self, app_id: str, reason: str) -> None:
+        super().__init__(
+            f"installing {app_id!r} failed, nothing changed on disk: {reason}",
+            appId=app_id,
+            reason=reason,
+        )
+
+
+def error_classes() -> list[type[AtriumError]]:
+    """Every concrete error class of the tree (AtriumError itself stands for ``internal``)."""
+    found: list[type[AtriumError]] = [AtriumError]
+    pending: list[type[AtriumError]] = [AtriumError]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            pending.append(sub)
+            if not sub.abstract:
+                found.append(sub)
+    return found

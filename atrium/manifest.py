@@ -1,0 +1,266 @@
+"""The app manifest (`app.manifest.json`): its model, and `parse_manifest` reporting every problem.
+
+Pure: takes decoded JSON and the directory name, returns a Manifest or raises ManifestInvalid with
+one problem per field (spec "App manifest"; decisions.md "Manifest").
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+import semver
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from atrium.errors import ManifestInvalid
+
+MANIFEST_FILE: Final = "app.manifest.json"
+APP_ID_RE: Final = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+$")
+AUTHORITY_RE: Final = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?$")
+TOOL_RE: Final = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})$")
+MAX_DEADLINE_MS: Final = 600_000
+DEFAULT_DEADLINE_MS: Final = 10_000
+
+
+class ThemeStrategy(StrEnum):
+    """How the proxy treats theming for the app (spec "Theme rules" 3)."""
+
+    INHERIT = "inherit"
+    THEMED = "themed"
+    OVERRIDE = "override"
+
+
+def _check_app_id(value: str) -> str:
+    if not APP_ID_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a reverse-domain app id (lowercase, at least two dot-separated parts, "
+            "e.g. com.example.notes)"
+        )
+    return value
+
+
+def _check_semver(value: str) -> str:
+    if not semver.Version.is_valid(value):
+        raise ValueError(f"{value!r} is not a semver 2.0 version (e.g. 1.2.3 or 1.0.0-beta.1)")
+    return value
+
+
+def _check_relative_file(value: str) -> str:
+    if not value or value.startswith("/") or ".." in value.split("/") or "\x00" in value:
+        raise ValueError(f"{value!r} must be a relative path inside the app directory")
+    return value
+
+
+AppId = Annotated[str, AfterValidator(_check_app_id)]
+Version = Annotated[str, AfterValidator(_check_semver)]
+
+
+class _ManifestPart(BaseModel):
+    """Manifest sub-objects: strict types (a wrong type is a problem, never coerced), camelCase keys."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        frozen=True,
+        strict=True,
+        extra="allow",
+    )
+
+
+class ProviderEntry(_ManifestPart):
+    """One provider path with the permission each verb needs (null: open)."""
+
+    path: str
+    read_perm: str | None = None
+    write_perm: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"provider path {value!r} must start with '/'")
+        segments = value.split("/")[1:]
+        if any(s in {".", ".."} for s in segments) or "\x00" in value or "\\" in value:
+            raise ValueError(
+                f"provider path {value!r} must be canonical (no '.', '..', '\\' or NUL)"
+            )
+        return value.rstrip("/") or "/"
+
+
+class DataProvider(_ManifestPart):
+    """``dataProvider``: a globally unique authority and its provider entries."""
+
+    authority: str
+    providers: list[ProviderEntry] = Field(min_length=1)
+
+    @field_validator("authority")
+    @classmethod
+    def _authority(cls, value: str) -> str:
+        if "://" in value or not AUTHORITY_RE.match(value):
+            raise ValueError(
+                f"authority {value!r} must be a bare lowercase name (a-z, 0-9, '.', '-'), no scheme"
+            )
+        return value
+
+
+def _as_list(value: Any) -> Any:
+    """``category`` may be one string or a list (decisions.md "Intents")."""
+    return [value] if isinstance(value, str) else value
+
+
+class IntentFilter(_ManifestPart):
+    """One intent filter (spec "IntentFilter")."""
+
+    action: str = Field(min_length=1)
+    category: Annotated[list[str], Field(default_factory=list)]
+    data_mime: list[str] | None = None
+    data_scheme: list[str] | None = None
+    priority: int = 0
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category(cls, value: Any) -> Any:
+        return _as_list(value)
+
+    @field_validator("data_mime")
+    @classmethod
+    def _mime(cls, value: list[str] | None) -> list[str] | None:
+        for mime in value or []:
+            if mime != "*/*" and not re.match(
+                r"^[\w.+-]+/([\w.+-]+|\*)$", mime.split(";")[0].strip()
+            ):
+                raise ValueError(f"{mime!r} is not a MIME type (type/subtype, type/* or */*)")
+        return value
+
+    @field_validator("data_scheme")
+    @classmethod
+    def _scheme(cls, value: list[str] | None) -> list[str] | None:
+        for scheme in value or []:
+            if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*$", scheme):
+                raise ValueError(f"{scheme!r} is not a URI scheme (RFC 3986)")
+        return value
+
+
+class Manifest(_ManifestPart):
+    """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest")."""
+
+    id: AppId
+    version: Version
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    icon: str | None = None
+    entrypoint: str | list[str] = "entrypoint.sh"
+    data_provider: DataProvider | None = None
+    intent_filters: list[IntentFilter] = Field(default_factory=list)
+    permissions: list[str] = Field(default_factory=list)
+    theme_strategy: ThemeStrategy = ThemeStrategy.INHERIT
+    warm_pool: bool | Annotated[int, Field(ge=0, le=64)] = False
+    background_service: bool = False
+    tools: list[str] = Field(default_factory=list)
+    hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
+    start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
+
+    @field_validator("theme_strategy", mode="before")
+    @classmethod
+    def _strategy(cls, value: Any) -> Any:
+        # strict mode would refuse the plain string for the enum; accept exactly the enum's values
+        if isinstance(value, str) and value in ThemeStrategy.__members__.values():
+            return ThemeStrategy(value)
+        if isinstance(value, str):
+            raise ValueError(f"{value!r} is not one of inherit, themed, override")
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            return _check_relative_file(value)
+        if not value or not all(value):
+            raise ValueError("an argv entrypoint must be a non-empty list of non-empty strings")
+        return value
+
+    @field_validator("icon")
+    @classmethod
+    def _icon(cls, value: str | None) -> str | None:
+        if value is None or len(value) <= 3:
+            return value
+        return _check_relative_file(value)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[str]) -> list[str]:
+        for tool in value:
+            if not TOOL_RE.match(tool):
+                raise ValueError(
+                    f"{tool!r} is not a tool name (a file name in the toolchain, or '*')"
+                )
+        return value
+
+    @field_validator("permissions")
+    @classmethod
+    def _permissions(cls, value: list[str]) -> list[str]:
+        for perm in value:
+            if not perm or any(c.isspace() for c in perm):
+                raise ValueError(f"{perm!r} is not a permission string (non-empty, no spaces)")
+        return value
+
+    @property
+    def warm_pool_size(self) -> int:
+        """``warmPool``: true means one pre-spawned instance, a number means that many."""
+        if isinstance(self.warm_pool, bool):
+            return 1 if self.warm_pool else 0
+        return self.warm_pool
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _field_name(loc: tuple[int | str, ...]) -> str:
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            name += f".{part}" if name else part
+    return name or "(manifest)"
+
+
+def parse_manifest(data: object, dir_name: str | None) -> Manifest:
+    """Validate decoded manifest JSON; ``dir_name`` (when known) must equal the id.
+
+    Raises ManifestInvalid listing every problem at once, each as ``{field, message}``.
+    """
+    problems: list[dict[str, str]] = []
+    manifest: Manifest | None = None
+    if not isinstance(data, dict):
+        raise ManifestInvalid(
+            dir_name, [{"field": "(manifest)", "message": "must be a JSON object"}]
+        )
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as err:
+        for e in err.errors(include_url=False):
+            message = e["msg"].removeprefix("Value error, ")
+            problems.append({"field": _field_name(tuple(e["loc"])), "message": message})
+    raw_id = data.get("id")
+    if dir_name is not None and isinstance(raw_id, str) and raw_id != dir_name:
+        problems.append(
+            {
+                "field": "id",
+                "message": f"id {raw_id!r} must equal the directory name {dir_name!r}",
+            }
+        )
+    if problems or manifest is None:
+        app_id = raw_id if isinstance(raw_id, str) else dir_name
+        raise ManifestInvalid(app_id, problems)
+    return manifest

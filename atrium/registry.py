@@ -1,0 +1,271 @@
+"""The app registry: scans the three scopes, masks by priority, watches the disk.
+
+An app directory dropped into or removed from a scope's apps folder by hand appears or
+disappears within milliseconds (watchfiles, inotify). The registry publishes `app:installed` /
+`app:removed` only when its view changes, so the install pipeline calling `rescan` and the watcher
+firing a moment later announce a change once (spec Events rule 1). An invalid manifest is a listed
+problem, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import watchfiles
+
+from atrium.bus import EventBus
+from atrium.errors import ManifestInvalid
+from atrium.events import APP_INSTALLED, APP_REMOVED
+from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
+from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
+
+_LOGGER = logging.getLogger(__name__)
+MAX_MANIFEST_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class AppCopy:
+    """One app directory in one scope: a valid manifest, or the problems that keep it out."""
+
+    id: str
+    scope: Scope
+    path: Path
+    manifest: Manifest | None
+    problems: tuple[Mapping[str, str], ...] = ()
+
+    @property
+    def is_valid(self) -> bool:
+        return self.manifest is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AppView:
+    """An app as `GET /api/apps` shows it: the visible copy and the lower scopes it masks."""
+
+    copy: AppCopy
+    masks: tuple[Scope, ...] = field(default=())
+
+    def wire(self, record: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        m = self.copy.manifest
+        return {
+            "id": self.copy.id,
+            "name": m.name if m else None,
+            "version": m.version if m else None,
+            "icon": m.icon if m else None,
+            "description": m.description if m else None,
+            "scope": self.copy.scope.value,
+            "path": str(self.copy.path),
+            "masks": [s.value for s in self.masks],
+            "themeStrategy": m.theme_strategy.value if m else None,
+            "record": record,
+            "problems": [dict(p) for p in self.copy.problems],
+        }
+
+
+def read_copy(scope: Scope, path: Path) -> AppCopy:
+    """Read and validate one app directory; every failure becomes a problem entry."""
+    manifest_path = path / MANIFEST_FILE
+    try:
+        if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{MANIFEST_FILE} is larger than {MAX_MANIFEST_BYTES} bytes")
+        data = json.loads(manifest_path.read_bytes())
+    except FileNotFoundError:
+        return _problem(scope, path, f"{MANIFEST_FILE} is missing")
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return _problem(scope, path, f"{MANIFEST_FILE} is unreadable: {err}")
+    try:
+        manifest = parse_manifest(data, path.name)
+    except ManifestInvalid as err:
+        return AppCopy(path.name, scope, path, None, tuple(err.problems))
+    problems = _file_problems(path, manifest)
+    return AppCopy(path.name, scope, path, None if problems else manifest, problems)
+
+
+def _file_problems(path: Path, manifest: Manifest) -> tuple[Mapping[str, str], ...]:
+    """Checks that need the directory: the icon and the entrypoint file exist."""
+    problems: list[Mapping[str, str]] = []
+    if manifest.icon and len(manifest.icon) > 3 and not (path / manifest.icon).is_file():
+        problems.append({"field": "icon", "message": f"icon file {manifest.icon!r} is missing"})
+    if isinstance(manifest.entrypoint, str) and not (path / manifest.entrypoint).is_file():
+        problems.append(
+            {
+                "field": "entrypoint",
+                "message": f"entrypoint file {manifest.entrypoint!r} is missing",
+            }
+        )
+    return tuple(problems)
+
+
+def _problem(scope: Scope, path: Path, message: str) -> AppCopy:
+    return AppCopy(path.name, scope, path, None, ({"field": "(manifest)", "message": message},))
+
+
+def scan_scope(scope: Scope, apps_dir: Path) -> dict[str, AppCopy]:
+    """Every app directory of one scope; files and hidden entries are junk and skipped."""
+    copies: dict[str, AppCopy] = {}
+    try:
+        entries = sorted(apps_dir.iterdir())
+    except FileNotFoundError:
+        return copies
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        copies[entry.name] = read_copy(scope, entry)
+    return copies
+
+
+class AppRegistry:
+    """Which apps exist in which scope, which copy is visible, and what is wrong with the rest."""
+
+    def __init__(self, layout: ScopeLayout, bus: EventBus, *, watch: bool = True) -> None:
+        self._layout = layout
+        self._bus = bus
+        self._watch = watch
+        self._copies: dict[Scope, dict[str, AppCopy]] = {s: {} for s in Scope}
+        self._visible: dict[str, AppCopy] = {}
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watching = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        for scope in Scope:
+            self._copies[scope] = await asyncio.to_thread(
+                scan_scope, scope, self._layout.apps_dir(scope)
+            )
+        self._visible = self._compute_visible()
+        if self._watch:
+            self._task = asyncio.create_task(self._watch_loop(), name="registry watcher")
+            await asyncio.wait_for(self._watching.wait(), timeout=10)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def get(self, app_id: str) -> AppCopy | None:
+        """The visible copy of ``app_id`` (highest-priority valid copy), or None."""
+        return self._visible.get(app_id)
+
+    def visible(self) -> list[AppCopy]:
+        return [self._visible[k] for k in sorted(self._visible)]
+
+    def copies(self, app_id: str) -> list[AppCopy]:
+        """Every copy of ``app_id``, highest priority first."""
+        return [self._copies[s][app_id] for s in BY_PRIORITY if app_id in self._copies[s]]
+
+    def count(self, scope: Scope) -> int:
+        return sum(1 for c in self._copies[scope].values() if c.is_valid)
+
+    def views(self) -> list[AppView]:
+        """Visible apps with what they mask, then every invalid copy with its problems."""
+        out: list[AppView] = []
+        for copy in self.visible():
+            lower = [c.scope for c in self.copies(copy.id) if c.is_valid and c is not copy]
+            out.append(AppView(copy, tuple(lower)))
+        for scope in BY_PRIORITY:
+            out.extend(AppView(c) for c in self._copies[scope].values() if not c.is_valid)
+        return out
+
+    # -- changes --------------------------------------------------------------------------------
+
+    async def rescan(self, scopes: Iterable[Scope] | None = None) -> None:
+        """Re-read ``scopes`` (all by default) and announce what became visible or went away."""
+        async with self._lock:
+            for scope in scopes if scopes is not None else Scope:
+                self._copies[scope] = await asyncio.to_thread(
+                    scan_scope, scope, self._layout.apps_dir(scope)
+                )
+            before = self._visible
+            self._visible = self._compute_visible()
+            self._announce(before, self._visible)
+
+    def _compute_visible(self) -> dict[str, AppCopy]:
+        visible: dict[str, AppCopy] = {}
+        for scope in BY_PRIORITY:
+            for app_id, copy in self._copies[scope].items():
+                if copy.is_valid and app_id not in visible:
+                    visible[app_id] = copy
+        return visible
+
+    def _announce(self, before: Mapping[str, AppCopy], after: Mapping[str, AppCopy]) -> None:
+        for app_id in sorted(before.keys() - after.keys()):
+            _LOGGER.info("app %s removed from scope %s", app_id, before[app_id].scope)
+            self._bus.publish(APP_REMOVED, {"appId": app_id, "scope": before[app_id].scope.value})
+        for app_id in sorted(after):
+            old, new = before.get(app_id), after[app_id]
+            if old is None or old.scope is not new.scope or old.manifest != new.manifest:
+                _LOGGER.info("app %s visible from scope %s", app_id, new.scope)
+                self._bus.publish(APP_INSTALLED, {"appId": app_id, "scope": new.scope.value})
+
+    # -- the watcher ----------------------------------------------------------------------------
+
+    def _watched(self) -> dict[Path, Scope]:
+        dirs: dict[Path, Scope] = {}
+        for scope in Scope:
+            apps_dir = self._layout.apps_dir(scope)
+            if apps_dir.is_dir():
+                dirs[apps_dir] = scope
+        return dirs
+
+    @staticmethod
+    def _scope_of(path: Path, dirs: Mapping[Path, Scope]) -> Scope | None:
+        """The scope whose listing a change at ``path`` can alter: an app directory itself or its
+        manifest. Runtime data and other files inside an app are ignored."""
+        for apps_dir, scope in dirs.items():
+            try:
+                rel = path.relative_to(apps_dir)
+            except ValueError:
+                continue
+            parts = rel.parts
+            if len(parts) == 1 or (len(parts) == 2 and parts[1] in {MANIFEST_FILE, ""}):
+                return scope
+            if len(parts) == 2 and not path.exists():
+                return scope  # a removed subtree: cheap to re-check
+        return None
+
+    async def _watch_loop(self) -> None:
+        dirs = self._watched()
+        if not dirs:
+            self._watching.set()
+            return
+
+        def keep(change: watchfiles.Change, raw: str) -> bool:
+            return self._scope_of(Path(raw), dirs) is not None
+
+        async for changes in watchfiles.awatch(
+            *dirs,
+            watch_filter=keep,
+            step=5,
+            debounce=200,
+            stop_event=self._stop,
+            rust_timeout=100,
+            yield_on_timeout=True,
+        ):
+            if not changes:
+                if not self._watching.is_set():
+                    # the first timeout proves inotify is armed; re-read what changed before that
+                    self._watching.set()
+                    await self.rescan()
+                continue
+            scopes = {s for _, raw in changes if (s := self._scope_of(Path(raw), dirs)) is not None}
+            try:
+                await self.rescan(scopes)
+            except OSError:
+                _LOGGER.exception("rescanning %s after a change on disk failed", sorted(scopes))

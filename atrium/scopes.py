@@ -1,0 +1,94 @@
+"""The three install scopes, where each keeps its apps and runtime data, and masking by priority.
+
+Pure: paths are computed, never touched (spec "Scope" table and rules 1-5; decisions.md
+"Locations and configuration").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Final, TypeVar
+
+
+class Scope(StrEnum):
+    """An install scope; a higher priority masks a lower one (rule 2)."""
+
+    SYSTEM = "system"
+    GLOBAL = "global"
+    USER = "user"
+
+    @property
+    def priority(self) -> int:
+        return PRIORITY[self]
+
+    @property
+    def is_mutable(self) -> bool:
+        return self is not Scope.SYSTEM
+
+
+PRIORITY: Final[Mapping[Scope, int]] = {Scope.SYSTEM: 0, Scope.GLOBAL: 1, Scope.USER: 2}
+#: highest priority first: the order in which a visible app is looked up
+BY_PRIORITY: Final[tuple[Scope, ...]] = (Scope.USER, Scope.GLOBAL, Scope.SYSTEM)
+
+
+def parse_scope(value: str) -> Scope | None:
+    try:
+        return Scope(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeLayout:
+    """Where each scope lives under ``$ATRIUM_HOME`` (the spec's ``/data``)."""
+
+    home: Path
+    system_apps: Path
+    user: str = "default"
+
+    def root(self, scope: Scope) -> Path:
+        """The scope's directory; for global and user, its git repository."""
+        match scope:
+            case Scope.SYSTEM:
+                return self.home / "scopes" / "system"
+            case Scope.GLOBAL:
+                return self.home / "scopes" / "global"
+            case Scope.USER:
+                return self.home / "scopes" / "users" / self.user
+
+    def apps_dir(self, scope: Scope) -> Path:
+        """Install path: the system scope's apps are the platform's own ``apps/`` folder."""
+        if scope is Scope.SYSTEM:
+            return self.system_apps
+        return self.root(scope) / "apps"
+
+    def app_dir(self, scope: Scope, app_id: str) -> Path:
+        return self.apps_dir(scope) / app_id
+
+    def data_dir(self, scope: Scope) -> Path:
+        """Where the scope's runtime data lives (per app, per instance beneath)."""
+        return self.root(scope) / "apps"
+
+    def runtime_dir(self, scope: Scope, app_id: str, instance_id: str) -> Path:
+        """The instance's runtime data, mounted at ``/data`` inside the sandbox (rule 4)."""
+        return self.data_dir(scope) / app_id / instance_id
+
+    def staging_dir(self, scope: Scope) -> Path:
+        return self.root(scope) / ".staging"
+
+
+T = TypeVar("T")
+
+
+def visible(copies: Iterable[tuple[Scope, T]]) -> dict[Scope, T] | None:
+    """Order the copies of one app id by priority; the first key is the winner (rule 2)."""
+    ordered = sorted(copies, key=lambda c: -c[0].priority)
+    return dict(ordered) if ordered else None
+
+
+def winner(scopes: Iterable[Scope]) -> Scope | None:
+    """The highest-priority scope among ``scopes`` (rule 2), or None."""
+    return max(scopes, key=lambda s: s.priority, default=None)

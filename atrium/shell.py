@@ -1,0 +1,80 @@
+"""The composition root: `open_shell` opens every service in order and closes them in reverse."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from atrium.bus import EventBus
+from atrium.git import ScopeRepo
+from atrium.identity import AppTokens, UserAuth
+from atrium.kv import KvStore
+from atrium.registry import AppRegistry
+from atrium.scopes import Scope, ScopeLayout
+from atrium.settings import Settings
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Shell:
+    """Every service of one running shell. Routes take what they need from it; services never do."""
+
+    settings: Settings
+    layout: ScopeLayout
+    bus: EventBus
+    kv: KvStore
+    registry: AppRegistry
+    repos: Mapping[Scope, ScopeRepo]
+    user_auth: UserAuth
+    app_tokens: AppTokens
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def host_origins(self) -> frozenset[str]:
+        """Origins the host page may be served from (decisions.md "Origins")."""
+        port = self.settings.port
+        hosts = {"localhost", "127.0.0.1", self.settings.host}
+        return frozenset(f"http://{h}:{port}" for h in hosts)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by the owner only (0600), replacing ``path`` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.replace(path)
+
+
+@asynccontextmanager
+async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
+    layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
+    async with AsyncExitStack() as stack:
+        repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
+        for repo in repos.values():
+            await repo.open()
+        bus = await stack.enter_async_context(EventBus())
+        kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
+        registry = await stack.enter_async_context(AppRegistry(layout, bus))
+        _LOGGER.info("shell open: home %s, %d visible apps", settings.home, len(registry.visible()))
+        yield Shell(
+            settings=settings,
+            layout=layout,
+            bus=bus,
+            kv=kv,
+            registry=registry,
+            repos=repos,
+            user_auth=UserAuth(user_token),
+            app_tokens=AppTokens(),
+        )
