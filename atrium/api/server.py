@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import uvicorn
 from starlette.applications import Starlette
@@ -12,6 +16,8 @@ from atrium.api.app import create_app
 from atrium.settings import Settings
 from atrium.shell import Shell
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class _Server(uvicorn.Server):
     """Ends every event stream as soon as shutdown begins, so open streams never hold it up."""
@@ -19,6 +25,20 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self._app = app
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM start a graceful shutdown that ends with exit status 0 (uvicorn would
+        re-raise the signal afterwards, killing the process before `serve` can clean up)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         shell: Shell | None = getattr(self._app.state, "shell", None)

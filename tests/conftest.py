@@ -1,0 +1,40 @@
+"""Shared fixtures.
+
+- ``clean_environ`` (autouse): removes ATRIUM_*, proxy and registry-credential variables per test.
+- ``apps_src``: the fixture apps folder ``tests/apps``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+_CLEARED_PREFIXES = ("ATRIUM_", "OS_")
+_CLEARED = {
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "DOCKER_CONFIG",
+    "REGISTRY_AUTH_FILE",
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(_CLEARED_PREFIXES) or name in _CLEARED:
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def apps_src() -> Path:
+    return TESTS_DIR / "apps"

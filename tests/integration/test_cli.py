@@ -1,0 +1,122 @@
+"""The CLI against a real running shell (Typer's CliRunner; the CLI talks HTTP like any client)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from typer.testing import CliRunner
+
+from atrium.cli.main import app
+from tests.integration.conftest import RunningShell
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cli(shell: RunningShell, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("ATRIUM_URL", shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", shell.token)
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()
+
+
+def test_apps_prints_a_table_with_a_scope_column(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["apps"])
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if "scope" in line)
+    assert "id" in header
+    row = next(line for line in result.output.splitlines() if "com.atrium.notes" in line)
+    assert "system" in row
+    assert "Notes" in row
+
+
+def test_apps_json_is_the_api_answer(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["apps", "--json"])
+    assert result.exit_code == 0
+    assert [a["id"] for a in json.loads(result.output)] == ["com.atrium.notes"]
+
+
+def test_scopes_lists_counts_and_paths(cli: CliRunner, shell: RunningShell) -> None:
+    result = cli.invoke(app, ["scopes", "--json"])
+    assert result.exit_code == 0
+    counts = {s["id"]: s["appCount"] for s in json.loads(result.output)}
+    assert counts == {"system": 1, "global": 0, "user": 0}
+    table = cli.invoke(app, ["scopes"])
+    assert "global" in table.output
+    assert str(shell.settings.home / "scopes/global/apps") in table.output
+
+
+def test_scopes_set_remote(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["scopes", "set-remote", "user", "https://git.example/me/apps.git"])
+    assert result.exit_code == 0
+    assert "user scope remote set to https://git.example/me/apps.git" in result.output
+    listed = json.loads(cli.invoke(app, ["scopes", "--json"]).output)
+    assert listed[2]["remote"] == "https://git.example/me/apps.git"
+
+
+def test_an_error_body_becomes_one_line_and_a_nonzero_exit(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["scopes", "set-remote", "system", "https://x.example/r.git"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: system_scope_immutable: the system scope is immutable")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_kv_set_get_rm(cli: CliRunner) -> None:
+    assert cli.invoke(app, ["kv", "set", "os/colors", '{"a": [1, 2]}']).exit_code == 0
+    assert json.loads(cli.invoke(app, ["kv", "get", "os/colors"]).output) == {"a": [1, 2]}
+    assert cli.invoke(app, ["kv", "set", "app/com.example.x/name", "plain text"]).exit_code == 0
+    assert json.loads(cli.invoke(app, ["kv", "get", "app/com.example.x/name"]).output) == (
+        "plain text"
+    )
+    assert cli.invoke(app, ["kv", "set", "os/n", "42", "--string"]).exit_code == 0
+    assert json.loads(cli.invoke(app, ["kv", "get", "os/n"]).output) == "42"
+    envelope = json.loads(cli.invoke(app, ["kv", "get", "os/n", "--json"]).output)
+    assert set(envelope) == {"value", "updatedAt"}
+    assert cli.invoke(app, ["kv", "rm", "os/colors"]).exit_code == 0
+    gone = cli.invoke(app, ["kv", "get", "os/colors"])
+    assert gone.exit_code == 1
+    assert "not_found" in gone.output
+
+
+def test_kv_refuses_a_bad_address_and_a_bad_key(cli: CliRunner) -> None:
+    assert "not a KV address" in cli.invoke(app, ["kv", "get", "theme"]).output
+    bad_key = cli.invoke(app, ["kv", "set", "os/a:b", "1"])
+    assert bad_key.exit_code == 1
+    assert "bad_request" in bad_key.output
+
+
+def test_events_follows_the_bus(cli: CliRunner, shell: RunningShell) -> None:
+    def change_later() -> None:
+        while shell.shell.bus.subscriber_count == 0:
+            threading.Event().wait(0.01)
+        with shell.client() as api:
+            api.put("/api/kv/os/x", json={"value": 1})
+
+    writer = threading.Thread(target=change_later)
+    writer.start()
+    result = cli.invoke(app, ["events", "--topics", "kv:*", "--limit", "1", "--json"])
+    writer.join()
+    assert result.exit_code == 0, result.output
+    event = json.loads(result.output)
+    assert event["type"] == "kv:changed"
+    assert event["key"] == "x"
+
+
+def test_an_unreachable_shell_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATRIUM_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("ATRIUM_TOKEN", "x" * 20)
+    result = CliRunner().invoke(app, ["apps"])
+    assert result.exit_code == 2
+    assert "cannot reach the shell" in result.output
+
+
+def test_a_missing_token_is_a_clear_error(
+    shell: RunningShell, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.setenv("ATRIUM_URL", shell.url)
+    monkeypatch.setenv("ATRIUM_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["apps"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: unauthenticated:")
