@@ -1,0 +1,1 @@
+"""Benchmarks run by `make bench`: medians and ratios, never pass/fail gates."""

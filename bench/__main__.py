@@ -1,0 +1,20 @@
+"""Run every benchmark (or those named on the command line) and print their tables."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from bench import watcher
+
+BENCHES = {"watcher": watcher.main}
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(BENCHES)
+    for name in names:
+        asyncio.run(BENCHES[name]())
+
+
+if __name__ == "__main__":
+    main()
