@@ -38,7 +38,7 @@ class Event:
 
 
 def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
-    data = json.dumps({"type": topic, **payload}, separators=(",", ":"), default=str)
+    data = json.dumps({**payload, "type": topic}, separators=(",", ":"), default=str)
     return f"id: {event_id}\nevent: {topic}\ndata: {data}\n\n".encode()
 
 

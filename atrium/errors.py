@@ -87,7 +87,7 @@ class BadRef(InvalidRequest):
 
     def __init__(self, ref: str, reason: str) -> None:
         super().__init__(
-            f"{ref!r} is not a ref: {reason}; accepted: {self.ACCEPTED}",
+            f"'{ref}' is not a ref: {reason}; accepted: {self.ACCEPTED}",
             ref=ref,
             accepted=self.ACCEPTED,
         )
@@ -363,6 +363,6 @@ def error_classes() -> list[type[AtriumError]]:
     while pending:
         for sub in pending.pop().__subclasses__():
             pending.append(sub)
-            if not sub.abstract:
+            if not vars(sub).get("abstract", False):
                 found.append(sub)
     return found

@@ -21,20 +21,20 @@ DIST_PUBLISH_COMPLETE: Final = "dist:publish.complete"
 DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
 DIST_PUBLISH_DONE: Final = "dist:publish.done"
 
-TOPIC_RE: Final = re.compile(r"^[a-z][a-z0-9_.-]*(:[a-z][a-z0-9_.-]*)*$")
-GLOB_RE: Final = re.compile(r"^[a-z0-9_.*:-]+$")
+TOPIC_RE: Final = re.compile(r"^[a-z][a-z0-9_.-]*(:[a-z][a-z0-9_.-]*)*\Z")
+GLOB_RE: Final = re.compile(r"^[a-z0-9_.*:-]+\Z")
 
 
 @lru_cache(maxsize=256)
 def compile_glob(glob: str) -> re.Pattern[str]:
     """A topic glob: ``*`` matches within one ``:``-segment, ``**`` across segments."""
-    if not GLOB_RE.match(glob):
+    if not GLOB_RE.fullmatch(glob):
         raise ValueError(f"{glob!r} is not a topic glob (letters, digits, '.', '_', '-', ':', '*')")
     parts = re.split(r"(\*\*|\*)", glob)
     body = "".join(".*" if p == "**" else "[^:]*" if p == "*" else re.escape(p) for p in parts)
-    return re.compile(f"^{body}$")
+    return re.compile(f"^{body}\\Z")
 
 
 def matches_any(topic: str, globs: tuple[str, ...] | None) -> bool:
     """True when ``globs`` is None (every topic) or one glob matches ``topic``."""
-    return globs is None or any(compile_glob(g).match(topic) for g in globs)
+    return globs is None or any(compile_glob(g).fullmatch(topic) for g in globs)

@@ -61,7 +61,7 @@ async def run_git(*args: str, cwd: Path, check: bool = True) -> str:
 
 
 def is_remote_url(url: str) -> bool:
-    return bool(REMOTE_RE.match(url)) and not any(ord(c) < 32 for c in url)
+    return bool(REMOTE_RE.fullmatch(url)) and not any(ord(c) < 32 for c in url)
 
 
 class ScopeRepo:

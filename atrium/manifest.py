@@ -24,11 +24,12 @@ from pydantic.alias_generators import to_camel
 from atrium.errors import ManifestInvalid
 
 MANIFEST_FILE: Final = "app.manifest.json"
-APP_ID_RE: Final = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+$")
-AUTHORITY_RE: Final = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?$")
-TOOL_RE: Final = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})$")
+APP_ID_RE: Final = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+\Z")
+AUTHORITY_RE: Final = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?\Z")
+TOOL_RE: Final = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})\Z")
 MAX_DEADLINE_MS: Final = 600_000
 DEFAULT_DEADLINE_MS: Final = 10_000
+MAX_WARM_POOL: Final = 64
 
 
 class ThemeStrategy(StrEnum):
@@ -40,7 +41,7 @@ class ThemeStrategy(StrEnum):
 
 
 def _check_app_id(value: str) -> str:
-    if not APP_ID_RE.match(value):
+    if not APP_ID_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a reverse-domain app id (lowercase, at least two dot-separated parts, "
             "e.g. com.example.notes)"
@@ -106,7 +107,7 @@ class DataProvider(_ManifestPart):
     @field_validator("authority")
     @classmethod
     def _authority(cls, value: str) -> str:
-        if "://" in value or not AUTHORITY_RE.match(value):
+        if "://" in value or not AUTHORITY_RE.fullmatch(value):
             raise ValueError(
                 f"authority {value!r} must be a bare lowercase name (a-z, 0-9, '.', '-'), no scheme"
             )
@@ -136,7 +137,7 @@ class IntentFilter(_ManifestPart):
     @classmethod
     def _mime(cls, value: list[str] | None) -> list[str] | None:
         for mime in value or []:
-            if mime != "*/*" and not re.match(
+            if mime != "*/*" and not re.fullmatch(
                 r"^[\w.+-]+/([\w.+-]+|\*)$", mime.split(";")[0].strip()
             ):
                 raise ValueError(f"{mime!r} is not a MIME type (type/subtype, type/* or */*)")
@@ -146,7 +147,7 @@ class IntentFilter(_ManifestPart):
     @classmethod
     def _scheme(cls, value: list[str] | None) -> list[str] | None:
         for scheme in value or []:
-            if not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*$", scheme):
+            if not re.fullmatch(r"^[A-Za-z][A-Za-z0-9+.-]*$", scheme):
                 raise ValueError(f"{scheme!r} is not a URI scheme (RFC 3986)")
         return value
 
@@ -164,7 +165,7 @@ class Manifest(_ManifestPart):
     intent_filters: list[IntentFilter] = Field(default_factory=list)
     permissions: list[str] = Field(default_factory=list)
     theme_strategy: ThemeStrategy = ThemeStrategy.INHERIT
-    warm_pool: bool | Annotated[int, Field(ge=0, le=64)] = False
+    warm_pool: bool | int = False
     background_service: bool = False
     tools: list[str] = Field(default_factory=list)
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
@@ -180,14 +181,24 @@ class Manifest(_ManifestPart):
             raise ValueError(f"{value!r} is not one of inherit, themed, override")
         return value
 
-    @field_validator("entrypoint")
+    @field_validator("warm_pool", mode="before")
     @classmethod
-    def _entrypoint(cls, value: str | list[str]) -> str | list[str]:
+    def _warm_pool(cls, value: Any) -> Any:
+        # one problem for the field, not one per member of the union
+        if isinstance(value, bool) or (isinstance(value, int) and 0 <= value <= MAX_WARM_POOL):
+            return value
+        raise ValueError(f"must be a boolean or a whole number 0-{MAX_WARM_POOL}, not {value!r}")
+
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _entrypoint(cls, value: Any) -> Any:
         if isinstance(value, str):
             return _check_relative_file(value)
-        if not value or not all(value):
-            raise ValueError("an argv entrypoint must be a non-empty list of non-empty strings")
-        return value
+        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+            return value
+        raise ValueError(
+            "must be a file in the app directory or a non-empty argv list of non-empty strings"
+        )
 
     @field_validator("icon")
     @classmethod
@@ -200,7 +211,7 @@ class Manifest(_ManifestPart):
     @classmethod
     def _tools(cls, value: list[str]) -> list[str]:
         for tool in value:
-            if not TOOL_RE.match(tool):
+            if not TOOL_RE.fullmatch(tool):
                 raise ValueError(
                     f"{tool!r} is not a tool name (a file name in the toolchain, or '*')"
                 )

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Final
 
-KV_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KV_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
 class Verb(StrEnum):

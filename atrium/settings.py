@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-USER_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+USER_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
 
 RunnerName = Literal["auto", "process", "bwrap"]
 
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     @field_validator("user")
     @classmethod
     def _user_id(cls, value: str) -> str:
-        if not USER_ID_RE.match(value):
+        if not USER_ID_RE.fullmatch(value):
             raise ValueError(
                 "a user id is 1-64 of a-z, 0-9, '_' and '-', starting with a letter or digit"
             )

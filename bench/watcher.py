@@ -55,7 +55,7 @@ async def registry_rounds(root: Path, src: Path) -> list[float]:
             await asyncio.wait_for(seen.wait(), 5)
             samples.append(time.perf_counter() - started)
             removed = asyncio.Event()
-            remover = bus.listen(("app:removed",), lambda e: removed.set())
+            remover = bus.listen(("app:removed",), lambda e, done=removed: done.set())
             await asyncio.to_thread(shutil.rmtree, apps / src.name)
             await asyncio.wait_for(removed.wait(), 5)
             remover()
@@ -70,12 +70,13 @@ async def raw_rounds(root: Path, src: Path) -> list[float]:
     changes: asyncio.Queue[set[tuple[watchfiles.Change, str]]] = asyncio.Queue()
 
     async def watch() -> None:
-        async for batch in watchfiles.awatch(target, step=5, debounce=200, stop_event=stop,
-                                             rust_timeout=100, yield_on_timeout=True):
+        async for batch in watchfiles.awatch(
+            target, step=5, debounce=200, stop_event=stop, rust_timeout=100, yield_on_timeout=True
+        ):
             await changes.put(batch)
 
     task = asyncio.create_task(watch())
-    while not (await changes.get()) == set():
+    while await changes.get() != set():
         pass
     for _ in range(ROUNDS):
         started = time.perf_counter()

@@ -31,7 +31,7 @@ class KvPut(BaseModel):
 
 def _address(request: Request) -> tuple[str, str]:
     key: str = request.path_params["key"]
-    if not KV_KEY_RE.match(key):
+    if not KV_KEY_RE.fullmatch(key):
         raise InvalidRequest(
             f"{key[:140]!r} is not a KV key: 1-128 characters of letters, digits, '.', '_' and '-', "
             "starting with a letter or digit",
@@ -40,7 +40,7 @@ def _address(request: Request) -> tuple[str, str]:
     app_id = request.path_params.get("app_id")
     if app_id is None:
         return "os", key
-    if not APP_ID_RE.match(app_id):
+    if not APP_ID_RE.fullmatch(app_id):
         raise InvalidRequest(f"{app_id!r} is not an app id (reverse-domain, lowercase)")
     return f"app/{app_id}", key
 

@@ -1,0 +1,283 @@
+"""`atrium.errors` mirrors the table in decisions.md "## Errors", and builds the error body."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from atrium import errors
+from atrium.errors import AtriumError, error_classes
+
+DECISIONS: Final = Path(__file__).resolve().parents[3] / "shared" / "spec" / "decisions.md"
+CAMEL_CASE: Final = re.compile(r"^[a-z][a-zA-Z0-9]*$")
+
+
+def concrete_classes() -> list[type[AtriumError]]:
+    """Every class of the tree except those that declare ``abstract = True`` themselves."""
+    found: list[type[AtriumError]] = []
+    pending: list[type[AtriumError]] = [AtriumError]
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        if not vars(cls).get("abstract", False):
+            found.append(cls)
+    return found
+
+
+CONCRETE: Final = concrete_classes()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the decisions.md error table."""
+
+    condition: str
+    status: int
+    code: str
+    headers: dict[str, str]
+
+
+def parse_error_table(text: str) -> list[Row]:
+    """The rows of the table under the ``## Errors`` heading (until the next ``## `` heading)."""
+    lines = text.splitlines()
+    try:
+        start = lines.index("## Errors")
+    except ValueError:
+        return []
+    rows: list[Row] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        if not line.startswith("|") or re.match(r"^\|[\s|:-]+\|$", line):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        condition, status_cell, code_cell = cells[0], cells[-2], cells[-1]
+        code = code_cell.strip("`")
+        if code == "code":  # the header row
+            continue
+        status = re.match(r"^\d{3}", status_cell)
+        assert status, f"no leading status in {status_cell!r} (row {condition!r})"
+        headers = dict(re.findall(r"`([A-Za-z-]+):\s*([^`]+)`", status_cell))
+        rows.append(Row(condition, int(status.group()), code, headers))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def table() -> list[Row]:
+    if not DECISIONS.is_file():
+        pytest.fail(f"the error table's source {DECISIONS} is missing (expected /work/shared/spec)")
+    rows = parse_error_table(DECISIONS.read_text(encoding="utf-8"))
+    if not rows:
+        pytest.fail(f"no '## Errors' table with rows found in {DECISIONS}")
+    return rows
+
+
+def test_error_table_parses_the_special_503_row() -> None:
+    text = (
+        "## Errors\n| Condition | Status | code |\n|---|---|---|\n"
+        "| Declared provider has no instance | 503 + `Retry-After: 1` | `provider_unavailable` |\n"
+        "## Next\n| x | 200 | `not_an_error` |\n"
+    )
+    assert parse_error_table(text) == [
+        Row("Declared provider has no instance", 503, "provider_unavailable", {"Retry-After": "1"})
+    ]
+
+
+def test_error_table_codes_are_unique(table: list[Row]) -> None:
+    codes = [row.code for row in table]
+    assert len(codes) == len(set(codes))
+    assert {"internal", "provider_unavailable", "invalid_manifest"} <= set(codes)
+
+
+def check_against_table(classes: list[type[AtriumError]], table: list[Row]) -> list[str]:
+    """What is wrong between ``classes`` and the table, one line each."""
+    mistakes: list[str] = []
+    for row in table:
+        matching = [cls for cls in classes if cls.code == row.code]
+        if len(matching) != 1:
+            names = [cls.__name__ for cls in matching]
+            mistakes.append(f"{row.code}: {len(matching)} classes {names}, expected exactly one")
+        elif matching[0].http_status != row.status:
+            mistakes.append(
+                f"{row.code}: {matching[0].__name__}.http_status is {matching[0].http_status}, "
+                f"table says {row.status}"
+            )
+    codes = {row.code for row in table}
+    mistakes += [
+        f"{cls.__name__}: code {cls.code!r} is not in decisions.md"
+        for cls in classes
+        if cls.code not in codes
+    ]
+    return mistakes
+
+
+def test_every_table_code_has_exactly_one_concrete_class_in_the_tree(table: list[Row]) -> None:
+    mistakes = check_against_table(CONCRETE, table)
+    assert not mistakes, "\n".join(mistakes)
+
+
+def test_every_table_code_has_exactly_one_class_in_error_classes(table: list[Row]) -> None:
+    mistakes = check_against_table(error_classes(), table)
+    assert not mistakes, "\n".join(mistakes)
+
+
+def test_no_error_class_has_a_code_absent_from_the_table(table: list[Row]) -> None:
+    codes = {row.code for row in table}
+    strays = {cls.__name__: cls.code for cls in error_classes() if cls.code not in codes}
+    assert not strays, f"error classes whose code is not in decisions.md: {strays}"
+
+
+def test_error_classes_lists_every_concrete_class() -> None:
+    assert set(error_classes()) == set(CONCRETE)
+
+
+def test_error_classes_are_concrete_and_distinct() -> None:
+    classes = error_classes()
+    assert len(classes) == len(set(classes))
+    assert set(classes) <= set(CONCRETE)
+    assert AtriumError in classes
+    assert AtriumError.code == "internal"
+    for abstract in (errors.Forbidden, errors.Conflict, errors.BadGateway):
+        assert abstract not in classes
+        assert abstract not in CONCRETE
+
+
+# --- bodies -------------------------------------------------------------------------------------
+
+#: one instance of every concrete class, built with every field it can carry
+SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
+    AtriumError: lambda: AtriumError("something broke"),
+    errors.InvalidRequest: lambda: errors.InvalidRequest(
+        "bad body", problems=[{"field": "ref", "message": "required"}]
+    ),
+    errors.BadRef: lambda: errors.BadRef("ftp://x/y", "unknown scheme"),
+    errors.Unauthenticated: lambda: errors.Unauthenticated("sign in"),
+    errors.PermissionDenied: lambda: errors.PermissionDenied(
+        "no", caller_app_id="com.example.a", permission="com.example.b.read"
+    ),
+    errors.CallerMismatch: lambda: errors.CallerMismatch("com.example.a", "com.example.b"),
+    errors.SystemScopeImmutable: lambda: errors.SystemScopeImmutable("install"),
+    errors.ApprovalDenied: lambda: errors.ApprovalDenied("com.example.a", {"appId": "x"}),
+    errors.NotFound: lambda: errors.NotFound("app", "com.example.a"),
+    errors.NoProvider: lambda: errors.NoProvider("notes", "/notes/5"),
+    errors.NoHandler: lambda: errors.NoHandler("os.intent.action.VIEW"),
+    errors.LifecycleTransitionError: lambda: errors.LifecycleTransitionError(
+        "com.example.a-0", "installed", "resumed", app_id="com.example.a"
+    ),
+    errors.Busy: lambda: errors.Busy("com.example.a", "install"),
+    errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
+    errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),
+    errors.ManifestInvalid: lambda: errors.ManifestInvalid(
+        "com.example.a", [{"field": "version", "message": "not semver"}]
+    ),
+    errors.UpstreamFailed: lambda: errors.UpstreamFailed("upstream reset", authority="notes"),
+    errors.HookFailed: lambda: errors.HookFailed("hook said 500", hook="onStart", status=500),
+    errors.SpawnFailed: lambda: errors.SpawnFailed(
+        "died", app_id="com.example.a", cause="early exit"
+    ),
+    errors.FetchFailed: lambda: errors.FetchFailed("oci://r/x:1", "401"),
+    errors.ProviderUnavailable: lambda: errors.ProviderUnavailable("notes", "paused"),
+    errors.UpstreamTimeout: lambda: errors.UpstreamTimeout("no answer in 30 s"),
+    errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
+}
+
+
+def test_samples_cover_every_error_class() -> None:
+    assert set(SAMPLES) == set(CONCRETE)
+
+
+@pytest.mark.parametrize("cls", CONCRETE, ids=lambda cls: cls.__name__)
+def test_to_body_shape_is_error_code_message_and_camel_case_fields(
+    cls: type[AtriumError],
+) -> None:
+    err = SAMPLES[cls]()
+    assert type(err) is cls
+    body = err.to_body()
+    assert list(body) == ["error"]
+    inner = body["error"]
+    assert inner["code"] == cls.code
+    assert isinstance(inner["message"], str)
+    assert inner["message"]
+    assert inner["message"] == err.message == str(err)
+    for key, value in inner.items():
+        assert CAMEL_CASE.match(key), f"{cls.__name__} field {key!r} is not camelCase"
+        assert value is not None, f"{cls.__name__} field {key!r} is None"
+    assert {k: v for k, v in inner.items() if k not in {"code", "message"}} == err.fields
+
+
+@pytest.mark.parametrize(
+    ("err", "dropped"),
+    [
+        (errors.PermissionDenied("no", caller_app_id="com.example.a"), "permission"),
+        (errors.PermissionDenied("no", permission="x.read"), "callerAppId"),
+        (errors.CallerMismatch("com.example.a", None), "actual"),
+        (errors.HookFailed("timed out", hook="onStart"), "status"),
+        (errors.ProviderUnavailable("notes"), "state"),
+        (errors.ApprovalDenied("com.example.a"), "diff"),
+        (errors.LifecycleTransitionError("a-0", "installed", "resumed"), "appId"),
+        (errors.InvalidRequest("bad"), "problems"),
+        (errors.ManifestInvalid(None, [{"field": "id", "message": "x"}]), "appId"),
+    ],
+)
+def test_to_body_drops_none_fields(err: AtriumError, dropped: str) -> None:
+    assert dropped not in err.to_body()["error"]
+
+
+def test_lifecycle_transition_error_body_names_from_and_to() -> None:
+    body = errors.LifecycleTransitionError("com.example.a-0", "installed", "resumed").to_body()
+    assert body == {
+        "error": {
+            "code": "illegal_transition",
+            "message": body["error"]["message"],
+            "instanceId": "com.example.a-0",
+            "from": "installed",
+            "to": "resumed",
+        }
+    }
+
+
+def test_manifest_invalid_body_lists_every_problem() -> None:
+    problems = [
+        {"field": "version", "message": "not semver"},
+        {"field": "id", "message": "must equal the directory name"},
+    ]
+    body = errors.ManifestInvalid("com.example.a", problems).to_body()["error"]
+    assert body["code"] == "invalid_manifest"
+    assert body["appId"] == "com.example.a"
+    assert body["problems"] == problems
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["ftp://example.com/app", "not a ref at all", "Com.Example.Notes@", "oci://", "local:"],
+)
+def test_bad_ref_message_contains_the_raw_ref_and_the_accepted_forms(ref: str) -> None:
+    err = errors.BadRef(ref, "unrecognised")
+    assert ref in err.message
+    assert errors.BadRef.ACCEPTED in err.message
+    assert err.fields == {"ref": ref, "accepted": errors.BadRef.ACCEPTED}
+    assert err.http_status == 400
+
+
+def test_bad_ref_message_contains_a_raw_ref_with_a_backslash() -> None:
+    ref = "local:C:\\apps\\notes"
+    assert ref in errors.BadRef(ref, "unrecognised").message
+
+
+def test_provider_unavailable_asks_to_retry_after_one_second(table: list[Row]) -> None:
+    assert errors.ProviderUnavailable("notes").headers() == {"Retry-After": "1"}
+    (row,) = [row for row in table if row.code == "provider_unavailable"]
+    assert row.headers == {"Retry-After": "1"}
+
+
+@pytest.mark.parametrize("cls", CONCRETE, ids=lambda cls: cls.__name__)
+def test_headers_are_exactly_those_the_table_names(
+    cls: type[AtriumError], table: list[Row]
+) -> None:
+    (row,) = [row for row in table if row.code == cls.code]
+    assert dict(SAMPLES[cls]().headers()) == row.headers

@@ -1,0 +1,121 @@
+"""`atrium.events`: topic globs (`*` within one `:`-segment, `**` across) and `matches_any`."""
+
+from __future__ import annotations
+
+import pytest
+
+from atrium import events
+from atrium.events import TOPIC_RE, compile_glob, matches_any
+
+
+@pytest.mark.parametrize(
+    ("glob", "topic", "expected"),
+    [
+        # exact names
+        ("app:installed", "app:installed", True),
+        ("app:installed", "app:removed", False),
+        ("app:installed", "app:installed.extra", False),
+        ("app:installed", "xapp:installed", False),
+        ("theme:changed", "theme:changed", True),
+        # `.` is literal, not a regex wildcard
+        ("app:lifecycle.error", "app:lifecycle.error", True),
+        ("app:lifecycle.error", "app:lifecyclexerror", False),
+        # `*` stays within one segment
+        ("app:*", "app:installed", True),
+        ("app:*", "app:lifecycle.error", True),
+        ("app:*", "app:x:y", False),
+        ("app:*", "dist:install.complete", False),
+        ("app:*", "app", False),
+        ("*", "app", True),
+        ("*", "app:installed", False),
+        ("*:installed", "app:installed", True),
+        ("*:installed", "app:x:installed", False),
+        ("dist:install.*", "dist:install.complete", True),
+        ("dist:install.*", "dist:uninstall.complete", False),
+        ("*:*", "app:installed", True),
+        ("*:*", "app:x:y", False),
+        # `**` crosses segments
+        ("**", "app:installed", True),
+        ("**", "app:x:y", True),
+        ("**", "theme", True),
+        ("app:**", "app:x:y", True),
+        ("app:**", "app:installed", True),
+        ("app:**", "dist:install.complete", False),
+        ("**:complete", "dist:install:complete", True),
+        ("**.complete", "dist:install.complete", True),
+    ],
+)
+def test_glob_matching(glob: str, topic: str, expected: bool) -> None:
+    assert bool(compile_glob(glob).match(topic)) is expected
+    assert matches_any(topic, (glob,)) is expected
+
+
+@pytest.mark.parametrize("topic", ["app:installed", "app:x:y", "theme:changed", "anything"])
+def test_no_globs_means_every_topic(topic: str) -> None:
+    assert matches_any(topic, None) is True
+
+
+def test_empty_glob_tuple_matches_nothing() -> None:
+    assert matches_any("app:installed", ()) is False
+
+
+def test_matches_any_is_true_when_one_glob_matches() -> None:
+    globs = ("theme:*", "app:installed")
+    assert matches_any("app:installed", globs)
+    assert matches_any("theme:changed", globs)
+    assert not matches_any("app:removed", globs)
+
+
+@pytest.mark.parametrize(
+    "glob",
+    [
+        "",
+        "App:*",
+        "app:installed ",
+        "app installed",
+        "app/*",
+        "app:[a-z]",
+        "app:(x)",
+        "app:+",
+        "app:?",
+        "app,theme",
+        "app:é",
+    ],
+)
+def test_invalid_glob_raises_value_error(glob: str) -> None:
+    with pytest.raises(ValueError, match="topic glob"):
+        compile_glob(glob)
+    with pytest.raises(ValueError, match="topic glob"):
+        matches_any("app:installed", (glob,))
+
+
+def test_glob_with_trailing_newline_is_invalid() -> None:
+    with pytest.raises(ValueError, match="topic glob"):
+        compile_glob("app:*\n")
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        events.APP_INSTALLED,
+        events.APP_REMOVED,
+        events.APP_STATE,
+        events.APP_LIFECYCLE_ERROR,
+        events.APP_CRASHED,
+        events.ACTIVITY_OPENED,
+        events.KV_CHANGED,
+        events.THEME_CHANGED,
+        events.DIST_INSTALL_COMPLETE,
+        events.DIST_UPDATE_COMPLETE,
+        events.DIST_UNINSTALL_COMPLETE,
+        events.DIST_PUBLISH_COMPLETE,
+        events.DIST_PUBLISH_PROGRESS,
+        events.DIST_PUBLISH_DONE,
+    ],
+)
+def test_every_named_event_is_a_topic_its_family_glob_matches(topic: str) -> None:
+    assert TOPIC_RE.match(topic)
+    family = topic.split(":")[0]
+    assert matches_any(topic, (f"{family}:*",))
+    assert matches_any(topic, ("**",))
+    assert not matches_any(topic, ("*",))

@@ -1,0 +1,121 @@
+"""`atrium.identity`: the user's token and session check, and per-instance app tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from atrium.identity import AppCaller, AppTokens, UserAuth, new_token
+
+TOKEN = "t" * 16
+OTHER_TOKEN = "u" * 16
+
+
+def test_session_differs_from_the_token() -> None:
+    auth = UserAuth(TOKEN)
+    assert auth.token == TOKEN
+    assert auth.session != TOKEN
+    assert TOKEN not in auth.session
+
+
+def test_session_is_deterministic_for_one_token() -> None:
+    assert UserAuth(TOKEN).session == UserAuth(TOKEN).session
+
+
+def test_session_differs_for_another_token() -> None:
+    assert UserAuth(TOKEN).session != UserAuth(OTHER_TOKEN).session
+
+
+@pytest.mark.parametrize("token", ["", "short", "x" * 15])
+def test_short_user_token_is_refused(token: str) -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        UserAuth(token)
+
+
+def test_sixteen_character_token_is_accepted() -> None:
+    assert UserAuth("x" * 16).is_token("x" * 16)
+
+
+def test_is_token_accepts_only_the_token() -> None:
+    auth = UserAuth(TOKEN)
+    assert auth.is_token(TOKEN)
+    assert not auth.is_token(OTHER_TOKEN)
+    assert not auth.is_token(TOKEN[:-1])
+    assert not auth.is_token(TOKEN + "t")
+    assert not auth.is_token("")
+    assert not auth.is_token(auth.session)
+    assert not auth.is_token("é" * 16)
+
+
+def test_is_session_accepts_only_the_session() -> None:
+    auth = UserAuth(TOKEN)
+    assert auth.is_session(auth.session)
+    assert not auth.is_session(TOKEN)
+    assert not auth.is_session(UserAuth(OTHER_TOKEN).session)
+    assert not auth.is_session("")
+    assert not auth.is_session(auth.session.upper())
+
+
+def test_a_new_token_ends_old_sessions() -> None:
+    old = UserAuth(TOKEN)
+    assert not UserAuth(OTHER_TOKEN).is_session(old.session)
+
+
+def test_new_token_is_random_and_long_enough_for_user_auth() -> None:
+    first, second = new_token(), new_token()
+    assert first != second
+    assert len(first) >= 32
+    UserAuth(first)
+
+
+# --- app tokens ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tokens() -> AppTokens:
+    return AppTokens()
+
+
+def test_issued_token_looks_up_its_instance(tokens: AppTokens) -> None:
+    token = tokens.issue("com.example.notes", "com.example.notes-0")
+    assert tokens.lookup(token) == AppCaller("com.example.notes", "com.example.notes-0")
+
+
+def test_unknown_token_looks_up_nothing(tokens: AppTokens) -> None:
+    tokens.issue("com.example.notes", "com.example.notes-0")
+    assert tokens.lookup("not-a-token") is None
+    assert tokens.lookup("") is None
+
+
+def test_revoked_token_looks_up_nothing(tokens: AppTokens) -> None:
+    token = tokens.issue("com.example.notes", "com.example.notes-0")
+    tokens.revoke("com.example.notes-0")
+    assert tokens.lookup(token) is None
+
+
+def test_revoking_an_unknown_instance_is_harmless(tokens: AppTokens) -> None:
+    token = tokens.issue("com.example.notes", "com.example.notes-0")
+    tokens.revoke("com.example.notes-9")
+    tokens.revoke("com.example.notes-0")
+    tokens.revoke("com.example.notes-0")
+    assert tokens.lookup(token) is None
+
+
+def test_reissue_for_the_same_instance_revokes_the_old_token(tokens: AppTokens) -> None:
+    old = tokens.issue("com.example.notes", "com.example.notes-0")
+    new = tokens.issue("com.example.notes", "com.example.notes-0")
+    assert new != old
+    assert tokens.lookup(old) is None
+    assert tokens.lookup(new) == AppCaller("com.example.notes", "com.example.notes-0")
+    tokens.revoke("com.example.notes-0")
+    assert tokens.lookup(new) is None
+
+
+def test_each_instance_has_its_own_token(tokens: AppTokens) -> None:
+    first = tokens.issue("com.example.notes", "com.example.notes-0")
+    second = tokens.issue("com.example.notes", "com.example.notes-1")
+    other_app = tokens.issue("com.example.tasks", "com.example.tasks-0")
+    assert len({first, second, other_app}) == 3
+    tokens.revoke("com.example.notes-0")
+    assert tokens.lookup(first) is None
+    assert tokens.lookup(second) == AppCaller("com.example.notes", "com.example.notes-1")
+    assert tokens.lookup(other_app) == AppCaller("com.example.tasks", "com.example.tasks-0")
