@@ -55,7 +55,11 @@ async def registry_rounds(root: Path, src: Path) -> list[float]:
             await asyncio.wait_for(seen.wait(), 5)
             samples.append(time.perf_counter() - started)
             removed = asyncio.Event()
-            remover = bus.listen(("app:removed",), lambda e, done=removed: done.set())
+
+            def on_removed(event: Event, done: asyncio.Event = removed) -> None:
+                done.set()
+
+            remover = bus.listen(("app:removed",), on_removed)
             await asyncio.to_thread(shutil.rmtree, apps / src.name)
             await asyncio.wait_for(removed.wait(), 5)
             remover()
