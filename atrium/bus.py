@@ -24,7 +24,7 @@ _LOGGER = logging.getLogger(__name__)
 HISTORY: Final = 1000
 QUEUE_SIZE: Final = 1024
 
-Listener = Callable[["Event"], None]
+Listener = Callable[["Event"], object]
 
 
 @dataclass(frozen=True, slots=True)

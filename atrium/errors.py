@@ -212,8 +212,9 @@ class LifecycleTransitionError(Conflict):
         to_state: str,
         app_id: str | None = None,
     ) -> None:
+        from_state, to_state = str(from_state), str(to_state)  # plain strings, even for enums
         super().__init__(
-            f"instance {instance_id!r} cannot move from {from_state!r} to {to_state!r}",
+            f"instance '{instance_id}' cannot move from '{from_state}' to '{to_state}'",
             instanceId=instance_id,
             appId=app_id,
             **{"from": from_state, "to": to_state},

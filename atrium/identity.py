@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Final
 
 SESSION_COOKIE: Final = "atrium_session"
+#: ASGI scope key under which the app-origin dispatcher passes the app it identified by origin
+CALLER_SCOPE_KEY: Final = "atrium.caller"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import compileall
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -11,14 +13,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from atrium.bus import EventBus
+from atrium.events import APP_INSTALLED, APP_REMOVED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
+from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
+from atrium.lifecycle.ports import PortAllocator
+from atrium.lifecycle.runners import load_runner
 from atrium.registry import AppRegistry
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
+from atrium.upstream import UpstreamClient
 
 _LOGGER = logging.getLogger(__name__)
+SDK_SOURCE = Path(__file__).resolve().parent / "sdk.py"
 
 
 @dataclass(slots=True)
@@ -33,6 +41,8 @@ class Shell:
     repos: Mapping[Scope, ScopeRepo]
     user_auth: UserAuth
     app_tokens: AppTokens
+    upstream: UpstreamClient
+    lifecycle: LifecycleManager
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -41,6 +51,11 @@ class Shell:
         port = self.settings.port
         hosts = {"localhost", "127.0.0.1", self.settings.host}
         return frozenset(f"http://{h}:{port}" for h in hosts)
+
+
+def loopback(host: str) -> str:
+    """The address apps use to reach the shell: a wildcard bind is reached on loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
 
 
 def write_private(path: Path, text: str) -> None:
@@ -67,7 +82,52 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         bus = await stack.enter_async_context(EventBus())
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
-        _LOGGER.info("shell open: home %s, %d visible apps", settings.home, len(registry.visible()))
+        upstream = await stack.enter_async_context(UpstreamClient())
+        tokens = AppTokens()
+        runner = await asyncio.to_thread(load_runner, settings.runner)
+        # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
+        # compile the SDK once here so every cold start loads its bytecode
+        await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)
+        toolchain = settings.home / "toolchain" / "bin"
+        toolchain.mkdir(parents=True, exist_ok=True)
+        lifecycle = await stack.enter_async_context(
+            LifecycleManager(
+                runner=runner,
+                registry=registry,
+                bus=bus,
+                upstream=upstream,
+                tokens=tokens,
+                ports=PortAllocator(),
+                config=LifecycleConfig(
+                    layout=layout,
+                    shell_url=f"http://{loopback(settings.host)}:{settings.port}",
+                    toolchain_dir=toolchain,
+                ),
+            )
+        )
+        stack.callback(
+            bus.listen(
+                (APP_INSTALLED,),
+                lambda e: lifecycle.spawn_task(
+                    lifecycle.refill(e.payload["appId"]), f"warm-pool fill {e.payload['appId']}"
+                ),
+            )
+        )
+        stack.callback(
+            bus.listen(
+                (APP_REMOVED,),
+                lambda e: lifecycle.spawn_task(
+                    lifecycle.drain(e.payload["appId"]), f"warm-pool drain {e.payload['appId']}"
+                ),
+            )
+        )
+        await lifecycle.fill_pools()
+        _LOGGER.info(
+            "shell open: home %s, %d visible apps, runner %s",
+            settings.home,
+            len(registry.visible()),
+            runner.name,
+        )
         yield Shell(
             settings=settings,
             layout=layout,
@@ -76,5 +136,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             registry=registry,
             repos=repos,
             user_auth=UserAuth(user_token),
-            app_tokens=AppTokens(),
+            app_tokens=tokens,
+            upstream=upstream,
+            lifecycle=lifecycle,
         )

@@ -9,11 +9,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from atrium.api import apps, events, kv, meta, scopes
+from atrium.api import apps, events, instances, kv, meta, scopes, tools
 from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
+from atrium.api.origins import AppOrigins
 from atrium.errors import AtriumError
 from atrium.settings import Settings
-from atrium.shell import open_shell
+from atrium.shell import Shell, open_shell
 
 
 def create_app(settings: Settings, user_token: str) -> Starlette:
@@ -26,9 +27,26 @@ def create_app(settings: Settings, user_token: str) -> Starlette:
             finally:
                 shell.bus.close()
 
-    return Starlette(
-        routes=[*meta.routes, *apps.routes, *scopes.routes, *kv.routes, *events.routes],
-        middleware=[Middleware(InternalErrorMiddleware)],
+    def current_shell() -> Shell | None:
+        shell: Shell | None = getattr(app.state, "shell", None)
+        return shell
+
+    app = Starlette(
+        routes=[
+            *meta.routes,
+            *apps.routes,
+            *scopes.routes,
+            *kv.routes,
+            *events.routes,
+            *instances.routes,
+            *tools.routes,
+        ],
+        middleware=[
+            Middleware(InternalErrorMiddleware),
+            # app origins are dispatched before any host-page route can see the request
+            Middleware(AppOrigins, shell=current_shell),
+        ],
         exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,
     )
+    return app

@@ -15,7 +15,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from atrium.errors import PermissionDenied, Unauthenticated
-from atrium.identity import SESSION_COOKIE, Anonymous, AppCaller, Caller, UserCaller
+from atrium.identity import (
+    CALLER_SCOPE_KEY,
+    SESSION_COOKIE,
+    Anonymous,
+    AppCaller,
+    Caller,
+    UserCaller,
+)
 from atrium.shell import Shell
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -37,7 +44,13 @@ def shell_of(request: Request) -> Shell:
 
 
 def identify(request: Request, shell: Shell) -> Caller:
-    """The caller of ``request``. A presented but unknown bearer token is 401, never anonymous."""
+    """The caller of ``request``. A presented but unknown bearer token is 401, never anonymous.
+
+    A request that came through an app origin's `/_os/api/` is that app, whatever it carries.
+    """
+    by_origin = request.scope.get(CALLER_SCOPE_KEY)
+    if isinstance(by_origin, AppCaller):
+        return by_origin
     header = request.headers.get("authorization")
     if header is not None:
         scheme, _, token = header.partition(" ")

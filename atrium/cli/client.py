@@ -87,6 +87,15 @@ class ShellClient:
             fail(describe_error(response))
         return response.json()
 
+    def request_text(self, method: str, path: str, **kwargs: Any) -> str:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
+        if response.status_code >= 400:
+            fail(describe_error(response))
+        return response.text
+
     def stream_events(self, path: str, params: dict[str, str]) -> Iterator[tuple[str, str, Any]]:
         """Yield ``(id, topic, payload)`` for each server-sent event."""
         try:

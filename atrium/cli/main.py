@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from atrium import __version__
-from atrium.cli import commands
+from atrium.cli import commands, lifecycle
 from atrium.cli.serve import serve
 
 app = typer.Typer(
@@ -18,7 +18,10 @@ app = typer.Typer(
 app.command()(serve)
 app.command()(commands.apps)
 app.command()(commands.events)
+for command in (lifecycle.ps, lifecycle.launch, lifecycle.stop, lifecycle.destroy, lifecycle.logs):
+    app.command()(command)
 app.add_typer(commands.scopes_app, name="scopes")
+app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")
 
 

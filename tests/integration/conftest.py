@@ -55,10 +55,12 @@ class RunningShell:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token or self.token}"}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=DEADLINE, **kwargs)
+        kwargs.setdefault("timeout", DEADLINE)
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
     def anonymous(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=DEADLINE, **kwargs)
+        kwargs.setdefault("timeout", DEADLINE)
+        return httpx.Client(base_url=self.url, **kwargs)
 
     def stop(self) -> None:
         self.server.request_exit()

@@ -35,14 +35,18 @@ def test_apps_prints_a_table_with_a_scope_column(cli: CliRunner) -> None:
 def test_apps_json_is_the_api_answer(cli: CliRunner) -> None:
     result = cli.invoke(app, ["apps", "--json"])
     assert result.exit_code == 0
-    assert [a["id"] for a in json.loads(result.output)] == ["com.atrium.notes"]
+    assert [a["id"] for a in json.loads(result.output)] == [
+        "com.atrium.console",
+        "com.atrium.notes",
+        "com.atrium.viewer",
+    ]
 
 
 def test_scopes_lists_counts_and_paths(cli: CliRunner, shell: RunningShell) -> None:
     result = cli.invoke(app, ["scopes", "--json"])
     assert result.exit_code == 0
     counts = {s["id"]: s["appCount"] for s in json.loads(result.output)}
-    assert counts == {"system": 1, "global": 0, "user": 0}
+    assert counts == {"system": 3, "global": 0, "user": 0}
     table = cli.invoke(app, ["scopes"])
     assert "global" in table.output
     assert str(shell.settings.home / "scopes/global/apps") in table.output

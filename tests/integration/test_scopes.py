@@ -31,7 +31,7 @@ def test_scopes_are_listed_with_paths_counts_and_remotes(
         "mutable": False,
         "appsDir": str(system_apps),
         "dataDir": str(home / "scopes/system/apps"),
-        "appCount": 1,
+        "appCount": 3,
         "remote": None,
     }
     assert global_["appsDir"] == str(home / "scopes/global/apps")

@@ -1,0 +1,197 @@
+"""The instances API (decisions.md "Lifecycle"), views and activities, and `/api/proxy/`."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute
+
+from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.bodies import read_model
+from atrium.api.origins import proxy_page
+from atrium.errors import InvalidRequest, PermissionDenied
+from atrium.identity import AppCaller, Caller, UserCaller
+from atrium.lifecycle.instance import Instance
+from atrium.manifest import APP_ID_RE
+from atrium.shell import Shell
+from atrium.wire import WireModel
+
+MAX_LOG_LINES: Final = 5000
+
+
+class CreateBody(WireModel):
+    """`POST /api/instances`."""
+
+    app_id: str
+    new: bool = False
+
+
+class ActivityBody(WireModel):
+    """`POST /api/instances/{id}/activities`."""
+
+    extras: dict[str, Any] = Field(default_factory=dict)
+
+
+class ViewBody(WireModel):
+    """`POST /api/instances/{id}/views`."""
+
+    path: str = "/"
+
+
+def origin_url(shell: Shell, instance: Instance, path: str) -> str:
+    return f"http://{instance.slug}.{shell.settings.app_domain}:{shell.settings.port}{path}"
+
+
+def _wire(instance: Instance, caller: Caller) -> dict[str, Any]:
+    return instance.wire(for_app=isinstance(caller, AppCaller))
+
+
+async def list_instances(request: Request, caller: Caller) -> Response:
+    shell = shell_of(request)
+    return JSONResponse([_wire(i, caller) for i in shell.lifecycle.all()])
+
+
+async def get_instance(request: Request, caller: Caller) -> Response:
+    instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
+    return JSONResponse(_wire(instance, caller))
+
+
+async def create_instance(request: Request, caller: Caller) -> Response:
+    body = await read_model(request, CreateBody)
+    if not APP_ID_RE.fullmatch(body.app_id):
+        raise InvalidRequest(f"{body.app_id!r} is not an app id (reverse-domain, lowercase)")
+    instance = await shell_of(request).lifecycle.create(body.app_id, new=body.new)
+    return JSONResponse(_wire(instance, caller))
+
+
+async def instance_action(request: Request, caller: Caller) -> Response:
+    lifecycle = shell_of(request).lifecycle
+    instance = await lifecycle.act(
+        request.path_params["instance_id"], request.path_params["action"]
+    )
+    return JSONResponse(_wire(instance, caller))
+
+
+async def delete_instance(request: Request, caller: Caller) -> Response:
+    force = request.query_params.get("force", "") in {"1", "true", "yes"}
+    instance_id = request.path_params["instance_id"]
+    await shell_of(request).lifecycle.remove(instance_id, force=force)
+    return JSONResponse({"ok": True, "instanceId": instance_id, "state": "installed"})
+
+
+async def instance_logs(request: Request, caller: Caller) -> Response:
+    instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
+    raw = request.query_params.get("lines", "200")
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_LINES:
+        raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
+    text = ""
+    if instance.log_path is not None and instance.log_path.exists():
+        with instance.log_path.open("rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 256 * 1024))
+            text = log.read().decode(errors="replace")
+    lines = text.splitlines()[-int(raw) :]
+    return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+
+
+async def create_activity(request: Request, caller: Caller) -> Response:
+    shell = shell_of(request)
+    body = await read_model(request, ActivityBody) if await request.body() else ActivityBody()
+    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    activity = await shell.lifecycle.create_activity(instance.id, body.extras)
+    return JSONResponse(
+        {
+            "activityId": activity.id,
+            "instanceId": instance.id,
+            "appId": instance.app_id,
+            "path": activity.path,
+            "title": activity.title,
+            "url": origin_url(shell, instance, activity.path),
+        }
+    )
+
+
+async def delete_activity(request: Request, caller: Caller) -> Response:
+    params = request.path_params
+    await shell_of(request).lifecycle.destroy_activity(params["instance_id"], params["activity_id"])
+    return JSONResponse({"ok": True, "activityId": params["activity_id"]})
+
+
+async def create_view(request: Request, caller: Caller) -> Response:
+    shell = shell_of(request)
+    body = await read_model(request, ViewBody) if await request.body() else ViewBody()
+    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    view, ticket = shell.lifecycle.create_view(instance.id, body.path)
+    url = origin_url(shell, instance, "/_os/enter")
+    return JSONResponse(
+        {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}
+    )
+
+
+async def delete_view(request: Request, caller: Caller) -> Response:
+    params = request.path_params
+    instance = await shell_of(request).lifecycle.release_view(
+        params["instance_id"], params["view_id"]
+    )
+    return JSONResponse(_wire(instance, caller))
+
+
+async def proxy(request: Request, caller: Caller) -> Response:
+    """Pages of an instance for bearer-token clients (CLI, tests); never the cookie."""
+    if not isinstance(caller, UserCaller) or caller.via_cookie:
+        raise PermissionDenied("/api/proxy/ takes the user's bearer token only")
+    shell = shell_of(request)
+    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    if instance.host is None or instance.port is None:
+        raise InvalidRequest(f"instance {instance.id} is {instance.state}: no server to proxy")
+    return await proxy_page(shell, instance, request, "/" + request.path_params["path"])
+
+
+ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+routes: list[BaseRoute] = [
+    endpoint("/api/instances", list_instances, methods=["GET"], access=Access.USER_OR_APP),
+    endpoint("/api/instances", create_instance, methods=["POST"], access=Access.USER),
+    endpoint(
+        "/api/instances/{instance_id}", get_instance, methods=["GET"], access=Access.USER_OR_APP
+    ),
+    endpoint(
+        "/api/instances/{instance_id}", delete_instance, methods=["DELETE"], access=Access.USER
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/logs", instance_logs, methods=["GET"], access=Access.USER
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/activities",
+        create_activity,
+        methods=["POST"],
+        access=Access.USER,
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/activities/{activity_id}",
+        delete_activity,
+        methods=["DELETE"],
+        access=Access.USER,
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/views", create_view, methods=["POST"], access=Access.USER
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/views/{view_id}",
+        delete_view,
+        methods=["DELETE"],
+        access=Access.USER,
+    ),
+    endpoint(
+        "/api/instances/{instance_id}/{action}",
+        instance_action,
+        methods=["POST"],
+        access=Access.USER,
+    ),
+    endpoint(
+        "/api/proxy/{instance_id}/{path:path}", proxy, methods=ALL_METHODS, access=Access.USER
+    ),
+]

@@ -1,0 +1,178 @@
+"""Serving each instance to the browser on its own origin `http://<slug>.<app domain>:<port>/`.
+
+Requests whose Host names an app origin never reach the host page's routes. On an app origin,
+`/_os/` is the shell's: `/_os/enter` (one-time ticket → host-only view cookie), `/_os/client.js`,
+and `/_os/api/…`, the shell's API called *as that app*. Everything else needs the view cookie and
+is proxied to the app at `/` (decisions.md "Origins"). The user's cookie lives on the host page's
+origin only, so an app page can never act as the user.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from atrium.api.errors import error_response
+from atrium.api.forward import HtmlTransform, forward
+from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
+from atrium.identity import CALLER_SCOPE_KEY, AppCaller
+from atrium.lifecycle.calls import SECRET_HEADER
+from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.states import SERVING
+from atrium.shell import Shell
+
+VIEW_COOKIE: Final = "atrium_view"
+SLUG_RE: Final = re.compile(r"[a-z0-9]{12}")
+CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
+SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def slug_of(host_header: str, app_domain: str) -> str | None:
+    """The slug when ``host_header`` names an app origin (`<slug>.<app domain>[:port]`)."""
+    host = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
+    suffix = f".{app_domain}"
+    if not host.endswith(suffix):
+        return None
+    slug = host[: -len(suffix)]
+    return slug if SLUG_RE.fullmatch(slug) else None
+
+
+class AppOrigins:
+    """ASGI dispatcher: app-origin requests here, everything else to the host application."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        shell: Callable[[], Shell | None],
+        transform_html: Callable[[Instance], HtmlTransform | None] | None = None,
+    ) -> None:
+        self.app = app
+        self._shell = shell
+        self._transform_html = transform_html
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        shell = self._shell() if scope["type"] == "http" else None
+        if shell is None:
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        slug = slug_of(host, shell.settings.app_domain)
+        if slug is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self._serve(shell, slug, scope, receive, send)
+        except AtriumError as err:
+            await error_response(err)(scope, receive, send)
+
+    async def _serve(
+        self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        instance = shell.lifecycle.by_slug(slug)
+        if instance is None:
+            raise NotFound("app origin", slug, "no instance is served on this origin")
+        request = Request(scope, receive)
+        path = request.url.path
+        if path == "/_os/enter":
+            await self._enter(shell, instance, request)(scope, receive, send)
+            return
+        cookie = request.cookies.get(VIEW_COOKIE, "")
+        if not cookie or shell.lifecycle.view_for_cookie(instance, cookie) is None:
+            raise Unauthenticated(
+                "this app origin needs a view: open it through the host page or "
+                "POST /api/instances/{id}/views"
+            )
+        if path == "/_os/client.js":
+            await FileResponse(
+                CLIENT_JS, media_type="text/javascript", headers={"Cache-Control": "no-cache"}
+            )(scope, receive, send)
+            return
+        if path == "/_os/api" or path.startswith("/_os/api/"):
+            self._check_same_origin(request)
+            inner = dict(scope)
+            inner["path"] = path.removeprefix("/_os")
+            inner["raw_path"] = inner["path"].encode()
+            inner[CALLER_SCOPE_KEY] = AppCaller(instance.app_id, instance.id)
+            await self.app(inner, receive, send)
+            return
+        if path.startswith("/_os/"):
+            raise NotFound("route", path)
+        response = await self._page(shell, instance, request)
+        await response(scope, receive, send)
+
+    @staticmethod
+    def _check_same_origin(request: Request) -> None:
+        """A change made as the app must come from the app's own page (its view cookie would
+        otherwise ride along with another origin's cross-site request)."""
+        if request.method in SAFE:
+            return
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        origin = request.headers.get("origin")
+        if origin == own or (
+            origin is None and request.headers.get("sec-fetch-site") == "same-origin"
+        ):
+            return
+        raise PermissionDenied(f"a change through /_os/api must come from {own}, not {origin!r}")
+
+    @staticmethod
+    def _enter(shell: Shell, instance: Instance, request: Request) -> Response:
+        ticket = request.query_params.get("ticket", "")
+        view = shell.lifecycle.redeem_ticket(instance.slug, ticket)
+        if view is None:
+            raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
+        path = request.query_params.get("path") or view.path
+        if not path.startswith("/") or path.startswith("//"):
+            path = "/"
+        response = RedirectResponse(path, status_code=303)
+        # SameSite=None + Secure: the app origin is another site than the host page, and its
+        # iframe must carry the cookie; browsers treat *.localhost as a secure context
+        response.set_cookie(
+            VIEW_COOKIE, view.cookie, httponly=True, samesite="none", secure=True, path="/"
+        )
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    async def _page(self, shell: Shell, instance: Instance, request: Request) -> Response:
+        if instance.state not in SERVING:
+            return HTMLResponse(
+                f"<!doctype html><title>Starting</title><p>{instance.manifest.name} is "
+                f"{instance.state}; this page retries.</p><script>setTimeout(() => "
+                "location.reload(), 1000)</script>",
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        return await proxy_page(
+            shell,
+            instance,
+            request,
+            request.url.path,
+            self._transform_html(instance) if self._transform_html else None,
+        )
+
+
+async def proxy_page(
+    shell: Shell,
+    instance: Instance,
+    request: Request,
+    path: str,
+    transform: HtmlTransform | None = None,
+) -> Response:
+    """Forward ``request`` to the instance's own server at ``path`` (query kept)."""
+    address = instance.address
+    query = request.url.query
+    url = f"{address.base_url}{path}" + (f"?{query}" if query else "")
+    return await forward(
+        shell.upstream.session,
+        request,
+        url,
+        shell_headers={SECRET_HEADER: address.secret},
+        app_id=instance.app_id,
+        transform_html=transform,
+    )

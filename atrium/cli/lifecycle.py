@@ -1,0 +1,144 @@
+"""CLI commands for instances and the toolchain: ps, launch, stop, destroy, logs, tools."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from atrium.cli.client import ShellClient
+from atrium.cli.render import console, print_json, print_table
+
+JSON_OPT = typer.Option(False, "--json", help="print the shell's JSON answer")
+CHIPS = {"themed": "THEMED", "override": "OVERRIDE"}
+
+
+def _uptime(started: str | None) -> str:
+    if not started:
+        return ""
+    since = datetime.fromisoformat(started.replace("Z", "+00:00"))
+    seconds = int((datetime.now(UTC) - since).total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def ps(as_json: bool = JSON_OPT) -> None:
+    """Instances with state, port, scope, uptime, and a THEMED/OVERRIDE chip."""
+    with ShellClient() as client:
+        items = client.request("GET", "/api/instances")
+    if as_json:
+        print_json(items)
+        return
+    rows = [
+        (
+            i["instanceId"],
+            i["state"],
+            i["port"],
+            i["scope"],
+            _uptime(i["startedAt"]),
+            i["views"],
+            CHIPS.get(i["themeStrategy"], ""),
+            i["error"] or "",
+        )
+        for i in items
+    ]
+    print_table(
+        "Instances",
+        ["instance", "state", "port", "scope", "uptime", "views", "theme", "error"],
+        rows,
+    )
+
+
+def launch(
+    app_id: str,
+    new: Annotated[bool, typer.Option("--new", help="a new instance, not the live one")] = False,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Start (or reuse) an instance of APP_ID and print a view URL for a browser."""
+    with ShellClient() as client:
+        instance = client.request("POST", "/api/instances", json={"appId": app_id, "new": new})
+        view = client.request(
+            "POST", f"/api/instances/{instance['instanceId']}/views", json={"path": "/"}
+        )
+    if as_json:
+        print_json({"instance": instance, "view": view})
+        return
+    console.print(f"{instance['instanceId']} {instance['state']} on port {instance['port']}")
+    print(view["url"])
+
+
+def _action(instance_id: str, action: str, as_json: bool) -> None:
+    with ShellClient() as client:
+        answer: Any = client.request("POST", f"/api/instances/{instance_id}/{action}")
+    if as_json:
+        print_json(answer)
+    else:
+        console.print(f"{answer['instanceId']} {answer['state']}")
+
+
+def stop(instance_id: str, as_json: bool = JSON_OPT) -> None:
+    """Stop an instance (its server stays up)."""
+    _action(instance_id, "stop", as_json)
+
+
+def destroy(
+    instance_id: str,
+    force: Annotated[bool, typer.Option("--force", help="kill without hooks")] = False,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Walk an instance back to installed: hooks, then the child is killed and its port freed."""
+    with ShellClient() as client:
+        answer = client.request(
+            "DELETE", f"/api/instances/{instance_id}", params={"force": "1"} if force else None
+        )
+    if as_json:
+        print_json(answer)
+    else:
+        console.print(f"{answer['instanceId']} {answer['state']}")
+
+
+def logs(
+    instance_id: str,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="how many lines")] = 200,
+) -> None:
+    """Print the end of an instance's log (its stdout and stderr)."""
+    with ShellClient() as client:
+        text = client.request_text(
+            "GET", f"/api/instances/{instance_id}/logs", params={"lines": str(lines)}
+        )
+    print(text, end="")
+
+
+tools_app = typer.Typer(help="The shared toolchain: binaries apps may declare in `tools`.")
+
+
+@tools_app.command("list")
+def tools_list(as_json: bool = JSON_OPT) -> None:
+    """List the toolchain."""
+    with ShellClient() as client:
+        items = client.request("GET", "/api/tools")
+    if as_json:
+        print_json(items)
+    else:
+        print_table("Toolchain", ["tool", "path"], [(t["name"], t["path"]) for t in items])
+
+
+@tools_app.command("add")
+def tools_add(
+    name: str,
+    path: Annotated[str | None, typer.Option(help="the binary (default: NAME on PATH)")] = None,
+) -> None:
+    """Expose a host binary to apps that declare it."""
+    with ShellClient() as client:
+        entry = client.request("PUT", f"/api/tools/{name}", json={"path": path} if path else None)
+    console.print(f"{entry['name']} → {entry['path']}")
+
+
+@tools_app.command("rm")
+def tools_rm(name: str) -> None:
+    """Remove a tool from the toolchain."""
+    with ShellClient() as client:
+        client.request("DELETE", f"/api/tools/{name}")
+    console.print(f"{name} removed")

@@ -1,0 +1,167 @@
+"""One app instance and the one door through which every state change passes.
+
+`Instance.enter` checks the table, records, logs once and publishes `app:state` once; nothing else
+assigns the state. The two sanctioned bypasses have their own names: `mark_crashed` (spec rule 3)
+and `force_installed` (`DELETE /api/instances/{id}?force=1`, decisions.md "Lifecycle").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from atrium.bus import EventBus
+from atrium.errors import LifecycleTransitionError
+from atrium.events import APP_CRASHED, APP_LIFECYCLE_ERROR, APP_STATE
+from atrium.lifecycle.calls import AppAddress
+from atrium.lifecycle.runners import RunningApp
+from atrium.lifecycle.states import InstanceState, is_allowed
+from atrium.manifest import Manifest
+from atrium.scopes import Scope
+
+_LOGGER = logging.getLogger(__name__)
+S = InstanceState
+
+
+@dataclass(slots=True)
+class Activity:
+    """An activity created by `onActivityCreate` (never changes the instance's state)."""
+
+    id: str
+    path: str
+    title: str
+
+
+@dataclass(slots=True)
+class View:
+    """A view of the instance in a host page's iframe, entered through a one-time ticket."""
+
+    id: str
+    cookie: str
+    path: str
+
+
+@dataclass(eq=False, slots=True)
+class Instance:
+    """An instance's record. Its state changes only through `enter` and the two named bypasses."""
+
+    id: str
+    app_id: str
+    scope: Scope
+    app_dir: Path
+    data_dir: Path
+    manifest: Manifest
+    slug: str
+    bus: EventBus
+    _state: InstanceState = S.INSTALLED
+    secret: str = ""
+    token: str | None = None
+    child: RunningApp | None = None
+    port: int | None = None
+    host: str | None = None
+    log_path: Path | None = None
+    views: dict[str, View] = field(default_factory=dict)
+    activities: dict[str, Activity] = field(default_factory=dict)
+    started_at: datetime | None = None
+    error: str | None = None
+    pooled: bool = False
+    gone: bool = False
+    #: set before the shell itself stops the child, so its exit is not taken for a crash
+    expected_exit: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watcher: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> InstanceState:
+        return self._state
+
+    @property
+    def address(self) -> AppAddress:
+        if self.host is None or self.port is None:
+            raise RuntimeError(f"instance {self.id} has no running server")
+        return AppAddress(self.app_id, self.id, self.host, self.port, self.secret)
+
+    def enter(self, target: InstanceState) -> None:
+        """Move to ``target`` if the table allows it; else LifecycleTransitionError (and the
+        `app:lifecycle.error` event)."""
+        current = self._state
+        if not is_allowed(current, target):
+            err = LifecycleTransitionError(self.id, current, target, app_id=self.app_id)
+            self.report_error(current, target, err.message)
+            raise err
+        self._set(target)
+
+    def report_error(self, current: InstanceState, target: InstanceState, message: str) -> None:
+        """Announce a failed move: `app:lifecycle.error {instanceId, appId, from, to, message}`."""
+        _LOGGER.warning("%s %s: %s → %s failed: %s", self.app_id, self.id, current, target, message)
+        self.bus.publish(
+            APP_LIFECYCLE_ERROR,
+            {
+                "instanceId": self.id,
+                "appId": self.app_id,
+                "from": current.value,
+                "to": target.value,
+                "message": message,
+            },
+        )
+
+    def mark_crashed(self, exit_code: int) -> None:
+        """A running child died: go to `error` without the table check (spec: lifecycle rule 3)."""
+        previous = self._state
+        self.error = f"crashed with exit status {exit_code} in state {previous}"
+        self._set(S.ERROR)
+        self.bus.publish(
+            APP_CRASHED,
+            {
+                "instanceId": self.id,
+                "appId": self.app_id,
+                "exitCode": exit_code,
+                "state": previous.value,
+            },
+        )
+
+    def force_installed(self) -> None:
+        """Kill without hooks: any state → `installed` (decisions.md "Lifecycle")."""
+        self._set(S.INSTALLED)
+
+    def _set(self, target: InstanceState) -> None:
+        previous, self._state = self._state, target
+        _LOGGER.info("%s %s: %s → %s", self.app_id, self.id, previous, target)
+        self.bus.publish(
+            APP_STATE,
+            {
+                "instanceId": self.id,
+                "appId": self.app_id,
+                "from": previous.value,
+                "to": target.value,
+            },
+        )
+
+    def wire(self, *, for_app: bool = False) -> dict[str, Any]:
+        """The instance as decisions.md reports it; apps never see another's port or pid."""
+        theme = self.manifest.theme_strategy.value
+        return {
+            "instanceId": self.id,
+            "appId": self.app_id,
+            "name": self.manifest.name,
+            "scope": self.scope.value,
+            "state": self._state.value,
+            "port": None if for_app else self.port,
+            "pid": None if for_app or self.child is None else self.child.pid,
+            "views": len(self.views),
+            "activities": sorted(self.activities),
+            "startedAt": self.started_at.isoformat().replace("+00:00", "Z")
+            if self.started_at
+            else None,
+            "error": self.error,
+            "themeStrategy": theme,
+            "backgroundService": self.manifest.background_service,
+            "pooled": self.pooled,
+        }
+
+    def stamp_started(self) -> None:
+        self.started_at = datetime.now(UTC)

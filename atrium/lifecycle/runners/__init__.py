@@ -1,0 +1,100 @@
+"""Runners start one app instance's server as a child and stop it; chosen by name.
+
+The contract (every runner, every future back-end: container, Kubernetes):
+
+- ``spawn(spec)`` returns a RunningApp as soon as the child is started — not yet healthy; the
+  lifecycle manager polls ``/health`` itself. It raises SpawnFailed (cause ``mount`` or ``exited``)
+  only for failures it can see at once (a missing bind source, an interpreter that cannot start).
+  It must be called from the event-loop thread (bubblewrap's ``--die-with-parent`` follows the
+  spawning *thread*).
+- ``RunningApp.host`` / ``.port``: where the shell reaches the app's server. Never assume loopback.
+- ``RunningApp.wait()`` completes with the exit code when the child is gone (crash detection);
+  it may be awaited by several tasks.
+- ``RunningApp.stop(grace)``: SIGTERM to the whole process group, SIGKILL after ``grace`` seconds;
+  returns only when every process of the group is gone. Idempotent.
+- ``RunningApp.pid``: the child's pid as the shell's host sees it (for `atrium ps`).
+- The child's stdout and stderr go to ``spec.log_path`` (appended).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnSpec:
+    """Everything a runner needs to start one instance."""
+
+    app_id: str
+    instance_id: str
+    app_dir: Path
+    #: the command, argv[0] already resolved to an absolute executable where possible
+    argv: Sequence[str]
+    #: the environment of decisions.md "Manifest" (OS_*, PORT); OS_DATA_DIR is set by the runner
+    env: Mapping[str, str]
+    #: the instance's runtime data directory (bind-mounted at /data inside a sandbox)
+    data_dir: Path
+    host: str
+    port: int
+    log_path: Path
+    #: tools the manifest declares ('*' = all), resolved against the toolchain directory
+    tools: Sequence[str] = ()
+    toolchain_dir: Path | None = None
+    #: extra directories the interpreter needs, bound read-only inside a sandbox
+    ro_paths: Sequence[Path] = field(default_factory=tuple)
+
+
+class RunningApp(Protocol):
+    """A started child (see the module docstring for the contract)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace: float = 3.0) -> int: ...
+
+
+class Runner(Protocol):
+    """Starts app servers (see the module docstring for the contract)."""
+
+    name: str
+
+    async def spawn(self, spec: SpawnSpec) -> RunningApp: ...
+
+
+def load_runner(name: str) -> Runner:
+    """``process``, ``bwrap``, or ``auto``: bwrap when it works on this machine, else process."""
+    from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works
+    from atrium.lifecycle.runners.process import ProcessRunner
+
+    if name == "process":
+        return ProcessRunner()
+    if name == "bwrap":
+        return BwrapRunner()
+    if name != "auto":
+        raise ValueError(f"unknown runner {name!r}: auto, process or bwrap")
+    problem = bwrap_works()
+    if problem is None:
+        _LOGGER.info("runner: bwrap (bubblewrap sandbox)")
+        return BwrapRunner()
+    _LOGGER.warning("runner: process (no sandbox): bubblewrap does not work here: %s", problem)
+    return ProcessRunner()
+
+
+__all__ = ["Runner", "RunningApp", "SpawnSpec", "load_runner"]

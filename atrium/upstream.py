@@ -1,0 +1,45 @@
+"""The one pooled HTTP client the shell uses to reach apps (health, hooks, pages, data).
+
+aiohttp, not httpx (MEASURED.md: httpx was 10-20x slower on this path and replayed one provider's
+cookie to the next caller): no cookie jar at all, no decompression (bodies pass through as sent).
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+import aiohttp
+
+
+class UpstreamClient:
+    """Owns one aiohttp session for the whole shell."""
+
+    def __init__(self, connect_timeout: float = 5.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+            skip_auto_headers=("User-Agent",),
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the upstream client is not open")
+        return self._session

@@ -1,0 +1,74 @@
+"""Fixture `test.sdk.echo`: an SDK provider that echoes each request, and a streamed body."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from atrium.sdk import App, HttpError, Request, Response
+
+MAX_SIZE = 1024 * 1024 * 1024
+CHUNK = 64 * 1024
+
+app = App()
+
+
+def echo(request: Request) -> dict[str, object]:
+    os_headers = {
+        name: value
+        for name, value in request.headers.items()
+        if name.lower().startswith("x-os-") and name.lower() != "x-os-shell-secret"
+    }
+    return {
+        "method": request.method,
+        "path": request.path,
+        "subpath": request.subpath,
+        "query": request.query,
+        "bodySize": len(request.body),
+        "callerAppId": request.caller_app_id,
+        "permission": request.permission,
+        "headers": os_headers,
+    }
+
+
+def big(request: Request) -> Response:
+    """``size`` bytes of ``x``, streamed; chunked when ``chunked=1``."""
+    raw = request.query.get("size", "0")
+    if not raw.isdigit() or int(raw) > MAX_SIZE:
+        raise HttpError(400, f"size must be a whole number of bytes up to {MAX_SIZE}, not {raw!r}")
+    size = int(raw)
+
+    def chunks() -> Iterator[bytes]:
+        left = size
+        while left > 0:
+            step = min(CHUNK, left)
+            yield b"x" * step
+            left -= step
+
+    length = None if request.query.get("chunked") == "1" else size
+    return Response(chunks(), content_type="application/octet-stream", length=length)
+
+
+@app.route("GET", "/big")
+def big_route(request: Request) -> Response:
+    return big(request)
+
+
+@app.route("GET", "/raise")
+def raise_route(request: Request) -> None:
+    raise RuntimeError("echo: raised on purpose")
+
+
+@app.provider("/open")
+def open_entry(request: Request) -> object:
+    if request.subpath == "big" and request.method in {"GET", "HEAD"}:
+        return big(request)
+    return echo(request)
+
+
+@app.provider("/closed")
+def closed_entry(request: Request) -> dict[str, object]:
+    return echo(request)
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,187 @@
+"""Apps served on their own origins: tickets, view cookies, `/_os/`, `/api/proxy/`, isolation."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def origin_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    for name in ("test.sdk.echo", "test.plain.stdlib"):
+        shutil.copytree(TESTS_DIR / "apps" / name, system_apps / name)
+    return start_shell()
+
+
+@pytest.fixture
+def api(origin_shell: RunningShell) -> Iterator[httpx.Client]:
+    with origin_shell.client(timeout=30) as client:
+        yield client
+
+
+def open_view(api: httpx.Client, app_id: str, path: str = "/") -> tuple[dict[str, Any], str]:
+    instance = api.post("/api/instances", json={"appId": app_id, "new": True}).json()
+    view = api.post(f"/api/instances/{instance['instanceId']}/views", json={"path": path}).json()
+    return instance, view["url"]
+
+
+def on_origin(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:
+    """A client that talks to 127.0.0.1 but says `Host: <slug>.localhost:<port>`."""
+    parts = urlsplit(url)
+    host = parts.netloc
+    client = httpx.Client(base_url=shell.url, headers={"Host": host}, timeout=30)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    return client, target
+
+
+def enter(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:
+    client, target = on_origin(shell, url)
+    response = client.get(target, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    cookie = response.headers["set-cookie"]
+    assert "httponly" in cookie.lower()
+    assert "domain" not in cookie.lower()
+    value = cookie.split(";", 1)[0].split("=", 1)[1]
+    client.headers["Cookie"] = f"atrium_view={value}"
+    return client, response.headers["location"]
+
+
+def test_a_view_ticket_sets_a_view_cookie_and_the_page_is_proxied(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    _, url = open_view(api, "test.plain.stdlib", "/items?x=1")
+    assert urlsplit(url).hostname.endswith(".localhost")  # type: ignore[union-attr]
+    client, location = enter(origin_shell, url)
+    with closing(client):
+        assert location == "/items?x=1"
+        page = client.get("/api/data/items", params={"q": "2"})
+        assert page.status_code == 200
+        echoed = page.json()
+        assert echoed["query"] == {"q": "2"} or echoed["query"] == "q=2"
+        assert page.headers["x-os-app-id"] == "test.plain.stdlib"
+
+
+def test_a_ticket_works_once(origin_shell: RunningShell, api: httpx.Client) -> None:
+    _, url = open_view(api, "test.sdk.echo")
+    first, _ = enter(origin_shell, url)
+    first.close()
+    again, target = on_origin(origin_shell, url)
+    with again:
+        response = again.get(target, follow_redirects=False)
+    assert response.status_code == 401
+
+
+def test_an_app_origin_without_a_view_cookie_is_401(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    _, url = open_view(api, "test.sdk.echo")
+    client, _ = on_origin(origin_shell, url)
+    with closing(client):
+        assert client.get("/").status_code == 401
+        client.headers["Cookie"] = "atrium_view=forged"
+        assert client.get("/").status_code == 401
+        client.headers["Authorization"] = f"Bearer {origin_shell.token}"
+        assert client.get("/_os/api/apps").status_code == 401
+
+
+def test_an_unknown_app_origin_is_404(origin_shell: RunningShell) -> None:
+    client = httpx.Client(
+        base_url=origin_shell.url,
+        timeout=10,
+        headers={"Host": f"abcdefabcdef.localhost:{origin_shell.settings.port}"},
+    )
+    with closing(client):
+        assert client.get("/").status_code == 404
+
+
+def test_os_api_on_an_app_origin_is_the_shell_api_called_as_that_app(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    _, url = open_view(api, "test.sdk.echo")
+    client, _ = enter(origin_shell, url)
+    own = f"http://{urlsplit(url).netloc}"
+    with closing(client):
+        listed = client.get("/_os/api/instances")
+        assert listed.status_code == 200
+        assert all(i["port"] is None and i["pid"] is None for i in listed.json())
+        own_kv = client.put(
+            "/_os/api/kv/app/test.sdk.echo/k", json={"value": 1}, headers={"Origin": own}
+        )
+        assert own_kv.status_code == 200
+        user_only = client.post(
+            "/_os/api/instances", json={"appId": "test.sdk.echo"}, headers={"Origin": own}
+        )
+        assert user_only.status_code == 403
+        assert user_only.json()["error"]["callerAppId"] == "test.sdk.echo"
+        cross = client.put(
+            "/_os/api/kv/app/test.sdk.echo/k",
+            json={"value": 2},
+            headers={"Origin": "http://zzzzzzzzzzzz.localhost:1"},
+        )
+        assert cross.status_code == 403
+    assert api.get("/api/kv/app/test.sdk.echo/k").json()["value"] == 1
+
+
+def test_an_app_page_cannot_make_a_cookie_authenticated_change_on_the_host(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    _, url = open_view(api, "test.sdk.echo")
+    app_origin = f"http://{urlsplit(url).netloc}"
+    with httpx.Client(
+        base_url=f"http://localhost:{origin_shell.settings.port}", timeout=10
+    ) as browser:
+        browser.get(f"/login?token={origin_shell.token}")
+        attempt = browser.put(
+            "/api/scopes/global/git-repo",
+            json={"url": "https://evil.test/r"},
+            headers={"Origin": app_origin},
+        )
+    assert attempt.status_code == 403
+    assert api.get("/api/scopes").json()[1]["remote"] is None
+
+
+def test_api_proxy_serves_bearer_clients_and_never_the_cookie(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    instance, _ = open_view(api, "test.plain.stdlib")
+    iid = instance["instanceId"]
+    response = api.post(
+        f"/api/proxy/{iid}/api/data/items?a=b",
+        content=b"hello",
+        headers={"X-Os-Caller-App-Id": "spoofed", "Cookie": "x=y"},
+    )
+    assert response.status_code == 200
+    echoed = response.json()
+    assert echoed["method"] == "POST"
+    assert echoed["body"] == "hello"
+    assert echoed["callerAppId"] in (None, "")
+    with httpx.Client(
+        base_url=f"http://localhost:{origin_shell.settings.port}", timeout=10
+    ) as browser:
+        browser.get(f"/login?token={origin_shell.token}")
+        assert browser.get(f"/api/proxy/{iid}/").status_code == 403
+
+
+def test_a_page_of_an_instance_that_is_not_serving_is_a_503_that_retries(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    instance, url = open_view(api, "test.sdk.echo")
+    client, _ = enter(origin_shell, url)
+    iid = instance["instanceId"]
+    assert api.post(f"/api/instances/{iid}/stop").json()["state"] == "stopped"
+    with closing(client):
+        page = client.get("/")
+    assert page.status_code == 503
+    assert page.headers["retry-after"] == "1"
