@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import watcher
+from bench import lifecycle, watcher
 
-BENCHES = {"watcher": watcher.main}
+BENCHES = {"watcher": watcher.main, "lifecycle": lifecycle.main}
 
 
 def main() -> None:

@@ -124,3 +124,40 @@ def test_a_missing_token_is_a_clear_error(
     result = CliRunner().invoke(app, ["apps"])
     assert result.exit_code == 1
     assert result.output.startswith("error: unauthenticated:")
+
+
+def test_launch_prints_a_view_url_and_ps_shows_the_instance(cli: CliRunner) -> None:
+    launched = cli.invoke(app, ["launch", "com.atrium.notes"])
+    assert launched.exit_code == 0, launched.output
+    first, url = launched.output.strip().splitlines()[-2:]
+    assert first.startswith("com.atrium.notes-1 started on port ")
+    assert url.startswith("http://") and ".localhost:" in url and "/_os/enter?ticket=" in url
+    listed = cli.invoke(app, ["ps"])
+    row = next(line for line in listed.output.splitlines() if "com.atrium.notes-1" in line)
+    assert "started" in row
+    assert "system" in row
+    assert cli.invoke(app, ["stop", "com.atrium.notes-1"]).output.strip() == (
+        "com.atrium.notes-1 stopped"
+    )
+    assert cli.invoke(app, ["logs", "com.atrium.notes-1"]).exit_code == 0
+    destroyed = cli.invoke(app, ["destroy", "com.atrium.notes-1"])
+    assert destroyed.output.strip() == "com.atrium.notes-1 installed"
+    gone = cli.invoke(app, ["stop", "com.atrium.notes-1"])
+    assert gone.exit_code == 1
+    assert gone.output.startswith("error: not_found:")
+
+
+def test_launch_of_an_unknown_app_is_a_clear_error(cli: CliRunner) -> None:
+    result = cli.invoke(app, ["launch", "com.example.none"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: not_found: no app 'com.example.none'")
+
+
+def test_tools_add_list_rm(cli: CliRunner) -> None:
+    added = cli.invoke(app, ["tools", "add", "git"])
+    assert added.exit_code == 0, added.output
+    listed = json.loads(cli.invoke(app, ["tools", "list", "--json"]).output)
+    assert [t["name"] for t in listed] == ["git"]
+    assert cli.invoke(app, ["tools", "add", "no-such-tool-x"]).exit_code == 1
+    assert cli.invoke(app, ["tools", "rm", "git"]).exit_code == 0
+    assert json.loads(cli.invoke(app, ["tools", "list", "--json"]).output) == []

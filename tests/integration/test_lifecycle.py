@@ -145,6 +145,7 @@ def test_create_reuses_the_live_instance_unless_new(api: httpx.Client) -> None:
         ("test.fault.wrongidentity", "identity"),
         ("test.fault.exitsearly", "exited"),
         ("test.fault.neverhealthy", "timeout"),
+        ("test.fault.wrongport", "port"),
     ],
 )
 def test_a_failed_spawn_goes_to_error_with_its_reason(
@@ -159,6 +160,18 @@ def test_a_failed_spawn_goes_to_error_with_its_reason(
     assert instance["error"].startswith(f"spawn failed ({cause})")
     assert instance["port"] is None
     assert act(api, instance["instanceId"], "reset").json()["state"] == "installed"
+
+
+def test_a_bind_mount_failure_goes_to_error_with_cause_mount(
+    lifecycle_shell: RunningShell, api: httpx.Client
+) -> None:
+    runtime = lifecycle_shell.settings.home / "scopes/system/apps/test.sdk.datawriter"
+    runtime.mkdir(parents=True)
+    (runtime / "test.sdk.datawriter-1").write_text("a file where the data directory must be")
+    response = api.post("/api/instances", json={"appId": "test.sdk.datawriter"})
+    assert response.status_code == 502
+    assert response.json()["error"]["cause"] == "mount"
+    assert state(api, "test.sdk.datawriter-1") == "error"
 
 
 def test_a_slow_start_within_its_deadline_succeeds(api: httpx.Client) -> None:
