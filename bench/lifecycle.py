@@ -62,13 +62,14 @@ async def pooled_launches(shell: Shell) -> list[float]:
 
 
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return len(list(Path("/proc/self/fd").iterdir()))
 
 
 def children() -> set[int]:
     me = str(os.getpid())
     found = set()
-    for pid in os.listdir("/proc"):
+    for entry in Path("/proc").iterdir():
+        pid = entry.name
         if pid.isdigit():
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -96,7 +97,7 @@ async def leak_loop(shell: Shell, count: int = 50) -> str:
 async def run(runner: str, root: Path) -> tuple[list[float], list[float] | None, str | None]:
     settings = Settings(
         home=root / f"home-{runner}", system_apps=system_apps(root / runner), port=0, runner=runner
-    )  # type: ignore[arg-type]
+    )
     async with open_shell(settings, new_token()) as shell:
         await cold_starts(shell)  # warm the page cache and bytecode first
         cold = await cold_starts(shell)

@@ -131,7 +131,9 @@ def test_launch_prints_a_view_url_and_ps_shows_the_instance(cli: CliRunner) -> N
     assert launched.exit_code == 0, launched.output
     first, url = launched.output.strip().splitlines()[-2:]
     assert first.startswith("com.atrium.notes-1 started on port ")
-    assert url.startswith("http://") and ".localhost:" in url and "/_os/enter?ticket=" in url
+    assert url.startswith("http://")
+    assert ".localhost:" in url
+    assert "/_os/enter?ticket=" in url
     listed = cli.invoke(app, ["ps"])
     row = next(line for line in listed.output.splitlines() if "com.atrium.notes-1" in line)
     assert "started" in row
