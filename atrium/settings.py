@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     index_url: str | None = None
     runner: RunnerName = "auto"
     heartbeat_seconds: float = Field(default=15.0, gt=0)
+    #: how long a host page's views outlive its last event stream
+    view_grace_seconds: float = Field(default=30.0, ge=0)
     token: SecretStr | None = None
     log_level: str = "info"
 

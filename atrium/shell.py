@@ -19,6 +19,7 @@ from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
+from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import load_runner
 from atrium.registry import AppRegistry
 from atrium.scopes import Scope, ScopeLayout
@@ -43,6 +44,7 @@ class Shell:
     app_tokens: AppTokens
     upstream: UpstreamClient
     lifecycle: LifecycleManager
+    presence: Presence
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -121,6 +123,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 ),
             )
         )
+        presence = Presence(settings.view_grace_seconds, lifecycle.release_client_views)
+        stack.callback(presence.close)
         await lifecycle.fill_pools()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
@@ -139,4 +143,5 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             app_tokens=tokens,
             upstream=upstream,
             lifecycle=lifecycle,
+            presence=presence,
         )

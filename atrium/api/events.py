@@ -62,7 +62,12 @@ async def events(request: Request, caller: Caller) -> Response:
     last_id = parse_last_event_id(
         request.headers.get("last-event-id") or request.query_params.get("lastEventId")
     )
+    client = request.query_params.get("client")
+    if client is not None and not shell.presence.is_client_id(client):
+        raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
     sub = shell.bus.subscribe(globs, last_id)
+    if client is not None:
+        shell.presence.connected(client)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -70,6 +75,8 @@ async def events(request: Request, caller: Caller) -> Response:
                 yield chunk
         finally:
             shell.bus.unsubscribe(sub)
+            if client is not None:
+                shell.presence.disconnected(client)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -39,6 +39,8 @@ class ViewBody(WireModel):
     """`POST /api/instances/{id}/views`."""
 
     path: str = "/"
+    #: the host page's client id (its `/api/events?client=` stream keeps the view alive)
+    client: str | None = None
 
 
 def origin_url(shell: Shell, instance: Instance, path: str) -> str:
@@ -124,7 +126,9 @@ async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await request.body() else ViewBody()
     instance = shell.lifecycle.get(request.path_params["instance_id"])
-    view, ticket = shell.lifecycle.create_view(instance.id, body.path)
+    if body.client is not None and not shell.presence.is_client_id(body.client):
+        raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
+    view, ticket = shell.lifecycle.create_view(instance.id, body.path, body.client)
     url = origin_url(shell, instance, "/_os/enter")
     return JSONResponse(
         {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}

@@ -43,6 +43,8 @@ class View:
     id: str
     cookie: str
     path: str
+    #: the host-page client that holds the view (its views go when it has been gone 30 s)
+    client: str | None = None
 
 
 @dataclass(eq=False, slots=True)

@@ -569,7 +569,9 @@ class LifecycleManager:
 
     # -- views ----------------------------------------------------------------------------------
 
-    def create_view(self, instance_id: str, path: str = "/") -> tuple[View, str]:
+    def create_view(
+        self, instance_id: str, path: str = "/", client: str | None = None
+    ) -> tuple[View, str]:
         """A view and its one-time ticket (decisions.md "Origins"); the instance must be serving."""
         instance = self.get(instance_id)
         if not path.startswith("/") or path.startswith("//"):
@@ -578,7 +580,9 @@ class LifecycleManager:
             raise LifecycleTransitionError(
                 instance.id, instance.state, S.RESUMING, app_id=instance.app_id
             )
-        view = View(id=secrets.token_hex(6), cookie=secrets.token_urlsafe(24), path=path)
+        view = View(
+            id=secrets.token_hex(6), cookie=secrets.token_urlsafe(24), path=path, client=client
+        )
         instance.views[view.id] = view
         ticket = secrets.token_urlsafe(24)
         self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
@@ -601,6 +605,21 @@ class LifecycleManager:
             if secrets.compare_digest(view.cookie, cookie):
                 return view
         return None
+
+    async def release_client_views(self, client: str) -> None:
+        """Release every view held by a host page that has gone away."""
+        for instance in self.all():
+            for view in [v for v in instance.views.values() if v.client == client]:
+                try:
+                    await self.release_view(instance.id, view.id)
+                except AtriumError as err:
+                    _LOGGER.warning(
+                        "%s %s: releasing view %s failed: %s",
+                        instance.app_id,
+                        instance.id,
+                        view.id,
+                        err.message,
+                    )
 
     async def release_view(self, instance_id: str, view_id: str) -> Instance:
         """Drop a view; dropping the last one stops the instance unless it is a background

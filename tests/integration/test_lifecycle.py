@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,19 @@ def state(api: httpx.Client, instance_id: str) -> str:
         return "installed"
     value: str = response.json()["state"]
     return value
+
+
+def raw_event_stream(shell: RunningShell, client: str) -> socket.socket:
+    """An event stream on a plain socket, so the test decides exactly when it goes away."""
+    sock = socket.create_connection(("127.0.0.1", shell.settings.port), timeout=10)
+    sock.sendall(
+        f"GET /api/events?client={client} HTTP/1.1\r\nHost: localhost\r\n"
+        f"Authorization: Bearer {shell.token}\r\n\r\n".encode()
+    )
+    received = b""
+    while b": connected" not in received:
+        received += sock.recv(4096)
+    return sock
 
 
 def pid_alive(pid: int) -> bool:
@@ -364,3 +378,25 @@ def test_shutdown_destroys_every_instance(start_shell: StartShell, system_apps: 
             return not pid_alive(pid)
 
         wait_for(gone, f"pid {pid} to be gone")
+
+
+def test_views_of_a_host_page_whose_stream_is_gone_are_released(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    shutil.copytree(TESTS_DIR / "apps" / "test.sdk.echo", system_apps / "test.sdk.echo")
+    shell = start_shell(view_grace_seconds=0.3)
+    with shell.client(timeout=30) as api:
+        iid = launch(api, "test.sdk.echo", new=True)["instanceId"]
+        kept = api.post(f"/api/instances/{iid}/views", json={"client": "tab-kept-1"}).json()
+        gone = api.post(f"/api/instances/{iid}/views", json={"client": "tab-gone-1"}).json()
+        with shell.client(timeout=30) as tab:
+            stream = SseReader(tab, {"client": "tab-kept-1"})
+            closing_tab = raw_event_stream(shell, "tab-gone-1")
+            closing_tab.close()
+            wait_for(
+                lambda: api.get(f"/api/instances/{iid}").json()["views"] == 1,
+                "the gone tab's view to be released",
+            )
+            assert api.delete(f"/api/instances/{iid}/views/{gone['viewId']}").status_code == 404
+            assert api.delete(f"/api/instances/{iid}/views/{kept['viewId']}").status_code == 200
+            assert not stream.ended.is_set()
