@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from atrium.bus import EventBus
+from atrium.dataproxy import DataProxy
 from atrium.events import APP_INSTALLED, APP_REMOVED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
+from atrium.launcher import Launcher
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
@@ -45,6 +47,8 @@ class Shell:
     upstream: UpstreamClient
     lifecycle: LifecycleManager
     presence: Presence
+    dataproxy: DataProxy
+    launcher: Launcher
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -125,6 +129,10 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         )
         presence = Presence(settings.view_grace_seconds, lifecycle.release_client_views)
         stack.callback(presence.close)
+        dataproxy = DataProxy(registry, lifecycle, bus)
+        stack.callback(dataproxy.close)
+        launcher = Launcher(registry, lifecycle, bus)
+        stack.callback(launcher.close)
         await lifecycle.fill_pools()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
@@ -144,4 +152,6 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             upstream=upstream,
             lifecycle=lifecycle,
             presence=presence,
+            dataproxy=dataproxy,
+            launcher=launcher,
         )

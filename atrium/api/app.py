@@ -9,7 +9,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from atrium.api import apps, events, instances, kv, meta, scopes, tools
+from atrium.api import apps, events, instances, intents, kv, meta, scopes, tools
 from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
 from atrium.api.origins import AppOrigins
 from atrium.errors import AtriumError
@@ -40,6 +40,7 @@ def create_app(settings: Settings, user_token: str) -> Starlette:
             *events.routes,
             *instances.routes,
             *tools.routes,
+            *intents.routes,
         ],
         middleware=[
             Middleware(InternalErrorMiddleware),

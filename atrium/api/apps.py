@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
@@ -9,19 +11,32 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.errors import NotFound
 from atrium.identity import Caller
+from atrium.registry import AppView
+from atrium.shell import Shell
+
+
+def app_wire(shell: Shell, view: AppView) -> dict[str, Any]:
+    """An app as listed, with the authorities it declares that another visible app serves."""
+    body = view.wire()
+    body["conflicts"] = [
+        {"authority": clash.authority, "servedBy": clash.served_by}
+        for clash in shell.dataproxy.table.clashes
+        if clash.app_id == view.copy.id
+    ]
+    return body
 
 
 async def list_apps(request: Request, caller: Caller) -> Response:
-    registry = shell_of(request).registry
-    return JSONResponse([view.wire() for view in registry.views()])
+    shell = shell_of(request)
+    return JSONResponse([app_wire(shell, view) for view in shell.registry.views()])
 
 
 async def get_app(request: Request, caller: Caller) -> Response:
     app_id = request.path_params["app_id"]
-    registry = shell_of(request).registry
-    for view in registry.views():
+    shell = shell_of(request)
+    for view in shell.registry.views():
         if view.copy.id == app_id:
-            body = view.wire()
+            body = app_wire(shell, view)
             if view.copy.manifest is not None:
                 body["manifest"] = view.copy.manifest.wire()
             return JSONResponse(body)

@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from atrium.api.data import PREFIX as DATA_PREFIX
+from atrium.api.data import serve_data
 from atrium.api.errors import error_response
 from atrium.api.forward import HtmlTransform, forward
 from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
@@ -64,7 +66,12 @@ class AppOrigins:
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
         slug = slug_of(host, shell.settings.app_domain)
         if slug is None:
-            await self.app(scope, receive, send)
+            raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+            if raw_path.startswith(DATA_PREFIX):
+                # the hot path: straight to the data proxy, no routing table in between
+                await serve_data(shell, raw_path[len(DATA_PREFIX) :], scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         try:
             await self._serve(shell, slug, scope, receive, send)
@@ -95,10 +102,17 @@ class AppOrigins:
             return
         if path == "/_os/api" or path.startswith("/_os/api/"):
             self._check_same_origin(request)
+            caller = AppCaller(instance.app_id, instance.id)
+            raw_path: bytes = (scope.get("raw_path") or path.encode()).removeprefix(b"/_os")
+            if raw_path.startswith(DATA_PREFIX):
+                await serve_data(
+                    shell, raw_path[len(DATA_PREFIX) :], scope, receive, send, caller=caller
+                )
+                return
             inner = dict(scope)
             inner["path"] = path.removeprefix("/_os")
-            inner["raw_path"] = inner["path"].encode()
-            inner[CALLER_SCOPE_KEY] = AppCaller(instance.app_id, instance.id)
+            inner["raw_path"] = raw_path
+            inner[CALLER_SCOPE_KEY] = caller
             await self.app(inner, receive, send)
             return
         if path.startswith("/_os/"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from atrium import __version__
-from atrium.cli import commands, lifecycle
+from atrium.cli import commands, intents, lifecycle
 from atrium.cli.serve import serve
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ for command in (lifecycle.ps, lifecycle.launch, lifecycle.stop, lifecycle.destro
 app.add_typer(commands.scopes_app, name="scopes")
 app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")
+app.add_typer(intents.intent_app, name="intent")
 
 
 @app.command()

@@ -133,6 +133,9 @@ class LifecycleManager:
     def all(self) -> list[Instance]:
         return sorted(self._instances.values(), key=lambda i: i.id)
 
+    def find(self, instance_id: str) -> Instance | None:
+        return self._instances.get(instance_id)
+
     def get(self, instance_id: str) -> Instance:
         instance = self._instances.get(instance_id)
         if instance is None:

@@ -163,3 +163,42 @@ def test_tools_add_list_rm(cli: CliRunner) -> None:
     assert cli.invoke(app, ["tools", "add", "no-such-tool-x"]).exit_code == 1
     assert cli.invoke(app, ["tools", "rm", "git"]).exit_code == 0
     assert json.loads(cli.invoke(app, ["tools", "list", "--json"]).output) == []
+
+
+def test_intent_resolve_and_start(cli: CliRunner) -> None:
+    resolved = cli.invoke(
+        app,
+        [
+            "intent",
+            "resolve",
+            "--action",
+            "os.intent.action.VIEW",
+            "--type",
+            "text/plain",
+            "--uri",
+            "https://x.test/a",
+        ],
+    )
+    assert resolved.exit_code == 0, resolved.output
+    row = next(line for line in resolved.output.splitlines() if "com.atrium.viewer" in line)
+    assert "│ 50 " in row  # its best filter: text/* (+50) beats the https-scheme one (+30)
+    started = cli.invoke(
+        app,
+        [
+            "intent",
+            "start",
+            "--action",
+            "os.intent.action.VIEW",
+            "--type",
+            "text/plain",
+            "--extra",
+            "text=hello",
+            "--json",
+        ],
+    )
+    assert started.exit_code == 0, started.output
+    answer = json.loads(started.output)
+    assert (answer["status"], answer["appId"]) == ("started", "com.atrium.viewer")
+    bad = cli.invoke(app, ["intent", "start", "--action", "x", "--extra", "novalue"])
+    assert bad.exit_code == 1
+    assert "key=value" in bad.output

@@ -28,6 +28,8 @@ def crash_route(request: Request) -> dict[str, object]:
 
 @app.provider("/crash")
 def crash_entry(request: Request) -> dict[str, object]:
+    if request.subpath == "abort":
+        os._exit(9)  # dies mid-request: the caller gets no answer at all
     if request.method != "POST":
         raise HttpError(405, "POST to crash", headers={"Allow": "POST"})
     return crash(request)

@@ -53,6 +53,12 @@ def big_route(request: Request) -> Response:
     return big(request)
 
 
+@app.route("GET", "/activities")
+def activities_route(request: Request) -> dict[str, object]:
+    """The `onActivityCreate` bodies of the live activities (what intents handed over)."""
+    return dict(app.activities)
+
+
 @app.route("GET", "/raise")
 def raise_route(request: Request) -> None:
     raise RuntimeError("echo: raised on purpose")

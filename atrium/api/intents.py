@@ -1,0 +1,74 @@
+"""`POST /api/intents/resolve` and `POST /api/intents/start` (decisions.md "Intents")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
+
+from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.bodies import read_model
+from atrium.api.instances import origin_url
+from atrium.identity import Caller
+from atrium.intents import Intent
+from atrium.launcher import Chooser
+from atrium.wire import WireModel
+
+
+class IntentBody(WireModel):
+    """The spec's Intent, plus `target` for start."""
+
+    action: str = Field(min_length=1, max_length=200)
+    type: str | None = Field(default=None, max_length=200)
+    uri: str | None = Field(default=None, max_length=8192)
+    category: str | list[str] | None = None
+    extras: dict[str, Any] = Field(default_factory=dict)
+    target: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str | None) -> str | None:
+        if value is not None and "/" not in value.split(";", 1)[0]:
+            raise ValueError(f"{value!r} is not a MIME type (type/subtype)")
+        return value
+
+    def intent(self) -> Intent:
+        categories = [self.category] if isinstance(self.category, str) else self.category or []
+        return Intent(self.action, self.type, self.uri, tuple(categories), self.extras)
+
+
+async def resolve(request: Request, caller: Caller) -> Response:
+    body = await read_model(request, IntentBody)
+    matches = shell_of(request).launcher.resolve(body.intent())
+    return JSONResponse([m.wire() for m in matches])
+
+
+async def start(request: Request, caller: Caller) -> Response:
+    shell = shell_of(request)
+    body = await read_model(request, IntentBody)
+    result = await shell.launcher.start(body.intent(), body.target)
+    if isinstance(result, Chooser):
+        return JSONResponse(
+            {"status": "chooser", "candidates": [m.wire() for m in result.candidates]}
+        )
+    instance = shell.lifecycle.get(result.instance_id)
+    return JSONResponse(
+        {
+            "status": "started",
+            "appId": result.app_id,
+            "instanceId": result.instance_id,
+            "activityId": result.activity_id,
+            "path": result.path,
+            "title": result.title,
+            "url": origin_url(shell, instance, result.path),
+        }
+    )
+
+
+routes: list[BaseRoute] = [
+    endpoint("/api/intents/resolve", resolve, methods=["POST"], access=Access.USER_OR_APP),
+    endpoint("/api/intents/start", start, methods=["POST"], access=Access.USER_OR_APP),
+]

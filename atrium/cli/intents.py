@@ -1,0 +1,116 @@
+"""`atrium intent resolve|start`: dispatch an intent through the running shell."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from atrium.cli.client import ShellClient, fail
+from atrium.cli.render import console, print_json, print_table
+
+intent_app = typer.Typer(help="Resolve or start an intent (action, type, uri, category, extras).")
+
+ACTION = Annotated[str, typer.Option("--action", "-a", help="the intent's action")]
+TYPE = Annotated[str | None, typer.Option("--type", "-t", help="MIME type")]
+URI = Annotated[str | None, typer.Option("--uri", "-u", help="data URI")]
+CATEGORY = Annotated[list[str] | None, typer.Option("--category", "-c", help="a category")]
+EXTRA = Annotated[list[str] | None, typer.Option("--extra", "-e", help="key=value (repeatable)")]
+AS_JSON = Annotated[bool, typer.Option("--json", help="print the shell's JSON answer")]
+
+
+def _intent(
+    action: str,
+    mime: str | None,
+    uri: str | None,
+    categories: list[str] | None,
+    extras: list[str] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"action": action}
+    if mime:
+        body["type"] = mime
+    if uri:
+        body["uri"] = uri
+    if categories:
+        body["category"] = categories
+    parsed: dict[str, str] = {}
+    for item in extras or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--extra {item!r} is not key=value")
+        parsed[key] = value
+    if parsed:
+        body["extras"] = parsed
+    return body
+
+
+def _table(matches: list[dict[str, Any]]) -> None:
+    rows = [
+        (
+            m["appId"],
+            m["scope"],
+            m["filterIndex"],
+            m["score"],
+            m["breakdown"]["mime"],
+            m["breakdown"]["scheme"],
+            m["breakdown"]["categories"],
+            m["breakdown"]["priority"],
+        )
+        for m in matches
+    ]
+    print_table(
+        "Matches",
+        ["app", "scope", "filter", "score", "mime", "scheme", "categories", "priority"],
+        rows,
+    )
+
+
+@intent_app.command("resolve")
+def resolve(
+    action: ACTION,
+    mime: TYPE = None,
+    uri: URI = None,
+    category: CATEGORY = None,
+    extra: EXTRA = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Rank the apps that handle the intent, with each score's breakdown."""
+    with ShellClient() as client:
+        matches = client.request(
+            "POST", "/api/intents/resolve", json=_intent(action, mime, uri, category, extra)
+        )
+    if as_json:
+        print_json(matches)
+    elif not matches:
+        console.print("no app handles this intent")
+    else:
+        _table(matches)
+
+
+@intent_app.command("start")
+def start(
+    action: ACTION,
+    mime: TYPE = None,
+    uri: URI = None,
+    category: CATEGORY = None,
+    extra: EXTRA = None,
+    target: Annotated[str | None, typer.Option(help="the app to start on a tie")] = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Start the best handler's activity (a tie lists the candidates; pick one with --target)."""
+    body = _intent(action, mime, uri, category, extra)
+    if target:
+        body["target"] = target
+    with ShellClient() as client:
+        answer = client.request("POST", "/api/intents/start", json=body)
+    if as_json:
+        print_json(answer)
+    elif answer["status"] == "chooser":
+        console.print("several apps tie; choose one with --target:")
+        _table(answer["candidates"])
+    else:
+        console.print(
+            f"{answer['appId']} {answer['instanceId']} activity {answer['activityId']}"
+            f" ({answer['title']})"
+        )
+        print(answer["url"])

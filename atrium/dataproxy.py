@@ -1,0 +1,157 @@
+"""The data proxy's decisions: which instance serves a request and whether the caller may ask.
+
+Knows nothing of HTTP bodies: `DataProxy.route` returns where to send the request and the headers
+the shell asserts, or raises the error to answer (decisions.md "Data proxy"). The provider table
+follows the visible apps; the registered instance of each provider app is the first to reach
+`resumed`, kept until it leaves `resumed` (spec "Instance lifecycle" rule 7).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from atrium.bus import Event, EventBus
+from atrium.errors import (
+    CallerMismatch,
+    NoProvider,
+    PermissionDenied,
+    ProviderUnavailable,
+    Unauthenticated,
+)
+from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE
+from atrium.identity import Anonymous, AppCaller, Caller
+from atrium.lifecycle.calls import AppAddress
+from atrium.lifecycle.manager import LifecycleManager
+from atrium.lifecycle.states import InstanceState
+from atrium.permissions import holds
+from atrium.providers import ProviderTable
+from atrium.registry import AppRegistry
+
+_LOGGER = logging.getLogger(__name__)
+RESUMED = InstanceState.RESUMED.value
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a data request goes and what the shell asserts on it."""
+
+    address: AppAddress
+    app_id: str
+    permission: str | None
+    caller_app_id: str | None
+
+
+class DataProxy:
+    """Provider table + registrations + the permission check."""
+
+    def __init__(self, registry: AppRegistry, lifecycle: LifecycleManager, bus: EventBus) -> None:
+        self._registry = registry
+        self._lifecycle = lifecycle
+        self.table = ProviderTable()
+        self._registered: dict[str, str] = {}
+        self._unlisten: list[Callable[[], None]] = []
+        self.rebuild()
+        self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), lambda e: self.rebuild()))
+        self._unlisten.append(bus.listen((APP_STATE,), self._on_state))
+
+    def close(self) -> None:
+        for unlisten in self._unlisten:
+            unlisten()
+
+    def rebuild(self) -> None:
+        """Rebuild the table from the visible apps' manifests."""
+        self.table = ProviderTable.build(
+            (copy.id, copy.manifest.data_provider)
+            for copy in self._registry.visible()
+            if copy.manifest is not None and copy.manifest.data_provider is not None
+        )
+        for clash in self.table.clashes:
+            _LOGGER.warning(
+                "authority %r is declared by %s and %s; %s serves it",
+                clash.authority,
+                clash.served_by,
+                clash.app_id,
+                clash.served_by,
+            )
+
+    def registered(self, app_id: str) -> str | None:
+        return self._registered.get(app_id)
+
+    def _on_state(self, event: Event) -> None:
+        app_id, instance_id = event.payload["appId"], event.payload["instanceId"]
+        if event.payload["to"] == RESUMED:
+            self._registered.setdefault(app_id, instance_id)
+        elif event.payload["from"] == RESUMED and self._registered.get(app_id) == instance_id:
+            del self._registered[app_id]
+            successor = next(
+                (
+                    i
+                    for i in self._lifecycle.of_app(app_id)
+                    if i.state is InstanceState.RESUMED and i.id != instance_id
+                ),
+                None,
+            )
+            if successor is not None:
+                self._registered[app_id] = successor.id
+
+    def route(
+        self,
+        authority: str,
+        path: str,
+        method: str,
+        caller: Caller,
+        claimed_caller: str | None,
+        asserted: str | None,
+    ) -> Route:
+        """Decide one request (steps 1-2 of the spec's data proxy); raises what to answer."""
+        caller_app = caller.app_id if isinstance(caller, AppCaller) else None
+        if claimed_caller is not None and claimed_caller != caller_app:
+            raise CallerMismatch(claimed_caller, caller_app)
+        match = self.table.match(authority, path)
+        if match is None:
+            raise NoProvider(authority, path)
+        needed = match.permission(method)
+        if asserted is not None and asserted != needed:
+            raise PermissionDenied(
+                f"X-Os-Permission asserts {asserted!r} but {method} {authority}{path} needs "
+                f"{needed!r}",
+                caller_app_id=caller_app,
+                permission=needed,
+            )
+        self._authorize(caller, match.app_id, needed, authority, path, method)
+        instance_id = self._registered.get(match.app_id)
+        instance = self._lifecycle.find(instance_id) if instance_id is not None else None
+        if instance is None or instance.state is not InstanceState.RESUMED or instance.port is None:
+            states = [i.state.value for i in self._lifecycle.of_app(match.app_id)]
+            raise ProviderUnavailable(authority, states[0] if states else None)
+        return Route(instance.address, match.app_id, needed, caller_app)
+
+    def _authorize(
+        self,
+        caller: Caller,
+        provider_app: str,
+        needed: str | None,
+        authority: str,
+        path: str,
+        method: str,
+    ) -> None:
+        if needed is None or not isinstance(caller, (AppCaller, Anonymous)):
+            return  # open entry, or the user, who may read and write every entry
+        if isinstance(caller, Anonymous):
+            raise Unauthenticated(
+                f"{method} {authority}{path} needs permission {needed!r}: "
+                "call with an app's or the user's token"
+            )
+        if caller.app_id == provider_app:
+            return  # a provider may call its own authority
+        copy = self._registry.get(caller.app_id)
+        granted = copy.manifest.permissions if copy and copy.manifest else []
+        if not holds(granted, needed):
+            raise PermissionDenied(
+                f"app {caller.app_id!r} needs permission {needed!r} in its manifest to {method} "
+                f"{authority}{path}",
+                caller_app_id=caller.app_id,
+                permission=needed,
+            )

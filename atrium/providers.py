@@ -1,0 +1,83 @@
+"""The provider table: (authority, path) → the app and provider entry that serve it.
+
+Pure. Built from the visible apps' manifests (decisions.md "Data proxy"): an entry matches when the
+request path equals its `path` or is a sub-path of it (`/notes` matches `/notes` and `/notes/5`,
+never `/notesx`); the longest matching entry wins; no match is None (spec "Data proxy" rule 1).
+Two apps declaring one authority: the lowest app id serves it and the clash is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from atrium.manifest import DataProvider, ProviderEntry
+from atrium.permissions import Verb
+
+READ_METHODS: Final = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderMatch:
+    """The app and entry serving a request path."""
+
+    app_id: str
+    entry: ProviderEntry
+
+    def permission(self, method: str) -> str | None:
+        """`readPerm` for GET and HEAD, `writePerm` for every other verb (None: open)."""
+        return self.entry.read_perm if method in READ_METHODS else self.entry.write_perm
+
+    @staticmethod
+    def verb(method: str) -> Verb:
+        return Verb.READ if method in READ_METHODS else Verb.WRITE
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorityClash:
+    """A second visible app declaring an authority that another app already serves."""
+
+    authority: str
+    app_id: str
+    served_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTable:
+    """authority → (app id, entries longest path first)."""
+
+    _by_authority: Mapping[str, tuple[str, tuple[ProviderEntry, ...]]] = field(default_factory=dict)
+    clashes: tuple[AuthorityClash, ...] = ()
+
+    @classmethod
+    def build(cls, providers: Iterable[tuple[str, DataProvider]]) -> ProviderTable:
+        table: dict[str, tuple[str, tuple[ProviderEntry, ...]]] = {}
+        clashes: list[AuthorityClash] = []
+        for app_id, provider in sorted(providers, key=lambda p: p[0]):
+            served = table.get(provider.authority)
+            if served is not None:
+                clashes.append(AuthorityClash(provider.authority, app_id, served[0]))
+                continue
+            entries = tuple(sorted(provider.providers, key=lambda e: len(e.path), reverse=True))
+            table[provider.authority] = (app_id, entries)
+        return cls(table, tuple(clashes))
+
+    def app_for(self, authority: str) -> str | None:
+        served = self._by_authority.get(authority)
+        return served[0] if served else None
+
+    def match(self, authority: str, path: str) -> ProviderMatch | None:
+        """The longest entry equal to or a parent of ``path`` (which starts with `/`)."""
+        served = self._by_authority.get(authority)
+        if served is None:
+            return None
+        app_id, entries = served
+        for entry in entries:
+            base = entry.path
+            if path == base or base == "/" or path.startswith(base + "/"):
+                return ProviderMatch(app_id, entry)
+        return None
+
+    def authorities(self) -> dict[str, str]:
+        return {authority: served[0] for authority, served in self._by_authority.items()}

@@ -1,0 +1,337 @@
+"""The data proxy against real provider apps (one SDK, one stdlib-only) and real callers."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell, wait_for
+
+pytestmark = pytest.mark.integration
+
+CALLERS = {
+    "test.caller.reader": ["test.sdk.echo.read", "test.plain.stdlib.write"],
+    "test.caller.writer": ["test.sdk.echo.write"],
+    "test.caller.nobody": [],
+}
+
+
+def caller_app(system_apps: Path, app_id: str, permissions: list[str]) -> None:
+    """A caller only needs a manifest: the test holds its token, it never runs."""
+    app_dir = system_apps / app_id
+    app_dir.mkdir()
+    (app_dir / "entrypoint.sh").write_text("#!/bin/sh\n")
+    (app_dir / "app.manifest.json").write_text(
+        json.dumps(
+            {
+                "id": app_id,
+                "name": app_id,
+                "version": "1.0.0",
+                "permissions": permissions,
+            }
+        )
+    )
+
+
+@pytest.fixture
+def proxy_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    for name in ("test.sdk.echo", "test.plain.stdlib", "test.fault.crashes"):
+        shutil.copytree(TESTS_DIR / "apps" / name, system_apps / name)
+    for app_id, permissions in CALLERS.items():
+        caller_app(system_apps, app_id, permissions)
+    shell = start_shell()
+    with shell.client() as api:
+        wait_for(lambda: shell.shell.dataproxy.registered("test.sdk.echo"), "the echo provider")
+        plain = api.post("/api/instances", json={"appId": "test.plain.stdlib"}).json()
+        api.post(f"/api/instances/{plain['instanceId']}/resumed")
+    return shell
+
+
+@pytest.fixture
+def api(proxy_shell: RunningShell) -> Iterator[httpx.Client]:
+    with proxy_shell.client(timeout=60) as client:
+        yield client
+
+
+def as_app(shell: RunningShell, app_id: str) -> httpx.Client:
+    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1")
+    return shell.client(token=token, timeout=30)
+
+
+def raw_request(shell: RunningShell, line: str) -> tuple[int, dict[str, Any]]:
+    """Send a raw request line (HTTP clients would remove dot segments before sending)."""
+    with socket.create_connection(("127.0.0.1", shell.settings.port), timeout=10) as sock:
+        sock.sendall(
+            f"{line}\r\nHost: localhost\r\nAuthorization: Bearer {shell.token}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE"])
+def test_every_verb_reaches_the_provider_with_query_and_body(
+    api: httpx.Client, method: str
+) -> None:
+    response = api.request(
+        method,
+        "/api/data/echo/open/a/b",
+        params={"q": "1", "r": "x y"},
+        content=b"payload" if method not in {"GET"} else None,
+    )
+    assert response.status_code == 200
+    echoed = response.json()
+    assert echoed["method"] == method
+    assert echoed["path"] == "/api/data/open/a/b"
+    assert echoed["subpath"] == "a/b"
+    assert echoed["query"] == {"q": "1", "r": "x y"}
+    assert echoed["bodySize"] == (0 if method == "GET" else 7)
+
+
+def test_head_is_a_read_without_a_body(api: httpx.Client) -> None:
+    response = api.head("/api/data/echo/open/big", params={"size": "1000"})
+    assert response.status_code == 200
+    assert response.content == b""
+    assert response.headers["content-length"] == "1000"
+
+
+def test_the_longest_entry_wins_and_sub_paths_match(proxy_shell: RunningShell) -> None:
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        assert reader.get("/api/data/echo/closed").status_code == 200
+        assert reader.get("/api/data/echo/closed/5").status_code == 200
+        deeper = reader.get("/api/data/echo/closed/deeper/x")
+        assert deeper.status_code == 403
+        assert deeper.json()["error"]["permission"] == "test.sdk.echo.deep"
+        assert reader.post("/api/data/echo/closed/deeper/x").status_code == 200
+
+
+def test_no_entry_no_authority_and_prefix_lookalikes_are_404(api: httpx.Client) -> None:
+    for path in ("/api/data/echo/openx", "/api/data/echo/other", "/api/data/nobody/x"):
+        response = api.get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "no_provider"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/api/data/echo/open/../closed",
+        "/api/data/echo/open/./x",
+        "/api/data/echo/open/%2e%2e/c",
+        "/api/data/echo/open/%2E/x",
+        "/api/data/echo/open%2fx",
+        "/api/data/echo/open/a%5cb",
+        "/api/data/echo/open/a%00b",
+        "/api/data/echo/open/..",
+        "/api/data/../../api/apps",
+    ],
+)
+def test_non_canonical_paths_are_400(proxy_shell: RunningShell, target: str) -> None:
+    status, body = raw_request(proxy_shell, f"GET {target} HTTP/1.1")
+    assert status == 400
+    assert body["error"]["code"] == "bad_request"
+
+
+def test_permissions_are_granted_and_denied_per_verb(proxy_shell: RunningShell) -> None:
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        assert reader.get("/api/data/echo/closed/x").status_code == 200
+        denied = reader.put("/api/data/echo/closed/x", content=b"{}")
+        assert denied.status_code == 403
+        assert denied.json()["error"] == {
+            "code": "permission_denied",
+            "message": "app 'test.caller.reader' needs permission 'test.sdk.echo.write' in its "
+            "manifest to PUT echo/closed/x",
+            "callerAppId": "test.caller.reader",
+            "permission": "test.sdk.echo.write",
+        }
+    with as_app(proxy_shell, "test.caller.writer") as writer:
+        assert writer.get("/api/data/echo/closed/x").status_code == 403
+        written = writer.delete("/api/data/echo/closed/x")
+        assert written.status_code == 200
+        assert written.json()["callerAppId"] == "test.caller.writer"
+        assert written.json()["permission"] == "test.sdk.echo.write"
+
+
+def test_the_shell_sets_the_os_headers_and_strips_inbound_ones(proxy_shell: RunningShell) -> None:
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        echoed = reader.get(
+            "/api/data/echo/closed/x",
+            headers={"X-Os-Custom": "forged", "X-Os-Permission": "test.sdk.echo.read"},
+        ).json()
+    assert echoed["headers"] == {
+        "X-Os-Caller-App-Id": "test.caller.reader",
+        "X-Os-Permission": "test.sdk.echo.read",
+    }
+
+
+def test_a_forged_caller_id_is_caller_mismatch(
+    proxy_shell: RunningShell, api: httpx.Client
+) -> None:
+    with as_app(proxy_shell, "test.caller.nobody") as nobody:
+        forged = nobody.get(
+            "/api/data/echo/closed/x", headers={"X-Os-Caller-App-Id": "test.caller.reader"}
+        )
+    assert forged.status_code == 403
+    assert forged.json()["error"]["code"] == "caller_mismatch"
+    as_user = api.get("/api/data/echo/open", headers={"X-Os-Caller-App-Id": "test.caller.reader"})
+    assert as_user.json()["error"]["code"] == "caller_mismatch"
+
+
+def test_a_forged_permission_assertion_is_403(proxy_shell: RunningShell) -> None:
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        response = reader.get(
+            "/api/data/echo/closed/x", headers={"X-Os-Permission": "test.sdk.echo.write"}
+        )
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "permission_denied"
+
+
+def test_anonymous_callers_reach_open_entries_only(proxy_shell: RunningShell) -> None:
+    with proxy_shell.anonymous() as anonymous:
+        opened = anonymous.get("/api/data/echo/open/x")
+        assert opened.status_code == 200
+        assert opened.json()["callerAppId"] is None
+        assert anonymous.get("/api/data/echo/closed/x").status_code == 401
+        assert anonymous.get("/api/data/plain/items").status_code == 200
+        assert anonymous.post("/api/data/plain/items").status_code == 401
+
+
+def test_the_user_may_read_and_write_every_entry_without_a_caller_id(api: httpx.Client) -> None:
+    for method in ("GET", "PUT", "DELETE"):
+        response = api.request(method, "/api/data/echo/closed/deeper/x")
+        assert response.status_code == 200
+        assert "X-Os-Caller-App-Id" not in response.json()["headers"]
+
+
+def test_a_provider_calls_its_own_authority_without_permissions(
+    proxy_shell: RunningShell,
+) -> None:
+    with as_app(proxy_shell, "test.sdk.echo") as echo:
+        assert echo.put("/api/data/echo/closed/x").status_code == 200
+
+
+def test_a_provider_cookie_never_reaches_a_caller(
+    proxy_shell: RunningShell, api: httpx.Client
+) -> None:
+    first = api.get("/api/data/plain/items")
+    assert "set-cookie" not in first.headers
+    second = api.get("/api/data/plain/items")
+    assert second.status_code == 200
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        reply = reader.post("/api/data/plain/items", content=b"x", headers={"Cookie": "mine=1"})
+        assert "set-cookie" not in reply.headers
+        assert reply.json()["callerAppId"] == "test.caller.reader"
+
+
+def test_browser_code_is_identified_by_its_origin(
+    proxy_shell: RunningShell, api: httpx.Client
+) -> None:
+    from urllib.parse import urlsplit
+
+    instance = api.post("/api/instances", json={"appId": "test.fault.crashes"}).json()
+    view = api.post(f"/api/instances/{instance['instanceId']}/views", json={}).json()
+    parts = urlsplit(view["url"])
+    with httpx.Client(
+        base_url=proxy_shell.url, headers={"Host": parts.netloc}, timeout=30
+    ) as browser:
+        entered = browser.get(f"{parts.path}?{parts.query}", follow_redirects=False)
+        cookie = entered.headers["set-cookie"].split(";", 1)[0]
+        browser.headers["Cookie"] = cookie
+        reply = browser.get(
+            "/_os/api/data/echo/open/x", headers={"Authorization": f"Bearer {proxy_shell.token}"}
+        )
+        assert reply.status_code == 200
+        assert reply.json()["callerAppId"] == "test.fault.crashes"
+        assert browser.get("/_os/api/data/echo/closed/x").status_code == 403
+
+
+@pytest.mark.parametrize("action", ["pause", "stop"])
+def test_a_provider_that_is_not_resumed_is_503_then_recovers(
+    proxy_shell: RunningShell, api: httpx.Client, action: str
+) -> None:
+    iid = proxy_shell.shell.dataproxy.registered("test.plain.stdlib")
+    assert iid is not None
+    api.post(f"/api/instances/{iid}/{action}")
+    response = api.get("/api/data/plain/items")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "provider_unavailable"
+    if action == "stop":
+        api.post(f"/api/instances/{iid}/start")
+    api.post(f"/api/instances/{iid}/resumed")
+    assert api.get("/api/data/plain/items").status_code == 200
+
+
+def test_a_provider_not_running_is_503(proxy_shell: RunningShell, api: httpx.Client) -> None:
+    response = api.get("/api/data/crashes/crash")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "provider_unavailable"
+
+
+def test_an_upstream_crash_is_502(proxy_shell: RunningShell, api: httpx.Client) -> None:
+    iid = api.post("/api/instances", json={"appId": "test.fault.crashes"}).json()["instanceId"]
+    api.post(f"/api/instances/{iid}/resumed")
+    response = api.get("/api/data/crashes/crash/abort")
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_failed"
+    wait_for(lambda: api.get(f"/api/instances/{iid}").json()["state"] == "error", "the crash")
+    assert api.get("/api/data/crashes/crash").status_code == 503
+
+
+def test_a_large_body_streams_both_ways(api: httpx.Client) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    size = 100 * 1024 * 1024
+    received = 0
+    with api.stream("GET", "/api/data/echo/open/big", params={"size": str(size)}) as response:
+        assert response.status_code == 200
+        for chunk in response.iter_bytes():
+            received += len(chunk)
+    assert received == size
+    upload = 20 * 1024 * 1024
+
+    def body() -> Iterator[bytes]:
+        for _ in range(upload // 65536):
+            yield b"y" * 65536
+
+    sent = api.post("/api/data/echo/open/upload", content=body())
+    assert sent.json()["bodySize"] == upload
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 64 * 1024, f"the shell's peak memory grew by {grown_kib} KiB"
+
+
+def test_two_visible_apps_declaring_one_authority_are_reported(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    for app_id in ("test.clash.a", "test.clash.b"):
+        app_dir = system_apps / app_id
+        app_dir.mkdir()
+        (app_dir / "entrypoint.sh").write_text("#!/bin/sh\n")
+        (app_dir / "app.manifest.json").write_text(
+            json.dumps(
+                {
+                    "id": app_id,
+                    "name": app_id,
+                    "version": "1.0.0",
+                    "dataProvider": {"authority": "shared", "providers": [{"path": "/x"}]},
+                }
+            )
+        )
+    shell = start_shell()
+    with shell.client() as api:
+        apps = {a["id"]: a for a in api.get("/api/apps").json()}
+    assert apps["test.clash.a"]["conflicts"] == []
+    assert apps["test.clash.b"]["conflicts"] == [
+        {"authority": "shared", "servedBy": "test.clash.a"}
+    ]

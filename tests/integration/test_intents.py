@@ -1,0 +1,168 @@
+"""Intents over HTTP with real handler apps: resolve, start, chooser, target, index refresh."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell, wait_for
+
+pytestmark = pytest.mark.integration
+SHARE = "os.intent.action.SHARE"
+
+
+def handler(apps_dir: Path, app_id: str, filters: list[dict[str, Any]]) -> Path:
+    """A copy of the SDK echo app answering intents with ``filters``."""
+    target = apps_dir / app_id
+    shutil.copytree(TESTS_DIR / "apps" / "test.sdk.echo", target)
+    manifest = json.loads((target / "app.manifest.json").read_text())
+    manifest.update({"id": app_id, "intentFilters": filters, "warmPool": False})
+    manifest.pop("dataProvider")
+    (target / "app.manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+@pytest.fixture
+def intent_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    handler(system_apps, "test.share.text", [{"action": SHARE, "dataMime": ["text/*"]}])
+    handler(
+        system_apps,
+        "test.share.exact",
+        [{"action": SHARE, "dataMime": ["text/plain"]}, {"action": SHARE}],
+    )
+    handler(system_apps, "test.share.tie1", [{"action": "os.intent.action.TIE"}])
+    handler(system_apps, "test.share.tie2", [{"action": "os.intent.action.TIE"}])
+    return start_shell()
+
+
+@pytest.fixture
+def api(intent_shell: RunningShell) -> Iterator[httpx.Client]:
+    with intent_shell.client(timeout=60) as client:
+        yield client
+
+
+def test_resolve_ranks_one_match_per_app_with_its_breakdown(api: httpx.Client) -> None:
+    response = api.post("/api/intents/resolve", json={"action": SHARE, "type": "text/plain"})
+    assert response.status_code == 200
+    assert response.json() == [
+        {
+            "appId": "test.share.exact",
+            "scope": "system",
+            "filterIndex": 0,
+            "score": 100,
+            "breakdown": {"mime": 100, "scheme": 0, "categories": 0, "priority": 0},
+        },
+        {
+            "appId": "test.share.text",
+            "scope": "system",
+            "filterIndex": 0,
+            "score": 50,
+            "breakdown": {"mime": 50, "scheme": 0, "categories": 0, "priority": 0},
+        },
+    ]
+
+
+def test_resolve_without_a_match_is_an_empty_list(api: httpx.Client) -> None:
+    assert api.post("/api/intents/resolve", json={"action": "nothing.handles.this"}).json() == []
+
+
+def test_start_launches_the_winner_and_hands_it_the_extras(api: httpx.Client) -> None:
+    started = api.post(
+        "/api/intents/start",
+        json={
+            "action": SHARE,
+            "type": "text/plain",
+            "extras": {"text": "hello"},
+        },
+    )
+    assert started.status_code == 200, started.text
+    body = started.json()
+    assert body["status"] == "started"
+    assert body["appId"] == "test.share.exact"
+    assert body["url"].startswith("http://")
+    assert ".localhost:" in body["url"]
+    activities = api.get(f"/api/proxy/{body['instanceId']}/activities").json()
+    handed = activities[body["activityId"]]
+    assert handed["extras"] == {"text": "hello"}
+    assert handed["intent"] == {"action": SHARE, "type": "text/plain", "extras": {"text": "hello"}}
+    instance = api.get(f"/api/instances/{body['instanceId']}").json()
+    assert instance["state"] == "resumed"
+
+
+def test_a_tie_opens_a_chooser_and_starts_nothing(api: httpx.Client) -> None:
+    answer = api.post("/api/intents/start", json={"action": "os.intent.action.TIE"}).json()
+    assert answer["status"] == "chooser"
+    assert [c["appId"] for c in answer["candidates"]] == ["test.share.tie1", "test.share.tie2"]
+    assert api.get("/api/instances").json() == []
+
+
+def test_target_starts_the_chosen_candidate(api: httpx.Client) -> None:
+    answer = api.post(
+        "/api/intents/start", json={"action": "os.intent.action.TIE", "target": "test.share.tie2"}
+    ).json()
+    assert (answer["status"], answer["appId"]) == ("started", "test.share.tie2")
+    missing = api.post(
+        "/api/intents/start", json={"action": "os.intent.action.TIE", "target": "test.share.text"}
+    )
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+
+
+def test_no_match_is_404_no_handler(api: httpx.Client) -> None:
+    response = api.post("/api/intents/start", json={"action": "nothing.handles.this"})
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "code": "no_handler",
+        "message": "no app has an intent filter matching action 'nothing.handles.this'",
+        "action": "nothing.handles.this",
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"action": ""},
+        {"action": 5},
+        {"action": "a", "type": "nomime"},
+        {"action": "a", "extras": []},
+        {"action": "a", "category": [1]},
+    ],
+)
+def test_bad_intents_are_400(api: httpx.Client, body: dict[str, Any]) -> None:
+    response = api.post("/api/intents/resolve", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_request"
+
+
+def test_apps_may_resolve_with_their_token(intent_shell: RunningShell) -> None:
+    token = intent_shell.shell.app_tokens.issue("test.share.text", "test.share.text-1")
+    with intent_shell.client(token=token) as app:
+        assert app.post("/api/intents/resolve", json={"action": SHARE}).status_code == 200
+
+
+def test_the_index_follows_installs_and_removals_without_a_restart(
+    api: httpx.Client, home: Path
+) -> None:
+    def ranked() -> list[str]:
+        reply = api.post(
+            "/api/intents/resolve", json={"action": SHARE, "type": "text/plain", "category": "pick"}
+        )
+        return [m["appId"] for m in reply.json()]
+
+    global_apps = home / "scopes/global/apps"
+    added = handler(
+        global_apps,
+        "test.share.new",
+        [{"action": SHARE, "dataMime": ["text/plain"], "category": ["pick"]}],
+    )
+    wait_for(lambda: ranked()[:1] == ["test.share.new"], "the new handler to win")
+    shutil.rmtree(added)
+    wait_for(lambda: "test.share.new" not in ranked(), "the handler to go")
