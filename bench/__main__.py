@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import lifecycle, watcher
+from bench import dataproxy, lifecycle, watcher
 
-BENCHES = {"watcher": watcher.main, "lifecycle": lifecycle.main}
+BENCHES = {
+    "watcher": watcher.main,
+    "lifecycle": lifecycle.main,
+    "dataproxy": dataproxy.main,
+}
 
 
 def main() -> None:
