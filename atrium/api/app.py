@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.types import Receive, Scope, Send
 
-from atrium.api import apps, events, instances, intents, kv, meta, scopes, tools
+from atrium.api import apps, dist, events, instances, intents, kv, meta, scopes, tools
 from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
 from atrium.api.origins import AppOrigins
 from atrium.errors import AtriumError
@@ -17,7 +19,23 @@ from atrium.settings import Settings
 from atrium.shell import Shell, open_shell
 
 
-def create_app(settings: Settings, user_token: str) -> Starlette:
+class AtriumApp:
+    """The ASGI entry point: app origins and the data proxy (the hot path) are dispatched here,
+    before Starlette's middleware stack; everything else is the Starlette application."""
+
+    def __init__(self, starlette: Starlette, dispatch: AppOrigins) -> None:
+        self.starlette = starlette
+        self._dispatch = dispatch
+
+    @property
+    def state(self) -> State:
+        return self.starlette.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._dispatch(scope, receive, send)
+
+
+def create_app(settings: Settings, user_token: str) -> AtriumApp:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_shell(settings, user_token) as shell:
@@ -41,13 +59,11 @@ def create_app(settings: Settings, user_token: str) -> Starlette:
             *instances.routes,
             *tools.routes,
             *intents.routes,
+            *dist.routes,
         ],
-        middleware=[
-            Middleware(InternalErrorMiddleware),
-            # app origins are dispatched before any host-page route can see the request
-            Middleware(AppOrigins, shell=current_shell),
-        ],
+        middleware=[Middleware(InternalErrorMiddleware)],
         exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,
     )
-    return app
+    # app origins are dispatched before any host-page route can see the request
+    return AtriumApp(app, AppOrigins(app, shell=current_shell))

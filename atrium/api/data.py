@@ -10,6 +10,7 @@ another app's origin), and no cookie of the caller reaches the provider.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Final
@@ -28,6 +29,7 @@ from atrium.identity import Caller, UserCaller
 from atrium.lifecycle.calls import SECRET_HEADER
 from atrium.shell import Shell
 
+_LOGGER = logging.getLogger(__name__)
 PREFIX: Final = b"/api/data/"
 #: `.`/`..` segments (raw or encoded), encoded `/` `\` or NUL, raw `\` or NUL
 NON_CANONICAL: Final = re.compile(
@@ -91,11 +93,22 @@ async def serve_data(
     send: Send,
     caller: Caller | None = None,
 ) -> None:
-    """Answer one data request; ``raw_rest`` is the raw path after `/api/data/`."""
+    """Answer one data request; ``raw_rest`` is the raw path after `/api/data/`.
+
+    Served outside Starlette's middleware stack (the hot path), so it answers its own failures.
+    """
     try:
         await _proxy(shell, raw_rest, scope, receive, send, caller)
     except AtriumError as err:
         await error_response(err)(scope, receive, send)
+    except Exception:
+        _LOGGER.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+        try:
+            await error_response(AtriumError("internal error; the shell's log has the details"))(
+                scope, receive, send
+            )
+        except RuntimeError:  # the response had started: the server cuts the connection
+            raise
 
 
 async def _proxy(

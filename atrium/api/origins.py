@@ -9,6 +9,7 @@ origin only, so an app page can never act as the user.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
 
+_LOGGER = logging.getLogger(__name__)
 VIEW_COOKIE: Final = "atrium_view"
 SLUG_RE: Final = re.compile(r"[a-z0-9]{12}")
 CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
@@ -77,6 +79,14 @@ class AppOrigins:
             await self._serve(shell, slug, scope, receive, send)
         except AtriumError as err:
             await error_response(err)(scope, receive, send)
+        except Exception:
+            _LOGGER.exception("unexpected error on app origin %s %s", slug, scope.get("path"))
+            try:
+                await error_response(AtriumError("internal error; see the shell's log"))(
+                    scope, receive, send
+                )
+            except RuntimeError:  # the response had started: the server cuts the connection
+                raise
 
     async def _serve(
         self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send

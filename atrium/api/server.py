@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
-from starlette.applications import Starlette
 
-from atrium.api.app import create_app
+from atrium.api.app import AtriumApp, create_app
 from atrium.settings import Settings
 from atrium.shell import Shell
 
@@ -22,7 +21,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class _Server(uvicorn.Server):
     """Ends every event stream as soon as shutdown begins, so open streams never hold it up."""
 
-    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+    def __init__(self, config: uvicorn.Config, app: AtriumApp) -> None:
         super().__init__(config)
         self._app = app
 
@@ -69,6 +68,7 @@ class ShellServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # forwarded headers are the caller's words: never trusted
         )
         self._server = _Server(config, self.app)
         self._loop: asyncio.AbstractEventLoop | None = None
