@@ -33,19 +33,16 @@ class Intent:
     uri: str | None = None
     category: tuple[str, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=dict)
+    #: the type without parameters, lowercased (`text/plain; charset=utf-8` → `text/plain`)
+    mime: str | None = field(init=False, compare=False)
+    #: the uri's scheme per RFC 3986, lowercased; None for a relative reference
+    scheme: str | None = field(init=False, compare=False)
 
-    @property
-    def mime(self) -> str | None:
-        """The type without parameters, lowercased (`text/plain; charset=utf-8` → `text/plain`)."""
-        return self.type.split(";", 1)[0].strip().lower() if self.type else None
-
-    @property
-    def scheme(self) -> str | None:
-        """The uri's scheme per RFC 3986, lowercased; None for a relative reference."""
-        if not self.uri:
-            return None
-        found = SCHEME_RE.match(self.uri)
-        return found.group(1).lower() if found else None
+    def __post_init__(self) -> None:
+        mime = self.type.split(";", 1)[0].strip().lower() if self.type else None
+        found = SCHEME_RE.match(self.uri) if self.uri else None
+        object.__setattr__(self, "mime", mime)
+        object.__setattr__(self, "scheme", found.group(1).lower() if found else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +67,34 @@ class Score:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FilterRule:
+    """An intent filter with its MIME types and schemes normalised once, for scoring."""
+
+    action: str
+    mimes: tuple[str, ...] | None
+    schemes: frozenset[str] | None
+    categories: frozenset[str]
+    priority: int
+
+    @classmethod
+    def of(cls, f: IntentFilter) -> FilterRule:
+        return cls(
+            f.action,
+            None
+            if f.data_mime is None
+            else tuple(m.split(";", 1)[0].strip().lower() for m in f.data_mime),
+            None if f.data_scheme is None else frozenset(s.lower() for s in f.data_scheme),
+            frozenset(f.category),
+            f.priority,
+        )
+
+
 def mime_points(declared: Iterable[str], mime: str) -> int:
-    """The best of the filter's MIME types against the intent's (0: none matches)."""
+    """The best of the filter's (normalised) MIME types against the intent's (0: none)."""
     major = mime.split("/", 1)[0]
     best = 0
-    for raw in declared:
-        candidate = raw.split(";", 1)[0].strip().lower()
+    for candidate in declared:
         if candidate == mime:
             return MIME_EXACT
         if candidate == "*/*":
@@ -85,25 +104,27 @@ def mime_points(declared: Iterable[str], mime: str) -> int:
     return best
 
 
-def score(f: IntentFilter, intent: Intent) -> Score | None:
+def score(f: IntentFilter | FilterRule, intent: Intent) -> Score | None:
     """Score one filter; None means dropped (spec rules 1-6, decisions.md "Intents")."""
-    if f.action != intent.action:
+    rule = f if isinstance(f, FilterRule) else FilterRule.of(f)
+    if rule.action != intent.action:
         return None
     mime = 0
-    if f.data_mime is not None:
-        if intent.mime is None:
+    if rule.mimes is not None:
+        wanted_mime = intent.mime
+        if wanted_mime is None:
             return None
-        mime = mime_points(f.data_mime, intent.mime)
+        mime = mime_points(rule.mimes, wanted_mime)
         if mime == 0:
             return None
     scheme = 0
-    if f.data_scheme is not None:
+    if rule.schemes is not None:
         wanted = intent.scheme
-        if wanted is None or wanted not in {s.lower() for s in f.data_scheme}:
+        if wanted is None or wanted not in rule.schemes:
             return None
         scheme = SCHEME_MATCH
-    categories = CATEGORY_MATCH * sum(1 for c in intent.category if c in f.category)
-    return Score(mime, scheme, categories, f.priority)
+    categories = CATEGORY_MATCH * sum(1 for c in intent.category if c in rule.categories)
+    return Score(mime, scheme, categories, rule.priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +135,10 @@ class Candidate:
     scope: Scope
     filter_index: int
     filter: IntentFilter
+    rule: FilterRule = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rule", FilterRule.of(self.filter))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +165,7 @@ def rank(candidates: Iterable[Candidate], intent: Intent) -> list[IntentMatch]:
     id order (spec rule 7 decides what a tie at the top means)."""
     best: dict[str, IntentMatch] = {}
     for c in candidates:
-        s = score(c.filter, intent)
+        s = score(c.rule, intent)
         if s is None:
             continue
         current = best.get(c.app_id)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import dataproxy, lifecycle, watcher
+from bench import dataproxy, intents, lifecycle, theme, watcher
 
 BENCHES = {
     "watcher": watcher.main,
     "lifecycle": lifecycle.main,
     "dataproxy": dataproxy.main,
+    "intents": intents.main,
+    "theme": theme.main,
 }
 
 
