@@ -156,8 +156,11 @@ class AppOrigins:
         response = RedirectResponse(path, status_code=303)
         # SameSite=None + Secure: the app origin is another site than the host page, and its
         # iframe must carry the cookie; browsers treat *.localhost as a secure context
-        response.set_cookie(
-            VIEW_COOKIE, view.cookie, httponly=True, samesite="none", secure=True, path="/"
+        # Partitioned (CHIPS): browsers that block third-party cookies still keep it, keyed to
+        # the host page's site (written by hand: Python 3.11's http.cookies lacks the attribute)
+        response.headers.append(
+            "Set-Cookie",
+            f"{VIEW_COOKIE}={view.cookie}; HttpOnly; Path=/; SameSite=None; Secure; Partitioned",
         )
         response.headers["Cache-Control"] = "no-store"
         response.headers["Referrer-Policy"] = "no-referrer"
