@@ -8,7 +8,7 @@ stripped and the shell's own are set; a response naming another app in `X-Os-App
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Final
 
 import aiohttp
@@ -18,10 +18,12 @@ from starlette.responses import Response, StreamingResponse
 
 from atrium.errors import UpstreamFailed, UpstreamTimeout
 from atrium.lifecycle.calls import APP_ID_HEADER
+from atrium.theme.inject import HtmlTransform
 
 _LOGGER = logging.getLogger(__name__)
 
 BUFFER_LIMIT: Final = 256 * 1024
+CHANGED_BODY_HEADERS: Final = frozenset({"etag", "content-md5", "last-modified"})
 CHUNK: Final = 64 * 1024
 UPSTREAM_TIMEOUT: Final = 30.0
 HOP_BY_HOP: Final = frozenset(
@@ -40,9 +42,6 @@ HOP_BY_HOP: Final = frozenset(
 )
 #: request headers never passed to an app: the shell's credentials and what the shell sets itself
 DROPPED_REQUEST: Final = HOP_BY_HOP | {"host", "authorization", "cookie", "content-length"}
-
-#: a transform of a buffered HTML body (the theming seam): (body, content_type) → body
-HtmlTransform = Callable[[bytes, str], bytes]
 
 
 def request_headers(request: Request, shell_headers: Mapping[str, str]) -> dict[str, str]:
@@ -118,15 +117,21 @@ async def forward(
         finally:
             upstream.release()
         content_type = upstream.headers.get("content-type", "")
-        if transform_html is not None and content_type.startswith("text/html"):
-            body = transform_html(body, content_type)
+        kept = response_headers(upstream, drop_length=True)
+        themed = transform_html is not None and content_type.startswith("text/html")
+        if transform_html is not None and themed:
+            original = body
+            body = transform_html(body, content_type, upstream.headers.get("content-encoding"))
+            if body != original:
+                # the page is no longer the app's bytes: its validators would mislead caches
+                kept = [(k, v) for k, v in kept if k.lower() not in CHANGED_BODY_HEADERS]
         response = Response(body, status_code=upstream.status)
-        response.raw_headers = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in response_headers(upstream, drop_length=True)
-        ] + [(b"content-length", str(len(body)).encode())]
-        if request.method == "HEAD" and size is not None:
-            response.raw_headers[-1] = (b"content-length", str(size).encode())
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in kept]
+        if request.method != "HEAD":
+            response.raw_headers.append((b"content-length", str(len(body)).encode()))
+        elif size is not None and not themed:
+            # a themed page's length after injection is unknown without its body: leave it out
+            response.raw_headers.append((b"content-length", str(size).encode()))
         return response
     return _streamed(upstream)
 

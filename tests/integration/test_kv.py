@@ -119,30 +119,30 @@ def test_apps_need_kv_permissions_except_in_their_own_namespace(
     _app_with_permissions(
         system_apps,
         "com.example.granted",
-        ["system.kv.os.theme.read", "system.kv.app.com.example.other.k.write"],
+        ["system.kv.os.motd.read", "system.kv.app.com.example.other.k.write"],
     )
     _app_with_permissions(system_apps, "com.example.plain", [])
     wait_for(lambda: shell.shell.registry.get("com.example.plain"), "the apps")
-    api.put("/api/kv/os/theme", json={"value": "t"})
+    api.put("/api/kv/os/motd", json={"value": "t"})
     granted = shell.shell.app_tokens.issue("com.example.granted", "com.example.granted-1")
     plain = shell.shell.app_tokens.issue("com.example.plain", "com.example.plain-1")
     with shell.client(token=granted) as app:
-        assert app.get("/api/kv/os/theme").json()["value"] == "t"
-        denied = app.put("/api/kv/os/theme", json={"value": "mine"})
+        assert app.get("/api/kv/os/motd").json()["value"] == "t"
+        denied = app.put("/api/kv/os/motd", json={"value": "mine"})
         assert denied.status_code == 403
-        assert denied.json()["error"]["permission"] == "system.kv.os.theme.write"
+        assert denied.json()["error"]["permission"] == "system.kv.os.motd.write"
         assert app.put("/api/kv/app/com.example.other/k", json={"value": 1}).status_code == 200
         assert app.get("/api/kv/app/com.example.other/k").status_code == 403
         assert app.put("/api/kv/app/com.example.granted/own", json={"value": 2}).status_code == 200
     with shell.client(token=plain) as app:
-        response = app.get("/api/kv/os/theme")
+        response = app.get("/api/kv/os/motd")
         assert response.status_code == 403
         assert response.json()["error"] == {
             "code": "permission_denied",
-            "message": "app 'com.example.plain' needs permission 'system.kv.os.theme.read' in its "
-            "manifest to read os/theme",
+            "message": "app 'com.example.plain' needs permission 'system.kv.os.motd.read' in its "
+            "manifest to read os/motd",
             "callerAppId": "com.example.plain",
-            "permission": "system.kv.os.theme.read",
+            "permission": "system.kv.os.motd.read",
         }
         assert app.get("/api/kv/app/com.example.plain/missing").status_code == 404
-    assert api.get("/api/kv/os/theme").json()["value"] == "t"
+    assert api.get("/api/kv/os/motd").json()["value"] == "t"
