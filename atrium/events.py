@@ -38,3 +38,22 @@ def compile_glob(glob: str) -> re.Pattern[str]:
 def matches_any(topic: str, globs: tuple[str, ...] | None) -> bool:
     """True when ``globs`` is None (every topic) or one glob matches ``topic``."""
     return globs is None or any(compile_glob(g).fullmatch(topic) for g in globs)
+
+
+# progress events streamed by the install, update and publish endpoints (spec "Streamed progress
+# events"; decisions.md "Distribution" adds `result` and `error`)
+RESOLVE_START: Final = "resolve.start"
+RESOLVE_DONE: Final = "resolve.done"
+FETCH_START: Final = "fetch.start"
+FETCH_PROGRESS: Final = "fetch.progress"
+FETCH_DONE: Final = "fetch.done"
+VALIDATE_DONE: Final = "validate.done"
+PERMISSION_NEEDED: Final = "permission.needed"
+PERMISSION_APPROVED: Final = "permission.approved"
+PERMISSION_DENIED: Final = "permission.denied"
+INSTALL_START: Final = "install.start"
+INSTALL_DONE: Final = "install.done"
+PUBLISH_PROGRESS: Final = "publish.progress"
+PUBLISH_DONE: Final = "publish.done"
+RESULT: Final = "result"
+ERROR: Final = "error"

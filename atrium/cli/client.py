@@ -96,6 +96,30 @@ class ShellClient:
             fail(describe_error(response))
         return response.text
 
+    def stream_progress(self, method: str, path: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Yield the JSON data of each server-sent event of one request (install, update): a
+        request error fails at once; an `error` event is yielded like the others."""
+        try:
+            with self._http.stream(
+                method,
+                path,
+                headers={"Accept": "text/event-stream"},
+                timeout=httpx.Timeout(30.0, read=None),
+                **kwargs,
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    fail(describe_error(response))
+                data = ""
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        data += line[5:].strip()
+                    elif not line and data:
+                        yield json.loads(data)
+                        data = ""
+        except httpx.TransportError as err:
+            fail(f"lost the shell at {self.url} ({err})", 2)
+
     def stream_events(self, path: str, params: dict[str, str]) -> Iterator[tuple[str, str, Any]]:
         """Yield ``(id, topic, payload)`` for each server-sent event."""
         try:

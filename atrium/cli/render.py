@@ -23,3 +23,39 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
+
+
+def _filter_text(f: dict[str, Any]) -> str:
+    parts = [str(f.get("action"))]
+    if f.get("dataMime"):
+        parts.append("type " + ", ".join(f["dataMime"]))
+    if f.get("dataScheme"):
+        parts.append("scheme " + ", ".join(f["dataScheme"]))
+    if f.get("category"):
+        parts.append("category " + ", ".join(f["category"]))
+    if f.get("priority"):
+        parts.append(f"priority {f['priority']}")
+    return "; ".join(parts)
+
+
+def print_diff(diff: dict[str, Any]) -> None:
+    """A permission diff (spec "PermissionDiff") as a table: additions first, in bold."""
+    table = Table(
+        title=f"{diff['appId']}: {diff['versionFrom'] or 'new install'} → {diff['versionTo']}",
+        header_style="bold",
+    )
+    table.add_column("change")
+    table.add_column("what")
+    rows: list[tuple[str, str]] = []
+    rows += [("[bold]+ tool[/bold]", t) for t in diff["toolsAdded"]]
+    rows += [("[bold]+ permission[/bold]", p) for p in diff["permissionsAdded"]]
+    if diff["dataProviderAdded"]:
+        rows.append(("[bold]+ data provider[/bold]", "serves data to other apps"))
+    rows += [("[bold]+ intent filter[/bold]", _filter_text(f)) for f in diff["intentFiltersAdded"]]
+    rows += [("- tool", t) for t in diff["toolsRemoved"]]
+    rows += [("- permission", p) for p in diff["permissionsRemoved"]]
+    if diff["dataProviderRemoved"]:
+        rows.append(("- data provider", "no longer serves data"))
+    for change, what in rows or [("(none)", "no permission changes")]:
+        table.add_row(change, what)
+    console.print(table)

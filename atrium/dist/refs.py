@@ -20,8 +20,12 @@ from atrium.errors import BadRef
 
 APP_ID_RE: Final = re.compile(r"[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+")
 CHANNEL_RE: Final = re.compile(r"[a-z][a-z0-9-]{0,31}")
-HOST_RE: Final = re.compile(r"(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?")
-REPO_RE: Final = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+HOST_RE: Final = re.compile(
+    r"(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?"
+)
+REPO_RE: Final = re.compile(
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+)
 TAG_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 GIT_REF_RE: Final = re.compile(r"[A-Za-z0-9._/-]{1,200}")
@@ -57,10 +61,7 @@ class GitRef:
     ref: str | None = None
 
     def __str__(self) -> str:
-        if self.url.startswith(("https://", "file://")):
-            prefix = "git+"
-        else:
-            prefix = ""
+        prefix = "git+" if self.url.startswith(("https://", "file://")) else ""
         return f"{prefix}{self.url}" + (f"#{self.ref}" if self.ref else "")
 
     @property
@@ -139,6 +140,38 @@ def _git(raw: str, url: str, ref: str | None) -> GitRef:
     return GitRef(url, ref)
 
 
+def _local(raw: str, path: str) -> LocalRef:
+    if not path.startswith("/"):
+        raise BadRef(raw, "a local ref needs an absolute path (the CLI makes it absolute)")
+    return LocalRef(path)
+
+
+def _index(raw: str, ref: str) -> IndexRef:
+    app_id, _, channel = ref.partition("@")
+    if not APP_ID_RE.fullmatch(app_id):
+        raise BadRef(raw, f"{app_id!r} is not a reverse-domain app id")
+    if channel and not CHANNEL_RE.fullmatch(channel):
+        raise BadRef(raw, f"{channel!r} is not a channel name")
+    return IndexRef(app_id, channel or None)
+
+
+def _schemeless(raw: str, ref: str) -> OciRef | GitRef:
+    """``host/path:tag`` or ``…@digest`` is OCI; ``host/user/repo[#ref]`` is git over https."""
+    path = ref.split("/", 1)[1]
+    if "@" in path or ":" in path:
+        return _oci(raw, ref)
+    url, fragment = _split_git_fragment(raw, ref)
+    segments = url.split("/")
+    host = segments[0]
+    if (
+        len(segments) < 3
+        or not all(segments)
+        or not ("." in host or ":" in host or host == "localhost")
+    ):
+        raise BadRef(raw, "a schemeless git ref is <host>/<user>/<repo> (a host with a dot)")
+    return _git(raw, f"https://{url}", fragment)
+
+
 def parse_ref(raw: str) -> Ref:
     """Parse ``raw`` into a Ref; BadRef names the raw ref and the accepted forms."""
     ref = raw.strip()
@@ -147,34 +180,17 @@ def parse_ref(raw: str) -> Ref:
     if any(ord(c) < 32 for c in ref):
         raise BadRef(raw, "it contains control characters")
     if ref.startswith("local:"):
-        path = ref.removeprefix("local:")
-        if not path.startswith("/"):
-            raise BadRef(raw, "a local ref needs an absolute path (the CLI makes it absolute)")
-        return LocalRef(path)
+        return _local(raw, ref.removeprefix("local:"))
     if ref.startswith("oci://"):
         return _oci(raw, ref.removeprefix("oci://"))
-    for prefix, kept in (("git+https://", "https://"), ("git+file://", "file://"),
-                         ("git://", "git://")):
+    for prefix, kept in (
+        ("git+https://", "https://"),
+        ("git+file://", "file://"),
+        ("git://", "git://"),
+    ):
         if ref.startswith(prefix):
             url, fragment = _split_git_fragment(raw, ref.removeprefix(prefix))
             return _git(raw, kept + url, fragment)
     if "://" in ref:
         raise BadRef(raw, f"unknown scheme {ref.split('://', 1)[0]!r}")
-    if "/" not in ref:
-        app_id, _, channel = ref.partition("@")
-        if not APP_ID_RE.fullmatch(app_id):
-            raise BadRef(raw, f"{app_id!r} is not a reverse-domain app id")
-        if channel and not CHANNEL_RE.fullmatch(channel):
-            raise BadRef(raw, f"{channel!r} is not a channel name")
-        return IndexRef(app_id, channel or None)
-    path = ref.split("/", 1)[1]
-    if "@" in path or ":" in path:
-        return _oci(raw, ref)
-    url, fragment = _split_git_fragment(raw, ref)
-    segments = url.split("/")
-    host = segments[0]
-    if len(segments) < 3 or not all(segments) or not (
-        "." in host or ":" in host or host == "localhost"
-    ):
-        raise BadRef(raw, "a schemeless git ref is <host>/<user>/<repo> (a host with a dot)")
-    return _git(raw, f"https://{url}", fragment)
+    return _index(raw, ref) if "/" not in ref else _schemeless(raw, ref)

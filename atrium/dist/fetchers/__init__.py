@@ -48,8 +48,11 @@ class ResolvedRef:
 
     def wire(self) -> dict[str, Any]:
         return {
-            "source": self.source, "address": self.address, "digest": self.digest,
-            "channel": self.channel, "ref": str(self.ref),
+            "source": self.source,
+            "address": self.address,
+            "digest": self.digest,
+            "channel": self.channel,
+            "ref": str(self.ref),
             "manifestPreview": dict(self.manifest_preview) if self.manifest_preview else None,
         }
 
@@ -58,3 +61,19 @@ class Fetcher(Protocol):
     """Fetches one kind of source (see the module docstring for the contract)."""
 
     def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]: ...
+
+
+def fetcher_for(resolved: ResolvedRef, docker_config: Path | None = None) -> Fetcher:
+    """The fetcher of ``resolved.source``; imported on demand so one back-end's dependencies
+    never load for another."""
+    if resolved.source == "local":
+        from atrium.dist.fetchers.local import LocalFetcher
+
+        return LocalFetcher()
+    if resolved.source == "git":
+        from atrium.dist.fetchers.git import GitFetcher
+
+        return GitFetcher()
+    from atrium.dist.fetchers.oci import OciFetcher
+
+    return OciFetcher(docker_config)

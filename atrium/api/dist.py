@@ -1,0 +1,165 @@
+"""The distribution API (spec "Distribution API"; decisions.md "Distribution"), user only.
+
+Install, preview and update answer server-sent events when ``Accept`` names
+``text/event-stream`` (``event: <type>`` / ``data: <json>``; a failure is an ``error`` event
+carrying the error object, then the stream ends), otherwise one JSON document built from the
+pipeline's ``result`` event. Checks of the request itself (body, ref, scope) answer a plain error
+status before any stream starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute
+
+from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.bodies import read_model
+from atrium.dist.fetchers import ProgressEvent
+from atrium.dist.pipeline import Approval
+from atrium.dist.refs import parse_ref
+from atrium.errors import AtriumError, InvalidRequest
+from atrium.events import ERROR, RESULT
+from atrium.identity import Caller
+from atrium.manifest import APP_ID_RE
+from atrium.scopes import Scope, parse_scope
+from atrium.wire import WireModel
+
+_LOGGER = logging.getLogger(__name__)
+SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+INTERNAL: Final = {"code": "internal", "message": "internal error; the shell's log has the details"}
+
+
+class UpdateBody(WireModel):
+    """`POST /api/dist/update/{id}` (the body may be empty)."""
+
+    auto_approve: bool = False
+    approve: bool | None = None
+    approved_digest: str | None = None
+
+    def approval(self) -> Approval:
+        return Approval(self.auto_approve, self.approve, self.approved_digest)
+
+
+class InstallBody(UpdateBody):
+    """`POST /api/dist/install`."""
+
+    ref: str
+    scope: str = Scope.GLOBAL.value
+
+
+class PreviewBody(WireModel):
+    """`POST /api/dist/install/preview`."""
+
+    ref: str
+    scope: str = Scope.GLOBAL.value
+
+
+def scope_named(raw: str | None) -> Scope | None:
+    if raw is None:
+        return None
+    scope = parse_scope(raw)
+    if scope is None:
+        raise InvalidRequest(f"unknown scope {raw!r}; scopes are system, global and user")
+    return scope
+
+
+def app_id_of(request: Request) -> str:
+    app_id: str = request.path_params["app_id"]
+    if not APP_ID_RE.fullmatch(app_id):
+        raise InvalidRequest(f"{app_id!r} is not an app id (reverse-domain, lowercase)")
+    return app_id
+
+
+def frame(item: ProgressEvent) -> bytes:
+    data = json.dumps(dict(item), separators=(",", ":"), default=str)
+    return f"event: {item['type']}\ndata: {data}\n\n".encode()
+
+
+async def stream(events: AsyncGenerator[ProgressEvent, None]) -> AsyncIterator[bytes]:
+    async with aclosing(events):
+        try:
+            async for item in events:
+                yield frame(item)
+        except AtriumError as err:
+            _LOGGER.info("distribution stream ended with %s: %s", err.code, err.message)
+            yield frame({"type": ERROR, **err.to_body()["error"]})
+        except Exception:
+            _LOGGER.exception("distribution stream failed")
+            yield frame({"type": ERROR, **INTERNAL})
+
+
+async def collect(events: AsyncGenerator[ProgressEvent, None]) -> Response:
+    """One JSON document: the ``result`` event, with the events before it when ``ok``."""
+    seen: list[ProgressEvent] = []
+    result: dict[str, Any] = {}
+    async with aclosing(events):
+        async for item in events:
+            if item["type"] == RESULT:
+                result = {k: v for k, v in item.items() if k != "type"}
+            else:
+                seen.append(item)
+    if result.get("ok"):
+        result["events"] = seen
+    return JSONResponse(result)
+
+
+async def install(request: Request, caller: Caller) -> Response:
+    body = await read_model(request, InstallBody)
+    scope = scope_named(body.scope) or Scope.GLOBAL
+    events = shell_of(request).dist.install(parse_ref(body.ref), scope, body.approval())
+    return await _answer(request, events)
+
+
+async def preview(request: Request, caller: Caller) -> Response:
+    body = await read_model(request, PreviewBody)
+    scope = scope_named(body.scope) or Scope.GLOBAL
+    return await _answer(request, shell_of(request).dist.preview(parse_ref(body.ref), scope))
+
+
+async def update(request: Request, caller: Caller) -> Response:
+    app_id = app_id_of(request)
+    raw = await request.body()
+    body = await read_model(request, UpdateBody) if raw.strip() else UpdateBody()
+    return await _answer(request, shell_of(request).dist.update(app_id, body.approval()))
+
+
+async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return StreamingResponse(
+            stream(events), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    return await collect(events)
+
+
+async def uninstall(request: Request, caller: Caller) -> Response:
+    app_id = app_id_of(request)
+    scope = scope_named(request.query_params.get("scope"))
+    return JSONResponse(await shell_of(request).dist.uninstall(app_id, scope))
+
+
+async def index(request: Request, caller: Caller) -> Response:
+    refresh = request.query_params.get("refresh", "").lower() in {"1", "true", "yes"}
+    client = shell_of(request).dist.index
+    snapshot = await client.get(refresh=refresh)
+    return JSONResponse(snapshot.wire(client.ttl))
+
+
+async def installed(request: Request, caller: Caller) -> Response:
+    return JSONResponse([r.wire() for r in shell_of(request).dist.installed()])
+
+
+routes: list[BaseRoute] = [
+    endpoint("/api/dist/install", install, methods=["POST"], access=Access.USER),
+    endpoint("/api/dist/install/preview", preview, methods=["POST"], access=Access.USER),
+    endpoint("/api/dist/update/{app_id}", update, methods=["POST"], access=Access.USER),
+    endpoint("/api/dist/uninstall/{app_id}", uninstall, methods=["DELETE"], access=Access.USER),
+    endpoint("/api/dist/index", index, methods=["GET"], access=Access.USER),
+    endpoint("/api/dist/installed", installed, methods=["GET"], access=Access.USER),
+]

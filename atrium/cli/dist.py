@@ -1,0 +1,221 @@
+"""CLI commands of the distribution API: install, preview, update, uninstall, installed, index.
+
+Install and update stream the pipeline's events and draw them with Rich; when the permission diff
+needs approval and ``--yes`` is absent, the diff is shown and a y/N prompt decides whether the
+request is posted again with ``autoApprove`` (bound to the digest that was shown).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn
+
+from atrium.cli.client import ShellClient, fail
+from atrium.cli.render import console, print_diff, print_json, print_table
+
+JSON_OPT = typer.Option(False, "--json", help="print the shell's JSON answer")
+YES_OPT = typer.Option(False, "--yes", "-y", help="approve the permission diff without asking")
+SCOPE_HELP = "global (default) or user"
+
+
+def absolute_ref(ref: str) -> str:
+    """``local:<path>`` with the path made absolute (decisions.md "Distribution")."""
+    if not ref.startswith("local:"):
+        return ref
+    path = Path(ref.removeprefix("local:")).expanduser().absolute()
+    return f"local:{os.path.normpath(path)}"
+
+
+def _error_line(event: dict[str, Any]) -> str:
+    line = f"{event.get('code')}: {event.get('message')}"
+    for problem in event.get("problems") or []:
+        if isinstance(problem, dict):
+            line += f"\n  - {problem.get('field')}: {problem.get('message')}"
+    return line
+
+
+class _Board:
+    """Rich progress lines driven by the pipeline's events."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._stage = progress.add_task("resolving", total=None)
+        self._blobs: dict[str, TaskID] = {}
+
+    def show(self, event: dict[str, Any]) -> None:
+        kind, update = event["type"], self._progress.update
+        if kind == "resolve.start":
+            update(self._stage, description=f"resolving {event['ref']}")
+        elif kind == "resolve.done":
+            resolved = event["resolved"]
+            update(self._stage, description=f"{resolved['source']} {resolved['digest'][:19]}")
+        elif kind == "fetch.start":
+            update(self._stage, description=f"fetching {event['address']}")
+        elif kind == "fetch.progress":
+            blob = str(event.get("digest", "blob"))
+            if blob not in self._blobs:
+                self._blobs[blob] = self._progress.add_task(blob[:19], total=event.get("total"))
+            update(self._blobs[blob], completed=event.get("done", 0), total=event.get("total"))
+        elif kind == "validate.done":
+            update(self._stage, description=f"validated {event['appId']} {event['version']}")
+        elif kind == "install.start":
+            update(self._stage, description=f"installing into {event['scope']}")
+        elif kind == "install.done":
+            update(self._stage, description="installed", total=1, completed=1)
+
+
+def run_pipeline(client: ShellClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Post ``body``, draw the events, and return the ``result`` event (fails on ``error``)."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        board = _Board(progress)
+        for event in client.stream_progress("POST", path, json=body):
+            if event["type"] == "error":
+                progress.stop()
+                fail(_error_line(event))
+            if event["type"] == "result":
+                return event
+            board.show(event)
+    return fail("the shell ended the stream without a result")
+
+
+def approve_and_run(
+    client: ShellClient, path: str, body: dict[str, Any], yes: bool
+) -> dict[str, Any]:
+    """Run once; when approval is needed, show the diff, ask, and run again approved."""
+    result = run_pipeline(client, path, {**body, "autoApprove": yes})
+    if not result.get("needsApproval"):
+        return result
+    print_diff(result["diff"])
+    if not typer.confirm("Grant these permissions and install?", default=False):
+        console.print("Not installed: the permissions were not approved.")
+        raise typer.Exit(1)
+    approved = {**body, "autoApprove": True, "approvedDigest": result["resolved"]["digest"]}
+    return run_pipeline(client, path, approved)
+
+
+def install(
+    ref: Annotated[str, typer.Argument(help="oci://…, git+https://…, an app id, or local:<dir>")],
+    scope: Annotated[str, typer.Option(help=SCOPE_HELP)] = "global",
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Install an app from a registry, a git repository, the index or a local directory."""
+    body = {"ref": absolute_ref(ref), "scope": scope}
+    with ShellClient() as client:
+        if as_json:
+            print_json(
+                client.request("POST", "/api/dist/install", json={**body, "autoApprove": yes})
+            )
+            return
+        result = approve_and_run(client, "/api/dist/install", body, yes)
+    record = result["record"]
+    console.print(f"Installed {record['id']} {record['version']} into the {record['scope']} scope")
+
+
+def preview(
+    ref: Annotated[str, typer.Argument(help="what `atrium install` would install")],
+    scope: Annotated[str, typer.Option(help=SCOPE_HELP)] = "global",
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Resolve, fetch and validate without installing; show the permission diff."""
+    with ShellClient() as client:
+        answer = client.request(
+            "POST", "/api/dist/install/preview", json={"ref": absolute_ref(ref), "scope": scope}
+        )
+    if as_json:
+        print_json(answer)
+        return
+    print_diff(answer["diff"])
+    needed = "needs your approval" if answer["requiresApproval"] else "needs no approval"
+    console.print(f"{answer['resolved']['source']} {answer['resolved']['digest']}: {needed}")
+
+
+def update(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Re-resolve an installed app's ref and install it again if the source changed."""
+    path = f"/api/dist/update/{app_id}"
+    with ShellClient() as client:
+        if as_json:
+            print_json(client.request("POST", path, json={"autoApprove": yes}))
+            return
+        result = approve_and_run(client, path, {}, yes)
+    if result.get("upToDate"):
+        console.print(f"{app_id} is up to date")
+        return
+    record = result["record"]
+    console.print(f"Updated {record['id']} to {record['version']} in the {record['scope']} scope")
+
+
+def uninstall(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Remove an app (with its runtime data) from a scope."""
+    params = {"scope": scope} if scope else {}
+    with ShellClient() as client:
+        answer = client.request("DELETE", f"/api/dist/uninstall/{app_id}", params=params)
+    if as_json:
+        print_json(answer)
+        return
+    console.print(f"Uninstalled {answer['id']} from the {answer['scope']} scope")
+    if answer["unmasked"]:
+        console.print(f"{answer['id']} is now visible from the {answer['unmasked']} scope")
+
+
+def installed(as_json: bool = JSON_OPT) -> None:
+    """List install records, with their scope."""
+    with ShellClient() as client:
+        records = client.request("GET", "/api/dist/installed")
+    if as_json:
+        print_json(records)
+        return
+    rows = [
+        (r["id"], r["version"], r["scope"], r["source"], r["ref"], r["channel"], r["updatedAt"])
+        for r in records
+    ]
+    columns = ["id", "version", "scope", "source", "ref", "channel", "updated"]
+    print_table("Installed", columns, rows)
+
+
+def index(
+    refresh: Annotated[bool, typer.Option("--refresh", help="fetch the index again")] = False,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Show the app index (cached; --refresh fetches it again)."""
+    with ShellClient() as client:
+        answer = client.request(
+            "GET", "/api/dist/index", params={"refresh": "1"} if refresh else {}
+        )
+    if as_json:
+        print_json(answer)
+        return
+    if answer["url"] is None:
+        console.print("No index is configured (ATRIUM_INDEX_URL or `atrium serve --index-url`).")
+        return
+    rows = [
+        (
+            e["id"],
+            e["name"],
+            e.get("publisher", ""),
+            ", ".join(sorted(e.get("channels", {}))),
+            ", ".join(sorted(e["sources"])),
+        )
+        for e in answer["index"]["apps"]
+    ]
+    print_table("Index", ["id", "name", "publisher", "channels", "sources"], rows)
+    stale = " (stale: use --refresh)" if answer["stale"] else ""
+    console.print(f"{answer['url']}, fetched {answer['fetchedAt']}{stale}")
+    for problem in answer["problems"]:
+        console.print(
+            f"skipped entry {problem['position']} ({problem['id']}): "
+            f"{problem['field']}: {problem['message']}"
+        )

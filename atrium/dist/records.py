@@ -1,0 +1,112 @@
+"""Install records: what was installed, from where, at which digest; one JSON file per app.
+
+A record lives at ``scopes/<scope>/records/<appId>.json``, inside the scope's git repository, so
+the commit of an install holds the app directory and its record together (decisions.md "Scopes").
+It sits beside ``apps/`` rather than inside the app directory: the app tree stays exactly what was
+fetched (its digest can be checked again) and the registry's watcher never sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import ValidationError
+
+from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
+from atrium.wire import WireModel
+
+_LOGGER = logging.getLogger(__name__)
+RECORDS_DIR: Final = "records"
+
+
+class InstallRecord(WireModel):
+    """decisions.md "Distribution": the result of a completed install, and an item of the
+    installed list. ``ref`` is the ref as given (a bare id stays a bare id, so an update goes
+    through the index again); ``installed_at`` survives updates."""
+
+    id: str
+    version: str
+    scope: Literal["global", "user"]
+    source: Literal["oci", "git", "local"]
+    ref: str
+    digest: str
+    channel: str | None
+    installed_at: datetime
+    updated_at: datetime
+    path: str
+
+
+def now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    tmp.replace(path)
+    sync_dir(path.parent)
+
+
+def sync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordStore:
+    """Reads and writes the install records of the mutable scopes. Blocking but tiny files."""
+
+    def __init__(self, layout: ScopeLayout) -> None:
+        self._layout = layout
+
+    def path(self, scope: Scope, app_id: str) -> Path:
+        return self._layout.root(scope) / RECORDS_DIR / f"{app_id}.json"
+
+    def get(self, scope: Scope, app_id: str) -> InstallRecord | None:
+        """The record, or None when there is none (or it is unreadable, which is logged)."""
+        if not scope.is_mutable:
+            return None
+        path = self.path(scope, app_id)
+        try:
+            return InstallRecord.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValidationError) as err:
+            _LOGGER.warning("ignoring the unreadable install record %s: %s", path, err)
+            return None
+
+    def put(self, record: InstallRecord) -> None:
+        data = json.dumps(record.wire(), indent=2, sort_keys=True) + "\n"
+        write_atomic(self.path(Scope(record.scope), record.id), data.encode())
+
+    def delete(self, scope: Scope, app_id: str) -> None:
+        path = self.path(scope, app_id)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        sync_dir(path.parent)
+
+    def all(self) -> list[InstallRecord]:
+        """Every record, user scope first, then by id."""
+        found: list[InstallRecord] = []
+        for scope in BY_PRIORITY:
+            if not scope.is_mutable:
+                continue
+            directory = self._layout.root(scope) / RECORDS_DIR
+            names = sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
+            found.extend(r for name in names if (r := self.get(scope, name)) is not None)
+        return found
