@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # Debian packages the test suite uses: git (scope repositories, git fetcher), bubblewrap (sandbox),
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e)
-DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium
+DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl
 
 .PHONY: run test check fmt bench system-deps venv clean
 

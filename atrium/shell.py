@@ -14,6 +14,9 @@ from pathlib import Path
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
+from atrium.dist.index import IndexClient
+from atrium.dist.install import recover
+from atrium.dist.pipeline import Distribution
 from atrium.events import APP_INSTALLED, APP_REMOVED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
@@ -26,6 +29,8 @@ from atrium.lifecycle.runners import load_runner
 from atrium.registry import AppRegistry
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
+from atrium.theme.catalogue import ThemeCatalogue
+from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
 
 _LOGGER = logging.getLogger(__name__)
@@ -49,6 +54,8 @@ class Shell:
     presence: Presence
     dataproxy: DataProxy
     launcher: Launcher
+    theme: ThemeService
+    dist: Distribution
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -85,9 +92,13 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
         for repo in repos.values():
             await repo.open()
+        # finish or undo installs a crash interrupted, before anything reads the scopes
+        await recover(layout, repos)
         bus = await stack.enter_async_context(EventBus())
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
+        catalogue = await asyncio.to_thread(ThemeCatalogue.load, settings.home / "themes")
+        theme = await stack.enter_async_context(ThemeService(kv, bus, catalogue))
         upstream = await stack.enter_async_context(UpstreamClient())
         tokens = AppTokens()
         runner = await asyncio.to_thread(load_runner, settings.runner)
@@ -133,6 +144,14 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(dataproxy.close)
         launcher = Launcher(registry, lifecycle, bus)
         stack.callback(launcher.close)
+        dist = Distribution(
+            layout=layout,
+            repos=repos,
+            registry=registry,
+            lifecycle=lifecycle,
+            bus=bus,
+            index=IndexClient(settings.index_url, settings.home / "cache" / "index.json"),
+        )
         await lifecycle.fill_pools()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
@@ -154,4 +173,6 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             presence=presence,
             dataproxy=dataproxy,
             launcher=launcher,
+            theme=theme,
+            dist=dist,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import dataproxy, intents, lifecycle, theme, watcher
+from bench import dataproxy, install, intents, lifecycle, theme, watcher
 
 BENCHES = {
     "watcher": watcher.main,
@@ -13,6 +13,7 @@ BENCHES = {
     "dataproxy": dataproxy.main,
     "intents": intents.main,
     "theme": theme.main,
+    "install": install.main,
 }
 
 

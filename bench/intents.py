@@ -69,7 +69,11 @@ async def main() -> None:
     linear = timed(lambda i: rank(everything, i), intents)
     indexed = timed(index.resolve, intents)
     started = time.perf_counter()
-    index.set_app("com.bench.app1", Scope.USER, [IntentFilter(action="os.intent.action.A1")])
+    index.set_app(
+        "com.bench.app1",
+        Scope.USER,
+        [IntentFilter.model_validate({"action": "os.intent.action.A1"})],
+    )
     update = [time.perf_counter() - started]
     table(
         f"Intent resolve over {FILTERS} filters, {ACTIONS} actions, {ROUNDS} intents",

@@ -11,12 +11,27 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.types import Receive, Scope, Send
 
-from atrium.api import apps, dist, events, instances, intents, kv, meta, scopes, tools
+from atrium.api import (
+    apps,
+    dist,
+    events,
+    instances,
+    intents,
+    kv,
+    meta,
+    publish,
+    scopes,
+    theme,
+    tools,
+)
 from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
 from atrium.api.origins import AppOrigins
 from atrium.errors import AtriumError
+from atrium.lifecycle.instance import Instance
 from atrium.settings import Settings
 from atrium.shell import Shell, open_shell
+from atrium.theme.inject import HtmlTransform
+from atrium.theme.prefs import html_transform_for
 
 
 class AtriumApp:
@@ -59,11 +74,18 @@ def create_app(settings: Settings, user_token: str) -> AtriumApp:
             *instances.routes,
             *tools.routes,
             *intents.routes,
+            *theme.routes,
+            *publish.routes,
             *dist.routes,
         ],
         middleware=[Middleware(InternalErrorMiddleware)],
         exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
         lifespan=lifespan,
     )
+
     # app origins are dispatched before any host-page route can see the request
-    return AtriumApp(app, AppOrigins(app, shell=current_shell))
+    def transform_for(instance: Instance) -> HtmlTransform | None:
+        shell = current_shell()
+        return None if shell is None else html_transform_for(instance, shell.theme)
+
+    return AtriumApp(app, AppOrigins(app, shell=current_shell, transform_html=transform_for))

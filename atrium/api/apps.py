@@ -15,9 +15,16 @@ from atrium.registry import AppView
 from atrium.shell import Shell
 
 
+def record_of(shell: Shell, view: AppView) -> dict[str, Any] | None:
+    """The install record of the listed copy (decisions.md "Lifecycle": null for apps placed by
+    hand)."""
+    record = shell.dist.record(view.copy.scope, view.copy.id)
+    return record.wire() if record else None
+
+
 def app_wire(shell: Shell, view: AppView) -> dict[str, Any]:
     """An app as listed, with the authorities it declares that another visible app serves."""
-    body = view.wire()
+    body = view.wire(record_of(shell, view))
     body["conflicts"] = [
         {"authority": clash.authority, "servedBy": clash.served_by}
         for clash in shell.dataproxy.table.clashes

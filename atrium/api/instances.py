@@ -17,6 +17,7 @@ from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.lifecycle.instance import Instance
 from atrium.manifest import APP_ID_RE
 from atrium.shell import Shell
+from atrium.theme.prefs import html_transform_for
 from atrium.wire import WireModel
 
 MAX_LOG_LINES: Final = 5000
@@ -151,7 +152,13 @@ async def proxy(request: Request, caller: Caller) -> Response:
     instance = shell.lifecycle.get(request.path_params["instance_id"])
     if instance.host is None or instance.port is None:
         raise InvalidRequest(f"instance {instance.id} is {instance.state}: no server to proxy")
-    return await proxy_page(shell, instance, request, "/" + request.path_params["path"])
+    return await proxy_page(
+        shell,
+        instance,
+        request,
+        "/" + request.path_params["path"],
+        html_transform_for(instance, shell.theme),
+    )
 
 
 ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -22,13 +22,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from atrium.api.data import PREFIX as DATA_PREFIX
 from atrium.api.data import serve_data
 from atrium.api.errors import error_response
-from atrium.api.forward import HtmlTransform, forward
+from atrium.api.forward import forward
 from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
 from atrium.lifecycle.calls import SECRET_HEADER
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
+from atrium.theme.inject import HtmlTransform
 
 _LOGGER = logging.getLogger(__name__)
 VIEW_COOKIE: Final = "atrium_view"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from atrium import __version__
-from atrium.cli import commands, intents, lifecycle
+from atrium.cli import commands, dist, intents, lifecycle
+from atrium.cli.publish import publish
 from atrium.cli.serve import serve
+from atrium.cli.theme import theme_app
 
 app = typer.Typer(
     name="atrium",
@@ -20,10 +22,21 @@ app.command()(commands.apps)
 app.command()(commands.events)
 for command in (lifecycle.ps, lifecycle.launch, lifecycle.stop, lifecycle.destroy, lifecycle.logs):
     app.command()(command)
+for dist_command in (
+    dist.install,
+    dist.preview,
+    dist.update,
+    dist.uninstall,
+    dist.installed,
+    dist.index,
+):
+    app.command()(dist_command)
 app.add_typer(commands.scopes_app, name="scopes")
 app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")
 app.add_typer(intents.intent_app, name="intent")
+app.add_typer(theme_app, name="theme")
+app.command()(publish)
 
 
 @app.command()

@@ -1,0 +1,427 @@
+// Atrium's host page: launcher, app views on their own origins, process manager, theme picker,
+// intent chooser, install dialog, and the postMessage bridge. No build step: a plain ES module.
+
+const clientId = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+const $ = (id) => document.getElementById(id);
+const tabs = new Map();          // tab key → {key, instanceId, appId, viewId, iframe, el, origin, activityId}
+const instances = new Map();     // instanceId → instance as the API reports it
+let apps = [];
+let active = null;               // the key of the visible tab
+let themePayload = null;         // the last theme:changed payload (or the selection at start)
+let nextKey = 1;
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(body?.error?.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = body?.error?.code;
+    this.body = body;
+  }
+}
+
+async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, init);
+  const text = await res.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!res.ok) throw new ApiError(res.status, data);
+  return data;
+}
+
+const quietly = (promise) => promise.catch((err) => console.debug("ignored:", err.message));
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  for (const child of children) node.append(child);
+  return node;
+}
+
+// ---------------------------------------------------------------- theme
+async function loadThemeCss() {
+  const res = await fetch("/api/os/theme.css", { cache: "no-cache" });
+  if (res.ok) $("os-theme").textContent = await res.text();
+}
+
+function resolvedMode(payload) {
+  if (!payload) return null;
+  if (payload.colorMode !== "auto") return payload.colorMode;
+  return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+}
+
+function broadcastTheme(payload) {
+  if (!payload) return;
+  const message = { ...payload, type: "os.theme.changed", resolvedMode: resolvedMode(payload) };
+  for (const tab of tabs.values()) tab.iframe.contentWindow?.postMessage(message, tab.origin);
+}
+
+async function onThemeChanged(payload) {
+  themePayload = payload;
+  await loadThemeCss();
+  broadcastTheme(payload);
+  syncPicker();
+}
+
+matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => broadcastTheme(themePayload));
+
+let catalogue = [];
+async function loadPicker() {
+  catalogue = await api("GET", "/api/os/themes");
+  for (const [slot, tone] of [["light", "light"], ["dark", "dark"]]) {
+    const select = $(`theme-${slot}`);
+    select.replaceChildren(...catalogue.filter((t) => t.tone === tone)
+      .map((t) => el("option", { value: t.id, textContent: t.name })));
+    select.onchange = () => quietly(selectTheme({ [slot === "light" ? "themeIdLight" : "themeIdDark"]: select.value }));
+  }
+  for (const radio of document.querySelectorAll('input[name="mode"]')) {
+    radio.onchange = () => quietly(selectTheme({ colorMode: radio.value }));
+  }
+  themePayload = { ...(await api("GET", "/api/os/theme")), ...(themePayload || {}) };
+  syncPicker();
+}
+
+async function selectTheme(change) {
+  await api("POST", "/api/os/themes/select", change);
+}
+
+async function preview(slot, id) {
+  if (!id) return;
+  const theme = await api("GET", `/api/os/themes/${encodeURIComponent(id)}`);
+  const keys = ["bg", "surface", "surface2", "text", "primary", "secondary", "danger", "success"];
+  $(`preview-${slot}`).replaceChildren(...keys.map((k) => el("span", { title: k, style: `background:${theme.palette[k]}` })));
+}
+
+function syncPicker() {
+  if (!themePayload || !catalogue.length) return;
+  $("theme-light").value = themePayload.themeIdLight;
+  $("theme-dark").value = themePayload.themeIdDark;
+  for (const radio of document.querySelectorAll('input[name="mode"]')) radio.checked = radio.value === themePayload.colorMode;
+  quietly(preview("light", themePayload.themeIdLight));
+  quietly(preview("dark", themePayload.themeIdDark));
+}
+
+// ---------------------------------------------------------------- launcher
+async function loadApps() {
+  apps = await api("GET", "/api/apps");
+  const visible = apps.filter((a) => !a.problems.length);
+  $("status").textContent = `${visible.length} apps`;
+  $("apps").replaceChildren(...apps.map((app) => {
+    const button = el("button", { className: "app", type: "button", disabled: app.problems.length > 0 });
+    button.dataset.appId = app.id;
+    const icon = el("span", { className: "icon", textContent: app.icon && app.icon.length <= 3 ? app.icon : "▢" });
+    const name = el("span", { textContent: app.name || app.id });
+    if (app.themeStrategy && app.themeStrategy !== "inherit") name.append(el("span", { className: "chip", textContent: app.themeStrategy.toUpperCase() }));
+    const meta = el("span", { className: "meta", textContent: `${app.id} · ${app.scope}` });
+    button.append(icon, name, meta);
+    for (const p of app.problems) button.append(el("span", { className: "problem", textContent: `${p.field}: ${p.message}` }));
+    button.onclick = () => launch(app.id).catch(showError);
+    return button;
+  }));
+}
+
+function showError(err) {
+  $("status").textContent = err.message;
+  console.error(err);
+}
+
+async function launch(appId) {
+  const instance = await api("POST", "/api/instances", { appId });
+  instances.set(instance.instanceId, instance);
+  await openView(instance, "/", instance.name);
+}
+
+// ---------------------------------------------------------------- views and tabs
+async function openView(instance, path, title, activityId = null) {
+  const view = await api("POST", `/api/instances/${instance.instanceId}/views`, { path, client: clientId });
+  const key = `t${nextKey++}`;
+  const origin = new URL(view.url).origin;
+  const iframe = el("iframe", { src: view.url, title: title || instance.appId });
+  iframe.dataset.instanceId = instance.instanceId;
+  iframe.dataset.appId = instance.appId;
+  iframe.setAttribute("sandbox", "allow-scripts allow-forms allow-same-origin allow-popups allow-downloads");
+  const close = el("button", { className: "close", type: "button", textContent: "×", title: "Close" });
+  const label = el("span", { textContent: title || instance.appId });
+  const tabEl = el("span", { className: "tab" }, label, close);
+  tabEl.dataset.key = key;
+  const tab = { key, instanceId: instance.instanceId, appId: instance.appId, viewId: view.viewId, iframe, el: tabEl, origin, activityId, loaded: false };
+  tabs.set(key, tab);
+  label.onclick = () => activate(key);
+  close.onclick = () => closeTab(key);
+  iframe.addEventListener("load", () => {
+    tab.loaded = true;
+    if (active === key) quietly(markResumed(tab));
+  });
+  $("tabs").append(tabEl);
+  $("views").append(iframe);
+  await activate(key);
+  return tab;
+}
+
+function tabsOf(instanceId) {
+  return [...tabs.values()].filter((t) => t.instanceId === instanceId);
+}
+
+async function activate(key) {
+  const previous = active ? tabs.get(active) : null;
+  active = key;
+  for (const tab of tabs.values()) {
+    tab.iframe.hidden = tab.key !== key;
+    tab.el.classList.toggle("active", tab.key === key);
+  }
+  const tab = tabs.get(key);
+  if (previous && previous.instanceId !== tab?.instanceId) quietly(api("POST", `/api/instances/${previous.instanceId}/pause`));
+  if (!tab) return;
+  const state = instances.get(tab.instanceId)?.state;
+  if (state !== "resumed" && state !== "resuming") await quietly(api("POST", `/api/instances/${tab.instanceId}/resume`));
+  tab.iframe.focus();
+  if (tab.loaded) await quietly(markResumed(tab));   // back to a loaded view: no new load event
+}
+
+async function markResumed(tab) {
+  if (!document.hasFocus() && document.visibilityState !== "visible") return;
+  const instance = await api("POST", `/api/instances/${tab.instanceId}/resumed`);
+  instances.set(instance.instanceId, instance);
+}
+
+async function closeTab(key) {
+  const tab = tabs.get(key);
+  if (!tab) return;
+  tabs.delete(key);
+  tab.el.remove();
+  tab.iframe.remove();
+  if (active === key) {
+    active = null;
+    const next = [...tabs.keys()].pop();
+    if (next) await activate(next);
+  }
+  await quietly(api("DELETE", `/api/instances/${tab.instanceId}/views/${tab.viewId}`));
+  if (tab.activityId) quietly(api("DELETE", `/api/instances/${tab.instanceId}/activities/${tab.activityId}`));
+}
+
+// ---------------------------------------------------------------- process manager
+async function loadInstances() {
+  for (const instance of await api("GET", "/api/instances")) instances.set(instance.instanceId, instance);
+  renderProcs();
+}
+
+let procsTimer = null;
+function refreshProcsSoon() {
+  clearTimeout(procsTimer);
+  procsTimer = setTimeout(() => quietly(refreshProcs()), 100);
+}
+
+async function refreshProcs() {
+  const listed = await api("GET", "/api/instances");
+  instances.clear();
+  for (const instance of listed) instances.set(instance.instanceId, instance);
+  renderProcs();
+}
+
+function renderProcs() {
+  const rows = [...instances.values()].map((i) => {
+    const chip = i.themeStrategy && i.themeStrategy !== "inherit" ? el("span", { className: "chip", textContent: i.themeStrategy.toUpperCase() }) : "";
+    const state = el("td", { className: `state state-${i.state}`, textContent: i.state, title: i.error || "" });
+    const buttons = el("td", {},
+      el("button", { className: "ghost", type: "button", textContent: "stop", onclick: () => quietly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "destroy", onclick: () => quietly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "logs", onclick: () => quietly(showLogs(i.instanceId)) }));
+    const row = el("tr", {}, el("td", { textContent: i.instanceId }), state,
+      el("td", { textContent: i.port ?? "" }), el("td", { textContent: i.scope }), el("td", {}, chip), buttons);
+    row.dataset.instanceId = i.instanceId;
+    return row;
+  });
+  $("proc-rows").replaceChildren(...rows);
+}
+
+async function showLogs(instanceId) {
+  const res = await fetch(`/api/instances/${instanceId}/logs?lines=200`, { credentials: "same-origin" });
+  $("logs").textContent = await res.text();
+  $("logs").hidden = false;
+}
+
+// ---------------------------------------------------------------- intents and the bridge
+async function startIntent(intent) {
+  const result = await api("POST", "/api/intents/start", intent);
+  if (result.status === "chooser") {
+    const target = await choose(intent, result.candidates);
+    if (target) await api("POST", "/api/intents/start", { ...intent, target });
+  }
+  // a started activity arrives as `activity:opened` and opens its tab there
+}
+
+function choose(intent, candidates) {
+  const dialog = $("chooser");
+  $("chooser-what").textContent = `${intent.action}${intent.type ? ` (${intent.type})` : ""}`;
+  return new Promise((resolve) => {
+    $("chooser-list").replaceChildren(...candidates.map((c) => {
+      const app = apps.find((a) => a.id === c.appId);
+      const button = el("button", { type: "button", className: "ghost", textContent: `${app?.name || c.appId} · score ${c.score}` });
+      button.dataset.appId = c.appId;
+      button.onclick = () => { dialog.close("chosen"); resolve(c.appId); };
+      return button;
+    }));
+    dialog.onclose = () => { if (dialog.returnValue !== "chosen") resolve(null); };
+    dialog.showModal();
+  });
+}
+
+function confirmRequest(title, text) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.onclose = () => resolve(dialog.returnValue === "yes");
+    dialog.showModal();
+  });
+}
+
+window.addEventListener("message", async (event) => {
+  const tab = [...tabs.values()].find((t) => t.iframe.contentWindow === event.source);
+  if (!tab || event.origin !== tab.origin) return;   // only our iframes, each from its own origin
+  const data = event.data || {};
+  if (data.type === "os.intent.start" && data.intent && typeof data.intent.action === "string") {
+    const ok = await confirmRequest(`${tab.appId} asks to start an intent`, JSON.stringify(data.intent));
+    if (ok) quietly(startIntent(data.intent));
+  } else if (data.type === "os.activity.open" && typeof data.path === "string" && data.path.startsWith("/")) {
+    const instance = instances.get(tab.instanceId) || { instanceId: tab.instanceId, appId: tab.appId };
+    quietly(openView(instance, data.path, String(data.title || tab.appId)));
+  }
+});
+
+// ---------------------------------------------------------------- install dialog
+async function* sse(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let type = "message", data = "";
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("event:")) type = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (data) yield { type, ...JSON.parse(data) };
+    }
+  }
+}
+
+async function runInstall(extra) {
+  const body = { ref: $("install-ref").value.trim(), scope: $("install-scope").value, ...extra };
+  const log = $("install-progress");
+  $("install-result").textContent = "";
+  const response = await fetch("/api/dist/install", {
+    method: "POST", credentials: "same-origin",
+    headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+    body: JSON.stringify(body),
+  });
+  if (!response.ok) {
+    const error = await response.json().catch(() => null);
+    $("install-result").textContent = error?.error?.message || `HTTP ${response.status}`;
+    return;
+  }
+  for await (const event of sse(response)) {
+    if (event.type === "fetch.progress") {
+      const last = log.lastElementChild;
+      const text = `fetch ${event.done ?? 0} / ${event.total ?? "?"} bytes`;
+      if (last?.dataset.kind === "progress") last.textContent = text;
+      else { const item = el("li", { textContent: text }); item.dataset.kind = "progress"; log.append(item); }
+    } else if (event.type === "result" && event.needsApproval) {
+      showDiff(event.diff, event.resolved);
+    } else if (event.type === "error") {
+      $("install-result").textContent = `${event.code}: ${event.message}`;
+    } else {
+      log.append(el("li", { textContent: event.type }));
+      if (event.type === "install.done") $("install-result").textContent = "installed";
+    }
+  }
+}
+
+function showDiff(diff, resolved) {
+  const rows = [
+    ["App", `${diff.appId} ${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`],
+    ["Permissions added", (diff.permissionsAdded || []).join(", ") || "—"],
+    ["Tools added", (diff.toolsAdded || []).join(", ") || "—"],
+    ["Data provider added", diff.dataProviderAdded ? "yes" : "no"],
+    ["Intent filters added", (diff.intentFiltersAdded || []).map((f) => f.action).join(", ") || "—"],
+  ];
+  $("install-diff-rows").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("td", { textContent: k }), el("td", { textContent: v }))));
+  $("install-diff").hidden = false;
+  $("install-approve").hidden = false;
+  $("install-deny").hidden = false;
+  $("install-approve").onclick = () => { hideDiff(); quietly(runInstall({ autoApprove: true, approvedDigest: resolved?.digest })); };
+  $("install-deny").onclick = () => { hideDiff(); quietly(runInstall({ approve: false })); };
+}
+
+function hideDiff() {
+  $("install-diff").hidden = true;
+  $("install-approve").hidden = true;
+  $("install-deny").hidden = true;
+}
+
+// ---------------------------------------------------------------- the event stream
+function connectEvents() {
+  const source = new EventSource(`/api/events?client=${clientId}`);
+  source.addEventListener("theme:changed", (e) => quietly(onThemeChanged(JSON.parse(e.data))));
+  for (const topic of ["app:state", "app:crashed", "app:lifecycle.error"]) {
+    source.addEventListener(topic, (e) => {
+      const data = JSON.parse(e.data);
+      const known = instances.get(data.instanceId);
+      if (known && topic === "app:state") known.state = data.to;
+      if (known && topic === "app:crashed") {
+        known.state = "error";
+        known.error = `crashed with exit status ${data.exitCode} in state ${data.state}`;
+      }
+      renderProcs();
+      refreshProcsSoon();
+    });
+  }
+  for (const topic of ["app:installed", "app:removed"]) source.addEventListener(topic, () => quietly(loadApps()));
+  source.addEventListener("activity:opened", (e) => {
+    const data = JSON.parse(e.data);
+    if ([...tabs.values()].some((t) => t.activityId === data.activityId)) return;
+    const instance = instances.get(data.instanceId) || { instanceId: data.instanceId, appId: data.appId };
+    quietly(openView(instance, data.path, data.title, data.activityId));
+  });
+  return source;
+}
+
+// ---------------------------------------------------------------- start
+function panels() {
+  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"]]) {
+    $(button).onclick = () => { $(panel).hidden = !$(panel).hidden; };
+  }
+  for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };
+  $("open-install").onclick = () => { hideDiff(); $("install-progress").replaceChildren(); $("install-result").textContent = ""; $("install").showModal(); };
+  $("install-close").onclick = () => $("install").close();
+  $("install-form").onsubmit = (event) => { event.preventDefault(); $("install-progress").replaceChildren(); quietly(runInstall({})); };
+}
+
+async function start() {
+  panels();
+  await loadThemeCss();
+  try {
+    await loadApps();
+  } catch (err) {
+    if (err.status === 401) {
+      $("status").textContent = "Open the login link that `atrium serve` printed to use the host page.";
+      return;
+    }
+    throw err;
+  }
+  connectEvents();
+  await Promise.all([quietly(loadInstances()), quietly(loadPicker())]);
+  document.body.dataset.ready = "true";
+}
+
+window.atrium = { launch, startIntent, tabs, instances };   // for the e2e tests and the console
+start().catch(showError);

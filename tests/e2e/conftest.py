@@ -1,0 +1,133 @@
+"""Browser tests: `atrium serve` as a subprocess and Debian's Chromium driven by Playwright.
+
+- ``served``: one shell per test module (system apps: the repository's, the fixture apps, and the
+  e2e apps made here), with its URL and token.
+- ``browser``: one Chromium per module (`/usr/bin/chromium`; never a downloaded browser).
+- ``page``: a fresh context per test, logged in to the host page, its screenshot saved under
+  ``test-artifacts/`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.conftest import REPO_DIR, TESTS_DIR
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = REPO_DIR / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-sync",
+]
+
+
+@dataclass
+class Served:
+    """A running `atrium serve`."""
+
+    url: str
+    token: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+
+
+def e2e_app(apps_dir: Path, app_id: str, **manifest: object) -> None:
+    """A copy of the SDK echo app with its manifest changed (theme strategy, intent filters)."""
+    target = apps_dir / app_id
+    shutil.copytree(TESTS_DIR / "apps" / "test.sdk.echo", target)
+    data = json.loads((target / "app.manifest.json").read_text())
+    data.update({"id": app_id, "warmPool": False, **manifest})
+    data.pop("dataProvider")
+    (target / "app.manifest.json").write_text(json.dumps(data))
+    (target / "index.html").write_text(
+        "<!doctype html><html><head><title>e2e</title></head><body><h1>e2e page</h1></body></html>"
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("e2e")
+    system = root / "system-apps"
+    shutil.copytree(REPO_DIR / "apps", system)
+    for name in ("test.fault.crashes", "test.sdk.echo"):
+        shutil.copytree(TESTS_DIR / "apps" / name, system / name)
+    e2e_app(system, "test.theme.themed", themeStrategy="themed")
+    e2e_app(system, "test.theme.override", themeStrategy="override")
+    for n in (1, 2):
+        e2e_app(system, f"test.tie.app{n}", intentFilters=[{"action": "test.intent.TIE"}])
+    home = root / "home"
+    env = {
+        **os.environ,
+        "ATRIUM_HOME": str(home),
+        "ATRIUM_PORT": "0",
+        "ATRIUM_SYSTEM_APPS": str(system),
+    }
+    log = (root / "shell.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atrium", "serve"],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    url_file = home / "run" / "url"
+    deadline = time.monotonic() + 30
+    while not url_file.exists():
+        assert proc.poll() is None, f"the shell exited at start: {(root / 'shell.log').read_text()}"
+        assert time.monotonic() < deadline, "the shell did not start"
+        time.sleep(0.05)
+    served = Served(
+        url_file.read_text().strip(), (home / "run" / "token").read_text().strip(), home, proc
+    )
+    yield served
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Playwright's sync API runs an event loop in this thread while it is open: module scope
+    keeps it from outliving the browser tests (the e2e tier also runs last)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{served.url}/login?token={served.token}")
+    page.wait_for_selector("body[data-ready=true]")
+    yield page
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+    context.close()

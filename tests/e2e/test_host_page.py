@@ -1,0 +1,189 @@
+"""The host page in a real browser: launch, live theming inside app iframes, strategies, the
+chooser, the process manager, and isolation of app pages from the host page."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Frame, Page
+
+from tests.e2e.conftest import Served
+
+pytestmark = pytest.mark.e2e
+
+BG = "getComputedStyle(document.documentElement).getPropertyValue('--os-color-bg').trim()"
+
+
+def api(served: Served) -> httpx.Client:
+    return httpx.Client(
+        base_url=served.url.replace("localhost", "127.0.0.1"),
+        timeout=30,
+        headers={"Authorization": f"Bearer {served.token}"},
+    )
+
+
+def select_theme(served: Served, **change: str) -> None:
+    with api(served) as client:
+        client.post("/api/os/themes/select", json=change).raise_for_status()
+
+
+def app_frame(page: Page, app_id: str) -> Frame:
+    """The frame of the first iframe showing ``app_id``, once its page has loaded."""
+    page.wait_for_selector(f'iframe[data-app-id="{app_id}"]', state="attached")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for frame in page.frames:
+            element = frame.frame_element() if frame.parent_frame else None
+            if element and element.get_attribute("data-app-id") == app_id:
+                try:
+                    if (
+                        frame.evaluate("document.readyState") == "complete"
+                        and frame.url.startswith("http")
+                        and "/_os/enter" not in frame.url
+                    ):
+                        return frame
+                except PlaywrightError:  # the frame is navigating: look again
+                    continue
+        time.sleep(0.05)
+    raise AssertionError(f"no loaded frame for {app_id}")
+
+
+def launch(page: Page, app_id: str) -> Frame:
+    page.click(f'button.app[data-app-id="{app_id}"]')
+    return app_frame(page, app_id)
+
+
+def test_the_host_page_lists_the_apps(page: Page) -> None:
+    names = page.locator("button.app").all_inner_texts()
+    assert any("Notes" in n for n in names)
+    assert any("THEMED" in n for n in names)
+
+
+def test_a_theme_change_reaches_the_app_iframe_without_a_reload(page: Page, served: Served) -> None:
+    select_theme(served, themeIdLight="atrium-light", themeIdDark="atrium-dark", colorMode="light")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    frame = launch(page, "com.atrium.notes")
+    page.wait_for_function("() => document.getElementById('os-theme').textContent.length > 0")
+    assert frame.evaluate(BG) == "#f6f7fb"
+    frame.evaluate("window.__marker = 'still the same document'")
+    page.click("#open-theme")
+    page.select_option("#theme-light", "paper")
+    frame.wait_for_function(f"() => {BG} === '#f5efe3'")
+    assert frame.evaluate("window.__marker") == "still the same document"
+    host_bg = page.evaluate(BG)
+    assert host_bg == "#f5efe3"
+    page.check('input[name="mode"][value="dark"]')
+    frame.wait_for_function(f"() => {BG} === '#0f1117'")
+
+
+def test_auto_mode_follows_the_browsers_color_scheme(page: Page, served: Served) -> None:
+    select_theme(served, themeIdLight="glacier", themeIdDark="fjord", colorMode="auto")
+    page.emulate_media(color_scheme="dark")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    frame = launch(page, "com.atrium.notes")
+    assert page.evaluate(BG) == "#2e3440"
+    assert frame.evaluate(BG) == "#2e3440"
+    page.emulate_media(color_scheme="light")
+    frame.wait_for_function(f"() => {BG} === '#eef4fa'")
+    assert page.evaluate(BG) == "#eef4fa"
+
+
+def test_a_themed_app_gets_the_metas_and_no_stylesheet(page: Page) -> None:
+    frame = launch(page, "test.theme.themed")
+    metas = frame.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('meta[name^=os-]')]"
+        ".map(m => [m.name, m.content]))"
+    )
+    assert set(metas) == {"os-theme-id", "os-color-mode", "os-design-framework"}
+    assert frame.evaluate("document.querySelectorAll('link[rel=stylesheet]').length") == 0
+
+
+def test_an_override_app_gets_only_the_color_mode_meta(page: Page) -> None:
+    frame = launch(page, "test.theme.override")
+    names = frame.evaluate("[...document.querySelectorAll('meta[name^=os-]')].map(m => m.name)")
+    assert names == ["os-color-mode"]
+    assert frame.evaluate("document.querySelectorAll('link[rel=stylesheet]').length") == 0
+
+
+def test_a_tied_intent_opens_the_chooser(page: Page) -> None:
+    page.evaluate("() => { window.atrium.startIntent({action: 'test.intent.TIE'}); }")
+    dialog = page.locator("#chooser")
+    dialog.wait_for(state="visible")
+    choices = dialog.locator("button[data-app-id]")
+    assert choices.evaluate_all("bs => bs.map(b => b.dataset.appId)") == [
+        "test.tie.app1",
+        "test.tie.app2",
+    ]
+    choices.nth(1).click()
+    app_frame(page, "test.tie.app2")
+
+
+def test_the_process_manager_shows_a_crashed_instance(page: Page, served: Served) -> None:
+    launch(page, "test.fault.crashes")
+    page.click("#open-procs")
+    with api(served) as client:
+        crashing = next(
+            i for i in client.get("/api/instances").json() if i["appId"] == "test.fault.crashes"
+        )
+        client.post(f"/api/proxy/{crashing['instanceId']}/crash")
+    row = page.locator(f'tr[data-instance-id="{crashing["instanceId"]}"] td.state')
+    row.filter(has_text="error").wait_for()
+    page.wait_for_function(
+        """(id) => (document.querySelector(`tr[data-instance-id="${id}"] td.state`)?.title || '')
+                   .includes('crashed')""",
+        arg=crashing["instanceId"],
+    )
+
+
+def test_an_app_page_cannot_read_the_host_page_or_act_as_the_user(
+    page: Page, served: Served
+) -> None:
+    frame = launch(page, "com.atrium.notes")
+    read = frame.evaluate("""() => { try { return window.parent.document.title; }
+                                     catch (e) { return 'blocked: ' + e.name; } }""")
+    assert read.startswith("blocked")
+    host = served.url
+    result = frame.evaluate(
+        """async (host) => {
+             try {
+               const r = await fetch(host + '/api/dist/install', {method: 'POST',
+                 credentials: 'include', headers: {'Content-Type': 'application/json'},
+                 body: JSON.stringify({ref: 'local:/tmp/x', autoApprove: true})});
+               return 'status ' + r.status;
+             } catch (e) { return 'blocked: ' + e.name; }
+           }""",
+        host,
+    )
+    assert result.startswith("blocked") or result in {"status 401", "status 403"}
+    with api(served) as client:
+        assert client.get("/api/dist/installed").json() == []
+    cookie_less = frame.evaluate(
+        """async (host) => {
+             try {
+               const r = await fetch(host + '/api/kv/os/pwned', {method: 'PUT',
+                 headers: {'Content-Type': 'application/json'}, body: '{"value": 1}'});
+               return 'status ' + r.status;
+             } catch (e) { return 'blocked: ' + e.name; }
+           }""",
+        host,
+    )
+    assert cookie_less.startswith("blocked") or cookie_less in {"status 401", "status 403"}
+    with api(served) as client:
+        assert client.get("/api/kv/os/pwned").status_code == 404
+
+
+def test_the_iframe_gets_the_theme_message_payload(page: Page, served: Served) -> None:
+    frame = launch(page, "com.atrium.notes")
+    frame.evaluate("""window.__msgs = [];
+                      window.addEventListener('message', e => window.__msgs.push(e.data));""")
+    select_theme(served, themeIdLight="meadow")
+    frame.wait_for_function("() => window.__msgs.some(m => m.type === 'os.theme.changed')")
+    message = frame.evaluate("window.__msgs.find(m => m.type === 'os.theme.changed')")
+    assert message["themeIdLight"] == "meadow"
+    assert json.dumps(message)
