@@ -1,10 +1,12 @@
-"""Install speed: a small app from a local directory, from git over `git daemon` (loopback) and
-from a `git+file://` bare repository, each timed from ref to `install.done` (resolve, fetch,
-validate, journal, swap, record, commit, registry rescan), next to the bare fetch
-`git clone --depth 1` of the same repository.
+"""Install speed: a small app from a local directory, from git over `git daemon` (loopback), from
+a `git+file://` bare repository and from an OCI registry (Debian's docker-registry on 127.0.0.1,
+started the way the tests start it), each timed from ref to `install.done` (resolve, fetch,
+validate, journal, swap, record, commit, registry rescan), next to the bare fetch: `git clone
+--depth 1` of the same repository, and for OCI the registry pull alone (resolve the tag, pull the
+manifest and the layer with its digest checked, unpack into a fresh directory: no install).
 
 Target (distribution issue): each install ≤ 800 ms median. Every round installs into a fresh
-place: the app is uninstalled between rounds (not timed).
+place: the app is uninstalled between rounds (not timed), so every round really fetches.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ import time
 from contextlib import aclosing
 from pathlib import Path
 
+from atrium.dist.fetchers import ResolvedRef
+from atrium.dist.fetchers.oci import OciFetcher
+from atrium.dist.oci import push_app, resolve_oci
 from atrium.dist.pipeline import Approval
-from atrium.dist.refs import parse_ref
+from atrium.dist.refs import OciRef, parse_ref
 from atrium.identity import new_token
 from atrium.scopes import Scope
 from atrium.settings import Settings
 from atrium.shell import Shell, open_shell
 from bench.report import table
+from tests.integration.registry import running_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 10
@@ -93,9 +99,9 @@ def git_daemon(base: Path) -> tuple[subprocess.Popen[bytes], int]:
             time.sleep(0.01)
 
 
-async def installs(shell: Shell, ref: str) -> list[float]:
+async def installs(shell: Shell, ref: str, rounds: int = ROUNDS) -> list[float]:
     samples = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         started = time.perf_counter()
         events = shell.dist.install(parse_ref(ref), Scope.GLOBAL, Approval(auto_approve=True))
         async with aclosing(events):
@@ -116,6 +122,23 @@ def clones(url: str, root: Path) -> list[float]:
     return samples
 
 
+async def registry_pulls(ref: OciRef, root: Path, rounds: int = ROUNDS) -> list[float]:
+    """The registry pull alone: resolve the tag, fetch and unpack into a fresh directory."""
+    samples = []
+    for n in range(rounds):
+        staging = root / f"pull{n}"
+        staging.mkdir(parents=True)
+        started = time.perf_counter()
+        digest, _ = await resolve_oci(ref)
+        pinned = OciRef(ref.registry, ref.repository, None, digest)
+        resolved = ResolvedRef("oci", str(pinned), digest, ref, APP)
+        async for _ in OciFetcher().fetch(resolved, staging):
+            pass
+        samples.append(time.perf_counter() - started)
+        assert (staging / APP / "app.manifest.json").is_file()
+    return samples
+
+
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -128,11 +151,18 @@ async def main() -> None:
             settings = Settings(
                 home=root / "home", system_apps=root / "no-system-apps", port=0, runner="process"
             )
-            async with open_shell(settings, new_token()) as shell:
-                await installs(shell, f"local:{app}")  # warm caches and imports first
-                local = await installs(shell, f"local:{app}")
-                over_daemon = await installs(shell, f"{daemon_url}#v1")
-                over_file = await installs(shell, f"git+file://{bare}#v1")
+            with running_registry(root / "registry") as registry:
+                oci = OciRef(registry.host, f"apps/{APP}", "1.0.0")
+                await push_app(app, oci)
+                await registry_pulls(oci, root / "warm", rounds=1)
+                pulls = await registry_pulls(oci, root / "pulls")
+                async with open_shell(settings, new_token()) as shell:
+                    await installs(shell, f"local:{app}")  # warm caches and imports first
+                    local = await installs(shell, f"local:{app}")
+                    over_daemon = await installs(shell, f"{daemon_url}#v1")
+                    over_file = await installs(shell, f"git+file://{bare}#v1")
+                    await installs(shell, str(oci), rounds=1)
+                    over_oci = await installs(shell, str(oci))
         finally:
             daemon.terminate()
             daemon.wait()
@@ -145,6 +175,15 @@ async def main() -> None:
             ("install git+file://", over_file),
         ],
         baseline="git clone --depth 1 git:// (baseline)",
+        target_ms=800,
+    )
+    table(
+        f"Install of the same app from OCI (docker-registry, loopback), {ROUNDS} rounds",
+        [
+            ("registry pull alone: resolve+fetch+unpack", pulls),
+            ("install oci:// (docker-registry, loopback)", over_oci),
+        ],
+        baseline="registry pull alone: resolve+fetch+unpack",
         target_ms=800,
     )
 

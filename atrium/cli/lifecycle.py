@@ -56,9 +56,15 @@ def launch(
     new: Annotated[bool, typer.Option("--new", help="a new instance, not the live one")] = False,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Start (or reuse) an instance of APP_ID and print a view URL for a browser."""
+    """Start (or reuse) an instance of APP_ID, resume it, and print a view URL for a browser.
+
+    No host page will report the view as loaded and focused, so the CLI walks the instance to
+    `resumed` itself (a headless resume): its content provider, if any, starts answering.
+    """
     with ShellClient() as client:
         instance = client.request("POST", "/api/instances", json={"appId": app_id, "new": new})
+        if instance["state"] in {"started", "paused", "resuming"}:
+            instance = client.request("POST", f"/api/instances/{instance['instanceId']}/resumed")
         view = client.request(
             "POST", f"/api/instances/{instance['instanceId']}/views", json={"path": "/"}
         )

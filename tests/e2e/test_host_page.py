@@ -4,13 +4,16 @@ chooser, the process manager, and isolation of app pages from the host page."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Frame, Page
 
+from tests.conftest import REPO_DIR
 from tests.e2e.conftest import Served
 
 pytestmark = pytest.mark.e2e
@@ -187,3 +190,76 @@ def test_the_iframe_gets_the_theme_message_payload(page: Page, served: Served) -
     message = frame.evaluate("window.__msgs.find(m => m.type === 'os.theme.changed')")
     assert message["themeIdLight"] == "meadow"
     assert json.dumps(message)
+
+
+def test_an_app_asks_the_host_to_start_an_intent_and_the_user_allows_it(page: Page) -> None:
+    frame = launch(page, "com.atrium.notes")
+    frame.evaluate(
+        "window.parent.postMessage({type: 'os.intent.start', "
+        "intent: {action: 'test.intent.TIE'}}, '*')"
+    )
+    confirm = page.locator("#confirm")
+    confirm.wait_for(state="visible")
+    assert "com.atrium.notes asks to start an intent" in confirm.inner_text()
+    confirm.locator("button[value=yes]").click()
+    page.locator("#chooser").wait_for(state="visible")
+    page.locator('#chooser button[data-app-id="test.tie.app1"]').click()
+    app_frame(page, "test.tie.app1")
+
+
+def test_a_message_from_a_foreign_window_is_ignored(page: Page) -> None:
+    page.evaluate(
+        "window.postMessage({type: 'os.intent.start', intent: {action: 'test.intent.TIE'}}, '*')"
+    )
+    page.wait_for_timeout(500)
+    assert not page.locator("#confirm").is_visible()
+
+
+def test_an_app_opens_another_view_of_itself(page: Page) -> None:
+    frame = launch(page, "test.theme.override")
+    frame.evaluate(
+        "window.parent.postMessage({type: 'os.activity.open', path: '/index.html', "
+        "title: 'Second view'}, '*')"
+    )
+    page.locator(".tab", has_text="Second view").wait_for()
+    assert page.locator('iframe[data-app-id="test.theme.override"]').count() == 2
+
+
+def test_the_install_dialog_shows_the_diff_and_installs_on_approval(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    app_dir = tmp_path / "test.installed.viaui"
+    shutil.copytree(REPO_DIR / "tests" / "apps" / "test.sdk.echo", app_dir)
+    manifest = json.loads((app_dir / "app.manifest.json").read_text())
+    manifest.update(
+        {"id": "test.installed.viaui", "permissions": ["test.sdk.echo.read"], "warmPool": False}
+    )
+    manifest.pop("dataProvider")
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    page.click("#open-install")
+    page.fill("#install-ref", f"local:{app_dir}")
+    page.click("#install-go")
+    page.locator("#install-diff").wait_for(state="visible")
+    assert "test.sdk.echo.read" in page.locator("#install-diff").inner_text()
+    page.click("#install-approve")
+    page.locator("#install-result", has_text="installed").wait_for()
+    page.click("#install-close")
+    page.locator('button.app[data-app-id="test.installed.viaui"]').wait_for()
+    with api(served) as client:
+        records = client.get("/api/dist/installed").json()
+    assert [r["id"] for r in records] == ["test.installed.viaui"]
+
+
+def test_the_install_dialog_reports_a_denial(page: Page, tmp_path: Path) -> None:
+    app_dir = tmp_path / "test.denied.viaui"
+    shutil.copytree(REPO_DIR / "tests" / "apps" / "test.sdk.echo", app_dir)
+    manifest = json.loads((app_dir / "app.manifest.json").read_text())
+    manifest.update({"id": "test.denied.viaui", "permissions": ["x.y.read"], "warmPool": False})
+    manifest.pop("dataProvider")
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    page.click("#open-install")
+    page.fill("#install-ref", f"local:{app_dir}")
+    page.click("#install-go")
+    page.locator("#install-deny").wait_for(state="visible")
+    page.click("#install-deny")
+    page.locator("#install-result", has_text="approval_denied").wait_for()

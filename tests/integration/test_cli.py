@@ -130,13 +130,13 @@ def test_launch_prints_a_view_url_and_ps_shows_the_instance(cli: CliRunner) -> N
     launched = cli.invoke(app, ["launch", "com.atrium.notes"])
     assert launched.exit_code == 0, launched.output
     first, url = launched.output.strip().splitlines()[-2:]
-    assert first.startswith("com.atrium.notes-1 started on port ")
+    assert first.startswith("com.atrium.notes-1 resumed on port ")
     assert url.startswith("http://")
     assert ".localhost:" in url
     assert "/_os/enter?ticket=" in url
     listed = cli.invoke(app, ["ps"])
     row = next(line for line in listed.output.splitlines() if "com.atrium.notes-1" in line)
-    assert "started" in row
+    assert "resumed" in row
     assert "system" in row
     assert cli.invoke(app, ["stop", "com.atrium.notes-1"]).output.strip() == (
         "com.atrium.notes-1 stopped"
