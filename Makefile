@@ -6,8 +6,11 @@ STAMP := $(VENV)/.installed-stamp
 # Debian packages the test suite uses: git (scope repositories, git fetcher), bubblewrap (sandbox),
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl
+# and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); configurable-http-proxy
+# comes from the npm registry on first use (with the machine's node and npm)
+BENCH_DEB_PACKAGES := nginx-light wrk
 
-.PHONY: run test check fmt bench system-deps venv clean
+.PHONY: run test check fmt bench system-deps bench-deps venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Atrium needs Python 3.11+"'
@@ -20,24 +23,16 @@ venv: $(STAMP)
 
 # Install missing Debian packages when running as root; otherwise say what is missing.
 system-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian packages:$$missing"; \
-	    policy=/usr/sbin/policy-rc.d; own_policy=""; \
-	    if [ ! -e $$policy ]; then printf '#!/bin/sh\nexit 101\n' > $$policy && chmod +x $$policy && own_policy=1; fi; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	    status=$$?; [ -n "$$own_policy" ] && rm -f $$policy; \
-	    service docker-registry stop >/dev/null 2>&1 || true; \
-	    [ $$status = 0 ] || exit $$status; \
-	  else \
-	    echo "missing Debian packages:$$missing (run as root or: sudo apt-get install$$missing)"; exit 1; \
-	  fi; \
-	fi
+	@scripts/apt-install $(DEB_PACKAGES)
 
+bench-deps:
+	@scripts/apt-install $(DEB_PACKAGES) $(BENCH_DEB_PACKAGES)
+
+# git is needed (scope repositories); bubblewrap is the best sandbox: without it the shell falls
+# back to plain processes and says so
 run: $(STAMP)
+	@scripts/apt-install git
+	-@scripts/apt-install bubblewrap
 	$(BIN)/atrium serve
 
 check: $(STAMP)
@@ -52,7 +47,7 @@ fmt: $(STAMP)
 test: system-deps $(STAMP) check
 	$(BIN)/pytest
 
-bench: $(STAMP)
+bench: bench-deps $(STAMP)
 	$(BIN)/python -m bench
 
 clean:

@@ -23,6 +23,7 @@ _LOGGER = logging.getLogger(__name__)
 
 HISTORY: Final = 1000
 QUEUE_SIZE: Final = 1024
+HEARTBEAT: Final = b": heartbeat\n\n"
 
 Listener = Callable[["Event"], object]
 
@@ -50,6 +51,8 @@ class Subscription:
     queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     closed: bool = False
     dropped: bool = False
+    #: when a frame was last queued (the heartbeat goes to streams quiet for longer)
+    last_offer: float = field(default_factory=time.monotonic)
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` without waiting; False when the queue is full."""
@@ -57,6 +60,7 @@ class Subscription:
             self.queue.put_nowait(frame)
         except asyncio.QueueFull:
             return False
+        self.last_offer = time.monotonic()
         return True
 
     def end(self) -> None:
@@ -79,9 +83,13 @@ class Subscription:
 
 
 class EventBus:
-    """Publish/subscribe by topic with globs, history for replay, and synchronous listeners."""
+    """Publish/subscribe by topic with globs, history for replay, and synchronous listeners.
 
-    def __init__(self, history: int = HISTORY) -> None:
+    While open (``async with``), a streams' heartbeat is offered to every subscriber that has
+    been quiet for ``heartbeat`` seconds: one timer for all, none per frame.
+    """
+
+    def __init__(self, history: int = HISTORY, heartbeat: float | None = None) -> None:
         # ids stay increasing across restarts, so a client holding an id from a previous process
         # replays everything the new process still has
         self._next_id = int(time.time() * 1000) * 1000
@@ -89,9 +97,22 @@ class EventBus:
         self._subscribers: set[Subscription] = set()
         self._listeners: list[tuple[tuple[str, ...] | None, Listener]] = []
         self._closed = False
+        self._heartbeat = heartbeat
+        self._beat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
+        if self._heartbeat is not None:
+            self._beat = asyncio.create_task(self._beat_loop(self._heartbeat), name="bus heartbeat")
         return self
+
+    async def _beat_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval / 4)
+            quiet_since = time.monotonic() - interval
+            for sub in tuple(self._subscribers):
+                if sub.last_offer <= quiet_since and not sub.offer(HEARTBEAT):
+                    sub.dropped = True
+                    self.unsubscribe(sub)
 
     async def __aexit__(
         self,
@@ -99,6 +120,8 @@ class EventBus:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
         self.close()
 
     @property
@@ -112,8 +135,12 @@ class EventBus:
             self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload)
         )
         self._history.append(event)
+        matched: dict[tuple[str, ...] | None, bool] = {}  # subscribers mostly share a few filters
         for sub in tuple(self._subscribers):
-            if matches_any(topic, sub.globs) and not sub.offer(event.frame):
+            hit = matched.get(sub.globs)
+            if hit is None:
+                hit = matched[sub.globs] = matches_any(topic, sub.globs)
+            if hit and not sub.offer(event.frame):
                 _LOGGER.warning("dropping a slow event subscriber (%d frames queued)", QUEUE_SIZE)
                 sub.dropped = True
                 self.unsubscribe(sub)

@@ -94,7 +94,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             await repo.open()
         # finish or undo installs a crash interrupted, before anything reads the scopes
         await recover(layout, repos)
-        bus = await stack.enter_async_context(EventBus())
+        bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
         catalogue = await asyncio.to_thread(ThemeCatalogue.load, settings.home / "themes")

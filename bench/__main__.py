@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import dataproxy, install, intents, lifecycle, theme, watcher
+from bench import crash, dataproxy, events, install, intents, lifecycle, theme, watcher
 
 BENCHES = {
     "watcher": watcher.main,
@@ -14,6 +14,8 @@ BENCHES = {
     "intents": intents.main,
     "theme": theme.main,
     "install": install.main,
+    "events": events.main,
+    "crash": crash.main,
 }
 
 

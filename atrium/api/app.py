@@ -14,7 +14,6 @@ from starlette.types import Receive, Scope, Send
 from atrium.api import (
     apps,
     dist,
-    events,
     instances,
     intents,
     kv,
@@ -70,7 +69,6 @@ def create_app(settings: Settings, user_token: str) -> AtriumApp:
             *apps.routes,
             *scopes.routes,
             *kv.routes,
-            *events.routes,
             *instances.routes,
             *tools.routes,
             *intents.routes,

@@ -1,22 +1,34 @@
-"""`GET /api/events`: the bus as server-sent events, with topic globs, heartbeats and replay."""
+"""`GET /api/events`: the bus as server-sent events, with topic globs, heartbeats and replay.
+
+A raw ASGI handler dispatched before Starlette (like the data proxy): one frame is one `send`,
+with no middleware wrapping every write. The bus offers the heartbeat comments; a task watches
+for the client going away and ends the subscription.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
 from typing import Final
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute
+from starlette.types import Receive, Scope, Send
 
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, authorize, identify
+from atrium.api.errors import error_response
 from atrium.bus import Subscription
-from atrium.errors import InvalidRequest
+from atrium.errors import AtriumError, InvalidRequest
 from atrium.events import compile_glob
 from atrium.identity import Caller
+from atrium.shell import Shell
 
-HEARTBEAT: Final = b": heartbeat\n\n"
-SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+PATH: Final = b"/api/events"
+CONNECTED: Final = b": connected\n\n"
+SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def parse_topics(raw: str | None) -> tuple[str, ...] | None:
@@ -42,45 +54,51 @@ def parse_last_event_id(raw: str | None) -> int | None:
         ) from err
 
 
-async def stream(sub: Subscription, heartbeat: float) -> AsyncIterator[bytes]:
-    """Frames as they come, a heartbeat comment when the bus has been quiet for ``heartbeat`` s."""
-    yield b": connected\n\n"
-    while True:
-        try:
-            frame = await sub.next(heartbeat)
-        except TimeoutError:
-            yield HEARTBEAT
-            continue
-        if frame is None:
-            return
-        yield frame
-
-
-async def events(request: Request, caller: Caller) -> Response:
-    shell = shell_of(request)
-    globs = parse_topics(request.query_params.get("topics"))
-    last_id = parse_last_event_id(
-        request.headers.get("last-event-id") or request.query_params.get("lastEventId")
-    )
-    client = request.query_params.get("client")
-    if client is not None and not shell.presence.is_client_id(client):
-        raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
+async def serve_events(
+    shell: Shell, scope: Scope, receive: Receive, send: Send, caller: Caller | None = None
+) -> None:
+    """Answer `GET /api/events` (the user or an app; ``caller`` when identified by origin)."""
+    request = Request(scope, receive)
+    try:
+        if scope["method"] not in {"GET", "HEAD"}:
+            raise InvalidRequest(f"{scope['method']} /api/events: use GET")
+        authorize(caller if caller is not None else identify(request, shell), Access.USER_OR_APP)
+        globs = parse_topics(request.query_params.get("topics"))
+        last_id = parse_last_event_id(
+            request.headers.get("last-event-id") or request.query_params.get("lastEventId")
+        )
+        client = request.query_params.get("client")
+        if client is not None and not shell.presence.is_client_id(client):
+            raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
+    except AtriumError as err:
+        await error_response(err)(scope, receive, send)
+        return
     sub = shell.bus.subscribe(globs, last_id)
     if client is not None:
         shell.presence.connected(client)
+    watcher = asyncio.create_task(_until_disconnect(receive, shell, sub), name="sse disconnect")
+    try:
+        await _stream(sub, send)
+    except OSError:
+        pass  # the client went away mid-write
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        shell.bus.unsubscribe(sub)
+        if client is not None:
+            shell.presence.disconnected(client)
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in stream(sub, shell.settings.heartbeat_seconds):
-                yield chunk
-        finally:
-            shell.bus.unsubscribe(sub)
-            if client is not None:
-                shell.presence.disconnected(client)
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+async def _stream(sub: Subscription, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await send({"type": "http.response.body", "body": CONNECTED, "more_body": True})
+    async for frame in sub:
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
-routes: list[BaseRoute] = [
-    endpoint("/api/events", events, methods=["GET"], access=Access.USER_OR_APP),
-]
+async def _until_disconnect(receive: Receive, shell: Shell, sub: Subscription) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    shell.bus.unsubscribe(sub)

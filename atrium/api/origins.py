@@ -22,6 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from atrium.api.data import PREFIX as DATA_PREFIX
 from atrium.api.data import serve_data
 from atrium.api.errors import error_response
+from atrium.api.events import PATH as EVENTS_PATH
+from atrium.api.events import serve_events
 from atrium.api.forward import forward
 from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
@@ -73,6 +75,8 @@ class AppOrigins:
             if raw_path.startswith(DATA_PREFIX):
                 # the hot path: straight to the data proxy, no routing table in between
                 await serve_data(shell, raw_path[len(DATA_PREFIX) :], scope, receive, send)
+            elif raw_path == EVENTS_PATH:
+                await serve_events(shell, scope, receive, send)
             else:
                 await self.app(scope, receive, send)
             return
@@ -119,6 +123,9 @@ class AppOrigins:
                 await serve_data(
                     shell, raw_path[len(DATA_PREFIX) :], scope, receive, send, caller=caller
                 )
+                return
+            if raw_path == EVENTS_PATH:
+                await serve_events(shell, scope, receive, send, caller=caller)
                 return
             inner = dict(scope)
             inner["path"] = path.removeprefix("/_os")
