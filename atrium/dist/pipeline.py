@@ -278,7 +278,7 @@ class Distribution:
         app_id, scope = plan.record.id, plan.scope
         visible = self._registry.get(app_id)
         affected = visible is None or visible.scope.priority <= scope.priority
-        stopped = await self._stop_instances(app_id) if affected else 0
+        stopped = await self._stop_instances(app_id) if affected else []
         try:
             await self.installer.install(plan)
         finally:
@@ -305,7 +305,7 @@ class Distribution:
         version = copy.manifest.version if copy.manifest else "(invalid)"
         was_visible = self._registry.get(app_id) is copy
         unmasks = was_visible and any(c.is_valid and c.scope is not scope for c in copies)
-        stopped = await self._stop_instances(app_id) if was_visible else 0
+        stopped = await self._stop_instances(app_id) if was_visible else []
         try:
             async with staging(self._layout, self.installer.journals, scope) as path:
                 await self.installer.uninstall(scope, app_id, path, f"uninstall {app_id} {version}")
@@ -325,12 +325,13 @@ class Distribution:
 
     # -- instances ------------------------------------------------------------------------------
 
-    async def _stop_instances(self, app_id: str) -> int:
+    async def _stop_instances(self, app_id: str) -> list[str]:
         """Stop every instance of the app (a bind mount would keep the old tree) and drain its
-        warm pool; returns how many were running, to restart that many afterwards."""
+        warm pool; returns the ids of those that were running, to bring them back afterwards
+        with the same ids (and so the same runtime data)."""
         await self._lifecycle.drain(app_id)
         instances = [i for i in self._lifecycle.of_app(app_id) if not i.pooled]
-        running = sum(1 for i in instances if i.state is not InstanceState.ERROR)
+        running = [i.id for i in instances if i.state is not InstanceState.ERROR]
         for instance in instances:
             try:
                 await self._lifecycle.remove(instance.id)
@@ -347,10 +348,10 @@ class Distribution:
                     await self._lifecycle.remove(instance.id, force=True)
         return running
 
-    async def _restart(self, app_id: str, count: int) -> None:
-        for _ in range(count):
+    async def _restart(self, app_id: str, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
             try:
-                await self._lifecycle.create(app_id, new=True)
+                await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
             except AtriumError as err:
                 _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
         if self._registry.get(app_id) is not None:

@@ -150,9 +150,12 @@ class LifecycleManager:
 
     # -- creating -------------------------------------------------------------------------------
 
-    async def create(self, app_id: str, *, new: bool = False) -> Instance:
+    async def create(
+        self, app_id: str, *, new: bool = False, instance_id: str | None = None
+    ) -> Instance:
         """Reuse the app's live instance unless ``new``, else a warm-pool one, else spawn one and
-        walk it `installed → … → started`."""
+        walk it `installed → … → started`. ``instance_id`` brings back a given instance (same id,
+        same runtime data), as an update does after replacing the app."""
         if not new:
             live = [i for i in self.of_app(app_id) if not i.pooled and i.state is not S.ERROR]
             if live:
@@ -163,20 +166,22 @@ class LifecycleManager:
             pooled = self._claim_pooled(app_id)
             if pooled is not None:
                 return pooled
-        instance = self._new_instance(app_id)
+        instance = self._new_instance(app_id, instance_id)
         async with instance.lock:
             await self._boot(instance)
         return instance
 
-    def _new_instance(self, app_id: str) -> Instance:
+    def _new_instance(self, app_id: str, wanted: str | None = None) -> Instance:
         copy = self._registry.get(app_id)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
         taken = {i.id for i in self._instances.values()}
+        if wanted is not None and (wanted in taken or not wanted.startswith(f"{app_id}-")):
+            raise InvalidRequest(f"instance id {wanted!r} is taken or not one of {app_id}'s")
         n = 1
         while f"{app_id}-{n}" in taken:
             n += 1
-        instance_id = f"{app_id}-{n}"
+        instance_id = wanted or f"{app_id}-{n}"
         instance = Instance(
             id=instance_id,
             app_id=app_id,

@@ -153,3 +153,21 @@ def test_a_masking_install_restarts_running_instances_on_the_new_copy(
     restarted = api.get(f"/api/instances/{instance['instanceId']}").json()
     assert (restarted["scope"], restarted["state"]) == ("user", "started")
     assert dist_shell.shell.lifecycle.get(instance["instanceId"]).manifest.version == "3.0.0"
+
+
+def test_an_update_brings_each_instance_back_under_its_own_id_and_data(
+    api: httpx.Client, make_app: MakeApp, home: Path
+) -> None:
+    source = make_app(APP)
+    installed_ok(api, f"local:{source}")
+    first = api.post("/api/instances", json={"appId": APP, "new": True}).json()["instanceId"]
+    second = api.post("/api/instances", json={"appId": APP, "new": True}).json()["instanceId"]
+    assert api.delete(f"/api/instances/{first}").status_code == 200
+    data = home / "scopes/global/apps" / APP / second
+    wait_for(data.is_dir, "the second instance's runtime data directory")
+    (data / "mine.txt").write_text("second's")
+    write_manifest(source, version="1.2.0")
+    assert api.post(f"/api/dist/update/{APP}", json={"autoApprove": True}).json()["ok"] is True
+    listed = [i["instanceId"] for i in api.get("/api/instances").json() if i["appId"] == APP]
+    assert listed == [second]
+    assert (data / "mine.txt").read_text() == "second's"
