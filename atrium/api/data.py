@@ -36,7 +36,7 @@ NON_CANONICAL: Final = re.compile(
     rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|\x00", re.IGNORECASE
 )
 DROPPED: Final = HOP_BY_HOP | {"host", "authorization", "cookie", "content-length"}
-DROPPED_RESPONSE: Final = HOP_BY_HOP | {"set-cookie", "set-cookie2", "content-length"}
+DROPPED_RESPONSE: Final = HOP_BY_HOP | {"set-cookie", "set-cookie2", "content-length", "date"}
 TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_read=UPSTREAM_TIMEOUT)
 
 

@@ -42,16 +42,32 @@ HOP_BY_HOP: Final = frozenset(
 )
 #: request headers never passed to an app: the shell's credentials and what the shell sets itself
 DROPPED_REQUEST: Final = HOP_BY_HOP | {"host", "authorization", "cookie", "content-length"}
+SHELL_COOKIE_PREFIX: Final = "atrium_"
+
+
+def app_cookies(header: str) -> str:
+    """The app's own cookies from a `Cookie` header: the shell's (`atrium_*`) are taken out."""
+    kept = [
+        c.strip()
+        for c in header.split(";")
+        if c.strip() and not c.strip().startswith(SHELL_COOKIE_PREFIX)
+    ]
+    return "; ".join(kept)
 
 
 def request_headers(request: Request, shell_headers: Mapping[str, str]) -> dict[str, str]:
-    """Inbound headers minus hop-by-hop, credentials and every `X-Os-*`, plus the shell's own."""
+    """Inbound headers minus hop-by-hop, credentials and every `X-Os-*`, plus the shell's own.
+
+    Cookies on an app's origin are the app's own and reach it, without the shell's view cookie.
+    """
     out: dict[str, str] = {}
     for name, value in request.headers.items():
         lower = name.lower()
         if lower in DROPPED_REQUEST or lower.startswith("x-os-"):
             continue
         out[name] = value
+    if cookies := app_cookies(request.headers.get("cookie", "")):
+        out["Cookie"] = cookies
     out.update(shell_headers)
     return out
 
@@ -60,7 +76,8 @@ def response_headers(upstream: aiohttp.ClientResponse, drop_length: bool) -> lis
     out: list[tuple[str, str]] = []
     for name, value in upstream.headers.items():
         lower = name.lower()
-        if lower in HOP_BY_HOP or (drop_length and lower == "content-length"):
+        # the server adds its own Date: a second one from the app would be a protocol error
+        if lower in HOP_BY_HOP or lower == "date" or (drop_length and lower == "content-length"):
             continue
         out.append((name, value))
     return out

@@ -185,3 +185,21 @@ def test_a_page_of_an_instance_that_is_not_serving_is_a_503_that_retries(
         page = client.get("/")
     assert page.status_code == 503
     assert page.headers["retry-after"] == "1"
+
+
+def test_the_apps_own_cookies_reach_it_without_the_shells(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    instance, _ = open_view(api, "test.plain.stdlib")
+    iid = instance["instanceId"]
+    echoed = api.get(
+        f"/api/proxy/{iid}/api/data/items",
+        headers={"Cookie": "theirs=1; atrium_view=abc; atrium_session=secret"},
+    )
+    assert echoed.status_code == 200
+    assert echoed.json()["cookie"] == "theirs=1"
+    assert len(echoed.headers.get_list("date")) == 1
+    api.post(f"/api/instances/{iid}/resumed")
+    via_data_proxy = api.get("/api/data/plain/items", headers={"Cookie": "theirs=1"})
+    assert via_data_proxy.status_code == 200
+    assert via_data_proxy.json()["cookie"] is None  # the data API is not a cookie channel

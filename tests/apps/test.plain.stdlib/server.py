@@ -64,6 +64,7 @@ class Handler(BaseHTTPRequestHandler):
                     "body": body.decode("utf-8", "replace"),
                     "callerAppId": self.headers.get("X-Os-Caller-App-Id"),
                     "permission": self.headers.get("X-Os-Permission"),
+                    "cookie": self.headers.get("Cookie"),
                 },
             )
         else:
