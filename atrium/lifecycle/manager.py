@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
-import shutil
-import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
-from atrium import lifecycle
 from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
@@ -38,8 +33,16 @@ from atrium.lifecycle.instance import Activity, Instance, View
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec
 from atrium.lifecycle.runners.bwrap import classify_early_exit
+from atrium.lifecycle.spawning import (
+    app_environment,
+    interpreter_paths,
+    log_tail,
+    port_answers,
+    resolve_argv,
+)
 from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, InstanceState
-from atrium.registry import AppCopy, AppRegistry
+from atrium.lifecycle.views import ViewDesk
+from atrium.registry import AppRegistry
 from atrium.scopes import ScopeLayout
 from atrium.upstream import UpstreamClient
 
@@ -47,7 +50,6 @@ _LOGGER = logging.getLogger(__name__)
 S = InstanceState
 STOP_GRACE: Final = 3.0
 SLUG_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
-TICKET_TTL: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,28 +64,6 @@ class LifecycleConfig:
 
 def new_slug() -> str:
     return "".join(secrets.choice(SLUG_ALPHABET) for _ in range(12))
-
-
-def interpreter_paths() -> tuple[Path, ...]:
-    """What the shell's interpreter needs inside a sandbox so SDK apps import `atrium`."""
-    package_dir = Path(lifecycle.__file__).resolve().parent.parent
-    return tuple(dict.fromkeys(Path(p) for p in (sys.prefix, sys.base_prefix, package_dir)))
-
-
-def resolve_argv(copy: AppCopy) -> list[str]:
-    """The entrypoint as argv: `python3`/`python` is the shell's own interpreter (so apps can use
-    the SDK); a bare command is looked up on PATH; a string entrypoint is a file of the app."""
-    manifest = copy.manifest
-    if manifest is None:
-        raise ValueError(f"{copy.id} has no valid manifest")
-    if isinstance(manifest.entrypoint, str):
-        return [str(copy.path / manifest.entrypoint)]
-    argv = list(manifest.entrypoint)
-    if argv[0] in {"python3", "python"}:
-        argv[0] = sys.executable
-    elif "/" not in argv[0]:
-        argv[0] = shutil.which(argv[0]) or argv[0]
-    return argv
 
 
 class LifecycleManager:
@@ -110,7 +90,7 @@ class LifecycleManager:
         self._instances: dict[str, Instance] = {}
         self._by_slug: dict[str, Instance] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._tickets: dict[str, tuple[str, str, float]] = {}
+        self._views = ViewDesk()
         self._closing = False
 
     async def __aenter__(self) -> Self:
@@ -227,7 +207,15 @@ class LifecycleManager:
             instance_id=instance.id,
             app_dir=copy.path,
             argv=resolve_argv(copy),
-            env=self._environment(instance),
+            env=app_environment(
+                app_id=instance.app_id,
+                instance_id=instance.id,
+                host=self._config.app_host,
+                port=port,
+                shell_url=self._config.shell_url,
+                token=instance.token,
+                secret=instance.secret,
+            ),
             data_dir=instance.data_dir,
             host=self._config.app_host,
             port=port,
@@ -254,7 +242,7 @@ class LifecycleManager:
         except ChildExited as err:
             cause = classify_early_exit(instance.log_path, err.code)
             raise await self._fail_spawn(
-                instance, f"{err} ({self._log_tail(instance)})", cause
+                instance, f"{err} ({log_tail(instance.log_path)})", cause
             ) from err
         except HealthMismatch as err:
             raise await self._fail_spawn(instance, str(err), "identity") from err
@@ -263,7 +251,7 @@ class LifecycleManager:
                 instance,
                 f"/health did not answer within {copy.manifest.start_timeout_ms} ms on port "
                 f"{port}: the app must listen on OS_PORT and answer /health",
-                "port" if not await self._port_answers(instance) else "timeout",
+                "port" if not await port_answers(instance.host, port) else "timeout",
             ) from err
         finally:
             if not exited.done():
@@ -278,42 +266,6 @@ class LifecycleManager:
         if instance.state is S.CREATING:
             instance.enter(S.ERROR)
         return SpawnFailed(instance.error, app_id=instance.app_id, cause=cause)
-
-    async def _port_answers(self, instance: Instance) -> bool:
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(instance.host, instance.port), 1.0
-            )
-        except (OSError, TimeoutError):
-            return False
-        writer.close()
-        return True
-
-    def _log_tail(self, instance: Instance, lines: int = 5) -> str:
-        try:
-            text = instance.log_path.read_text(errors="replace") if instance.log_path else ""
-        except OSError:
-            return "no log"
-        tail = " | ".join(text.strip().splitlines()[-lines:])
-        return f"log: {tail}" if tail else "the log is empty"
-
-    def _environment(self, instance: Instance) -> dict[str, str]:
-        if instance.port is None or instance.token is None:
-            raise RuntimeError(f"{instance.id} has no port or token yet")
-        return {
-            "OS_APP_ID": instance.app_id,
-            "OS_INSTANCE_ID": instance.id,
-            "OS_HOST": self._config.app_host,
-            "OS_PORT": str(instance.port),
-            "PORT": str(instance.port),
-            "OS_SHELL_URL": self._config.shell_url,
-            "OS_APP_TOKEN": instance.token,
-            "OS_SHELL_SECRET": instance.secret,
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "LANG": "C.UTF-8",
-        }
 
     async def _watch(self, instance: Instance) -> None:
         """Crash detection: the child's exit while the shell did not ask for it."""
@@ -588,31 +540,13 @@ class LifecycleManager:
             raise LifecycleTransitionError(
                 instance.id, instance.state, S.RESUMING, app_id=instance.app_id
             )
-        view = View(
-            id=secrets.token_hex(6), cookie=secrets.token_urlsafe(24), path=path, client=client
-        )
-        instance.views[view.id] = view
-        ticket = secrets.token_urlsafe(24)
-        self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
-        return view, ticket
+        return self._views.issue(instance, path, client)
 
     def redeem_ticket(self, slug: str, ticket: str) -> View | None:
-        """Trade a ticket for its view, once; None when unknown, used, expired or for another
-        instance."""
-        entry = self._tickets.pop(ticket, None)
-        instance = self._by_slug.get(slug)
-        if entry is None or instance is None:
-            return None
-        instance_id, view_id, expires = entry
-        if instance_id != instance.id or time.monotonic() > expires:
-            return None
-        return instance.views.get(view_id)
+        return self._views.redeem(self._by_slug.get(slug), ticket)
 
     def view_for_cookie(self, instance: Instance, cookie: str) -> View | None:
-        for view in instance.views.values():
-            if secrets.compare_digest(view.cookie, cookie):
-                return view
-        return None
+        return self._views.for_cookie(instance, cookie)
 
     async def release_client_views(self, client: str) -> None:
         """Release every view held by a host page that has gone away."""
