@@ -52,12 +52,11 @@ class AtriumApp:
 def create_app(settings: Settings, user_token: str) -> AtriumApp:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # open_shell closes the bus (ending every stream) on the way out; the server's own
+        # shutdown closes it first, so open streams never hold up the graceful shutdown
         async with open_shell(settings, user_token) as shell:
             app.state.shell = shell
-            try:
-                yield
-            finally:
-                shell.bus.close()
+            yield
 
     def current_shell() -> Shell | None:
         shell: Shell | None = getattr(app.state, "shell", None)

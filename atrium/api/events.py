@@ -67,9 +67,7 @@ async def serve_events(
         last_id = parse_last_event_id(
             request.headers.get("last-event-id") or request.query_params.get("lastEventId")
         )
-        client = request.query_params.get("client")
-        if client is not None and not shell.presence.is_client_id(client):
-            raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
+        client = shell.presence.client_id(request.query_params.get("client"))
     except AtriumError as err:
         await error_response(err)(scope, receive, send)
         return

@@ -127,9 +127,8 @@ async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await request.body() else ViewBody()
     instance = shell.lifecycle.get(request.path_params["instance_id"])
-    if body.client is not None and not shell.presence.is_client_id(body.client):
-        raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
-    view, ticket = shell.lifecycle.create_view(instance.id, body.path, body.client)
+    client = shell.presence.client_id(body.client)
+    view, ticket = shell.lifecycle.create_view(instance.id, body.path, client)
     url = origin_url(shell, instance, "/_os/enter")
     return JSONResponse(
         {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}

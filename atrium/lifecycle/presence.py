@@ -10,6 +10,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from atrium.errors import InvalidRequest
+
 _LOGGER = logging.getLogger(__name__)
 CLIENT_RE: Final = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
@@ -25,8 +27,11 @@ class Presence:
         self._timers: dict[str, asyncio.Task[None]] = {}
 
     @staticmethod
-    def is_client_id(value: str) -> bool:
-        return CLIENT_RE.fullmatch(value) is not None
+    def client_id(value: str | None) -> str | None:
+        """``value`` when it is a valid host-page client id (or None); else 400."""
+        if value is not None and CLIENT_RE.fullmatch(value) is None:
+            raise InvalidRequest("client must be 8-64 letters, digits, '-' or '_'")
+        return value
 
     def connected(self, client: str) -> None:
         self._streams[client] = self._streams.get(client, 0) + 1
