@@ -83,16 +83,24 @@ def frame(item: ProgressEvent) -> bytes:
 
 
 async def stream(events: AsyncGenerator[ProgressEvent, None]) -> AsyncIterator[bytes]:
+    """The events as frames. The `result` frame goes last, once the pipeline has finished: a
+    client that answers it at once (approve, deny) must not find the app still locked."""
+    held: ProgressEvent | None = None
     async with aclosing(events):
         try:
             async for item in events:
-                yield frame(item)
+                if item["type"] == RESULT:
+                    held = item
+                else:
+                    yield frame(item)
         except AtriumError as err:
             _LOGGER.info("distribution stream ended with %s: %s", err.code, err.message)
             yield frame({"type": ERROR, **err.to_body()["error"]})
         except Exception:
             _LOGGER.exception("distribution stream failed")
             yield frame({"type": ERROR, **INTERNAL})
+    if held is not None:
+        yield frame(held)
 
 
 async def collect(events: AsyncGenerator[ProgressEvent, None]) -> Response:

@@ -162,3 +162,20 @@ def test_preview_returns_the_diff_and_installs_nothing(api: httpx.Client, asking
     events = sse(api, "POST", "/api/dist/install/preview", json={"ref": f"local:{asking}"})
     assert [e["type"] for e in events][-2:] == ["validate.done", "result"]
     assert json.dumps(events[-1]["diff"]) == json.dumps(answer["diff"])
+
+
+def test_an_answer_posted_the_moment_the_result_arrives_finds_the_app_unlocked(
+    api: httpx.Client, asking: Path
+) -> None:
+    for _ in range(5):
+        with api.stream("POST", "/api/dist/install", json={"ref": f"local:{asking}"},
+                        headers={"Accept": "text/event-stream"}) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line == "event: result":
+                    next(lines)  # its data line: answer now, before reading the stream's end
+                    break
+            denied = api.post("/api/dist/install",
+                              json={"ref": f"local:{asking}", "approve": False})
+        assert denied.status_code == 403
+        assert denied.json()["error"]["code"] == "approval_denied"
