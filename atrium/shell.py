@@ -14,9 +14,9 @@ from pathlib import Path
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
-from atrium.dist.index import IndexClient
-from atrium.dist.install import recover
-from atrium.dist.pipeline import Distribution
+from atrium.distribution.index import IndexClient
+from atrium.distribution.install import recover
+from atrium.distribution.pipeline import Distribution
 from atrium.events import APP_INSTALLED, APP_REMOVED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth

@@ -21,11 +21,11 @@ import time
 from contextlib import aclosing
 from pathlib import Path
 
-from atrium.dist.fetchers import ResolvedRef
-from atrium.dist.fetchers.oci import OciFetcher
-from atrium.dist.oci import push_app, resolve_oci
-from atrium.dist.pipeline import Approval
-from atrium.dist.refs import OciRef, parse_ref
+from atrium.distribution.fetchers import ResolvedRef
+from atrium.distribution.fetchers.oci import OciFetcher
+from atrium.distribution.oci import push_app, resolve_oci
+from atrium.distribution.pipeline import Approval
+from atrium.distribution.refs import OciRef, parse_ref
 from atrium.identity import new_token
 from atrium.scopes import Scope
 from atrium.settings import Settings

@@ -21,9 +21,9 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
-from atrium.dist.fetchers import ProgressEvent
-from atrium.dist.pipeline import Approval
-from atrium.dist.refs import parse_ref
+from atrium.distribution.fetchers import ProgressEvent
+from atrium.distribution.pipeline import Approval
+from atrium.distribution.refs import parse_ref
 from atrium.errors import AtriumError, InvalidRequest
 from atrium.events import ERROR, RESULT
 from atrium.identity import Caller

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
 from atrium.api.dist import SSE_HEADERS, stream
-from atrium.dist.publish import Publisher, PublishEvent
+from atrium.distribution.publish import Publisher, PublishEvent
 from atrium.events import PUBLISH_DONE
 from atrium.identity import Caller
 

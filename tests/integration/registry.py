@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 import bcrypt
 import httpx
 
-from atrium.dist.refs import OciRef
+from atrium.distribution.refs import OciRef
 
 BINARY: Final = "/usr/bin/docker-registry"
 DEADLINE: Final = 20.0

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from atrium.dist import artifact
-from atrium.dist.fetchers import ProgressEvent, ResolvedRef
-from atrium.dist.fetchers.oci import OciFetcher
-from atrium.dist.oci import push_app, push_artifact, resolve_oci
-from atrium.dist.ociclient import RegistryClient
-from atrium.dist.refs import OciRef
+from atrium.distribution import artifact
+from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
+from atrium.distribution.fetchers.oci import OciFetcher
+from atrium.distribution.oci import push_app, push_artifact, resolve_oci
+from atrium.distribution.ociclient import RegistryClient
+from atrium.distribution.refs import OciRef
 from atrium.errors import FetchFailed
 from tests.integration.registry import Registry, running_registry, write_docker_config
 from tests.integration.tars import Member, app_dir, crafted_layer, tree_of

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from atrium.dist.fetchers import ResolvedRef
-from atrium.dist.fetchers.oci import OciFetcher
-from atrium.dist.oci import resolve_oci
-from atrium.dist.publish import Publisher, PublishEvent
-from atrium.dist.refs import OciRef
+from atrium.distribution.fetchers import ResolvedRef
+from atrium.distribution.fetchers.oci import OciFetcher
+from atrium.distribution.oci import resolve_oci
+from atrium.distribution.publish import Publisher, PublishEvent
+from atrium.distribution.refs import OciRef
 from atrium.errors import InvalidRequest, ManifestInvalid, UpstreamFailed
 from atrium.events import DIST_PUBLISH_COMPLETE, DIST_PUBLISH_DONE, DIST_PUBLISH_PROGRESS
 from tests.integration.registry import Registry, running_registry

@@ -1,0 +1,79 @@
+"""Fetchers bring a resolved source into a staging directory (spec "Install pipeline stages").
+
+The contract (every fetcher: `oci`, `git`, `local`):
+
+- ``fetch(resolved, staging)`` is an async generator. It writes the app tree into
+  ``staging / resolved.dir_name`` (a directory that does not exist yet; ``staging`` is on the same
+  filesystem as the scope), yielding progress events as it goes: OCI yields
+  ``{"type": "fetch.progress", "done": <bytes>, "total": <bytes>, "digest": <blob>}`` several
+  times per blob larger than one chunk; git and local yield nothing (the pipeline itself emits
+  ``fetch.start`` and ``fetch.done``).
+- Failures raise ``atrium.errors.FetchFailed(ref, reason)`` (network, credentials, missing ref,
+  digest mismatch, unsafe archive). A partly written tree may be left in ``staging``: the
+  pipeline removes the whole staging directory.
+- The fetched tree holds exactly what was resolved: ``resolved.digest`` is verified where the
+  source can be (OCI blobs and manifest; git commit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from atrium.distribution.refs import Ref
+
+Source = Literal["oci", "git", "local"]
+ProgressEvent = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRef:
+    """Spec "ResolvedRef": where the source is and what it resolves to now."""
+
+    source: Source
+    #: what to fetch: the OCI ref pinned by digest, the git URL, or the local path
+    address: str
+    #: OCI manifest digest, git commit id, or a content hash of the local directory
+    digest: str
+    #: the ref as the user gave it (after index resolution for bare ids: the chosen source ref)
+    ref: Ref
+    #: the name the manifest id must equal (decisions.md "Distribution")
+    dir_name: str
+    channel: str | None = None
+    #: git: the branch or tag to clone
+    git_ref: str | None = None
+    manifest_preview: Mapping[str, Any] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "address": self.address,
+            "digest": self.digest,
+            "channel": self.channel,
+            "ref": str(self.ref),
+            "manifestPreview": dict(self.manifest_preview) if self.manifest_preview else None,
+        }
+
+
+class Fetcher(Protocol):
+    """Fetches one kind of source (see the module docstring for the contract)."""
+
+    def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]: ...
+
+
+def fetcher_for(resolved: ResolvedRef, docker_config: Path | None = None) -> Fetcher:
+    """The fetcher of ``resolved.source``; imported on demand so one back-end's dependencies
+    never load for another."""
+    if resolved.source == "local":
+        from atrium.distribution.fetchers.local import LocalFetcher
+
+        return LocalFetcher()
+    if resolved.source == "git":
+        from atrium.distribution.fetchers.git import GitFetcher
+
+        return GitFetcher()
+    from atrium.distribution.fetchers.oci import OciFetcher
+
+    return OciFetcher(docker_config)

@@ -1,0 +1,43 @@
+"""The local fetcher: a recursive copy of a directory on the shell's machine into staging.
+
+Links that leave the directory, devices, FIFOs and sockets are refused; `.git` is not copied. The
+copy is hashed again, so what is installed is exactly what was resolved (and approved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Final
+
+from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
+from atrium.distribution.tree import UnsafeTree, content_hash, copy_tree
+from atrium.errors import FetchFailed
+
+NO_PROGRESS: Final[tuple[ProgressEvent, ...]] = ()
+
+
+def _copy(source: Path, target: Path) -> str:
+    copy_tree(source, target)
+    return content_hash(target)
+
+
+class LocalFetcher:
+    """Copies ``resolved.address`` (an absolute directory) into ``staging / dir_name``."""
+
+    async def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]:
+        source = Path(resolved.address)
+        try:
+            digest = await asyncio.to_thread(_copy, source, staging / resolved.dir_name)
+        except UnsafeTree as err:
+            raise FetchFailed(str(resolved.ref), f"unsafe directory content: {err}") from err
+        except OSError as err:
+            raise FetchFailed(str(resolved.ref), f"copying {source} failed: {err}") from err
+        if digest != resolved.digest:
+            raise FetchFailed(
+                str(resolved.ref),
+                "the directory changed while it was being installed; try again",
+            )
+        for event in NO_PROGRESS:  # local yields no progress (spec Distribution API rule 3)
+            yield event

@@ -1,0 +1,315 @@
+"""The index: a catalogue of installable apps fetched from ``ATRIUM_INDEX_URL`` and cached on disk.
+
+The document is ``{schema: 1, apps: [IndexEntry]}`` with the spec's own keys (decisions.md
+"Distribution"). Entries are validated one by one: a bad entry is reported in ``problems`` and left
+out, never fatal. The cache (``$ATRIUM_HOME/cache/index.json``) keeps the document with its fetch
+time; it is stale after ``ttl`` seconds. Fetching uses urllib in a worker thread: one code path for
+``file://`` and ``http(s)://``, no session to own for a request made once an hour, and no
+compressed-body surprises from the proxy's pass-through client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from atrium.distribution.records import write_atomic
+from atrium.distribution.refs import (
+    APP_ID_RE,
+    CHANNEL_RE,
+    GIT_REF_RE,
+    TAG_RE,
+    GitRef,
+    OciRef,
+    parse_ref,
+)
+from atrium.errors import BadRef, FetchFailed, NotFound
+
+_LOGGER = logging.getLogger(__name__)
+DEFAULT_TTL: Final = 3600.0
+MAX_INDEX_BYTES: Final = 8 << 20
+FETCH_TIMEOUT: Final = 15.0
+SCHEMA: Final = 1
+DEFAULT_CHANNEL: Final = "stable"
+
+
+class _IndexPart(BaseModel):
+    """Index sub-objects: strict types, the spec's hyphenated keys, unknown keys kept."""
+
+    model_config = ConfigDict(
+        strict=True, extra="allow", frozen=True, validate_by_name=True, validate_by_alias=True
+    )
+
+
+def oci_source(raw: str) -> OciRef:
+    """An index's OCI source: ``oci://host/repo`` or ``host/repo`` (the channel gives the tag)."""
+    ref = parse_ref(raw if raw.startswith("oci://") else f"oci://{raw}")
+    if not isinstance(ref, OciRef) or ref.digest:
+        raise ValueError(f"{raw!r} is not an OCI repository (host/repo, without a digest)")
+    return ref
+
+
+def git_source(raw: str) -> GitRef:
+    """An index's git source: any git ref form without ``#ref`` (the channel gives the tag)."""
+    ref = parse_ref(raw)
+    if not isinstance(ref, GitRef) or ref.ref:
+        raise ValueError(f"{raw!r} is not a git repository URL (without #ref)")
+    return ref
+
+
+class GitSource(_IndexPart):
+    """``sources.git``."""
+
+    ref: str
+    default_branch: str | None = Field(default=None, alias="default-branch")
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str) -> str:
+        try:
+            git_source(value)
+        except BadRef as err:
+            raise ValueError(err.message) from err
+        return value
+
+
+class OciSource(_IndexPart):
+    """``sources.oci``."""
+
+    ref: str
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str) -> str:
+        try:
+            oci_source(value)
+        except BadRef as err:
+            raise ValueError(err.message) from err
+        return value
+
+
+class Sources(_IndexPart):
+    """``sources``: at least one of git and oci."""
+
+    git: GitSource | None = None
+    oci: OciSource | None = None
+
+
+class Channel(_IndexPart):
+    """``channels.<name>``: the tag of each source for that channel."""
+
+    git_tag: str | None = Field(default=None, alias="git-tag")
+    oci_tag: str | None = Field(default=None, alias="oci-tag")
+
+    @field_validator("git_tag")
+    @classmethod
+    def _git_tag(cls, value: str | None) -> str | None:
+        if value is not None and (not GIT_REF_RE.fullmatch(value) or ".." in value):
+            raise ValueError(f"{value!r} is not a git tag name")
+        return value
+
+    @field_validator("oci_tag")
+    @classmethod
+    def _oci_tag(cls, value: str | None) -> str | None:
+        if value is not None and not TAG_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not an OCI tag")
+        return value
+
+
+class IndexEntry(_IndexPart):
+    """Spec "Index entry"."""
+
+    id: str
+    name: str
+    description: str = ""
+    publisher: str = ""
+    categories: list[str] = Field(default_factory=list)
+    sources: Sources
+    channels: dict[str, Channel] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not APP_ID_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a reverse-domain app id")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: Sources) -> Sources:
+        if value.git is None and value.oci is None:
+            raise ValueError("an entry needs sources.git or sources.oci")
+        return value
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, value: dict[str, Channel]) -> dict[str, Channel]:
+        for name, channel in value.items():
+            if not CHANNEL_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is not a channel name")
+            if channel.git_tag is None and channel.oci_tag is None:
+                raise ValueError(f"channel {name!r} names neither a git-tag nor an oci-tag")
+        return value
+
+
+def parse_index(document: object) -> tuple[dict[str, IndexEntry], list[dict[str, Any]]]:
+    """Valid entries by id, and one problem ``{position, id, field, message}`` per bad entry.
+
+    Raises ValueError when the document itself is not an index.
+    """
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise ValueError(f"not an index document ({{schema: {SCHEMA}, apps: [...]}})")
+    apps = document.get("apps")
+    if not isinstance(apps, list):
+        raise ValueError("the index has no 'apps' list")
+    entries: dict[str, IndexEntry] = {}
+    problems: list[dict[str, Any]] = []
+    for position, raw in enumerate(apps):
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        try:
+            entry = IndexEntry.model_validate(raw)
+        except ValidationError as err:
+            for e in err.errors(include_url=False):
+                where = ".".join(str(p) for p in e["loc"]) or "(entry)"
+                message = e["msg"].removeprefix("Value error, ")
+                problems.append(
+                    {"position": position, "id": raw_id, "field": where, "message": message}
+                )
+            continue
+        if entry.id in entries:
+            message = f"duplicate id {entry.id!r}: the first entry is kept"
+            problems.append(
+                {"position": position, "id": entry.id, "field": "id", "message": message}
+            )
+            continue
+        entries[entry.id] = entry
+    return entries, problems
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSnapshot:
+    """One fetched index: the valid entries, the problems, and when it was fetched."""
+
+    url: str | None
+    fetched_at: datetime | None
+    entries: dict[str, IndexEntry] = field(default_factory=dict)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+
+    def age(self) -> float | None:
+        if self.fetched_at is None:
+            return None
+        return (datetime.now(UTC) - self.fetched_at).total_seconds()
+
+    def wire(self, ttl: float) -> dict[str, Any]:
+        age = self.age()
+        apps = [
+            e.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for e in self.entries.values()
+        ]
+        return {
+            "index": {"schema": SCHEMA, "apps": apps},
+            "url": self.url,
+            "fetchedAt": self.fetched_at.isoformat().replace("+00:00", "Z")
+            if self.fetched_at
+            else None,
+            "stale": age is not None and age >= ttl,
+            "refreshAfterSeconds": None if age is None else max(0, round(ttl - age)),
+            "problems": self.problems,
+        }
+
+
+def _download(url: str) -> bytes:
+    """Blocking: the index document's bytes (file:// or http(s)://)."""
+    if not url.startswith(("file://", "http://", "https://")):
+        raise FetchFailed(url, "the index URL must be file://, http:// or https://")
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - scheme checked above
+    try:
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:  # noqa: S310
+            data: bytes = response.read(MAX_INDEX_BYTES + 1)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        raise FetchFailed(url, f"the index could not be fetched: {err}") from err
+    if len(data) > MAX_INDEX_BYTES:
+        raise FetchFailed(url, f"the index is larger than {MAX_INDEX_BYTES} bytes")
+    return data
+
+
+class IndexClient:
+    """Fetches, validates and caches the index; answers entries for bare-id installs."""
+
+    def __init__(self, url: str | None, cache_path: Path, ttl: float = DEFAULT_TTL) -> None:
+        self.url = url
+        self.ttl = ttl
+        self._cache_path = cache_path
+        self._snapshot: IndexSnapshot | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, refresh: bool = False) -> IndexSnapshot:
+        """The cached index (fetched when there is none yet, or when ``refresh``)."""
+        if self.url is None:
+            return IndexSnapshot(None, None)
+        async with self._lock:
+            if self._snapshot is None:
+                self._snapshot = await asyncio.to_thread(self._load_cache)
+            if refresh or self._snapshot is None:
+                self._snapshot = await self._fetch(self.url)
+            return self._snapshot
+
+    async def entry(self, app_id: str) -> IndexEntry:
+        """The entry for a bare-id install: from a fresh cache, else refetched; a stale cache is
+        used (with a warning) when the index cannot be reached."""
+        if self.url is None:
+            raise NotFound(
+                "index entry",
+                app_id,
+                f"no index is configured, so {app_id!r} cannot be installed by id: set "
+                "ATRIUM_INDEX_URL (or serve --index-url), or install by oci://, git or local: ref",
+            )
+        snapshot = await self.get()
+        age = snapshot.age()
+        if age is None or age >= self.ttl:
+            try:
+                snapshot = await self.get(refresh=True)
+            except FetchFailed as err:
+                _LOGGER.warning("using the stale cached index: %s", err.message)
+        entry = snapshot.entries.get(app_id)
+        if entry is None:
+            raise NotFound("index entry", app_id, f"the index has no app {app_id!r}")
+        return entry
+
+    async def _fetch(self, url: str) -> IndexSnapshot:
+        data = await asyncio.to_thread(_download, url)
+        try:
+            document = json.loads(data)
+            entries, problems = parse_index(document)
+        except (ValueError, RecursionError) as err:
+            raise FetchFailed(url, f"the index is not valid: {err}") from err
+        fetched_at = datetime.now(UTC).replace(microsecond=0)
+        cache = {"url": url, "fetchedAt": fetched_at.isoformat(), "document": document}
+        await asyncio.to_thread(write_atomic, self._cache_path, json.dumps(cache).encode())
+        _LOGGER.info(
+            "index fetched from %s: %d apps, %d problems", url, len(entries), len(problems)
+        )
+        return IndexSnapshot(url, fetched_at, entries, problems)
+
+    def _load_cache(self) -> IndexSnapshot | None:
+        try:
+            cache = json.loads(self._cache_path.read_bytes())
+            if cache.get("url") != self.url:
+                return None
+            entries, problems = parse_index(cache["document"])
+            fetched_at = datetime.fromisoformat(cache["fetchedAt"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            _LOGGER.warning("ignoring the unreadable index cache %s: %s", self._cache_path, err)
+            return None
+        return IndexSnapshot(self.url, fetched_at, entries, problems)

@@ -1,0 +1,274 @@
+"""The install stage: the staged tree goes into place atomically with its runtime data, the record
+is written, the scope repository gets one commit; uninstall likewise; recovery at start.
+
+Every step is journaled first (atrium.distribution.journal). Until the commit, a failure undoes everything
+(InstallFailed: nothing changed on disk); after a crash, `recover` finishes an operation whose new
+state is in place and undoes any other, so the scope always holds the old or the new version with
+its data, and the scope repository is clean. Knows nothing of instances: the pipeline stops them
+before and restarts them after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from atrium.distribution.journal import Journal, JournalStore, Step, faultpoint, inode
+from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore, sync_dir
+from atrium.distribution.swap import exchange, move_new
+from atrium.distribution.validate import runtime_dir_re
+from atrium.errors import InstallFailed
+from atrium.git import GitError, ScopeRepo, run_git
+from atrium.scopes import Scope, ScopeLayout
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class InstallPlan:
+    """What the install stage does: put ``staged`` in place as ``record`` describes."""
+
+    op: Literal["install", "update"]
+    staged: Path
+    record: InstallRecord
+    message: str
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(self.record.scope)
+
+
+def app_paths(app_id: str) -> tuple[str, str]:
+    """What one operation changes in the scope repository: the app directory and its record."""
+    return f"apps/{app_id}", f"{RECORDS_DIR}/{app_id}.json"
+
+
+async def commit_app(repo: ScopeRepo, app_id: str, message: str) -> bool:
+    """Commit the app directory and record of ``app_id`` as one commit, and nothing else (another
+    app's operation may be half-way in the same scope); False when they hold no change, which is
+    also how recovery knows an interrupted operation was already committed."""
+    async with repo.lock:
+        listed = await run_git("ls-files", "-z", "--", *app_paths(app_id), cwd=repo.root)
+        files = listed.split("\0")
+        paths = [
+            p
+            for p in app_paths(app_id)
+            if any(f == p or f.startswith(f"{p}/") for f in files)
+            or await asyncio.to_thread(os.path.lexists, repo.root / p)
+        ]
+        if not paths:
+            return False
+        await run_git("add", "--all", "--", *paths, cwd=repo.root)
+        status = await run_git("status", "--porcelain", "--", *paths, cwd=repo.root)
+        if not status.strip():
+            return False
+        await run_git("commit", "--quiet", "-m", message, "--", *paths, cwd=repo.root)
+        return True
+
+
+class Installer:
+    """Moves trees into and out of the mutable scopes; one operation per app at a time (the
+    pipeline's lock)."""
+
+    def __init__(
+        self, layout: ScopeLayout, repos: Mapping[Scope, ScopeRepo], records: RecordStore
+    ) -> None:
+        self._layout = layout
+        self._repos = repos
+        self._records = records
+        self.journals = JournalStore(layout)
+
+    # -- install ----------------------------------------------------------------------------------
+
+    async def install(self, plan: InstallPlan) -> None:
+        """Raises InstallFailed (after undoing every step) when the disk or git fails."""
+        scope, app_id = plan.scope, plan.record.id
+        old = self._records.get(scope, app_id)
+        journal = Journal(
+            op=plan.op,
+            op_id=plan.staged.parent.name,
+            app_id=app_id,
+            scope=scope,
+            target=self._layout.app_dir(scope, app_id),
+            staged=plan.staged,
+            inode=plan.staged.stat().st_ino,
+            record=plan.record.wire(),
+            old_record=old.wire() if old else None,
+            message=plan.message,
+        )
+        try:
+            await asyncio.to_thread(self._swap_in, journal)
+            await asyncio.to_thread(self._records.put, plan.record)
+            faultpoint("record")
+            await commit_app(self._repos[scope], app_id, plan.message)
+            faultpoint("commit")
+        except (OSError, GitError) as err:
+            _LOGGER.warning("install of %s into %s failed, undoing it: %s", app_id, scope, err)
+            await self._undo(journal)
+            raise InstallFailed(app_id, str(err)) from err
+        await asyncio.to_thread(self._clean_up, journal)
+
+    def _swap_in(self, journal: Journal) -> None:
+        target, staged = journal.target, journal.staged
+        journal.replaces = inode(target) is not None
+        self.journals.write(journal, Step.BEGIN)
+        faultpoint("begin")
+        if journal.replaces:
+            reserved = runtime_dir_re(journal.app_id)
+            journal.data_dirs = sorted(
+                p.name for p in target.iterdir() if p.is_dir() and reserved.fullmatch(p.name)
+            )
+            self.journals.write(journal, Step.DATA)
+            for name in journal.data_dirs:
+                (target / name).rename(staged / name)
+                faultpoint("data")  # the first move: a crash half-way through the data
+            faultpoint("data")
+        self.journals.write(journal, Step.SWAP)
+        faultpoint("swap")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if journal.replaces:
+            exchange(staged, target)
+        else:
+            move_new(staged, target)
+        sync_dir(target.parent)
+        sync_dir(staged.parent)
+        faultpoint("swapped")
+        self.journals.write(journal, Step.SWAPPED)
+
+    # -- uninstall --------------------------------------------------------------------------------
+
+    async def uninstall(self, scope: Scope, app_id: str, staging: Path, message: str) -> None:
+        """Move the app directory (with its runtime data) out, delete its record, commit."""
+        target = self._layout.app_dir(scope, app_id)
+        target_inode = inode(target)
+        if target_inode is None:
+            raise InstallFailed(app_id, f"{target} does not exist")
+        old = self._records.get(scope, app_id)
+        journal = Journal(
+            op="uninstall",
+            op_id=staging.name,
+            app_id=app_id,
+            scope=scope,
+            target=target,
+            staged=staging / app_id,
+            inode=target_inode,
+            old_record=old.wire() if old else None,
+            message=message,
+        )
+        try:
+            await asyncio.to_thread(self._move_out, journal)
+            await asyncio.to_thread(self._records.delete, scope, app_id)
+            faultpoint("record")
+            await commit_app(self._repos[scope], app_id, message)
+            faultpoint("commit")
+        except (OSError, GitError) as err:
+            _LOGGER.warning("uninstall of %s from %s failed, undoing it: %s", app_id, scope, err)
+            await self._undo(journal)
+            raise InstallFailed(app_id, str(err)) from err
+        await asyncio.to_thread(self._clean_up, journal)
+
+    def _move_out(self, journal: Journal) -> None:
+        self.journals.write(journal, Step.BEGIN)
+        faultpoint("begin")
+        self.journals.write(journal, Step.REMOVE)
+        faultpoint("remove")
+        journal.target.rename(journal.staged)
+        sync_dir(journal.target.parent)
+        faultpoint("removed")
+        self.journals.write(journal, Step.REMOVED)
+
+    # -- finishing and undoing --------------------------------------------------------------------
+
+    @staticmethod
+    def is_done(journal: Journal) -> bool:
+        """Whether the operation's new state is in place (decided from inodes on disk)."""
+        if journal.op == "uninstall":
+            return inode(journal.target) != journal.inode  # moved out (and maybe deleted)
+        return inode(journal.target) == journal.inode
+
+    def _clean_up(self, journal: Journal) -> None:
+        shutil.rmtree(journal.staged, ignore_errors=True)
+        faultpoint("cleanup")
+        self.journals.remove(journal)
+
+    async def _finish(self, journal: Journal) -> None:
+        """Roll forward an operation whose new state is in place."""
+        if journal.op == "uninstall":
+            await asyncio.to_thread(self._records.delete, journal.scope, journal.app_id)
+        elif journal.record is not None:
+            record = InstallRecord.model_validate(journal.record)
+            await asyncio.to_thread(self._records.put, record)
+        await commit_app(self._repos[journal.scope], journal.app_id, journal.message)
+        await asyncio.to_thread(self._clean_up, journal)
+
+    async def _undo(self, journal: Journal) -> None:
+        """Put the old state back: old tree, its runtime data, its record, a clean git index."""
+        await asyncio.to_thread(self._undo_disk, journal)
+        repo = self._repos[journal.scope]
+        async with repo.lock:
+            paths = app_paths(journal.app_id)
+            await run_git("reset", "--quiet", "--", *paths, cwd=repo.root, check=False)
+        await asyncio.to_thread(self.journals.remove, journal)
+
+    def _undo_disk(self, journal: Journal) -> None:
+        target, staged = journal.target, journal.staged
+        if journal.op == "uninstall":
+            if inode(staged) == journal.inode and inode(target) is None:
+                staged.rename(target)
+        elif inode(target) == journal.inode:
+            if journal.replaces:
+                exchange(staged, target)
+            else:
+                target.rename(staged)
+        for name in journal.data_dirs:
+            if (staged / name).is_dir() and not (target / name).exists():
+                (staged / name).rename(target / name)
+        if journal.step in {Step.SWAPPED, Step.REMOVED}:
+            if journal.old_record is not None:
+                self._records.put(InstallRecord.model_validate(journal.old_record))
+            else:
+                self._records.delete(journal.scope, journal.app_id)
+        sync_dir(target.parent)
+
+    # -- recovery at start ------------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """Finish or undo every interrupted operation, then clear staging; returns what was done,
+        one line per operation (for the log). Runs before the registry's first scan."""
+        done: list[str] = []
+        for scope in (Scope.GLOBAL, Scope.USER):
+            for journal in await asyncio.to_thread(self.journals.pending, scope):
+                finished = self.is_done(journal)
+                try:
+                    if finished:
+                        await self._finish(journal)
+                    else:
+                        await self._undo(journal)
+                except (OSError, GitError):
+                    _LOGGER.exception("recovering %s of %s failed", journal.op, journal.app_id)
+                    continue
+                verb = "finished" if finished else "undone"
+                line = f"{journal.op} of {journal.app_id} in {scope} interrupted at {journal.step}: {verb}"
+                _LOGGER.warning("%s", line)
+                done.append(line)
+            await asyncio.to_thread(self._clear_staging, scope)
+        return done
+
+    def _clear_staging(self, scope: Scope) -> None:
+        staging = self._layout.staging_dir(scope)
+        if not staging.is_dir():
+            return
+        for entry in staging.iterdir():
+            if not self.journals.exists(scope, entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+async def recover(layout: ScopeLayout, repos: Mapping[Scope, ScopeRepo]) -> list[str]:
+    """Start-up recovery of every mutable scope (see `Installer.recover`)."""
+    return await Installer(layout, repos, RecordStore(layout)).recover()

@@ -1,0 +1,124 @@
+"""Pull and push app artifacts in OCI registries: resolve_oci, push_app, push_artifact.
+
+The artifact format is atrium.distribution.artifact's; the registry calls are atrium.distribution.ociclient's, a small
+async client over aiohttp rather than oras-py (docs/decisions.md "Distribution: OCI and publish").
+Credentials come from the standard Docker config (spec "Authentication" rule 4). Failures: resolve
+raises FetchFailed(ref, reason), a push UpstreamFailed naming the ref and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atrium.distribution import artifact
+from atrium.distribution.ociclient import RegistryClient, RegistryError, file_size, size_text
+from atrium.distribution.refs import OciRef
+from atrium.errors import FetchFailed, UpstreamFailed
+
+#: reports upload progress as one human line
+PushProgress = Callable[[str], object]
+
+
+def _reference(ref: OciRef) -> str:
+    return ref.digest or ref.tag or "latest"
+
+
+async def resolve_oci(ref: OciRef, docker_config: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The manifest digest ``ref`` names now, and a manifest preview (id and version) when the
+    artifact's annotations carry them; FetchFailed when it is not reachable or not an app."""
+    try:
+        async with RegistryClient(ref.registry, ref.repository, docker_config=docker_config) as c:
+            pulled = await c.manifest(_reference(ref))
+        found = artifact.check_app_manifest(pulled.json(), pulled.media_type)
+    except (RegistryError, ValueError) as err:
+        raise FetchFailed(str(ref), str(err)) from err
+    preview = {"id": found.title, "version": found.version} if found.title else {}
+    return pulled.digest, {k: v for k, v in preview.items() if v is not None}
+
+
+async def push_artifact(
+    ref: OciRef,
+    layer: bytes | Path,
+    *,
+    app_id: str,
+    version: str,
+    docker_config: Path | None = None,
+    progress: PushProgress | None = None,
+) -> str:
+    """Push a layer as an app artifact under ``ref``'s tag; returns the manifest digest.
+
+    The layer is taken as given (tests push crafted ones); push_app builds it from a directory.
+    """
+    if isinstance(layer, bytes):
+        digest, size = artifact.sha256_digest(layer), len(layer)
+    else:
+        digest, size = await asyncio.to_thread(_file_digest, layer), await file_size(layer)
+    step = max(256 << 10, size // 16)
+    reported = 0
+
+    def uploaded(sent: int, total: int) -> None:
+        nonlocal reported
+        if progress is not None and (sent - reported >= step or sent == total):
+            reported = sent
+            progress(f"uploading layer {digest[:19]}…: {size_text(sent)} of {size_text(total)}")
+
+    manifest = artifact.image_manifest(
+        artifact.Descriptor(artifact.LAYER_MEDIA_TYPE, digest, size), app_id, version
+    )
+    try:
+        async with RegistryClient(
+            ref.registry, ref.repository, docker_config=docker_config, push=True
+        ) as client:
+            await client.push_blob(artifact.EMPTY_CONFIG, artifact.EMPTY_DESCRIPTOR.digest)
+            await client.push_blob(layer, digest, uploaded)
+            if progress is not None:
+                progress(f"writing the manifest of {ref}")
+            return await client.put_manifest(_reference(ref), manifest, artifact.OCI_MANIFEST)
+    except RegistryError as err:
+        raise UpstreamFailed(
+            f"publishing to {ref} failed: {err.reason}", ref=str(ref), reason=err.reason
+        ) from err
+
+
+def _file_digest(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            hasher.update(chunk)
+    return "sha256:" + hasher.hexdigest()
+
+
+async def push_app(
+    app_dir: Path,
+    ref: OciRef,
+    docker_config: Path | None = None,
+    progress: PushProgress | None = None,
+) -> str:
+    """Publish ``app_dir`` as the app artifact ``ref`` (decisions.md format); returns its digest.
+
+    ManifestInvalid when the directory's manifest is invalid (its id must equal its name).
+    """
+    manifest = await asyncio.to_thread(artifact.read_app_manifest, app_dir)
+    with tempfile.TemporaryDirectory(prefix="atrium-publish-") as tmp:
+        layer = Path(tmp) / "layer.tar.gz"
+        if progress is not None:
+            progress(f"packing {app_dir} as {manifest.id}/")
+        await asyncio.to_thread(_pack, app_dir, manifest.id, layer)
+        return await push_artifact(
+            ref,
+            layer,
+            app_id=manifest.id,
+            version=manifest.version,
+            docker_config=docker_config,
+            progress=progress,
+        )
+
+
+def _pack(app_dir: Path, app_id: str, out: Path) -> None:
+    with out.open("wb") as f:
+        artifact.write_layer(app_dir, app_id, f)

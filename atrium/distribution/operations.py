@@ -1,0 +1,70 @@
+"""What every distribution operation needs around it: the per-app lock, a staging directory that
+removes itself, and running the install stage to its end even when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from atrium.distribution.journal import JournalStore
+from atrium.errors import Busy
+from atrium.scopes import Scope, ScopeLayout
+
+T = TypeVar("T")
+
+
+class AppLocks:
+    """One operation per app id at a time; a second one is refused (409 busy), never queued."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+
+    @contextmanager
+    def hold(self, app_id: str, operation: str) -> Iterator[None]:
+        running = self._held.get(app_id)
+        if running is not None:
+            raise Busy(app_id, running)
+        self._held[app_id] = operation
+        try:
+            yield
+        finally:
+            del self._held[app_id]
+
+    def is_held(self, app_id: str) -> bool:
+        return app_id in self._held
+
+
+@asynccontextmanager
+async def staging(layout: ScopeLayout, journals: JournalStore, scope: Scope) -> AsyncIterator[Path]:
+    """A fresh ``scopes/<scope>/.staging/<opId>/`` (same filesystem as the scope, outside `apps/`),
+    removed on exit unless a journal still refers to it (recovery needs it then)."""
+    path = layout.staging_dir(scope) / secrets.token_hex(8)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        if not journals.exists(scope, path.name):
+            await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` to its end even if the caller is cancelled (a client that hangs up while
+    its app is being swapped must not leave it half-installed); the caller's cancellation is
+    raised afterwards."""
+    task = asyncio.ensure_future(coro)
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            interrupted = True
+    if interrupted:
+        raise asyncio.CancelledError
+    return task.result()

@@ -1,0 +1,358 @@
+"""The distribution service: install, update and preview as async generators of progress events,
+uninstall, and the approval gate (spec "Install pipeline stages"; decisions.md "Distribution").
+
+Each generator yields ``{"type": …, …}`` events and ends with a ``result`` event, or raises an
+AtriumError (after ``permission.denied`` for a denial). Staging lives in an ``async with`` inside the
+generator, so it is removed on failure, denial or an early close — consume with
+``contextlib.aclosing``. The install stage itself runs to its end even if the consumer goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from atrium.bus import EventBus
+from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
+from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
+from atrium.distribution.index import IndexClient
+from atrium.distribution.install import Installer, InstallPlan
+from atrium.distribution.operations import AppLocks, run_to_completion, staging
+from atrium.distribution.records import InstallRecord, RecordStore, now
+from atrium.distribution.refs import Ref, parse_ref
+from atrium.distribution.resolve import Resolver
+from atrium.distribution.validate import check_authority, validate_staged
+from atrium.errors import ApprovalDenied, ApprovalStale, AtriumError, NotFound, SystemScopeImmutable
+from atrium.events import (
+    APP_REMOVED,
+    DIST_INSTALL_COMPLETE,
+    DIST_UNINSTALL_COMPLETE,
+    DIST_UPDATE_COMPLETE,
+    FETCH_DONE,
+    FETCH_START,
+    INSTALL_DONE,
+    INSTALL_START,
+    PERMISSION_APPROVED,
+    PERMISSION_DENIED,
+    PERMISSION_NEEDED,
+    RESOLVE_DONE,
+    RESOLVE_START,
+    RESULT,
+    VALIDATE_DONE,
+)
+from atrium.git import ScopeRepo
+from atrium.lifecycle.manager import LifecycleManager
+from atrium.lifecycle.states import InstanceState
+from atrium.manifest import Manifest
+from atrium.registry import AppRegistry
+from atrium.scopes import Scope, ScopeLayout
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def event(kind: str, **fields: Any) -> ProgressEvent:
+    return {"type": kind, **fields}
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """The caller's answer to the permission gate (decisions.md "Distribution")."""
+
+    auto_approve: bool = False
+    #: False denies; True approves like ``auto_approve``; None has not answered
+    approve: bool | None = None
+    #: the digest the user saw; a source that resolves to another now is 409 approval_stale
+    approved_digest: str | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.auto_approve or self.approve is True
+
+    def check(self, resolved: ResolvedRef) -> None:
+        if self.approved_digest is not None and self.approved_digest != resolved.digest:
+            raise ApprovalStale(self.approved_digest, resolved.digest)
+
+
+def mutable(scope: Scope, action: str) -> Scope:
+    if not scope.is_mutable:
+        raise SystemScopeImmutable(action)
+    return scope
+
+
+class Distribution:
+    """Resolve → fetch → validate → permission diff → install, update and uninstall."""
+
+    def __init__(
+        self,
+        *,
+        layout: ScopeLayout,
+        repos: Mapping[Scope, ScopeRepo],
+        registry: AppRegistry,
+        lifecycle: LifecycleManager,
+        bus: EventBus,
+        index: IndexClient,
+        docker_config: Path | None = None,
+    ) -> None:
+        self._layout = layout
+        self._registry = registry
+        self._lifecycle = lifecycle
+        self._bus = bus
+        self._docker_config = docker_config
+        self.index = index
+        self.records = RecordStore(layout)
+        self.installer = Installer(layout, repos, self.records)
+        self.resolver = Resolver(index, docker_config)
+        self.locks = AppLocks()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def installed(self) -> list[InstallRecord]:
+        return self.records.all()
+
+    def record(self, scope: Scope, app_id: str) -> InstallRecord | None:
+        return self.records.get(scope, app_id)
+
+    def mutable_scope_of(self, app_id: str) -> Scope:
+        """The winning mutable scope holding ``app_id`` (a copy, valid or not)."""
+        copies = self._registry.copies(app_id)
+        for copy in copies:
+            if copy.scope.is_mutable:
+                return copy.scope
+        if copies:
+            raise SystemScopeImmutable(f"change {app_id!r}, a system app")
+        raise NotFound("app", app_id)
+
+    # -- install, preview, update ---------------------------------------------------------------
+
+    async def install(
+        self, ref: Ref, scope: Scope, approval: Approval
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        mutable(scope, "install into it")
+        yield event(RESOLVE_START, ref=str(ref))
+        resolved = await self.resolver.resolve(ref)
+        yield event(RESOLVE_DONE, resolved=resolved.wire())
+        approval.check(resolved)
+        with self.locks.hold(resolved.dir_name, "install"):
+            async with aclosing(self._run("install", str(ref), resolved, scope, approval)) as run:
+                async for item in run:
+                    yield item
+
+    async def preview(self, ref: Ref, scope: Scope) -> AsyncGenerator[ProgressEvent, None]:
+        """Resolve, fetch and validate only; the result carries the permission diff."""
+        mutable(scope, "install into it")
+        yield event(RESOLVE_START, ref=str(ref))
+        resolved = await self.resolver.resolve(ref)
+        yield event(RESOLVE_DONE, resolved=resolved.wire())
+        async with staging(self._layout, self.installer.journals, scope) as path:
+            async with aclosing(self._fetch(resolved, path)) as fetching:
+                async for item in fetching:
+                    yield item
+            manifest, diff = await self._check(resolved, path, scope)
+            yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
+            yield event(
+                RESULT,
+                ok=True,
+                diff=diff.wire(),
+                requiresApproval=requires_approval(diff),
+                resolved=resolved.wire(),
+            )
+
+    async def update(self, app_id: str, approval: Approval) -> AsyncGenerator[ProgressEvent, None]:
+        """Re-resolve the recorded ref; the same digest is a no-op (spec Versioning rule 3)."""
+        scope = self.mutable_scope_of(app_id)
+        record = self.records.get(scope, app_id)
+        if record is None:
+            raise NotFound(
+                "install record",
+                app_id,
+                f"{app_id!r} in the {scope} scope has no install record (it was placed by hand), "
+                "so there is no ref to update from; install it by ref instead",
+            )
+        with self.locks.hold(app_id, "update"):
+            ref = parse_ref(record.ref)
+            yield event(RESOLVE_START, ref=record.ref)
+            resolved = await self.resolver.resolve(ref)
+            yield event(RESOLVE_DONE, resolved=resolved.wire())
+            approval.check(resolved)
+            if resolved.digest == record.digest:
+                self._bus.publish(DIST_UPDATE_COMPLETE, {"id": app_id, "record": None})
+                yield event(RESULT, ok=True, record=None, upToDate=True)
+                return
+            async with aclosing(self._run("update", record.ref, resolved, scope, approval)) as run:
+                async for item in run:
+                    yield item
+
+    async def _run(
+        self,
+        op: Literal["install", "update"],
+        ref_text: str,
+        resolved: ResolvedRef,
+        scope: Scope,
+        approval: Approval,
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        async with staging(self._layout, self.installer.journals, scope) as path:
+            async with aclosing(self._fetch(resolved, path)) as fetching:
+                async for item in fetching:
+                    yield item
+            manifest, diff = await self._check(resolved, path, scope)
+            yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
+            if requires_approval(diff) or approval.approve is False:
+                yield event(PERMISSION_NEEDED, diff=diff.wire(), resolved=resolved.wire())
+                if approval.approve is False:
+                    yield event(PERMISSION_DENIED, diff=diff.wire())
+                    raise ApprovalDenied(manifest.id, diff.wire())
+                if not approval.approved:
+                    yield event(
+                        RESULT,
+                        ok=False,
+                        needsApproval=True,
+                        diff=diff.wire(),
+                        resolved=resolved.wire(),
+                    )
+                    return
+                yield event(PERMISSION_APPROVED, digest=resolved.digest)
+            yield event(INSTALL_START, appId=manifest.id, scope=scope.value)
+            record = self._new_record(manifest, scope, resolved, ref_text)
+            plan = InstallPlan(
+                op,
+                path / resolved.dir_name,
+                record,
+                f"{op} {record.id} {record.version} ({ref_text})",
+            )
+            await run_to_completion(self._install_stage(plan))
+            yield event(INSTALL_DONE, record=record.wire())
+            yield event(RESULT, ok=True, record=record.wire())
+
+    async def _fetch(
+        self, resolved: ResolvedRef, path: Path
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        yield event(FETCH_START, source=resolved.source, address=resolved.address)
+        fetcher = fetcher_for(resolved, self._docker_config)
+        # every fetcher is an async generator (the contract in atrium.distribution.fetchers)
+        progress = cast(AsyncGenerator[ProgressEvent, None], fetcher.fetch(resolved, path))
+        async with aclosing(progress):
+            async for item in progress:
+                yield item
+        yield event(FETCH_DONE, digest=resolved.digest)
+
+    async def _check(
+        self, resolved: ResolvedRef, path: Path, scope: Scope
+    ) -> tuple[Manifest, PermissionDiff]:
+        manifest = await asyncio.to_thread(validate_staged, path / resolved.dir_name, scope)
+        check_authority(manifest, self._registry.visible())
+        return manifest, diff_manifests(self._installed_manifest(manifest.id, scope), manifest)
+
+    def _installed_manifest(self, app_id: str, scope: Scope) -> Manifest | None:
+        """What the diff compares against: the copy being replaced, else the visible one."""
+        for copy in self._registry.copies(app_id):
+            if copy.scope is scope and copy.manifest is not None:
+                return copy.manifest
+        visible = self._registry.get(app_id)
+        return visible.manifest if visible else None
+
+    def _new_record(
+        self, manifest: Manifest, scope: Scope, resolved: ResolvedRef, ref_text: str
+    ) -> InstallRecord:
+        previous = self.records.get(scope, manifest.id)
+        stamp = now()
+        return InstallRecord(
+            id=manifest.id,
+            version=manifest.version,
+            scope=scope.value,
+            source=resolved.source,
+            ref=ref_text,
+            digest=resolved.digest,
+            channel=resolved.channel,
+            installed_at=previous.installed_at if previous else stamp,
+            updated_at=stamp,
+            path=str(self._layout.app_dir(scope, manifest.id)),
+        )
+
+    async def _install_stage(self, plan: InstallPlan) -> None:
+        app_id, scope = plan.record.id, plan.scope
+        visible = self._registry.get(app_id)
+        affected = visible is None or visible.scope.priority <= scope.priority
+        stopped = await self._stop_instances(app_id) if affected else []
+        try:
+            await self.installer.install(plan)
+        finally:
+            await self._registry.rescan([scope])
+            await self._restart(app_id, stopped)
+        topic = DIST_UPDATE_COMPLETE if plan.op == "update" else DIST_INSTALL_COMPLETE
+        self._bus.publish(topic, {"id": app_id, "record": plan.record.wire()})
+
+    # -- uninstall ------------------------------------------------------------------------------
+
+    async def uninstall(self, app_id: str, scope: Scope | None = None) -> dict[str, Any]:
+        """decisions.md "Distribution": ``{ok, id, scope, unmasked}``."""
+        if scope is None:
+            scope = self.mutable_scope_of(app_id)
+        mutable(scope, f"remove {app_id!r} from it")
+        if not any(c.scope is scope for c in self._registry.copies(app_id)):
+            raise NotFound("app", app_id, f"{app_id!r} is not installed in the {scope} scope")
+        with self.locks.hold(app_id, "uninstall"):
+            return await run_to_completion(self._uninstall_stage(app_id, scope))
+
+    async def _uninstall_stage(self, app_id: str, scope: Scope) -> dict[str, Any]:
+        copies = self._registry.copies(app_id)
+        copy = next(c for c in copies if c.scope is scope)
+        version = copy.manifest.version if copy.manifest else "(invalid)"
+        was_visible = self._registry.get(app_id) is copy
+        unmasks = was_visible and any(c.is_valid and c.scope is not scope for c in copies)
+        stopped = await self._stop_instances(app_id) if was_visible else []
+        try:
+            async with staging(self._layout, self.installer.journals, scope) as path:
+                await self.installer.uninstall(scope, app_id, path, f"uninstall {app_id} {version}")
+        except AtriumError:
+            await self._restart(app_id, stopped)
+            raise
+        if unmasks:
+            # the registry announces the unmasked copy as installed, not the removal itself
+            self._bus.publish(APP_REMOVED, {"appId": app_id, "scope": scope.value})
+        await self._registry.rescan([scope])
+        visible = self._registry.get(app_id)
+        unmasked = visible.scope.value if visible else None
+        self._bus.publish(
+            DIST_UNINSTALL_COMPLETE, {"id": app_id, "scope": scope.value, "unmasked": unmasked}
+        )
+        return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}
+
+    # -- instances ------------------------------------------------------------------------------
+
+    async def _stop_instances(self, app_id: str) -> list[str]:
+        """Stop every instance of the app (a bind mount would keep the old tree) and drain its
+        warm pool; returns the ids of those that were running, to bring them back afterwards
+        with the same ids (and so the same runtime data)."""
+        await self._lifecycle.drain(app_id)
+        instances = [i for i in self._lifecycle.of_app(app_id) if not i.pooled]
+        running = [i.id for i in instances if i.state is not InstanceState.ERROR]
+        for instance in instances:
+            try:
+                await self._lifecycle.remove(instance.id)
+            except NotFound:
+                continue  # gone meanwhile
+            except AtriumError as err:
+                _LOGGER.warning(
+                    "%s %s: stopping for the install failed (%s); killing it",
+                    app_id,
+                    instance.id,
+                    err.message,
+                )
+                with contextlib.suppress(NotFound):
+                    await self._lifecycle.remove(instance.id, force=True)
+        return running
+
+    async def _restart(self, app_id: str, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
+            try:
+                await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
+            except AtriumError as err:
+                _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
+        if self._registry.get(app_id) is not None:
+            self._lifecycle.spawn_task(self._lifecycle.refill(app_id), f"warm-pool fill {app_id}")

@@ -1,0 +1,166 @@
+"""The resolver: a Ref becomes a ResolvedRef with a real digest (spec "ResolvedRef").
+
+- local: a content hash of the directory (`.git` skipped);
+- git: the commit of the branch or tag (`git ls-remote`), the remote's HEAD by default;
+- OCI: the manifest digest from the registry;
+- a bare id: the index entry's channel (`stable` by default), OCI preferred over git.
+
+The "directory name" the manifest id must equal (decisions.md "Distribution"): the local
+directory's name, the git repository's name without `.git`, the OCI artifact's title (its top-level
+folder), or the index id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from atrium.distribution.fetchers import ResolvedRef
+from atrium.distribution.fetchers.git import GitCommandFailed, ls_remote
+from atrium.distribution.index import (
+    DEFAULT_CHANNEL,
+    IndexClient,
+    IndexEntry,
+    git_source,
+    oci_source,
+)
+from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
+from atrium.distribution.tree import UnsafeTree, content_hash
+from atrium.errors import FetchFailed, NotFound
+from atrium.manifest import MANIFEST_FILE
+
+_LOGGER = logging.getLogger(__name__)
+TITLE_ANNOTATION = "org.opencontainers.image.title"
+
+
+def source_for(entry: IndexEntry, channel: str | None) -> tuple[OciRef | GitRef, str | None]:
+    """The source ref of an index entry for ``channel`` (spec Distribution API rule 4)."""
+    name = channel or DEFAULT_CHANNEL
+    chosen = entry.channels.get(name)
+    if chosen is None:
+        if channel is not None or entry.channels:
+            known = ", ".join(sorted(entry.channels)) or "none"
+            raise NotFound(
+                "channel",
+                f"{entry.id}@{name}",
+                f"the index entry {entry.id!r} has no channel {name!r} (channels: {known})",
+            )
+        # an entry without channels: the OCI source's latest tag, else the default branch
+        if entry.sources.oci is not None:
+            return oci_source(entry.sources.oci.ref), None
+        assert entry.sources.git is not None  # noqa: S101 - IndexEntry requires one source
+        git = git_source(entry.sources.git.ref)
+        return replace(git, ref=entry.sources.git.default_branch), None
+    if chosen.oci_tag and entry.sources.oci is not None:
+        oci = oci_source(entry.sources.oci.ref)
+        return replace(oci, tag=chosen.oci_tag, digest=None), name
+    if chosen.git_tag and entry.sources.git is not None:
+        return replace(git_source(entry.sources.git.ref), ref=chosen.git_tag), name
+    raise NotFound(
+        "channel",
+        f"{entry.id}@{name}",
+        f"channel {name!r} of {entry.id!r} names no tag for a source the entry has",
+    )
+
+
+def _read_preview(directory: Path) -> Mapping[str, Any] | None:
+    try:
+        data = json.loads((directory / MANIFEST_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _hash_local(directory: Path) -> tuple[str, Mapping[str, Any] | None]:
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is not a directory on the shell's machine")
+    return content_hash(directory), _read_preview(directory)
+
+
+def _oci_dir_name(ref: OciRef, info: Mapping[str, Any]) -> str:
+    annotations = info.get("annotations")
+    if isinstance(annotations, dict) and isinstance(annotations.get(TITLE_ANNOTATION), str):
+        return str(annotations[TITLE_ANNOTATION])
+    if isinstance(info.get("id"), str):
+        return str(info["id"])
+    return ref.name
+
+
+class Resolver:
+    """Resolves refs; bare ids go through the index."""
+
+    def __init__(self, index: IndexClient, docker_config: Path | None = None) -> None:
+        self._index = index
+        self._docker_config = docker_config
+
+    async def resolve(self, ref: Ref) -> ResolvedRef:
+        """Raises FetchFailed when the source cannot be reached or has no such ref, NotFound for
+        an id or channel the index does not know."""
+        match ref:
+            case LocalRef():
+                return await self._local(ref)
+            case GitRef():
+                return await self._git(ref, ref.name, None)
+            case OciRef():
+                return await self._oci(ref, None, None)
+            case IndexRef():
+                entry = await self._index.entry(ref.app_id)
+                source, channel = source_for(entry, ref.channel)
+                if isinstance(source, OciRef):
+                    return await self._oci(source, entry.id, channel)
+                return await self._git(source, entry.id, channel)
+
+    async def _local(self, ref: LocalRef) -> ResolvedRef:
+        directory = Path(ref.path)
+        try:
+            digest, preview = await asyncio.to_thread(_hash_local, directory)
+        except UnsafeTree as err:
+            raise FetchFailed(str(ref), f"unsafe directory content: {err}") from err
+        except NotADirectoryError as err:
+            raise FetchFailed(str(ref), str(err)) from err
+        except OSError as err:
+            raise FetchFailed(str(ref), f"reading {directory} failed: {err}") from err
+        return ResolvedRef(
+            source="local",
+            address=str(directory),
+            digest=digest,
+            ref=ref,
+            dir_name=directory.name,
+            manifest_preview=preview,
+        )
+
+    async def _git(self, ref: GitRef, dir_name: str, channel: str | None) -> ResolvedRef:
+        try:
+            commit, git_ref = await ls_remote(ref.url, ref.ref)
+        except GitCommandFailed as err:
+            raise FetchFailed(str(ref), str(err)) from err
+        return ResolvedRef(
+            source="git",
+            address=ref.url,
+            digest=commit,
+            ref=ref,
+            dir_name=dir_name,
+            channel=channel,
+            git_ref=git_ref,
+        )
+
+    async def _oci(self, ref: OciRef, dir_name: str | None, channel: str | None) -> ResolvedRef:
+        from atrium.distribution.oci import resolve_oci
+
+        digest, info = await resolve_oci(ref, self._docker_config)
+        info = info if isinstance(info, dict) else {}
+        preview = info if "id" in info and "version" in info else None
+        return ResolvedRef(
+            source="oci",
+            address=f"oci://{ref.registry}/{ref.repository}@{digest}",
+            digest=digest,
+            ref=ref,
+            dir_name=dir_name or _oci_dir_name(ref, info),
+            channel=channel,
+            manifest_preview=preview,
+        )

@@ -1,0 +1,192 @@
+"""The permission gate: needed, approved, denied and stale, over one JSON document and over SSE
+(decisions.md "Distribution": the event orders)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.distribution.conftest import (
+    MakeApp,
+    app_listing,
+    install,
+    sse,
+    write_manifest,
+)
+
+pytestmark = pytest.mark.integration
+PERMISSION = "com.atrium.notes.read"
+
+
+@pytest.fixture
+def asking(make_app: MakeApp) -> Path:
+    """An app that asks for a permission, so its first install needs approval."""
+    return make_app("com.example.asking", permissions=[PERMISSION])
+
+
+def test_json_answers_needs_approval_with_the_diff_and_installs_nothing(
+    api: httpx.Client, asking: Path
+) -> None:
+    response = install(api, f"local:{asking}")
+    assert response.status_code == 200
+    answer = response.json()
+    assert set(answer) == {"ok", "needsApproval", "diff", "resolved"}
+    assert (answer["ok"], answer["needsApproval"]) == (False, True)
+    assert answer["diff"]["permissionsAdded"] == [PERMISSION]
+    assert answer["diff"]["versionFrom"] is None
+    assert answer["resolved"]["source"] == "local"
+    assert answer["resolved"]["manifestPreview"]["id"] == "com.example.asking"
+    assert app_listing(api, "com.example.asking") is None
+
+
+def test_json_auto_approve_installs(api: httpx.Client, asking: Path) -> None:
+    answer = install(api, f"local:{asking}", autoApprove=True).json()
+    assert answer["ok"] is True
+    kinds = [e["type"] for e in answer["events"]]
+    assert kinds[kinds.index("permission.needed") :] == [
+        "permission.needed",
+        "permission.approved",
+        "install.start",
+        "install.done",
+    ]
+    assert app_listing(api, "com.example.asking") is not None
+
+
+def test_json_approve_false_is_403_approval_denied(api: httpx.Client, asking: Path) -> None:
+    response = install(api, f"local:{asking}", approve=False)
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "approval_denied"
+    assert error["diff"]["permissionsAdded"] == [PERMISSION]
+    assert app_listing(api, "com.example.asking") is None
+
+
+def test_json_a_source_that_moved_since_approval_is_409_stale(
+    api: httpx.Client, asking: Path
+) -> None:
+    seen = install(api, f"local:{asking}").json()["resolved"]["digest"]
+    write_manifest(asking, permissions=[PERMISSION, "com.atrium.notes.write"])
+    response = install(api, f"local:{asking}", autoApprove=True, approvedDigest=seen)
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert (error["code"], error["approvedDigest"]) == ("approval_stale", seen)
+    assert error["digest"] != seen
+    assert app_listing(api, "com.example.asking") is None
+    current = install(api, f"local:{asking}").json()["resolved"]["digest"]
+    approved = install(api, f"local:{asking}", autoApprove=True, approvedDigest=current)
+    assert approved.json()["ok"] is True
+
+
+def test_sse_not_approved_ends_with_a_result_needing_approval(
+    api: httpx.Client, asking: Path
+) -> None:
+    events = sse(api, "POST", "/api/dist/install", json={"ref": f"local:{asking}"})
+    assert [e["type"] for e in events] == [
+        "resolve.start",
+        "resolve.done",
+        "fetch.start",
+        "fetch.done",
+        "validate.done",
+        "permission.needed",
+        "result",
+    ]
+    assert events[-2]["diff"]["permissionsAdded"] == [PERMISSION]
+    result = events[-1]
+    assert (result["ok"], result["needsApproval"]) == (False, True)
+    assert result["diff"] == events[-2]["diff"]
+    assert result["resolved"]["digest"].startswith("sha256:")
+    assert app_listing(api, "com.example.asking") is None
+
+
+def test_sse_auto_approve_runs_to_install_done(api: httpx.Client, asking: Path) -> None:
+    events = sse(
+        api, "POST", "/api/dist/install", json={"ref": f"local:{asking}", "autoApprove": True}
+    )
+    assert [e["type"] for e in events][5:] == [
+        "permission.needed",
+        "permission.approved",
+        "install.start",
+        "install.done",
+        "result",
+    ]
+    assert events[-1]["ok"] is True
+    assert events[-1]["record"]["id"] == "com.example.asking"
+    assert app_listing(api, "com.example.asking") is not None
+
+
+def test_sse_approve_false_is_denied_then_an_error_event(api: httpx.Client, asking: Path) -> None:
+    events = sse(
+        api, "POST", "/api/dist/install", json={"ref": f"local:{asking}", "approve": False}
+    )
+    assert [e["type"] for e in events][5:] == ["permission.needed", "permission.denied", "error"]
+    assert events[-1]["code"] == "approval_denied"
+    assert "denied" in events[-1]["message"]
+    assert app_listing(api, "com.example.asking") is None
+
+
+def test_sse_stale_approval_is_an_error_event_after_resolving(
+    api: httpx.Client, asking: Path
+) -> None:
+    stale = "sha256:" + "0" * 64
+    body = {"ref": f"local:{asking}", "autoApprove": True, "approvedDigest": stale}
+    events = sse(api, "POST", "/api/dist/install", json=body)
+    assert [e["type"] for e in events] == ["resolve.start", "resolve.done", "error"]
+    assert (events[-1]["code"], events[-1]["approvedDigest"]) == ("approval_stale", stale)
+
+
+def test_sse_request_errors_are_a_plain_status_before_any_stream(api: httpx.Client) -> None:
+    response = api.post(
+        "/api/dist/install",
+        json={"ref": "nope://x"},
+        headers={"Accept": "text/event-stream"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_ref"
+
+
+def test_a_removal_alone_needs_no_approval(
+    api: httpx.Client, asking: Path, make_app: MakeApp
+) -> None:
+    assert install(api, f"local:{asking}", autoApprove=True).json()["ok"]
+    write_manifest(asking, version="1.1.0", permissions=[])
+    answer = install(api, f"local:{asking}").json()
+    assert answer["ok"] is True
+    assert "permission.needed" not in [e["type"] for e in answer["events"]]
+
+
+def test_preview_returns_the_diff_and_installs_nothing(api: httpx.Client, asking: Path) -> None:
+    response = api.post("/api/dist/install/preview", json={"ref": f"local:{asking}"})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["requiresApproval"] is True
+    assert answer["diff"]["permissionsAdded"] == [PERMISSION]
+    assert answer["resolved"]["source"] == "local"
+    assert app_listing(api, "com.example.asking") is None
+    events = sse(api, "POST", "/api/dist/install/preview", json={"ref": f"local:{asking}"})
+    assert [e["type"] for e in events][-2:] == ["validate.done", "result"]
+    assert json.dumps(events[-1]["diff"]) == json.dumps(answer["diff"])
+
+
+def test_an_answer_posted_the_moment_the_result_arrives_finds_the_app_unlocked(
+    api: httpx.Client, asking: Path
+) -> None:
+    for _ in range(5):
+        with api.stream(
+            "POST",
+            "/api/dist/install",
+            json={"ref": f"local:{asking}"},
+            headers={"Accept": "text/event-stream"},
+        ) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line == "event: result":
+                    next(lines)  # its data line: answer now, before reading the stream's end
+                    break
+            denied = api.post(
+                "/api/dist/install", json={"ref": f"local:{asking}", "approve": False}
+            )
+        assert denied.status_code == 403
+        assert denied.json()["error"]["code"] == "approval_denied"
