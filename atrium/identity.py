@@ -15,6 +15,8 @@ from typing import Final
 SESSION_COOKIE: Final = "atrium_session"
 #: ASGI scope key under which the app-origin dispatcher passes the app it identified by origin
 CALLER_SCOPE_KEY: Final = "atrium.caller"
+#: the shortest user token accepted (`ATRIUM_TOKEN` is checked against it before the shell starts)
+MIN_TOKEN_LENGTH: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +46,8 @@ class UserAuth:
     """The user's token; the session cookie is derived from it, so a new token ends old sessions."""
 
     def __init__(self, token: str) -> None:
-        if len(token) < 16:
-            raise ValueError("the user token must be at least 16 characters")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"the user token must be at least {MIN_TOKEN_LENGTH} characters")
         self._token = token
         self._session = hmac.new(
             token.encode(), b"atrium host-page session", hashlib.sha256

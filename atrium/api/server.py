@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import socket
 import threading
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from atrium.api.app import AtriumApp, create_app
-from atrium.settings import Settings
+from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -46,13 +47,32 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def cannot_listen(host: str, port: int, err: OSError) -> str:
+    """The one-line report of a socket that could not be bound."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    port_name = setting_name("port", ("port",))
+    if err.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {address}: the address is already in use; choose another port "
+            f"with {port_name} (0 for any free port)"
+        )
+    return (
+        f"cannot listen on {address}: {err.strerror or err}; check "
+        f"{setting_name('host', ('host',))} and {port_name}"
+    )
+
+
 class ShellServer:
     """One shell on one listening socket."""
 
     def __init__(self, settings: Settings, user_token: str) -> None:
         self.socket = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((settings.host, settings.port))
+        try:
+            self.socket.bind((settings.host, settings.port))
+        except OSError as err:  # every bind failure is about the host or port the user chose
+            self.socket.close()
+            raise ConfigError(cannot_listen(settings.host, settings.port, err)) from err
         self.socket.listen(2048)
         self.socket.setblocking(False)
         port = self.socket.getsockname()[1]

@@ -1,4 +1,8 @@
-"""`atrium serve`: the only command that imports the API; writes token and URL, prints the login."""
+"""`atrium serve`: the only command that imports the API; writes token and URL, prints the login.
+
+A configuration problem (ConfigError: a refused setting, an unusable home, a port that cannot be
+bound) is printed as ``atrium serve: <problem>`` lines on stderr, exit status 2, no traceback.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import uvloop
 
 from atrium.api.server import ShellServer
 from atrium.identity import new_token
-from atrium.settings import Settings
+from atrium.settings import ConfigError, Settings, prepare_home
 from atrium.shell import write_private
 
 
@@ -32,24 +36,30 @@ def serve(
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning [info]")] = None,
 ) -> None:
     """Start the shell (CLI flags > ATRIUM_* environment > defaults)."""
-    settings = Settings.load(
-        home=home,
-        host=host,
-        port=port,
-        app_domain=app_domain,
-        system_apps=system_apps,
-        user=user,
-        index_url=index_url,
-        runner=runner,
-        heartbeat_seconds=heartbeat_seconds,
-        log_level=log_level,
-    )
+    try:
+        settings = Settings.load(
+            home=home,
+            host=host,
+            port=port,
+            app_domain=app_domain,
+            system_apps=system_apps,
+            user=user,
+            index_url=index_url,
+            runner=runner,
+            heartbeat_seconds=heartbeat_seconds,
+            log_level=log_level,
+        )
+        token = _user_token(settings)
+        # bound before anything is written: a port in use leaves the home untouched
+        server = ShellServer(settings, token)
+        prepare_home(settings)
+    except ConfigError as err:
+        for problem in err.problems:
+            typer.echo(f"atrium serve: {problem}", err=True)
+        raise typer.Exit(2) from None
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    token = settings.token.get_secret_value() if settings.token else new_token()
-    settings.home.mkdir(parents=True, exist_ok=True)
-    server = ShellServer(settings, token)
     url_path = server.settings.url_path
     write_private(server.settings.token_path, token + "\n")
     write_private(url_path, server.url + "\n")
@@ -60,3 +70,8 @@ def serve(
     finally:
         if url_path.exists() and url_path.read_text().strip() == server.url:
             url_path.unlink()
+
+
+def _user_token(settings: Settings) -> str:
+    """ATRIUM_TOKEN (already checked by Settings), else a new random one."""
+    return settings.token.get_secret_value() if settings.token else new_token()
