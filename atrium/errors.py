@@ -1,8 +1,8 @@
 """The one error tree of Atrium; every API error body is built from these classes.
 
 Each class carries a stable ``code`` (the JSON ``error.code``), an ``http_status`` and the fields
-that report it (camelCase on the wire). The tree mirrors the table in decisions.md "Errors"; a unit test
-keeps the two together::
+that report it (camelCase on the wire). The tree mirrors the error table in docs/api.md "Errors"; a
+unit test keeps the two together::
 
     AtriumError                         500 internal
     ├── InvalidRequest                  400 bad_request            (problems)

@@ -1,4 +1,4 @@
-"""Bus event names (spec "Events", decisions.md "Events") and topic-glob matching."""
+"""Bus event names and topic-glob matching; their payloads are listed in docs/api.md "Event stream"."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def matches_any(topic: str, globs: tuple[str, ...] | None) -> bool:
     return globs is None or any(compile_glob(g).fullmatch(topic) for g in globs)
 
 
-# progress events streamed by the install, update and publish endpoints (spec "Streamed progress
-# events"; decisions.md "Distribution" adds `result` and `error`)
+# progress events streamed by the install, update, preview and publish endpoints, with `result` and
+# `error` (docs/api.md "Progress events" and "Publishing")
 RESOLVE_START: Final = "resolve.start"
 RESOLVE_DONE: Final = "resolve.done"
 FETCH_START: Final = "fetch.start"

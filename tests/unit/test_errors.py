@@ -1,4 +1,4 @@
-"""`atrium.errors` mirrors the table in decisions.md "## Errors", and builds the error body."""
+"""`atrium.errors` mirrors the error table of docs/api.md "## Errors", and builds the error body."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ import pytest
 from atrium import errors
 from atrium.errors import AtriumError, error_classes
 
-DECISIONS: Final = Path(__file__).resolve().parents[3] / "shared" / "spec" / "decisions.md"
+#: the project's own API reference, found from this file so a bare clone reads its own copy
+API_REFERENCE: Final = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 CAMEL_CASE: Final = re.compile(r"^[a-z][a-zA-Z0-9]*$")
+#: a cell boundary: a `|` that markdown does not escape
+CELL_SEPARATOR: Final = re.compile(r"(?<!\\)\|")
+SEPARATOR_ROW: Final = re.compile(r"^\|[\s|:-]+\|$")
 
 
 def concrete_classes() -> list[type[AtriumError]]:
@@ -34,7 +38,7 @@ CONCRETE: Final = concrete_classes()
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the decisions.md error table."""
+    """One row of the docs/api.md error table."""
 
     condition: str
     status: int
@@ -42,26 +46,53 @@ class Row:
     headers: dict[str, str]
 
 
-def parse_error_table(text: str) -> list[Row]:
-    """The rows of the table under the ``## Errors`` heading (until the next ``## `` heading)."""
+def table_cells(line: str) -> list[str]:
+    return [cell.strip() for cell in CELL_SEPARATOR.split(line.strip().strip("|"))]
+
+
+def error_table_lines(text: str) -> list[str]:
+    """The lines of the first table under the ``## Errors`` heading, header row first."""
     lines = text.splitlines()
     try:
         start = lines.index("## Errors")
     except ValueError:
         return []
-    rows: list[Row] = []
+    table: list[str] = []
     for line in lines[start + 1 :]:
-        if line.startswith("## "):
+        if line.startswith("## ") or (table and not line.startswith("|")):
             break
-        if not line.startswith("|") or re.match(r"^\|[\s|:-]+\|$", line):
+        if line.startswith("|"):
+            table.append(line)
+    return table
+
+
+def parse_error_table(text: str) -> list[Row]:
+    """The rows of the first table under the ``## Errors`` heading ([] when there is none).
+
+    The header row names the columns: the first is the condition, ``Status`` and ``code`` are
+    required, others (such as the extra fields) are ignored. The table ends at its first line that
+    is not a table row; later tables of the section are not part of it. A malformed table is a
+    ValueError, never a shorter list.
+    """
+    table = error_table_lines(text)
+    if not table:
+        return []
+    header = [cell.lower() for cell in table_cells(table[0])]
+    for column in ("status", "code"):
+        if column not in header:
+            raise ValueError(f"the error table has no {column} column: {table[0]!r}")
+    status_at, code_at = header.index("status"), header.index("code")
+    rows: list[Row] = []
+    for line in table[1:]:
+        if SEPARATOR_ROW.match(line.strip()):
             continue
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        condition, status_cell, code_cell = cells[0], cells[-2], cells[-1]
-        code = code_cell.strip("`")
-        if code == "code":  # the header row
-            continue
+        cells = table_cells(line)
+        if len(cells) != len(header):
+            raise ValueError(f"{len(cells)} cells under {len(header)} columns: {line!r}")
+        condition, status_cell, code = cells[0], cells[status_at], cells[code_at].strip("`")
         status = re.match(r"^\d{3}", status_cell)
-        assert status, f"no leading status in {status_cell!r} (row {condition!r})"
+        if status is None:
+            raise ValueError(f"no leading status in {status_cell!r} (row {condition!r})")
         headers = dict(re.findall(r"`([A-Za-z-]+):\s*([^`]+)`", status_cell))
         rows.append(Row(condition, int(status.group()), code, headers))
     return rows
@@ -69,12 +100,16 @@ def parse_error_table(text: str) -> list[Row]:
 
 @pytest.fixture(scope="module")
 def table() -> list[Row]:
-    if not DECISIONS.is_file():
-        pytest.fail(f"the error table's source {DECISIONS} is missing (expected /work/shared/spec)")
-    rows = parse_error_table(DECISIONS.read_text(encoding="utf-8"))
+    if not API_REFERENCE.is_file():
+        pytest.fail(f"the error table's source {API_REFERENCE} is missing")
+    rows = parse_error_table(API_REFERENCE.read_text(encoding="utf-8"))
     if not rows:
-        pytest.fail(f"no '## Errors' table with rows found in {DECISIONS}")
+        pytest.fail(f"no '## Errors' table with rows found in {API_REFERENCE}")
     return rows
+
+
+def test_the_api_reference_has_one_error_row_per_concrete_class(table: list[Row]) -> None:
+    assert len(table) == len(CONCRETE)
 
 
 def test_error_table_parses_the_special_503_row() -> None:
@@ -86,6 +121,48 @@ def test_error_table_parses_the_special_503_row() -> None:
     assert parse_error_table(text) == [
         Row("Declared provider has no instance", 503, "provider_unavailable", {"Retry-After": "1"})
     ]
+
+
+def test_error_table_columns_are_found_by_their_header() -> None:
+    text = (
+        "Intro.\n\n## Errors\n\nThe codes.\n\n"
+        "| Condition | Extra fields | Status | code |\n|---|---|---|---|\n"
+        "| A bad ref | `ref`, `accepted` | 400 | `bad_ref` |\n"
+        "| Escaped \\| pipe | | 409 | `busy` |\n"
+    )
+    assert parse_error_table(text) == [
+        Row("A bad ref", 400, "bad_ref", {}),
+        Row("Escaped \\| pipe", 409, "busy", {}),
+    ]
+
+
+def test_error_table_ends_at_its_first_non_table_line() -> None:
+    text = (
+        "## Errors\n| Condition | Status | code |\n|---|---|---|\n| Gone | 404 | `not_found` |\n"
+        "\n### More\n| Situation | Status | code |\n|---|---|---|\n| Other | 405 | `bad_request` |\n"
+    )
+    assert parse_error_table(text) == [Row("Gone", 404, "not_found", {})]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "# API\n\n## Errors\n\nNo table yet.\n\n## Next\n| a | 400 | `x` |\n", "## Errorsx\n"],
+)
+def test_error_table_is_empty_without_a_table_under_the_heading(text: str) -> None:
+    assert parse_error_table(text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("## Errors\n| Condition | Status |\n|---|---|\n| x | 400 |\n", "no code column"),
+        ("## Errors\n| Condition | Status | code |\n|---|---|---|\n| x | 400 |\n", "2 cells"),
+        ("## Errors\n| Condition | Status | code |\n|---|---|---|\n| x | bad | `y` |\n", "status"),
+    ],
+)
+def test_a_malformed_error_table_is_refused(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_error_table(text)
 
 
 def test_error_table_codes_are_unique(table: list[Row]) -> None:
@@ -109,7 +186,7 @@ def check_against_table(classes: list[type[AtriumError]], table: list[Row]) -> l
             )
     codes = {row.code for row in table}
     mistakes += [
-        f"{cls.__name__}: code {cls.code!r} is not in decisions.md"
+        f"{cls.__name__}: code {cls.code!r} is not in docs/api.md"
         for cls in classes
         if cls.code not in codes
     ]
@@ -129,7 +206,7 @@ def test_every_table_code_has_exactly_one_class_in_error_classes(table: list[Row
 def test_no_error_class_has_a_code_absent_from_the_table(table: list[Row]) -> None:
     codes = {row.code for row in table}
     strays = {cls.__name__: cls.code for cls in error_classes() if cls.code not in codes}
-    assert not strays, f"error classes whose code is not in decisions.md: {strays}"
+    assert not strays, f"error classes whose code is not in docs/api.md: {strays}"
 
 
 def test_error_classes_lists_every_concrete_class() -> None:
