@@ -1,7 +1,9 @@
-"""The one pooled HTTP client the shell uses to reach apps (health, hooks, pages, data).
+"""The pooled HTTP clients the shell uses to reach apps.
 
-aiohttp, not httpx (MEASURED.md: httpx was 10-20x slower on this path and replayed one provider's
-cookie to the next caller): no cookie jar at all, no decompression (bodies pass through as sent).
+`pool` (atrium.httppool, our own keep-alive HTTP/1.1 client over httptools) carries the data
+proxy, the hot path; `session` (aiohttp) carries health checks, hooks and page proxying. Neither
+keeps cookies or decompresses (bodies pass through as sent); httpx is never used to reach apps
+(it was 10-20x slower on this path and replayed one provider's cookie to the next caller).
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from typing import Self
 
 import aiohttp
 
+from atrium.httppool import HttpPool
+
 
 class UpstreamClient:
-    """Owns one aiohttp session for the whole shell."""
+    """Owns the shell's one connection pool and one aiohttp session."""
 
     def __init__(self, connect_timeout: float = 5.0) -> None:
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self.pool = HttpPool(connect_timeout=connect_timeout)
 
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
@@ -35,6 +40,7 @@ class UpstreamClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.pool.close()
         if self._session is not None:
             await self._session.close()
 

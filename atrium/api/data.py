@@ -2,10 +2,12 @@
 
 No routing framework in between: the path is checked on its raw bytes (canonical form first,
 decisions.md "Data proxy"), the caller identified by the one `identify`, the route decided by
-`DataProxy.route`, and the request forwarded over the shared aiohttp session. Bodies up to
-256 KiB are buffered both ways; larger ones stream in constant memory. The provider's
-`Set-Cookie` never reaches the caller (a provider must not plant cookies on the host page's or
-another app's origin), and no cookie of the caller reaches the provider.
+`DataProxy.route`, and the request forwarded over the shell's connection pool
+(`atrium.httppool`), headers kept as the bytes they arrived as. Bodies up to 256 KiB are buffered
+both ways; larger ones, and chunked ones, stream in constant memory. The provider's `Set-Cookie`
+never reaches the caller (a provider must not plant cookies on the host page's or another app's
+origin), and no cookie of the caller reaches the provider. Hop-by-hop headers, and those the
+`Connection` header names, stop here in both directions (RFC 9110 7.6.1).
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ from collections.abc import AsyncIterator
 from typing import Final
 from urllib.parse import unquote
 
-import aiohttp
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
-from yarl import URL
 
 from atrium.api.auth import check_cookie_origin, identify
 from atrium.api.errors import error_response
-from atrium.api.forward import BUFFER_LIMIT, CHUNK, HOP_BY_HOP, UPSTREAM_TIMEOUT
+from atrium.api.forward import BUFFER_LIMIT, HOP_BY_HOP, UPSTREAM_TIMEOUT
 from atrium.errors import AtriumError, InvalidRequest, UpstreamFailed, UpstreamTimeout
+from atrium.httppool import UpstreamError, UpstreamResponse
 from atrium.identity import Caller, UserCaller
 from atrium.lifecycle.calls import SECRET_HEADER
 from atrium.shell import Shell
@@ -35,9 +36,15 @@ PREFIX: Final = b"/api/data/"
 NON_CANONICAL: Final = re.compile(
     rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|\x00", re.IGNORECASE
 )
-DROPPED: Final = HOP_BY_HOP | {"host", "authorization", "cookie", "content-length"}
-DROPPED_RESPONSE: Final = HOP_BY_HOP | {"set-cookie", "set-cookie2", "content-length", "date"}
-TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_read=UPSTREAM_TIMEOUT)
+_HOP: Final = frozenset(name.encode() for name in HOP_BY_HOP)
+#: request headers that never reach the provider: hop-by-hop, the caller's credentials, framing
+#: (the pool sets it), `Expect` (the shell answers 100-continue itself)
+DROPPED: Final = _HOP | {b"host", b"authorization", b"cookie", b"content-length", b"expect"}
+#: response headers that never reach the caller; the server adds its own Date and framing
+DROPPED_RESPONSE: Final = _HOP | {b"set-cookie", b"set-cookie2", b"content-length", b"date"}
+SECRET: Final = SECRET_HEADER.encode()
+CALLER_APP_ID: Final = b"X-Os-Caller-App-Id"
+PERMISSION: Final = b"X-Os-Permission"
 
 
 def split_path(raw: bytes) -> tuple[str, bytes, str]:
@@ -74,15 +81,26 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 
 
 async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
+    """The request body as it arrives; a client that goes away midway raises, so the provider
+    never receives half a body as a whole one."""
     more = True
     while more:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            raise InvalidRequest("the client went away while sending the body")
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
         more = message.get("more_body", False)
+
+
+def connection_options(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names a `Connection` header lists: hop-by-hop for this message only."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(option.strip().lower() for option in value.split(b","))
+    return frozenset(named)
 
 
 async def serve_data(
@@ -130,99 +148,75 @@ async def _proxy(
         headers.get("x-os-caller-app-id"),
         headers.get("x-os-permission"),
     )
-    out: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        lower = name.decode("latin-1").lower()
-        if lower in DROPPED or lower.startswith("x-os-"):
-            continue
-        out[lower] = value.decode("latin-1")
-    out[SECRET_HEADER] = route.address.secret
+    inbound: list[tuple[bytes, bytes]] = scope["headers"]
+    named = connection_options(inbound)
+    out = [
+        (name, value)
+        for name, value in inbound
+        if name not in DROPPED and not name.startswith(b"x-os-") and name not in named
+    ]
+    out.append((SECRET, route.address.secret.encode("latin-1")))
     if route.caller_app_id is not None:
-        out["X-Os-Caller-App-Id"] = route.caller_app_id
+        out.append((CALLER_APP_ID, route.caller_app_id.encode("latin-1")))
     if route.permission is not None:
-        out["X-Os-Permission"] = route.permission
+        out.append((PERMISSION, route.permission.encode("latin-1")))
     length = headers.get("content-length")
+    declared = int(length) if length is not None and length.isdigit() else None
     body: bytes | AsyncIterator[bytes] | None
-    if length is not None and length.isdigit() and int(length) <= BUFFER_LIMIT:
-        body = await _read_body(receive, int(length))
+    if declared is not None and declared <= BUFFER_LIMIT:
+        body = await _read_body(receive, declared)
     elif length is None and "transfer-encoding" not in headers:
         body = None
     else:
         body = _stream_body(receive)
-    query = scope.get("query_string", b"")
-    url = URL.build(
-        scheme="http",
-        host=route.address.host,
-        port=route.address.port,
-        path="/api/data" + upstream_rest.decode("latin-1"),
-        query_string=query.decode("latin-1"),
-        encoded=True,
-    )
-    await _forward(shell, route.app_id, method, url, out, body, send)
-
-
-async def _forward(
-    shell: Shell,
-    app_id: str,
-    method: str,
-    url: URL,
-    headers: dict[str, str],
-    body: bytes | AsyncIterator[bytes] | None,
-    send: Send,
-) -> None:
+    query: bytes = scope.get("query_string", b"")
+    target = b"/api/data" + upstream_rest + (b"?" + query if query else b"")
     try:
-        upstream = await shell.upstream.session.request(
+        upstream = await shell.upstream.pool.request(
             method,
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            timeout=TIMEOUT,
+            route.address.host,
+            route.address.port,
+            target,
+            out,
+            body,
+            content_length=declared,
+            read_timeout=UPSTREAM_TIMEOUT,
         )
     except TimeoutError as err:
         raise UpstreamTimeout(
-            f"the provider {app_id} did not answer within {UPSTREAM_TIMEOUT:.0f} s"
+            f"the provider {route.app_id} did not answer within {UPSTREAM_TIMEOUT:.0f} s"
         ) from err
-    except aiohttp.ClientError as err:
-        raise UpstreamFailed(f"the provider {app_id} failed: {err}") from err
+    except UpstreamError as err:
+        raise UpstreamFailed(f"the provider {route.app_id} failed: {err}") from err
     try:
-        response_headers = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in upstream.headers.items()
-            if k.lower() not in DROPPED_RESPONSE
-        ]
-        size = upstream.content_length
-        if method == "HEAD" or (size is not None and size <= BUFFER_LIMIT):
-            try:
-                payload = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as err:
-                raise UpstreamFailed(
-                    f"the provider {app_id} failed while answering: {err}"
-                ) from err
-            length = size if method == "HEAD" and size is not None else len(payload)
-            response_headers.append((b"content-length", str(length).encode()))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": upstream.status,
-                    "headers": response_headers,
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
-            return
-        await _send_streamed(upstream, response_headers, send)
+        await _answer(upstream, method, route.app_id, send)
     finally:
         upstream.release()
 
 
-async def _send_streamed(
-    upstream: aiohttp.ClientResponse, headers: list[tuple[bytes, bytes]], send: Send
-) -> None:
-    if upstream.content_length is not None:
-        headers.append((b"content-length", str(upstream.content_length).encode()))
+async def _answer(upstream: UpstreamResponse, method: str, app_id: str, send: Send) -> None:
+    named = connection_options(upstream.headers)
+    headers = [
+        (name, value)
+        for name, value in upstream.headers
+        if (lower := name.lower()) not in DROPPED_RESPONSE and lower not in named
+    ]
+    size = upstream.content_length
+    if method == "HEAD" or (size is not None and size <= BUFFER_LIMIT):
+        try:
+            payload = await upstream.read()
+        except (UpstreamError, TimeoutError) as err:
+            raise UpstreamFailed(f"the provider {app_id} failed while answering: {err}") from err
+        length = size if method == "HEAD" and size is not None else len(payload)
+        headers.append((b"content-length", b"%d" % length))
+        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+        return
+    if size is not None:
+        headers.append((b"content-length", b"%d" % size))
     await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
     # a failure from here on cannot change the status line: it propagates and the server cuts
     # the connection, so the caller sees a truncated body rather than a wrong success
-    async for chunk in upstream.content.iter_chunked(CHUNK):
+    async for chunk in upstream.iter_chunks():
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
