@@ -68,9 +68,11 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self._parser: httptools.HttpResponseParser | None = None
+        self._spare: httptools.HttpResponseParser | None = None
         # the exchange in progress
         self.status = 0
         self.headers: Headers = []
+        self.content_length: int | None = None
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -131,11 +133,14 @@ class _Connection(asyncio.Protocol):
         self.status = status
         self.keep_alive = parser.should_keep_alive()
         self.headers_done = True
-        self._length_known = self._no_body or any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers
-        )
+        for name, value in self.headers:
+            if len(name) == 14 and name.lower() == b"content-length":
+                self.content_length = int(value) if value.isdigit() else None
+                self._length_known = True
+            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+                self._length_known = True
         if self._no_body:  # HEAD: httptools would wait for the announced body
-            self.complete = True
+            self._length_known = self.complete = True
             self._parser = None
         self._wake()
 
@@ -156,27 +161,32 @@ class _Connection(asyncio.Protocol):
         if not self.headers_done:  # the end of an interim answer
             return
         self.complete = True
-        self._parser = None
+        self._spare, self._parser = self._parser, None
         self._wake()
 
     # -- the exchange ----------------------------------------------------------------------
     def begin(self, head_request: bool) -> None:
+        self._reset()
+        self._no_body = head_request
+        # a parser that saw its answer to the end is ready for the next one (not after HEAD)
+        self._parser = self._spare or httptools.HttpResponseParser(self)
+        self._spare = None
+
+    def rest(self) -> None:
+        """Back in the pool: no exchange; any byte that arrives now is unexpected."""
+        self._reset()
+        self.reused = True
+        self.idle_since = self.loop.time()
+
+    def _reset(self) -> None:
         self.status = 0
         self.headers = []
+        self.content_length = None
         self.headers_done = self.complete = self.received_any = False
         self.chunks.clear()
         self.buffered = 0
         self.streaming = True
-        self._no_body = head_request
         self._length_known = False
-        self._parser = httptools.HttpResponseParser(self)
-
-    def rest(self) -> None:
-        """Back in the pool: no exchange; any byte that arrives now is unexpected."""
-        self.begin(False)
-        self._parser = None
-        self.reused = True
-        self.idle_since = self.loop.time()
 
     def read_whole(self) -> None:
         """The caller wants the whole body at once: reading never pauses for it."""
@@ -258,7 +268,7 @@ class UpstreamResponse:
     """An upstream's answer once its headers arrived. Read it whole or stream it, then it is
     released (back to the pool or closed); `release()` is safe to call at any time and again."""
 
-    __slots__ = ("_conn", "_pool", "_timeout", "headers", "status")
+    __slots__ = ("_conn", "_pool", "_timeout", "content_length", "headers", "status")
 
     def __init__(self, pool: HttpPool, conn: _Connection, timeout: float) -> None:
         self._pool = pool
@@ -266,13 +276,7 @@ class UpstreamResponse:
         self._timeout = timeout
         self.status = conn.status
         self.headers = conn.headers
-
-    @property
-    def content_length(self) -> int | None:
-        for name, value in self.headers:
-            if name.lower() == b"content-length":
-                return int(value) if value.isdigit() else None
-        return None
+        self.content_length = conn.content_length
 
     @property
     def complete(self) -> bool:

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from atrium.api.auth import check_cookie_origin, identify
+from atrium.api.auth import check_cookie_origin, identify_raw
 from atrium.api.errors import error_response
 from atrium.api.forward import BUFFER_LIMIT, HOP_BY_HOP, UPSTREAM_TIMEOUT
 from atrium.errors import AtriumError, InvalidRequest, UpstreamFailed, UpstreamTimeout
@@ -94,6 +94,51 @@ async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
         more = message.get("more_body", False)
 
 
+class _Inbound:
+    """The request headers in one pass: what the shell reads, and what goes on to the provider
+    (minus hop-by-hop, credentials, framing, every `X-Os-*` and what `Connection` names)."""
+
+    __slots__ = (
+        "asserted_permission",
+        "authorization",
+        "chunked",
+        "claimed_app_id",
+        "content_length",
+        "cookie",
+        "forwarded",
+    )
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.authorization: str | None = None
+        self.cookie: str | None = None
+        self.claimed_app_id: str | None = None
+        self.asserted_permission: str | None = None
+        self.content_length: int | None = None
+        self.chunked = False
+        self.forwarded: list[tuple[bytes, bytes]] = []
+        connection: list[bytes] = []
+        for name, value in headers:  # names arrive lower-cased from the server
+            if name not in DROPPED and not name.startswith(b"x-os-"):
+                self.forwarded.append((name, value))
+            elif name == b"authorization":
+                self.authorization = self.authorization or value.decode("latin-1")
+            elif name == b"cookie":
+                self.cookie = self.cookie or value.decode("latin-1")
+            elif name == b"content-length":
+                self.content_length = int(value) if value.isdigit() else None
+            elif name == b"transfer-encoding":
+                self.chunked = True
+            elif name == b"connection":
+                connection.append(value)
+            elif name == b"x-os-caller-app-id":
+                self.claimed_app_id = self.claimed_app_id or value.decode("latin-1")
+            elif name == b"x-os-permission":
+                self.asserted_permission = self.asserted_permission or value.decode("latin-1")
+        if connection:
+            named = connection_options([(b"connection", v) for v in connection])
+            self.forwarded = [(n, v) for n, v in self.forwarded if n not in named]
+
+
 def connection_options(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     """The header names a `Connection` header lists: hop-by-hop for this message only."""
     named: set[bytes] = set()
@@ -134,38 +179,25 @@ async def _proxy(
 ) -> None:
     authority, upstream_rest, path = split_path(raw_rest)
     method: str = scope["method"]
-    request = Request(scope, receive)
+    inbound = _Inbound(scope["headers"])
     if caller is None:
-        caller = identify(request, shell)
+        caller = identify_raw(scope, inbound.authorization, inbound.cookie, shell)
         if isinstance(caller, UserCaller) and caller.via_cookie:
-            check_cookie_origin(request, shell)
-    headers = request.headers
+            check_cookie_origin(Request(scope), shell)
     route = shell.dataproxy.route(
-        authority,
-        path,
-        method,
-        caller,
-        headers.get("x-os-caller-app-id"),
-        headers.get("x-os-permission"),
+        authority, path, method, caller, inbound.claimed_app_id, inbound.asserted_permission
     )
-    inbound: list[tuple[bytes, bytes]] = scope["headers"]
-    named = connection_options(inbound)
-    out = [
-        (name, value)
-        for name, value in inbound
-        if name not in DROPPED and not name.startswith(b"x-os-") and name not in named
-    ]
+    out = inbound.forwarded
     out.append((SECRET, route.address.secret.encode("latin-1")))
     if route.caller_app_id is not None:
         out.append((CALLER_APP_ID, route.caller_app_id.encode("latin-1")))
     if route.permission is not None:
         out.append((PERMISSION, route.permission.encode("latin-1")))
-    length = headers.get("content-length")
-    declared = int(length) if length is not None and length.isdigit() else None
+    declared = inbound.content_length
     body: bytes | AsyncIterator[bytes] | None
     if declared is not None and declared <= BUFFER_LIMIT:
         body = await _read_body(receive, declared)
-    elif length is None and "transfer-encoding" not in headers:
+    elif declared is None and not inbound.chunked:
         body = None
     else:
         body = _stream_body(receive)

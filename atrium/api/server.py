@@ -11,12 +11,58 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atrium.api.app import AtriumApp, create_app
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _HeldWrites:
+    """A transport that holds one write until the next write or the end of the loop iteration.
+
+    uvicorn writes a response's head and its body in two `write` calls, each a `send` system call
+    on loopback; holding the head lets both leave in one `writev`. Anything but `write` and
+    `close` passes straight to the real transport.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            if data:
+                self._held = data
+                self._loop.call_soon(self.flush)
+            return
+        self._held = None
+        self._transport.writelines((held, data))
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing each response's head and body together."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]
 
 
 class _Server(uvicorn.Server):
@@ -81,7 +127,7 @@ class ShellServer:
         config = uvicorn.Config(
             self.app,
             loop="none",
-            http="httptools",
+            http=_Protocol,
             ws="none",
             lifespan="on",
             timeout_graceful_shutdown=3,
