@@ -227,12 +227,67 @@ def test_a_provider_cookie_never_reaches_a_caller(
 ) -> None:
     first = api.get("/api/data/plain/items")
     assert "set-cookie" not in first.headers
-    second = api.get("/api/data/plain/items")
-    assert second.status_code == 200
+    second = api.get("/api/data/plain/items")  # the provider set a cookie: nothing replays it
+    assert (second.status_code, second.json()["cookie"]) == (200, None)
     with as_app(proxy_shell, "test.caller.reader") as reader:
         reply = reader.post("/api/data/plain/items", content=b"x", headers={"Cookie": "mine=1"})
         assert "set-cookie" not in reply.headers
         assert reply.json()["callerAppId"] == "test.caller.reader"
+        assert reply.json()["cookie"] is None
+
+
+def test_hop_by_hop_headers_stop_at_the_shell_both_ways(api: httpx.Client) -> None:
+    sent = api.get(
+        "/api/data/plain/items",
+        headers={
+            "Connection": "keep-alive, x-mine",
+            "X-Mine": "for the shell only",
+            "Keep-Alive": "timeout=5",
+            "TE": "trailers",
+            "Upgrade": "websocket",
+            "Proxy-Authorization": "Basic Zm9vOmJhcg==",
+            "X-End": "to the provider",
+        },
+    ).json()["headers"]
+    assert sent["x-end"] == "to the provider"
+    for name in ("x-mine", "keep-alive", "te", "upgrade", "proxy-authorization", "connection"):
+        assert name not in sent, name
+    answered = api.get("/api/data/plain/items/hop")
+    assert (answered.status_code, answered.text) == (200, "ok")
+    assert answered.headers["x-kept"] == "end to end"
+    assert "x-private" not in answered.headers
+    assert "keep-alive" not in answered.headers
+
+
+@pytest.mark.parametrize("announced", [100_000, 4 * 1024 * 1024])
+def test_a_provider_closing_mid_body_fails_that_request_only(
+    api: httpx.Client, announced: int
+) -> None:
+    if announced <= 256 * 1024:  # buffered: the shell can still answer with an error
+        cut = api.get("/api/data/plain/items/cut", params={"bytes": str(announced)})
+        assert (cut.status_code, cut.json()["error"]["code"]) == (502, "upstream_failed")
+    else:  # streamed: the status line is gone, so the caller sees the body cut short
+        with pytest.raises(httpx.RemoteProtocolError):
+            api.get("/api/data/plain/items/cut", params={"bytes": str(announced)})
+    for n in range(20):  # the broken connection is not handed to anyone else
+        assert api.get(f"/api/data/plain/items/{n}").json()["path"] == f"/api/data/items/{n}"
+
+
+def test_a_provider_that_does_not_answer_in_time_is_504(
+    api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("atrium.api.data.UPSTREAM_TIMEOUT", 0.5)
+    late = api.get("/api/data/plain/items/slow", params={"seconds": "3"})
+    assert (late.status_code, late.json()["error"]["code"]) == (504, "upstream_timeout")
+    assert api.get("/api/data/plain/items").status_code == 200
+
+
+@pytest.mark.parametrize("size", [1000, 3_000_000])
+def test_a_chunked_answer_streams_through(api: httpx.Client, size: int) -> None:
+    with api.stream("GET", "/api/data/plain/items/chunked", params={"bytes": str(size)}) as response:
+        assert response.status_code == 200
+        assert "content-length" not in response.headers
+        assert sum(len(chunk) for chunk in response.iter_bytes()) == size
 
 
 def test_browser_code_is_identified_by_its_origin(
@@ -305,8 +360,10 @@ def test_a_large_body_streams_both_ways(api: httpx.Client) -> None:
         for _ in range(upload // 65536):
             yield b"y" * 65536
 
-    sent = api.post("/api/data/echo/open/upload", content=body())
+    sent = api.post("/api/data/echo/open/upload", content=body())  # chunked
     assert sent.json()["bodySize"] == upload
+    sized = api.post("/api/data/echo/open/upload", content=b"z" * (3 * 1024 * 1024))
+    assert sized.json()["bodySize"] == 3 * 1024 * 1024
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 64 * 1024, f"the shell's peak memory grew by {grown_kib} KiB"
 

@@ -1,7 +1,8 @@
 """Fixture `test.plain.stdlib`: an app written against the stdlib only, without the SDK.
 
 It shows what the shell needs from any app: the secret check, /health, the hooks, and
-`X-Os-App-Id` on every response. Its provider echoes requests and sets a cookie.
+`X-Os-App-Id` on every response. Its provider echoes requests and sets a cookie; a few paths
+misbehave on purpose for the data proxy's tests (see EDGES).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl
 
@@ -16,6 +18,9 @@ APP_ID = os.environ.get("OS_APP_ID", "test.plain.stdlib")
 INSTANCE_ID = os.environ.get("OS_INSTANCE_ID", "")
 SECRET = os.environ.get("OS_SHELL_SECRET", "").encode()
 PROVIDER_PREFIX = "/api/data/items"
+#: /api/data/items/<edge>: hop (hop-by-hop response headers), cut?bytes=N (announces N bytes, sends
+#: half, closes), slow?seconds=N (answers late), chunked?bytes=N (a chunked answer)
+EDGES = ("hop", "cut", "slow", "chunked")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -54,6 +59,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, {"path": "/", "title": "Plain stdlib"})
         elif path.startswith("/api/lifecycle/") and self.command == "POST":
             self.send(200, {"ok": True})
+        elif path.removeprefix(PROVIDER_PREFIX + "/") in EDGES:
+            self.edge(path.removeprefix(PROVIDER_PREFIX + "/"), dict(parse_qsl(query)))
         elif path == PROVIDER_PREFIX or path.startswith(PROVIDER_PREFIX + "/"):
             self.send(
                 200,
@@ -65,10 +72,43 @@ class Handler(BaseHTTPRequestHandler):
                     "callerAppId": self.headers.get("X-Os-Caller-App-Id"),
                     "permission": self.headers.get("X-Os-Permission"),
                     "cookie": self.headers.get("Cookie"),
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
                 },
             )
         else:
             self.send(404, {"error": {"code": "not_found", "message": f"no route {path}"}})
+
+    def edge(self, name: str, query: dict[str, str]) -> None:
+        if name == "slow":
+            time.sleep(float(query.get("seconds", "1")))
+            self.send(200, {"slow": True})
+            return
+        self.send_response(200)
+        self.send_header("X-Os-App-Id", APP_ID)
+        if name == "hop":
+            self.send_header("Connection", "x-private, keep-alive")
+            self.send_header("X-Private", "only for the next hop")
+            self.send_header("Keep-Alive", "timeout=5")
+            self.send_header("X-Kept", "end to end")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        elif name == "cut":
+            announced = int(query.get("bytes", "100000"))
+            self.send_header("Content-Length", str(announced))
+            self.end_headers()
+            self.wfile.write(b"c" * (announced // 2))
+            self.wfile.flush()
+            self.close_connection = True
+        else:  # chunked
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            left = int(query.get("bytes", "1000"))
+            while left:
+                piece = min(left, 70000)
+                self.wfile.write(b"%x\r\n" % piece + b"k" * piece + b"\r\n")
+                left -= piece
+            self.wfile.write(b"0\r\n\r\n")
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = route
 
