@@ -45,6 +45,8 @@ DROPPED_RESPONSE: Final = _HOP | {b"set-cookie", b"set-cookie2", b"content-lengt
 SECRET: Final = SECRET_HEADER.encode()
 CALLER_APP_ID: Final = b"X-Os-Caller-App-Id"
 PERMISSION: Final = b"X-Os-Permission"
+#: answers that never carry a body (RFC 9110 6.4.1), whatever their Content-Length says
+NO_BODY_STATUS: Final = frozenset({204, 304})
 
 
 def split_path(raw: bytes) -> tuple[str, bytes, str]:
@@ -234,13 +236,21 @@ async def _answer(upstream: UpstreamResponse, method: str, app_id: str, send: Se
         if (lower := name.lower()) not in DROPPED_RESPONSE and lower not in named
     ]
     size = upstream.content_length
-    if method == "HEAD" or (size is not None and size <= BUFFER_LIMIT):
+    no_body = method == "HEAD" or upstream.status in NO_BODY_STATUS
+    if no_body or (size is not None and size <= BUFFER_LIMIT):
         try:
             payload = await upstream.read()
-        except (UpstreamError, TimeoutError) as err:
+        except TimeoutError as err:
+            raise UpstreamTimeout(
+                f"the provider {app_id} stopped answering for {UPSTREAM_TIMEOUT:.0f} s"
+            ) from err
+        except UpstreamError as err:
             raise UpstreamFailed(f"the provider {app_id} failed while answering: {err}") from err
-        length = size if method == "HEAD" and size is not None else len(payload)
-        headers.append((b"content-length", b"%d" % length))
+        if method == "HEAD":  # the length a GET would have, when the provider said it
+            if size is not None:
+                headers.append((b"content-length", b"%d" % size))
+        elif upstream.status not in NO_BODY_STATUS:
+            headers.append((b"content-length", b"%d" % len(payload)))
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
         return

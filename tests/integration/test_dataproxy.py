@@ -282,9 +282,20 @@ def test_a_provider_that_does_not_answer_in_time_is_504(
     assert api.get("/api/data/plain/items").status_code == 200
 
 
+def test_answers_without_a_body_keep_their_framing(api: httpx.Client) -> None:
+    head = api.head("/api/data/plain/items/chunked")
+    assert (head.status_code, head.content) == (200, b"")
+    assert "content-length" not in head.headers  # unknown: never a made-up 0
+    stale = api.get("/api/data/plain/items/notmodified")
+    assert (stale.status_code, stale.content) == (304, b"")
+    assert api.get("/api/data/plain/items").status_code == 200
+
+
 @pytest.mark.parametrize("size", [1000, 3_000_000])
 def test_a_chunked_answer_streams_through(api: httpx.Client, size: int) -> None:
-    with api.stream("GET", "/api/data/plain/items/chunked", params={"bytes": str(size)}) as response:
+    with api.stream(
+        "GET", "/api/data/plain/items/chunked", params={"bytes": str(size)}
+    ) as response:
         assert response.status_code == 200
         assert "content-length" not in response.headers
         assert sum(len(chunk) for chunk in response.iter_bytes()) == size

@@ -19,8 +19,9 @@ INSTANCE_ID = os.environ.get("OS_INSTANCE_ID", "")
 SECRET = os.environ.get("OS_SHELL_SECRET", "").encode()
 PROVIDER_PREFIX = "/api/data/items"
 #: /api/data/items/<edge>: hop (hop-by-hop response headers), cut?bytes=N (announces N bytes, sends
-#: half, closes), slow?seconds=N (answers late), chunked?bytes=N (a chunked answer)
-EDGES = ("hop", "cut", "slow", "chunked")
+#: half, closes), slow?seconds=N (answers late), chunked?bytes=N (a chunked answer, also to HEAD),
+#: notmodified (304 with the Content-Length of a representation it does not send)
+EDGES = ("hop", "cut", "slow", "chunked", "notmodified")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -83,6 +84,12 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(float(query.get("seconds", "1")))
             self.send(200, {"slow": True})
             return
+        if name == "notmodified":
+            self.send_response(304)
+            self.send_header("X-Os-App-Id", APP_ID)
+            self.send_header("Content-Length", "1234")
+            self.end_headers()
+            return
         self.send_response(200)
         self.send_header("X-Os-App-Id", APP_ID)
         if name == "hop":
@@ -103,6 +110,8 @@ class Handler(BaseHTTPRequestHandler):
         else:  # chunked
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
+            if self.command == "HEAD":
+                return
             left = int(query.get("bytes", "1000"))
             while left:
                 piece = min(left, 70000)
