@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # Debian packages the test suite uses: git (scope repositories, git fetcher), bubblewrap (sandbox),
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl
@@ -18,6 +19,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# the extra `bench` (the data proxy's candidate client and server) only for `make bench`
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 venv: $(STAMP)
 
@@ -48,8 +54,9 @@ fmt: $(STAMP)
 test: system-deps $(STAMP) check
 	$(BIN)/pytest
 
-bench: bench-deps $(STAMP)
-	$(BIN)/python -m bench
+# `make bench BENCH="dataproxy soak"` runs only those (names in bench/__main__.py)
+bench: bench-deps $(BENCH_STAMP)
+	$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -5,12 +5,25 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import crash, dataproxy, events, install, intents, lifecycle, theme, watcher
+from bench import (
+    crash,
+    dataproxy,
+    events,
+    install,
+    intents,
+    lifecycle,
+    soak,
+    streaming,
+    theme,
+    watcher,
+)
 
 BENCHES = {
     "watcher": watcher.main,
     "lifecycle": lifecycle.main,
     "dataproxy": dataproxy.main,
+    "streaming": streaming.main,
+    "soak": soak.main,
     "intents": intents.main,
     "theme": theme.main,
     "install": install.main,

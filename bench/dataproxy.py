@@ -1,110 +1,49 @@
-"""The data proxy under load: direct upstream vs Atrium vs nginx vs configurable-http-proxy.
+"""The data proxy under load: direct upstream vs Atrium vs nginx vs configurable-http-proxy,
+and the candidate stacks for the proxy's HTTP server and client (bench/candidates.py).
 
-All four serve the same upstream (bench/apps/bench.upstream, uvloop + httptools), driven by wrk
-at 32 connections for requests/s and at 1 connection for latency, small (200 B) and large
-(64 KiB) bodies, rounds interleaved in one run. Atrium's path is the full one: an app's bearer
-token looked up, the provider entry matched, the permission checked, the headers rewritten.
+All serve the same upstream (bench/apps/bench.upstream, uvloop + httptools), driven by wrk at 32
+connections for requests/s and p50/p99 latency and at 1 connection for latency, small (200 B) and
+large (64 KiB) bodies, rounds interleaved in one run: every stack, candidates included, is measured
+in every round, so a drift of the machine shows in all of them. Atrium's path is the full one: an
+app's bearer token looked up, the provider entry matched, the permission checked, the headers
+rewritten. Each candidate is its own process (`python -m bench.candidates --stack NAME`); one that
+cannot start (its package missing) is reported and skipped; BENCH_CANDIDATES=a,b picks some
+(empty: none). Before measuring, every stack must answer both bodies correctly.
 Targets (providers issue): ≥ 25 % of nginx's requests/s for small bodies; ≤ 0.3 ms added median
 latency at 1 connection. The anchor is nginx (Debian `nginx-light`), keepalive upstream.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-APPS = Path(__file__).resolve().parent / "apps"
+from bench import candidates
+from bench.shell import ROOT, Shell, free_port, running_shell, stop, wait_port
+from bench.wrk import WrkResult, wrk
+
 NODE_DIR = Path(__file__).resolve().parent / ".node"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-SECONDS = os.environ.get("BENCH_SECONDS", "4")
+SECONDS = int(os.environ.get("BENCH_SECONDS", "4"))
+SIZES = {"small": 200, "large": 65536}
+ANCHOR = "nginx (anchor)"
+DIRECT = "direct upstream"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+@dataclass(frozen=True)
+class Target:
+    """One stack under test: its base URL (append `/small`, `/large`) and the token it is sent."""
 
-
-def wait_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
-
-
-def wrk(url: str, connections: int, token: str | None) -> tuple[float, float]:
-    """(requests/s, median latency ms)."""
-    cmd = ["wrk", f"-t{min(connections, 2)}", f"-c{connections}", f"-d{SECONDS}s", "--latency"]
-    if token:
-        cmd += ["-H", f"Authorization: Bearer {token}"]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    value, unit = re.search(r"50%\s+([\d.]+)(\w+)", out).groups()  # type: ignore[union-attr]
-    factor = {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-    return rps, float(value) * factor
-
-
-def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    system = home / "system-apps"
-    shutil.copytree(APPS / "bench.upstream", system / "bench.upstream")
-    caller = system / "bench.caller"
-    shutil.copytree(APPS / "bench.upstream", caller)
-    manifest = json.loads((caller / "app.manifest.json").read_text())
-    manifest.update({"id": "bench.caller", "permissions": ["bench.upstream.read"]})
-    manifest.pop("dataProvider")
-    (caller / "app.manifest.json").write_text(json.dumps(manifest))
-    env = {
-        **os.environ,
-        "ATRIUM_HOME": str(home),
-        "ATRIUM_PORT": "0",
-        "ATRIUM_SYSTEM_APPS": str(system),
-        "ATRIUM_RUNNER": "process",
-        "ATRIUM_LOG_LEVEL": "warning",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url_file = home / "run" / "url"
-    deadline = time.monotonic() + 30
-    while not url_file.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the shell did not start")
-        time.sleep(0.05)
-    url = url_file.read_text().strip().replace("localhost", "127.0.0.1")
-    return proc, url, (home / "run" / "token").read_text().strip()
-
-
-def launch(url: str, token: str, app_id: str) -> dict[str, object]:
-    with httpx.Client(
-        base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    ) as api:
-        created = api.post("/api/instances", json={"appId": app_id})
-        if created.status_code != 200:
-            raise RuntimeError(f"launching {app_id} failed: {created.text}")
-        instance: dict[str, object] = created.json()
-        api.post(f"/api/instances/{instance['instanceId']}/resumed").raise_for_status()
-        return instance
+    base: str
+    token: str | None
 
 
 def start_nginx(tmp: Path, upstream: int) -> tuple[subprocess.Popen[bytes], int]:
@@ -135,7 +74,7 @@ http {{
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
 
 
@@ -181,71 +120,160 @@ def start_chp(upstream: int) -> tuple[subprocess.Popen[bytes], int] | None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_port(port)
+    wait_port(port, proc=proc)
     return proc, port
+
+
+def selected_candidates() -> list[str]:
+    chosen = os.environ.get("BENCH_CANDIDATES")
+    if chosen is None:
+        return list(candidates.STACKS)
+    return [name.strip() for name in chosen.split(",") if name.strip()]
+
+
+def start_candidate(
+    tmp: Path, name: str, upstream: int
+) -> tuple[subprocess.Popen[bytes], int] | None:
+    """`python -m bench.candidates --stack NAME` on a free port; None (and why) when it fails."""
+    if name not in candidates.STACKS:
+        print(f"candidate {name} skipped: no such stack (bench/candidates.py STACKS)")
+        return None
+    port = free_port()
+    log = tmp / f"candidate-{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.candidates",
+                "--stack",
+                name,
+                "--port",
+                str(port),
+                "--upstream-port",
+                str(upstream),
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_port(port, proc=proc)
+    except (RuntimeError, TimeoutError) as err:
+        stop([proc])
+        lines = log.read_text(errors="replace").strip().splitlines()
+        print(f"candidate {name} skipped: {lines[-1] if lines else err}")
+        return None
+    return proc, port
+
+
+def answers(name: str, target: Target) -> bool:
+    """Whether the stack answers both bodies with 200 and the right length (else say why)."""
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+    with httpx.Client(headers=headers, timeout=10) as client:
+        for size, length in SIZES.items():
+            try:
+                response = client.get(f"{target.base}/{size}")
+            except httpx.HTTPError as err:
+                print(f"{name} skipped: GET /{size} failed: {err!r}")
+                return False
+            if response.status_code != 200 or len(response.content) != length:
+                print(
+                    f"{name} skipped: GET /{size} answered {response.status_code} with "
+                    f"{len(response.content)} bytes, not 200 with {length}"
+                )
+                return False
+    return True
 
 
 def main_sync() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        shell, url, user_token = start_shell(tmp / "home")
-        procs: list[subprocess.Popen[bytes]] = [shell]
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            upstream = launch(url, user_token, "bench.upstream")
-            launch(url, user_token, "bench.caller")
-            caller_token = tmp / "home/scopes/system/apps/bench.caller/bench.caller-1/token"
-            token = caller_token.read_text().strip()
-            up_port = int(str(upstream["port"]))
-            nginx, nginx_port = start_nginx(tmp, up_port)
-            procs.append(nginx)
-            targets: dict[str, tuple[str, str | None]] = {
-                "direct upstream": (f"http://127.0.0.1:{up_port}/api/data", None),
-                "atrium data proxy": (f"{url}/api/data/bench", token),
-                "nginx (anchor)": (f"http://127.0.0.1:{nginx_port}/api/data", None),
-            }
-            chp = start_chp(up_port)
-            if chp is not None:
-                procs.append(chp[0])
-                targets["configurable-http-proxy"] = (f"http://127.0.0.1:{chp[1]}/api/data", None)
-            run(targets)
+            with running_shell(tmp) as shell:
+                run(collect_targets(tmp, shell, procs))
         finally:
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(procs)
 
 
-def run(targets: dict[str, tuple[str, str | None]]) -> None:
-    results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
-    for size in ("small", "large"):
-        for base, token in targets.values():
-            wrk(f"{base}/{size}", 8, token)  # warm up connections and caches
+def collect_targets(
+    tmp: Path, shell: Shell, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, Target]:
+    """Start nginx, configurable-http-proxy and the candidates; every stack that answers."""
+    up_port = shell.upstream_port
+    nginx, nginx_port = start_nginx(tmp, up_port)
+    procs.append(nginx)
+    targets = {
+        DIRECT: Target(shell.direct_url, None),
+        "atrium data proxy": Target(shell.data_url, shell.caller_token),
+        ANCHOR: Target(f"http://127.0.0.1:{nginx_port}/api/data", None),
+    }
+    chp = start_chp(up_port)
+    if chp is not None:
+        procs.append(chp[0])
+        targets["configurable-http-proxy"] = Target(f"http://127.0.0.1:{chp[1]}/api/data", None)
+    for name in selected_candidates():
+        started = start_candidate(tmp, name, up_port)
+        if started is not None:
+            procs.append(started[0])
+            # sent the caller's token like Atrium is, so the request is the same; it is dropped
+            targets[f"candidate: {name}"] = Target(
+                f"http://127.0.0.1:{started[1]}/api/data", shell.caller_token
+            )
+    for name in list(targets):
+        if not answers(name, targets[name]):
+            if name in (DIRECT, ANCHOR):
+                raise RuntimeError(f"{name} does not answer correctly")
+            del targets[name]
+    return targets
+
+
+def median(results: Sequence[WrkResult], field: str) -> float:
+    return statistics.median(float(getattr(r, field)) for r in results)
+
+
+def run(targets: dict[str, Target]) -> None:
+    results: dict[tuple[str, str, int], list[WrkResult]] = {}
+    for size in SIZES:
+        for target in targets.values():
+            wrk(f"{target.base}/{size}", 8, SECONDS, target.token)  # warm connections and caches
     for _ in range(ROUNDS):
-        for size in ("small", "large"):
-            for name, (base, token) in targets.items():
+        for size in SIZES:
+            for name, target in targets.items():
                 for connections in (32, 1):
                     results.setdefault((name, size, connections), []).append(
-                        wrk(f"{base}/{size}", connections, token)
+                        wrk(f"{target.base}/{size}", connections, SECONDS, target.token)
                     )
+    width = max(26, *(len(name) for name in targets))
     for size, label in (("small", "200 B"), ("large", "64 KiB")):
-        anchor = statistics.median(r for r, _ in results[("nginx (anchor)", size, 32)])
-        direct_ms = statistics.median(ms for _, ms in results[("direct upstream", size, 1)])
+        anchor = median(results[(ANCHOR, size, 32)], "rps")
+        direct_ms = median(results[(DIRECT, size, 1)], "p50_ms")
         print(
             f"\nData proxy, {label} bodies, medians of {ROUNDS} interleaved rounds "
             f"(wrk, {SECONDS} s each)"
         )
         print(
-            f"{'stack':<26} {'req/s @32':>10} {'vs nginx':>9} {'p50 ms @1':>10} {'added ms @1':>12}"
+            f"{'stack':<{width}} {'req/s @32':>10} {'vs nginx':>9} {'p50 ms @32':>11} "
+            f"{'p99 ms @32':>11} {'p50 ms @1':>10} {'added ms @1':>12}"
         )
         for name in targets:
-            rps = statistics.median(r for r, _ in results[(name, size, 32)])
-            ms = statistics.median(m for _, m in results[(name, size, 1)])
+            at32, at1 = results[(name, size, 32)], results[(name, size, 1)]
+            rps, p50_1 = median(at32, "rps"), median(at1, "p50_ms")
             print(
-                f"{name:<26} {rps:>10.0f} {rps / anchor:>8.2f}x {ms:>10.3f} {ms - direct_ms:>12.3f}"
+                f"{name:<{width}} {rps:>10.0f} {rps / anchor:>8.2f}x "
+                f"{median(at32, 'p50_ms'):>11.3f} {median(at32, 'p99_ms'):>11.3f} "
+                f"{p50_1:>10.3f} {p50_1 - direct_ms:>12.3f}"
             )
+        for name in targets:
+            runs = results[(name, size, 32)] + results[(name, size, 1)]
+            socket_errors = sum(r.socket_errors for r in runs)
+            bad = sum(r.bad_status for r in runs)
+            if socket_errors or bad:
+                print(
+                    f"  {name}: {socket_errors} socket errors, {bad} responses ≥ 400 "
+                    "over its runs: its figures are not comparable"
+                )
     print("targets: atrium ≥ 0.25x nginx req/s (small); ≤ 0.3 ms added median latency @1")
 
 
