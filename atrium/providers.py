@@ -45,22 +45,25 @@ class AuthorityClash:
 
 @dataclass(frozen=True, slots=True)
 class ProviderTable:
-    """authority → (app id, entries longest path first)."""
+    """authority → (app id, its matches longest entry path first).
 
-    _by_authority: Mapping[str, tuple[str, tuple[ProviderEntry, ...]]] = field(default_factory=dict)
+    The matches are built once per table, so matching a request allocates nothing (the data
+    proxy's hot path)."""
+
+    _by_authority: Mapping[str, tuple[str, tuple[ProviderMatch, ...]]] = field(default_factory=dict)
     clashes: tuple[AuthorityClash, ...] = ()
 
     @classmethod
     def build(cls, providers: Iterable[tuple[str, DataProvider]]) -> ProviderTable:
-        table: dict[str, tuple[str, tuple[ProviderEntry, ...]]] = {}
+        table: dict[str, tuple[str, tuple[ProviderMatch, ...]]] = {}
         clashes: list[AuthorityClash] = []
         for app_id, provider in sorted(providers, key=lambda p: p[0]):
             served = table.get(provider.authority)
             if served is not None:
                 clashes.append(AuthorityClash(provider.authority, app_id, served[0]))
                 continue
-            entries = tuple(sorted(provider.providers, key=lambda e: len(e.path), reverse=True))
-            table[provider.authority] = (app_id, entries)
+            entries = sorted(provider.providers, key=lambda e: len(e.path), reverse=True)
+            table[provider.authority] = (app_id, tuple(ProviderMatch(app_id, e) for e in entries))
         return cls(table, tuple(clashes))
 
     def app_for(self, authority: str) -> str | None:
@@ -72,11 +75,10 @@ class ProviderTable:
         served = self._by_authority.get(authority)
         if served is None:
             return None
-        app_id, entries = served
-        for entry in entries:
-            base = entry.path
+        for match in served[1]:
+            base = match.entry.path
             if path == base or base == "/" or path.startswith(base + "/"):
-                return ProviderMatch(app_id, entry)
+                return match
         return None
 
     def authorities(self) -> dict[str, str]:

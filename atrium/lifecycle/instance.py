@@ -76,6 +76,7 @@ class Instance:
     expected_exit: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.Task[None] | None = None
+    _address: AppAddress | None = field(default=None, repr=False)
 
     @property
     def state(self) -> InstanceState:
@@ -83,9 +84,19 @@ class Instance:
 
     @property
     def address(self) -> AppAddress:
+        """Built once per server (the data proxy asks for it on every request)."""
+        cached = self._address
+        if (
+            cached is not None
+            and cached.port == self.port
+            and cached.host == self.host
+            and cached.secret == self.secret
+        ):
+            return cached
         if self.host is None or self.port is None:
             raise RuntimeError(f"instance {self.id} has no running server")
-        return AppAddress(self.app_id, self.id, self.host, self.port, self.secret)
+        cached = self._address = AppAddress(self.app_id, self.id, self.host, self.port, self.secret)
+        return cached
 
     def enter(self, target: InstanceState) -> None:
         """Move to ``target`` if the table allows it; else LifecycleTransitionError (and the
