@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Final, Self
 
@@ -55,9 +55,12 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class _Connection(asyncio.Protocol):
     """One TCP connection and the exchange it is carrying; fed by httptools' callbacks."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, key: Key) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, key: Key, forget: Callable[[_Connection], None]
+    ) -> None:
         self.loop = loop
         self.key = key
+        self._forget = forget
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
@@ -99,6 +102,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._forget(self)
         self.keep_alive = False
         if self.headers_done and not self.complete and not self._length_known:
             self.complete = True  # a body delimited by the end of the connection
@@ -359,6 +363,16 @@ class HttpPool:
         self._open.clear()
         self._idle.clear()
 
+    def _forget(self, conn: _Connection) -> None:
+        """A connection closed: an idle one leaves the pool now, not when its upstream is next
+        asked for (instances come and go; their ports may never be asked for again)."""
+        self._open.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[conn.key]
+
     @property
     def idle_count(self) -> int:
         return sum(len(conns) for conns in self._idle.values())
@@ -454,7 +468,9 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(loop, key), *key)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop, key, self._forget), *key
+                )
         except OSError as err:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {err}") from err
         self._open.add(conn)

@@ -249,6 +249,21 @@ async def test_a_stale_reused_connection_is_retried_for_idempotent_methods_only(
         assert [r.method for r in up.requests].count("POST") == 1
 
 
+async def test_an_idle_connection_the_upstream_closes_leaves_the_pool_at_once() -> None:
+    async def answer_then_close(exchange: Exchange) -> bool:
+        exchange.writer.write(answer(b"bye"))  # keep-alive announced, then the server leaves
+        await exchange.writer.drain()
+        return False
+
+    async with upstream(answer_then_close) as up, HttpPool() as pool:
+        assert await get(pool, up) == b"bye"
+        for _ in range(100):
+            if not pool.idle_count:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.idle_count == 0
+
+
 async def test_silence_is_a_timeout_and_refusal_an_upstream_error() -> None:
     async def silent(exchange: Exchange) -> bool:
         await asyncio.sleep(5)
