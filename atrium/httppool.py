@@ -282,11 +282,6 @@ class UpstreamResponse:
         self.headers = conn.headers
         self.content_length = conn.content_length
 
-    @property
-    def complete(self) -> bool:
-        """The whole body has arrived (it may still wait unread)."""
-        return self._conn is None or self._conn.complete
-
     async def read(self) -> bytes:
         conn = self._connection()
         conn.read_whole()

@@ -137,17 +137,30 @@ class _Inbound:
             elif name == b"x-os-permission":
                 self.asserted_permission = self.asserted_permission or value.decode("latin-1")
         if connection:
-            named = connection_options([(b"connection", v) for v in connection])
+            named = connection_options(connection)
             self.forwarded = [(n, v) for n, v in self.forwarded if n not in named]
 
 
-def connection_options(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """The header names a `Connection` header lists: hop-by-hop for this message only."""
-    named: set[bytes] = set()
+def connection_options(values: list[bytes]) -> frozenset[bytes]:
+    """The header names the `Connection` header values list: hop-by-hop for this message only."""
+    return frozenset(o.strip().lower() for value in values for o in value.split(b","))
+
+
+def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The provider's headers the caller gets, in one pass (names arrive as the provider sent
+    them): no hop-by-hop, cookie, framing or Date header, nor any the `Connection` header names."""
+    kept: list[tuple[bytes, bytes]] = []
+    connection: list[bytes] = []
     for name, value in headers:
-        if name.lower() == b"connection":
-            named.update(option.strip().lower() for option in value.split(b","))
-    return frozenset(named)
+        lower = name.lower()
+        if lower == b"connection":
+            connection.append(value)
+        elif lower not in DROPPED_RESPONSE:
+            kept.append((name, value))
+    if connection:
+        named = connection_options(connection)
+        kept = [(n, v) for n, v in kept if n.lower() not in named]
+    return kept
 
 
 async def serve_data(
@@ -229,12 +242,7 @@ async def _proxy(
 
 
 async def _answer(upstream: UpstreamResponse, method: str, app_id: str, send: Send) -> None:
-    named = connection_options(upstream.headers)
-    headers = [
-        (name, value)
-        for name, value in upstream.headers
-        if (lower := name.lower()) not in DROPPED_RESPONSE and lower not in named
-    ]
+    headers = response_headers(upstream.headers)
     size = upstream.content_length
     no_body = method == "HEAD" or upstream.status in NO_BODY_STATUS
     if no_body or (size is not None and size <= BUFFER_LIMIT):
