@@ -29,6 +29,9 @@ unit test keeps the two together::
     │   └── FetchFailed                 502 fetch_failed           (ref, reason)
     ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
     ├── UpstreamTimeout                 504 upstream_timeout
+    ├── StorageFailed                   503 storage_failed         (path)
+    │   ├── StorageDamaged              503 storage_damaged        (path)
+    │   └── StorageFull                 507 storage_full           (path)
     └── InstallFailed                   500 install_failed         (appId, reason)
 
 An ``AtriumError`` is expected (bad input, a denied permission, a misbehaving app): it is logged as one
@@ -341,6 +344,30 @@ class UpstreamTimeout(AtriumError):
 
     code = "upstream_timeout"
     http_status = 504
+
+
+class StorageFailed(AtriumError):
+    """The shell's own storage (the KV database) could not be read or written: an I/O error or a
+    read-only file. Nothing was changed; ``path`` names the file the operator must look at."""
+
+    code = "storage_failed"
+    http_status = 503
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message, path=path)
+
+
+class StorageDamaged(StorageFailed):
+    """The file is damaged (SQLite found a malformed page): never served or written around."""
+
+    code = "storage_damaged"
+
+
+class StorageFull(StorageFailed):
+    """The disk holding the file is full: the write was rolled back, nothing answered is lost."""
+
+    code = "storage_full"
+    http_status = 507
 
 
 class InstallFailed(AtriumError):

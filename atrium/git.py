@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Final
 
+from atrium.settings import ConfigError
+
 _LOGGER = logging.getLogger(__name__)
 
 MARKER: Final = ".os-scope"
@@ -24,6 +26,8 @@ GITIGNORE: Final = (
     "/apps/*/*-[0-9]*/\n"
 )
 # scheme URLs, scp-like user@host:path, or an absolute path; never an option (leading '-')
+#: what git accepts in ``.git/HEAD``: a symbolic ref under refs/, or a detached commit id
+HEAD_RE: Final = re.compile(r"^(?:ref:\s*refs/\S+|[0-9a-f]{40}|[0-9a-f]{64})\s*$")
 REMOTE_RE: Final = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+|/[^\s]*)$"
 )
@@ -60,6 +64,22 @@ async def run_git(*args: str, cwd: Path, check: bool = True) -> str:
     return out.decode(errors="replace")
 
 
+def head_problem(root: Path) -> str | None:
+    """What is wrong with ``root/.git/HEAD``, or None when it is fine or there is no repository."""
+    head = root / ".git" / "HEAD"
+    if not (root / ".git").is_dir():
+        return None
+    try:
+        text = head.read_text(errors="replace")
+    except FileNotFoundError:
+        return ".git/HEAD is missing"
+    except OSError as err:
+        return f".git/HEAD cannot be read ({err.strerror or err})"
+    if not HEAD_RE.match(text):
+        return ".git/HEAD is neither a branch reference nor a commit id"
+    return None
+
+
 def is_remote_url(url: str) -> bool:
     return bool(REMOTE_RE.fullmatch(url)) and not any(ord(c) < 32 for c in url)
 
@@ -72,7 +92,30 @@ class ScopeRepo:
         self.lock = asyncio.Lock()
 
     async def open(self) -> None:
-        """Create the repository on first use: ``git init``, identity, marker committed as baseline."""
+        """Create the repository on first use: ``git init``, identity, marker committed as baseline.
+
+        A repository git cannot open stops start-up with a ConfigError naming it and the way out:
+        with a garbage ``.git/HEAD`` git would not even see the repository (and would look for one
+        in the folders above).
+        """
+        problem = head_problem(self.root)
+        if problem is not None:
+            raise ConfigError(
+                f"the scope repository {self.root} is damaged: {problem}; write "
+                f"'ref: refs/heads/main' (the branch Atrium commits to) into "
+                f"{self.root / '.git' / 'HEAD'}, or restore the folder from a backup"
+            )
+        try:
+            await self._open()
+        except GitError as err:
+            said = err.stderr.strip().splitlines()
+            raise ConfigError(
+                f"the scope repository {self.root} cannot be opened: git says "
+                f"{said[-1] if said else f'exit {err.code}'!r}; repair it with git, or restore "
+                f"the folder from a backup"
+            ) from err
+
+    async def _open(self) -> None:
         async with self.lock:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "apps").mkdir(exist_ok=True)
@@ -84,6 +127,9 @@ class ScopeRepo:
                 stale.unlink()
             if not (self.root / ".git").is_dir():
                 await run_git("init", "--quiet", "--initial-branch=main", cwd=self.root)
+            # the repository's internals are the shell's alone (issue 13); the working tree holds
+            # the app trees, whose modes stay the artifact's
+            (self.root / ".git").chmod(0o700)
             await run_git("config", "user.name", IDENTITY[0], cwd=self.root)
             await run_git("config", "user.email", IDENTITY[1], cwd=self.root)
             await run_git("config", "commit.gpgsign", "false", cwd=self.root)

@@ -3,12 +3,20 @@
 Namespaces are ``os`` and ``app/<appId>``. Each write is one transaction, synchronous=FULL, so a
 write that was answered survives a killed process. Values are JSON. Validators registered for a key
 (the theme selection, for one) run before the write and may refuse it.
+
+The file is the shell's alone: created 0600 (SQLite gives its -wal and -shm the same mode). Opening
+it runs ``PRAGMA quick_check``: a damaged file stops start-up (`KvDamaged`, a ConfigError naming the
+file and the way out) instead of being served and written around. At run time SQLite's own errors
+become storage error codes naming the file: damaged pages `storage_damaged` (and no further write is
+made into that file), a full disk `storage_full` (the transaction is rolled back, nothing answered
+is lost), any other I/O failure `storage_failed` (decisions.md "Storage").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +27,30 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from atrium.bus import EventBus
+from atrium.errors import StorageDamaged, StorageFailed, StorageFull
 from atrium.events import KV_CHANGED
+from atrium.settings import ConfigError, create_private
 
 MAX_VALUE_BYTES: Final = 1 << 20
 T = TypeVar("T")
 Validator = Callable[[Any], Any]
+_LOGGER = logging.getLogger(__name__)
+
+#: primary SQLite result codes of a file that is not what SQLite wrote
+_DAMAGED: Final = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+#: primary result codes of storage that failed under the database (everything else is a bug)
+_FAILED: Final = frozenset(
+    {
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOLFS,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -47,26 +74,51 @@ class KvEntry:
         return {"value": self.value, "updatedAt": self.updated_at}
 
 
+class KvDamaged(ConfigError):
+    """The KV file failed its integrity check at start-up: `atrium serve` stops with one line."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(damaged_message(path, detail))
+        self.path = path
+
+
+def damaged_message(path: Path, detail: str) -> str:
+    return (
+        f"the KV store {path} is damaged ({detail}); stop the shell and restore the file from a "
+        f"backup, or move it (with its -wal and -shm files) aside to start with an empty store "
+        f"(`sqlite3 {path} .recover` saves what is still readable)"
+    )
+
+
 class KvStore:
     """Async facade over one SQLite connection owned by one worker thread."""
 
     def __init__(
-        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, bus: EventBus
+        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, bus: EventBus, path: Path
     ) -> None:
         self._conn = conn
         self._executor = executor
         self._bus = bus
+        self._path = path
+        #: set once a damaged page was met: from then on nothing more is written into the file
+        self._damage: str | None = None
         self._validators: dict[tuple[str, str], Validator] = {}
 
     @classmethod
     @asynccontextmanager
     async def open(cls, path: Path, *, bus: EventBus) -> AsyncIterator[KvStore]:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (creating it 0600) and check the file; raises KvDamaged for a damaged one and
+        StorageFailed for one that cannot be opened."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv")
         loop = asyncio.get_running_loop()
-        conn = await loop.run_in_executor(executor, _connect, path)
         try:
-            yield cls(conn, executor, bus)
+            conn = await loop.run_in_executor(executor, _connect, path)
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        try:
+            yield cls(conn, executor, bus, path)
         finally:
             await loop.run_in_executor(executor, conn.close)
             executor.shutdown(wait=True)
@@ -75,15 +127,54 @@ class KvStore:
         """``validator(value)`` returns the value to store or raises an AtriumError."""
         self._validators[(namespace, key)] = validator
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+    async def _run(self, fn: Callable[[], T], *, writes: bool = False) -> T:
+        """Run ``fn`` on the store's thread; SQLite's storage errors become StorageFailed ones."""
+        if writes and self._damage is not None:
+            raise StorageDamaged(self._damaged(self._damage), path=str(self._path))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except sqlite3.DatabaseError as err:
+            mapped = self._storage_error(err)
+            if mapped is err:
+                raise
+            raise mapped from err
+
+    def _storage_error(self, err: sqlite3.DatabaseError) -> Exception:
+        code = getattr(err, "sqlite_errorcode", 0) & 0xFF
+        path = str(self._path)
+        if code in _DAMAGED:
+            if self._damage is None:
+                _LOGGER.error("%s", damaged_message(self._path, str(err)))
+            self._damage = str(err)
+            return StorageDamaged(self._damaged(str(err)), path=path)
+        if code == sqlite3.SQLITE_FULL:
+            return StorageFull(
+                f"the disk holding the KV store {path} is full; nothing was written: "
+                f"free space there and try again",
+                path=path,
+            )
+        if code in _FAILED:
+            return StorageFailed(f"the KV store {path} failed: {err}", path=path)
+        return err
+
+    def _damaged(self, detail: str) -> str:
+        return damaged_message(self._path, detail).replace("stop the shell", "the shell", 1)
+
+    def _decode(self, text: str) -> Any:
+        """A stored value is JSON the store wrote; anything else is damage, never served."""
+        try:
+            return json.loads(text)
+        except ValueError as err:
+            damaged = sqlite3.DatabaseError("a stored value is not the JSON that was written")
+            damaged.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
+            raise damaged from err
 
     async def get(self, namespace: str, key: str) -> KvEntry | None:
         def read() -> KvEntry | None:
             row = self._conn.execute(
                 "SELECT value, updated_at FROM kv WHERE namespace = ? AND key = ?", (namespace, key)
             ).fetchone()
-            return None if row is None else KvEntry(json.loads(row[0]), row[1])
+            return None if row is None else KvEntry(self._decode(row[0]), row[1])
 
         return await self._run(read)
 
@@ -115,7 +206,7 @@ class KvStore:
                     (namespace, key, encoded, now),
                 )
 
-        await self._run(write)
+        await self._run(write, writes=True)
         self._bus.publish(KV_CHANGED, {"namespace": namespace, "key": key})
         return KvEntry(json.loads(encoded), now)
 
@@ -127,17 +218,39 @@ class KvStore:
                 )
                 return cur.rowcount > 0
 
-        deleted = await self._run(write)
+        deleted = await self._run(write, writes=True)
         if deleted:
             self._bus.publish(KV_CHANGED, {"namespace": namespace, "key": key})
         return deleted
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """Connect, check the file (``PRAGMA quick_check``) and make sure the table exists."""
+    try:
+        create_private(path)
+        for suffix in ("", "-wal", "-shm"):  # an older shell's file: readable by others
+            sibling = path.with_name(path.name + suffix)
+            if sibling.is_file():
+                sibling.chmod(0o600)
+    except OSError as err:
+        raise ConfigError(f"the KV store {path} cannot be opened: {err.strerror or err}") from err
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=5000")
-    conn.execute(_SCHEMA)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
+        if problems != ["ok"]:
+            raise KvDamaged(path, "quick_check: " + "; ".join(problems))
+        conn.execute(_SCHEMA)
+    except sqlite3.DatabaseError as err:
+        conn.close()
+        code = getattr(err, "sqlite_errorcode", 0) & 0xFF
+        if code in _DAMAGED:
+            raise KvDamaged(path, str(err)) from err
+        raise ConfigError(f"the KV store {path} cannot be opened: {err}") from err
+    except BaseException:
+        conn.close()
+        raise
     conn.isolation_level = "DEFERRED"
     return conn

@@ -8,7 +8,10 @@ runtime files").
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import re
+import stat
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
@@ -156,18 +159,42 @@ class Settings(BaseSettings):
         return self.run_dir / "url"
 
     @property
+    def lock_path(self) -> Path:
+        return self.run_dir / "serve.lock"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
     def kv_path(self) -> Path:
         return self.home / "kv.sqlite3"
 
 
+#: what makes an existing, non-empty directory recognisably an Atrium home (safe to make 0700)
+HOME_MARKERS: Final = ("run", "scopes", "kv.sqlite3")
+
+
 def prepare_home(settings: Settings) -> None:
-    """Create the home and its run directory and check a file can be written there, or raise
-    ConfigError naming the path and what failed (before `serve` writes the token or opens a store).
+    """Create the home and its run directory private (0700), tighten the shell's own files left
+    looser by an older shell, and check a file can be written there; or raise ConfigError naming the
+    path and what failed (before `serve` writes the token or opens a store).
+
+    An existing home is made 0700 only if it is empty or already an Atrium home: a directory
+    shared with others (``ATRIUM_HOME=/tmp``) is refused rather than locked away from its users.
     """
     home, run_dir = settings.home, settings.run_dir
     name = setting_name("home", ("home",))
+    existed = home.is_dir()
     try:
-        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        raise ConfigError(f"{name} {str(home)!r}: cannot create {_why(run_dir, err)}") from err
+    if existed:
+        _check_own_home(home, name)
+    try:
+        run_dir.mkdir(exist_ok=True, mode=0o700)
+        make_private(settings)
     except OSError as err:
         raise ConfigError(f"{name} {str(home)!r}: cannot create {_why(run_dir, err)}") from err
     try:
@@ -175,6 +202,109 @@ def prepare_home(settings: Settings) -> None:
             pass
     except OSError as err:
         raise ConfigError(f"{name} {str(home)!r}: cannot write in {_why(run_dir, err)}") from err
+
+
+def _check_own_home(home: Path, name: str) -> None:
+    """Refuse a home others can reach that holds anything but an Atrium home."""
+    mode = stat.S_IMODE(home.stat().st_mode)
+    if not mode & 0o077:
+        return
+    if any(True for _ in home.iterdir()) and not any((home / m).exists() for m in HOME_MARKERS):
+        raise ConfigError(
+            f"{name} {str(home)!r}: a directory others can open (mode {mode:04o}) that is not an "
+            f"Atrium home; the home is made private (0700), so choose a directory of its own"
+        )
+
+
+#: modes of the shell's own files and folders; app trees and app data are never touched here
+PRIVATE_DIR: Final = 0o700
+PRIVATE_FILE: Final = 0o600
+
+
+def make_private(settings: Settings) -> None:
+    """Make the home, ``run/``, ``run/logs/``, ``cache/`` and the files the shell alone reads (token,
+    URL, lock, logs, the KV database and its -wal/-shm) owner-only, in case an older shell or a
+    looser umask left them readable by others (issue 13). Scope folders are left as they are: they
+    lead to the app trees, whose modes are the artifact's."""
+    home = settings.home
+    for folder in (home, settings.run_dir, settings.logs_dir, home / "cache"):
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(PRIVATE_DIR)
+    files = [home / f"kv.sqlite3{suffix}" for suffix in ("", "-wal", "-shm", "-journal")]
+    files += [
+        settings.token_path,
+        settings.url_path,
+        settings.lock_path,
+        home / "cache" / "index.json",
+    ]
+    if settings.logs_dir.is_dir():
+        files += settings.logs_dir.iterdir()
+    for path in files:
+        if path.is_file() and not path.is_symlink():
+            path.chmod(PRIVATE_FILE)
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty and owner-only if it does not exist (a file others must never read,
+    such as an instance log or the KV database, which SQLite's -wal and -shm then copy)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE_FILE))
+
+
+class HomeLock:
+    """``run/serve.lock``, flock'ed for the life of one `atrium serve`: one home, one shell.
+
+    The kernel drops the lock when the process ends however it ends (kill -9 included), so a stale
+    file never blocks a restart. The descriptor is close-on-exec: app children never inherit it.
+    The file holds the owner's pid, to name it to a second `serve`.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def claim(cls, settings: Settings) -> HomeLock:
+        """Take the lock, or raise ConfigError naming the shell that holds it."""
+        name = setting_name("home", ("home",))
+        path = settings.lock_path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE_FILE)
+        except OSError as err:
+            raise ConfigError(
+                f"{name} {str(settings.home)!r}: cannot open {_why(path, err)}"
+            ) from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd, settings)
+            os.close(fd)
+            raise ConfigError(
+                f"{name} {str(settings.home)!r} is in use by {holder}: one home, one shell; stop "
+                f"that shell first, or start this one with another {name}"
+            ) from None
+        except OSError as err:
+            os.close(fd)
+            raise ConfigError(
+                f"{name} {str(settings.home)!r}: cannot lock {_why(path, err)}"
+            ) from err
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _holder(fd: int, settings: Settings) -> str:
+    """``the shell at http://localhost:7070 (pid 123)``, as far as the run files say."""
+    pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    try:
+        url = settings.url_path.read_text().strip()
+    except OSError:
+        url = ""
+    who = f"the shell at {url}" if url else "a shell still starting"
+    return f"{who} (pid {pid})" if pid.isdigit() else who
 
 
 def _why(path: Path, err: OSError) -> str:

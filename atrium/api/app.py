@@ -1,9 +1,6 @@
-"""`create_app(settings, token)`: the Starlette application; its lifespan opens the shell."""
+"""`create_app(settings)`: the Starlette application (`ShellServer.serve` opens the shell)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.datastructures import State
@@ -28,7 +25,7 @@ from atrium.api.origins import AppOrigins
 from atrium.errors import AtriumError
 from atrium.lifecycle.instance import Instance
 from atrium.settings import Settings
-from atrium.shell import Shell, open_shell
+from atrium.shell import Shell
 from atrium.theme.inject import HtmlTransform
 from atrium.theme.prefs import html_transform_for
 
@@ -49,14 +46,9 @@ class AtriumApp:
         await self._dispatch(scope, receive, send)
 
 
-def create_app(settings: Settings, user_token: str) -> AtriumApp:
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # open_shell closes the bus (ending every stream) on the way out; the server's own
-        # shutdown closes it first, so open streams never hold up the graceful shutdown
-        async with open_shell(settings, user_token) as shell:
-            app.state.shell = shell
-            yield
+def create_app(settings: Settings) -> AtriumApp:
+    """The application; `ShellServer.serve` opens the shell and sets ``state.shell`` before any
+    request is served."""
 
     def current_shell() -> Shell | None:
         shell: Shell | None = getattr(app.state, "shell", None)
@@ -77,7 +69,6 @@ def create_app(settings: Settings, user_token: str) -> AtriumApp:
         ],
         middleware=[Middleware(InternalErrorMiddleware)],
         exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
-        lifespan=lifespan,
     )
 
     # app origins are dispatched before any host-page route can see the request

@@ -7,7 +7,7 @@ import errno
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
@@ -15,7 +15,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atrium.api.app import AtriumApp, create_app
 from atrium.settings import ConfigError, Settings, setting_name
-from atrium.shell import Shell
+from atrium.shell import Shell, open_shell
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -123,13 +123,17 @@ class ShellServer:
         self.socket.setblocking(False)
         port = self.socket.getsockname()[1]
         self.settings = settings.model_copy(update={"port": port})
-        self.app = create_app(self.settings, user_token)
+        self._user_token = user_token
+        self.app = create_app(self.settings)
         config = uvicorn.Config(
             self.app,
             loop="none",
             http=_Protocol,
             ws="none",
-            lifespan="on",
+            # the shell is opened by `serve` below, not in an ASGI lifespan: a ConfigError found
+            # while opening it (a damaged KV file or scope repository) then reaches the caller as
+            # itself, not as a logged traceback and uvicorn's exit status 3
+            lifespan="off",
             timeout_graceful_shutdown=3,
             log_config=None,
             access_log=False,
@@ -147,9 +151,18 @@ class ShellServer:
     def started(self) -> bool:
         return self._server.started
 
-    async def serve(self) -> None:
+    async def serve(self, ready: Callable[[], None] | None = None) -> None:
+        """Open the shell, call ``ready`` (nothing is served before), serve until asked to stop,
+        then close the shell. SIGINT/SIGTERM while the shell opens stop it as soon as it is open."""
         self._loop = asyncio.get_running_loop()
-        await self._server.serve(sockets=[self.socket])
+        with self._server.capture_signals():
+            async with open_shell(self.settings, self._user_token) as shell:
+                # open_shell closes the bus (ending every stream) on the way out; the server's
+                # own shutdown closes it first, so open streams never hold up the shutdown
+                self.app.state.shell = shell
+                if ready is not None:
+                    ready()
+                await self._server.serve(sockets=[self.socket])
 
     def request_exit(self) -> None:
         """Ask the server to stop; safe from any thread."""

@@ -1,21 +1,23 @@
 """`atrium serve`: the only command that imports the API; writes token and URL, prints the login.
 
-A configuration problem (ConfigError: a refused setting, an unusable home, a port that cannot be
-bound) is printed as ``atrium serve: <problem>`` lines on stderr, exit status 2, no traceback.
+A configuration problem (ConfigError: a refused setting, an unusable home, a home another shell
+holds, a port that cannot be bound, a damaged KV file or scope repository) is printed as
+``atrium serve: <problem>`` lines on stderr, exit status 2, no traceback, and nothing is written
+to ``run/token`` or ``run/url``.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 import uvloop
 
 from atrium.api.server import ShellServer
 from atrium.identity import new_token
-from atrium.settings import ConfigError, Settings, prepare_home
+from atrium.settings import ConfigError, HomeLock, Settings, prepare_home
 from atrium.shell import write_private
 
 
@@ -50,26 +52,44 @@ def serve(
             log_level=log_level,
         )
         token = _user_token(settings)
-        # bound before anything is written: a port in use leaves the home untouched
+        # a home in use is named before the port (the second shell would often ask for the same
+        # one); a home that has no run/ yet holds no shell, and is created only after the bind
+        lock = HomeLock.claim(settings) if settings.run_dir.is_dir() else None
+        # bound before anything is written: a port in use leaves a new home uncreated
         server = ShellServer(settings, token)
         prepare_home(settings)
+        lock = lock or HomeLock.claim(settings)
+        # the home is ours now: a URL left by a shell killed before it could remove it is stale
+        settings.url_path.unlink(missing_ok=True)
     except ConfigError as err:
-        for problem in err.problems:
-            typer.echo(f"atrium serve: {problem}", err=True)
-        raise typer.Exit(2) from None
+        _refuse(err)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     url_path = server.settings.url_path
-    write_private(server.settings.token_path, token + "\n")
-    write_private(url_path, server.url + "\n")
-    typer.echo(f"Atrium {server.url} (home {settings.home})")
-    typer.echo(f"Open the host page: {server.url}/login?token={token}")
+
+    def ready() -> None:
+        """The shell is open: only now the token and URL are written and the login printed."""
+        write_private(server.settings.token_path, token + "\n")
+        write_private(url_path, server.url + "\n")
+        typer.echo(f"Atrium {server.url} (home {settings.home})")
+        typer.echo(f"Open the host page: {server.url}/login?token={token}")
+
     try:
-        uvloop.run(server.serve())
+        uvloop.run(server.serve(ready))
+    except ConfigError as err:  # found while opening the shell: a damaged KV file or scope repo
+        _refuse(err)
     finally:
         if url_path.exists() and url_path.read_text().strip() == server.url:
             url_path.unlink()
+        lock.release()
+
+
+def _refuse(err: ConfigError) -> NoReturn:
+    """Each problem as one ``atrium serve: …`` line on stderr, exit status 2, no traceback."""
+    for problem in err.problems:
+        typer.echo(f"atrium serve: {problem}", err=True)
+    raise typer.Exit(2) from None
 
 
 def _user_token(settings: Settings) -> str:

@@ -47,9 +47,11 @@ def now() -> datetime:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as file:
+    # records, journals and caches are the shell's alone: owner-only (issue 13)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        os.fchmod(file.fileno(), 0o600)
         file.write(data)
         file.flush()
         os.fsync(file.fileno())

@@ -44,6 +44,7 @@ from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, Ins
 from atrium.lifecycle.views import ViewDesk
 from atrium.registry import AppRegistry
 from atrium.scopes import ScopeLayout
+from atrium.settings import create_private
 from atrium.upstream import UpstreamClient
 
 _LOGGER = logging.getLogger(__name__)
@@ -200,8 +201,9 @@ class LifecycleManager:
         instance.token = self._tokens.issue(instance.app_id, instance.id)
         instance.expected_exit = False
         logs = self._config.layout.home / "run" / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         instance.log_path = logs / f"{instance.id}.log"
+        create_private(instance.log_path)  # the runner appends to it: owner-only (issue 13)
         spec = SpawnSpec(
             app_id=instance.app_id,
             instance_id=instance.id,

@@ -261,6 +261,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ProviderUnavailable: lambda: errors.ProviderUnavailable("notes", "paused"),
     errors.UpstreamTimeout: lambda: errors.UpstreamTimeout("no answer in 30 s"),
     errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
+    errors.StorageFailed: lambda: errors.StorageFailed("I/O error", path="/h/kv.sqlite3"),
+    errors.StorageDamaged: lambda: errors.StorageDamaged("damaged", path="/h/kv.sqlite3"),
+    errors.StorageFull: lambda: errors.StorageFull("disk full", path="/h/kv.sqlite3"),
 }
 
 
