@@ -64,6 +64,14 @@ async def run_git(*args: str, cwd: Path, check: bool = True) -> str:
     return out.decode(errors="replace")
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write a file of the shell's own, owner-only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
+        file.write(text)
+
+
 def head_problem(root: Path) -> str | None:
     """What is wrong with ``root/.git/HEAD``, or None when it is fine or there is no repository."""
     head = root / ".git" / "HEAD"
@@ -127,15 +135,18 @@ class ScopeRepo:
                 stale.unlink()
             if not (self.root / ".git").is_dir():
                 await run_git("init", "--quiet", "--initial-branch=main", cwd=self.root)
-            # the repository's internals are the shell's alone (issue 13); the working tree holds
-            # the app trees, whose modes stay the artifact's
+            # the repository's internals, its staging, journals and records are the shell's alone
+            # (issue 13); apps/ holds the app trees, whose modes stay the artifact's
             (self.root / ".git").chmod(0o700)
+            for private in (".staging", ".journal", "records"):
+                (self.root / private).mkdir(mode=0o700, exist_ok=True)
+                (self.root / private).chmod(0o700)
             await run_git("config", "user.name", IDENTITY[0], cwd=self.root)
             await run_git("config", "user.email", IDENTITY[1], cwd=self.root)
             await run_git("config", "commit.gpgsign", "false", cwd=self.root)
             if await self._head() is None:
-                (self.root / MARKER).write_text("Atrium scope repository\n")
-                (self.root / ".gitignore").write_text(GITIGNORE)
+                _write_private(self.root / MARKER, "Atrium scope repository\n")
+                _write_private(self.root / ".gitignore", GITIGNORE)
                 await run_git("add", "--", MARKER, ".gitignore", cwd=self.root)
                 await run_git("commit", "--quiet", "-m", "baseline: Atrium scope", cwd=self.root)
 

@@ -38,6 +38,8 @@ _LOGGER = logging.getLogger(__name__)
 
 #: primary SQLite result codes of a file that is not what SQLite wrote
 _DAMAGED: Final = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+#: what Python's sqlite3 says of stored text that is not the UTF-8 the store wrote
+_NOT_UTF8: Final = "Could not decode to UTF-8"
 #: primary result codes of storage that failed under the database (everything else is a bug)
 _FAILED: Final = frozenset(
     {
@@ -140,20 +142,20 @@ class KvStore:
             raise mapped from err
 
     def _storage_error(self, err: sqlite3.DatabaseError) -> Exception:
-        code = getattr(err, "sqlite_errorcode", 0) & 0xFF
+        code = getattr(err, "sqlite_errorcode", None) or 0
         path = str(self._path)
-        if code in _DAMAGED:
+        if code & 0xFF in _DAMAGED or str(err).startswith(_NOT_UTF8):
             if self._damage is None:
                 _LOGGER.error("%s", damaged_message(self._path, str(err)))
             self._damage = str(err)
             return StorageDamaged(self._damaged(str(err)), path=path)
-        if code == sqlite3.SQLITE_FULL:
+        if code & 0xFF == sqlite3.SQLITE_FULL:
             return StorageFull(
                 f"the disk holding the KV store {path} is full; nothing was written: "
                 f"free space there and try again",
                 path=path,
             )
-        if code in _FAILED:
+        if code & 0xFF in _FAILED:
             return StorageFailed(f"the KV store {path} failed: {err}", path=path)
         return err
 
@@ -245,7 +247,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.execute(_SCHEMA)
     except sqlite3.DatabaseError as err:
         conn.close()
-        code = getattr(err, "sqlite_errorcode", 0) & 0xFF
+        code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
         if code in _DAMAGED:
             raise KvDamaged(path, str(err)) from err
         raise ConfigError(f"the KV store {path} cannot be opened: {err}") from err
