@@ -25,9 +25,9 @@ GITIGNORE: Final = (
     "/.journal/\n"
     "/apps/*/*-[0-9]*/\n"
 )
-# scheme URLs, scp-like user@host:path, or an absolute path; never an option (leading '-')
 #: what git accepts in ``.git/HEAD``: a symbolic ref under refs/, or a detached commit id
 HEAD_RE: Final = re.compile(r"^(?:ref:\s*refs/\S+|[0-9a-f]{40}|[0-9a-f]{64})\s*$")
+# scheme URLs, scp-like user@host:path, or an absolute path; never an option (leading '-')
 REMOTE_RE: Final = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*://[^\s]+|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+|/[^\s]*)$"
 )
@@ -137,7 +137,8 @@ class ScopeRepo:
                 await run_git("init", "--quiet", "--initial-branch=main", cwd=self.root)
             # the repository's internals, its staging, journals and records are the shell's alone
             # (issue 13); apps/ holds the app trees, whose modes stay the artifact's
-            (self.root / ".git").chmod(0o700)
+            if (self.root / ".git").is_dir():
+                (self.root / ".git").chmod(0o700)
             for private in (".staging", ".journal", "records"):
                 (self.root / private).mkdir(mode=0o700, exist_ok=True)
                 (self.root / private).chmod(0o700)
