@@ -2,7 +2,8 @@
 
 A setting `atrium serve` cannot start with raises `ConfigError` before anything is opened: the
 command prints each problem as one line and exits with status 2 (decisions.md "Settings and
-runtime files").
+runtime files"). The home's runtime side lives here too: `prepare_home` (private modes, issue 13)
+and `HomeLock` (one home, one shell, issue 14).
 """
 
 from __future__ import annotations
