@@ -2,7 +2,10 @@
 
 A frame is encoded once per event and shared by every subscriber. A subscriber whose queue is full is
 dropped (its stream ends; it may reconnect with ``Last-Event-ID`` and replay what it missed from the
-last ``history`` events). ``close`` ends every stream so open streams never hold up shutdown.
+last ``history`` events). Its queue is full because its writer is stuck behind a client that does
+not read, so ending the queue alone would end nothing: the subscription's ``on_drop`` is called
+too, and the HTTP edge cuts the connection there. ``close`` ends every stream so open streams
+never hold up shutdown.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class Subscription:
     """One subscriber: iterate it for frames (bytes); iteration ends when it is closed or dropped."""
 
     globs: tuple[str, ...] | None
+    #: called once when the bus drops this subscriber for being too slow
+    on_drop: Callable[[], object] | None = None
     queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     closed: bool = False
     dropped: bool = False
@@ -111,8 +116,7 @@ class EventBus:
             quiet_since = time.monotonic() - interval
             for sub in tuple(self._subscribers):
                 if sub.last_offer <= quiet_since and not sub.offer(HEARTBEAT):
-                    sub.dropped = True
-                    self.unsubscribe(sub)
+                    self._drop(sub)
 
     async def __aexit__(
         self,
@@ -141,9 +145,7 @@ class EventBus:
             if hit is None:
                 hit = matched[sub.globs] = matches_any(topic, sub.globs)
             if hit and not sub.offer(event.frame):
-                _LOGGER.warning("dropping a slow event subscriber (%d frames queued)", QUEUE_SIZE)
-                sub.dropped = True
-                self.unsubscribe(sub)
+                self._drop(sub)
         for globs, listener in tuple(self._listeners):
             if matches_any(topic, globs):
                 try:
@@ -152,11 +154,25 @@ class EventBus:
                     _LOGGER.exception("event listener failed on %s", topic)
         return event
 
+    def _drop(self, sub: Subscription) -> None:
+        _LOGGER.warning("dropping a slow event subscriber (%d frames queued)", QUEUE_SIZE)
+        sub.dropped = True
+        self.unsubscribe(sub)
+        if sub.on_drop is not None:
+            try:
+                sub.on_drop()
+            except Exception:  # the edge's bug must not break publishing
+                _LOGGER.exception("ending a dropped subscriber failed")
+
     def subscribe(
-        self, globs: tuple[str, ...] | None = None, last_event_id: int | None = None
+        self,
+        globs: tuple[str, ...] | None = None,
+        last_event_id: int | None = None,
+        on_drop: Callable[[], object] | None = None,
     ) -> Subscription:
-        """A new subscription, first fed the missed events after ``last_event_id`` (if any)."""
-        sub = Subscription(globs)
+        """A new subscription, first fed the missed events after ``last_event_id`` (if any);
+        ``on_drop`` is called if the bus later drops it for being too slow."""
+        sub = Subscription(globs, on_drop)
         if self._closed:
             sub.end()
             return sub

@@ -21,7 +21,9 @@ unit test keeps the two together::
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   └── AuthorityConflict           409 authority_conflict     (authority, appId)
+    ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
+    ├── HeadersTooLarge                 431 headers_too_large      (limit)
     ├── BadGateway                      502 (abstract)
     │   ├── UpstreamFailed              502 upstream_failed
     │   ├── HookFailed                  502 hook_failed            (hook, status)
@@ -262,6 +264,27 @@ class AuthorityConflict(Conflict):
             authority=authority,
             appId=app_id,
         )
+
+
+class MisdirectedRequest(AtriumError):
+    """The request's ``Host`` is none of the shell's names: refused before anything else, so a
+    page on a DNS-rebound name (``attacker.example`` resolving to 127.0.0.1) reaches nothing."""
+
+    code = "misdirected_request"
+    http_status = 421
+
+    def __init__(self, message: str, *, host: str | None = None) -> None:
+        super().__init__(message, host=host)
+
+
+class HeadersTooLarge(AtriumError):
+    """A request line and headers longer than the server accepts; the connection then closes."""
+
+    code = "headers_too_large"
+    http_status = 431
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message, limit=limit)
 
 
 class ManifestInvalid(AtriumError):

@@ -41,6 +41,7 @@ ACCEPTED: Final = {
     "runner": "auto, process or bwrap",
     "heartbeat_seconds": "a number of seconds greater than 0",
     "view_grace_seconds": "a number of seconds, 0 or more",
+    "header_timeout_seconds": "a number of seconds greater than 0",
     "token": f"at least {MIN_TOKEN_LENGTH} characters, or unset for a new random token",
     "log_level": ", ".join(LOG_LEVELS),
 }
@@ -103,6 +104,8 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=15.0, gt=0)
     #: how long a host page's views outlive its last event stream
     view_grace_seconds: float = Field(default=30.0, ge=0)
+    #: how long a connection may take to send a request's line and headers before it is closed
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
     token: SecretStr | None = None
     log_level: str = "info"
 

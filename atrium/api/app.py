@@ -15,35 +15,95 @@ from atrium.api import (
     intents,
     kv,
     meta,
+    openapi,
     publish,
     scopes,
     theme,
     tools,
 )
-from atrium.api.errors import InternalErrorMiddleware, atrium_error_handler, http_error_handler
-from atrium.api.origins import AppOrigins
-from atrium.errors import AtriumError
+from atrium.api.errors import (
+    InternalErrorMiddleware,
+    atrium_error_handler,
+    error_response,
+    http_error_handler,
+)
+from atrium.api.origins import SLUG_RE, AppOrigins
+from atrium.errors import AtriumError, MisdirectedRequest
 from atrium.lifecycle.instance import Instance
 from atrium.settings import Settings
 from atrium.shell import Shell
 from atrium.theme.inject import HtmlTransform
 from atrium.theme.prefs import html_transform_for
 
+#: bind addresses that name no host: a request never carries them as its Host
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104
+
+
+class HostNames:
+    """The ``Host`` values the shell answers to (decisions.md "Host allow-list").
+
+    `localhost`, `127.0.0.1`, `[::1]`, the bind host and `<slug>.<app domain>`, each bare or with
+    the shell's own port. A DNS-rebinding page (a name of the attacker's that now resolves to
+    127.0.0.1) sends its own name and is refused, before any route, open or not, sees it.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        port = settings.port
+        host = settings.host.lower()
+        names = {"localhost", "127.0.0.1", "[::1]"}
+        if host not in _WILDCARDS:
+            names.add(f"[{host}]" if ":" in host else host)
+        self._exact = frozenset(names | {f"{name}:{port}" for name in names})
+        domain = settings.app_domain
+        self._app_suffixes = (f".{domain}:{port}", f".{domain}")
+
+    def allows(self, host: str) -> bool:
+        if host.lower() in self._exact:
+            return True
+        for suffix in self._app_suffixes:
+            if host.endswith(suffix):
+                return SLUG_RE.fullmatch(host[: -len(suffix)]) is not None
+        return False
+
+
+def host_of(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"host":
+            return str(value.decode("latin-1"))
+    return None
+
 
 class AtriumApp:
-    """The ASGI entry point: app origins and the data proxy (the hot path) are dispatched here,
-    before Starlette's middleware stack; everything else is the Starlette application."""
+    """The ASGI entry point: the Host check first, then app origins and the data proxy (the hot
+    path) are dispatched here, before Starlette's middleware stack; everything else is the
+    Starlette application."""
 
-    def __init__(self, starlette: Starlette, dispatch: AppOrigins) -> None:
+    def __init__(self, starlette: Starlette, dispatch: AppOrigins, hosts: HostNames) -> None:
         self.starlette = starlette
         self._dispatch = dispatch
+        self._hosts = hosts
 
     @property
     def state(self) -> State:
         return self.starlette.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = host_of(scope)
+            if host is None or not self._hosts.allows(host):
+                await error_response(misdirected(host))(scope, receive, send)
+                return
         await self._dispatch(scope, receive, send)
+
+
+def misdirected(host: str | None) -> MisdirectedRequest:
+    if host is None:
+        return MisdirectedRequest("the request has no Host header; this shell needs one")
+    return MisdirectedRequest(
+        f"Host {host[:100]!r} is not one of this shell's names (localhost, 127.0.0.1, [::1], the "
+        "listening address, or an app origin, with the shell's port)",
+        host=host[:100],
+    )
 
 
 def create_app(settings: Settings) -> AtriumApp:
@@ -66,6 +126,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *theme.routes,
             *publish.routes,
             *dist.routes,
+            *openapi.routes,
         ],
         middleware=[Middleware(InternalErrorMiddleware)],
         exception_handlers={AtriumError: atrium_error_handler, HTTPException: http_error_handler},
@@ -76,4 +137,8 @@ def create_app(settings: Settings) -> AtriumApp:
         shell = current_shell()
         return None if shell is None else html_transform_for(instance, shell.theme)
 
-    return AtriumApp(app, AppOrigins(app, shell=current_shell, transform_html=transform_for))
+    return AtriumApp(
+        app,
+        AppOrigins(app, shell=current_shell, transform_html=transform_for),
+        HostNames(settings),
+    )

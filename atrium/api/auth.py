@@ -6,10 +6,11 @@ instance's bearer token. Never the caller's own headers (decisions.md "Who is ca
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import Enum
 from typing import Final
 
+from pydantic import BaseModel
 from starlette.requests import Request, cookie_parser
 from starlette.responses import Response
 from starlette.routing import Route
@@ -112,10 +113,34 @@ def authorize(caller: Caller, access: Access) -> None:
         )
 
 
+class Endpoint(Route):
+    """A route of the JSON API with what the OpenAPI document says of it (`atrium.api.openapi`):
+    who may call, the body model the handler parses, and the query parameters it reads."""
+
+    access: Access
+    body: type[BaseModel] | None
+    body_required: bool
+    query: Mapping[str, str]
+    handler: Handler
+
+
 def endpoint(
-    path: str, handler: Handler, *, methods: Sequence[str], access: Access, name: str | None = None
-) -> Route:
-    """A route whose handler receives the identified, authorized caller."""
+    path: str,
+    handler: Handler,
+    *,
+    methods: Sequence[str],
+    access: Access,
+    name: str | None = None,
+    body: type[BaseModel] | None = None,
+    body_required: bool = True,
+    query: Mapping[str, str] | None = None,
+) -> Endpoint:
+    """A route whose handler receives the identified, authorized caller.
+
+    ``body`` names the model the handler reads with `read_model` (``body_required=False`` when
+    an empty body means the defaults); ``query`` maps each query parameter the handler reads to
+    its description. Both only feed the OpenAPI document.
+    """
 
     async def guarded(request: Request) -> Response:
         shell = shell_of(request)
@@ -125,4 +150,10 @@ def endpoint(
             check_cookie_origin(request, shell)
         return await handler(request, caller)
 
-    return Route(path, guarded, methods=list(methods), name=name or handler.__name__)
+    route = Endpoint(path, guarded, methods=list(methods), name=name or handler.__name__)
+    route.access = access
+    route.body = body
+    route.body_required = body_required
+    route.query = dict(query or {})
+    route.handler = handler
+    return route

@@ -1,11 +1,17 @@
-"""Request bodies: JSON parsed into a pydantic model; every problem is a 400 `bad_request`."""
+"""Request bodies: JSON parsed into a pydantic model; every problem is a 400 `bad_request`.
+
+Bodies are decoded by pydantic's strict JSON parser, not `json.loads`: the standard library
+accepts lone UTF-16 surrogates (``"\\ud800"``, or their raw UTF-8 bytes), which then reach a
+handler as a `str` no UTF-8 encoder can write, and every answer echoing them was a 500 (issue 13,
+row 9). Rejecting them where bodies enter keeps every route's data encodable.
+"""
 
 from __future__ import annotations
 
-import json
 from typing import Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 from starlette.requests import Request
 
 from atrium.errors import InvalidRequest
@@ -31,8 +37,8 @@ async def read_json(request: Request) -> object:
     if not body:
         raise InvalidRequest("the request needs a JSON body")
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as err:
+        return from_json(body)
+    except ValueError as err:
         raise InvalidRequest(f"the body is not valid JSON: {err}") from err
 
 

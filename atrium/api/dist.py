@@ -164,10 +164,31 @@ async def installed(request: Request, caller: Caller) -> Response:
 
 
 routes: list[BaseRoute] = [
-    endpoint("/api/dist/install", install, methods=["POST"], access=Access.USER),
-    endpoint("/api/dist/install/preview", preview, methods=["POST"], access=Access.USER),
-    endpoint("/api/dist/update/{app_id}", update, methods=["POST"], access=Access.USER),
-    endpoint("/api/dist/uninstall/{app_id}", uninstall, methods=["DELETE"], access=Access.USER),
-    endpoint("/api/dist/index", index, methods=["GET"], access=Access.USER),
+    endpoint("/api/dist/install", install, methods=["POST"], access=Access.USER, body=InstallBody),
+    endpoint(
+        "/api/dist/install/preview", preview, methods=["POST"], access=Access.USER, body=PreviewBody
+    ),
+    endpoint(
+        "/api/dist/update/{app_id}",
+        update,
+        methods=["POST"],
+        access=Access.USER,
+        body=UpdateBody,
+        body_required=False,
+    ),
+    endpoint(
+        "/api/dist/uninstall/{app_id}",
+        uninstall,
+        methods=["DELETE"],
+        access=Access.USER,
+        query={"scope": "global or user (default: the winning changeable scope)"},
+    ),
+    endpoint(
+        "/api/dist/index",
+        index,
+        methods=["GET"],
+        access=Access.USER,
+        query={"refresh": "1, true or yes: fetch the index again"},
+    ),
     endpoint("/api/dist/installed", installed, methods=["GET"], access=Access.USER),
 ]

@@ -2,13 +2,16 @@
 
 A raw ASGI handler dispatched before Starlette (like the data proxy): one frame is one `send`,
 with no middleware wrapping every write. The bus offers the heartbeat comments; a task watches
-for the client going away and ends the subscription.
+for the client going away and ends the subscription. A subscriber the bus drops as too slow has
+its connection reset through the server's abort extension (`atrium.api.server`): its writer is
+stuck behind a client that does not read, and only cutting the connection frees it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Final
 
 from starlette.requests import Request
@@ -18,11 +21,13 @@ from atrium.api.auth import Access, authorize, identify
 from atrium.api.errors import error_response
 from atrium.bus import Subscription
 from atrium.errors import AtriumError, InvalidRequest
-from atrium.events import compile_glob
+from atrium.events import MAX_GLOBS, compile_glob
 from atrium.identity import Caller
 from atrium.shell import Shell
 
 PATH: Final = b"/api/events"
+#: the scope extension `atrium.api.server` provides (named here: the server imports this package)
+ABORT_EXTENSION: Final = "atrium.connection"
 CONNECTED: Final = b": connected\n\n"
 SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -34,12 +39,19 @@ SSE_HEADERS: Final = [
 def parse_topics(raw: str | None) -> tuple[str, ...] | None:
     if raw is None or not raw.strip():
         return None
-    globs = tuple(g.strip() for g in raw.split(",") if g.strip())
+    globs = tuple(dict.fromkeys(g.strip() for g in raw.split(",") if g.strip()))
+    if len(globs) > MAX_GLOBS:
+        raise InvalidRequest(
+            f"bad topics parameter: {len(globs)} globs; the limit is {MAX_GLOBS} per stream",
+            problems=[{"field": "topics", "message": f"at most {MAX_GLOBS} globs"}],
+        )
     for glob in globs:
         try:
             compile_glob(glob)
         except ValueError as err:
-            raise InvalidRequest(f"bad topics parameter: {err}") from err
+            raise InvalidRequest(
+                f"bad topics parameter: {err}", problems=[{"field": "topics", "message": str(err)}]
+            ) from err
     return globs
 
 
@@ -71,7 +83,7 @@ async def serve_events(
     except AtriumError as err:
         await error_response(err)(scope, receive, send)
         return
-    sub = shell.bus.subscribe(globs, last_id)
+    sub = shell.bus.subscribe(globs, last_id, on_drop=abort_of(scope))
     if client is not None:
         shell.presence.connected(client)
     watcher = asyncio.create_task(_until_disconnect(receive, shell, sub), name="sse disconnect")
@@ -86,6 +98,13 @@ async def serve_events(
         shell.bus.unsubscribe(sub)
         if client is not None:
             shell.presence.disconnected(client)
+
+
+def abort_of(scope: Scope) -> Callable[[], object] | None:
+    """The server's way to reset this request's connection, when it offers one."""
+    extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
+    abort = extension.get("abort") if isinstance(extension, dict) else None
+    return abort if callable(abort) else None
 
 
 async def _stream(sub: Subscription, send: Send) -> None:

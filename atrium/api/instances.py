@@ -164,21 +164,33 @@ ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 
 routes: list[BaseRoute] = [
     endpoint("/api/instances", list_instances, methods=["GET"], access=Access.USER_OR_APP),
-    endpoint("/api/instances", create_instance, methods=["POST"], access=Access.USER),
+    endpoint(
+        "/api/instances", create_instance, methods=["POST"], access=Access.USER, body=CreateBody
+    ),
     endpoint(
         "/api/instances/{instance_id}", get_instance, methods=["GET"], access=Access.USER_OR_APP
     ),
     endpoint(
-        "/api/instances/{instance_id}", delete_instance, methods=["DELETE"], access=Access.USER
+        "/api/instances/{instance_id}",
+        delete_instance,
+        methods=["DELETE"],
+        access=Access.USER,
+        query={"force": "1, true or yes: kill without hooks"},
     ),
     endpoint(
-        "/api/instances/{instance_id}/logs", instance_logs, methods=["GET"], access=Access.USER
+        "/api/instances/{instance_id}/logs",
+        instance_logs,
+        methods=["GET"],
+        access=Access.USER,
+        query={"lines": "how many lines, 1-5000 (default 200)"},
     ),
     endpoint(
         "/api/instances/{instance_id}/activities",
         create_activity,
         methods=["POST"],
         access=Access.USER,
+        body=ActivityBody,
+        body_required=False,
     ),
     endpoint(
         "/api/instances/{instance_id}/activities/{activity_id}",
@@ -187,7 +199,12 @@ routes: list[BaseRoute] = [
         access=Access.USER,
     ),
     endpoint(
-        "/api/instances/{instance_id}/views", create_view, methods=["POST"], access=Access.USER
+        "/api/instances/{instance_id}/views",
+        create_view,
+        methods=["POST"],
+        access=Access.USER,
+        body=ViewBody,
+        body_required=False,
     ),
     endpoint(
         "/api/instances/{instance_id}/views/{view_id}",

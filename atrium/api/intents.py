@@ -69,6 +69,14 @@ async def start(request: Request, caller: Caller) -> Response:
 
 
 routes: list[BaseRoute] = [
-    endpoint("/api/intents/resolve", resolve, methods=["POST"], access=Access.USER_OR_APP),
-    endpoint("/api/intents/start", start, methods=["POST"], access=Access.USER_OR_APP),
+    endpoint(
+        "/api/intents/resolve",
+        resolve,
+        methods=["POST"],
+        access=Access.USER_OR_APP,
+        body=IntentBody,
+    ),
+    endpoint(
+        "/api/intents/start", start, methods=["POST"], access=Access.USER_OR_APP, body=IntentBody
+    ),
 ]

@@ -94,7 +94,7 @@ async def delete_value(request: Request, caller: Caller) -> Response:
 def _routes(path: str) -> list[BaseRoute]:
     return [
         endpoint(path, get_value, methods=["GET"], access=Access.USER_OR_APP),
-        endpoint(path, put_value, methods=["PUT"], access=Access.USER_OR_APP),
+        endpoint(path, put_value, methods=["PUT"], access=Access.USER_OR_APP, body=KvPut),
         endpoint(path, delete_value, methods=["DELETE"], access=Access.USER_OR_APP),
     ]
 

@@ -48,7 +48,9 @@ async def host_page(request: Request, caller: Caller) -> Response:
 
 routes: list[BaseRoute] = [
     endpoint("/api/version", version, methods=["GET"], access=Access.ANYONE),
-    endpoint("/login", login, methods=["GET"], access=Access.ANYONE),
+    endpoint(
+        "/login", login, methods=["GET"], access=Access.ANYONE, query={"token": "the user token"}
+    ),
     endpoint("/", host_page, methods=["GET"], access=Access.ANYONE),
     Mount("/static", app=StaticFiles(directory=WEB_DIR), name="static"),
 ]

@@ -66,5 +66,5 @@ async def publish(request: Request, caller: Caller) -> Response:
 
 
 routes: list[BaseRoute] = [
-    endpoint("/api/dist/publish", publish, methods=["POST"], access=Access.USER),
+    endpoint("/api/dist/publish", publish, methods=["POST"], access=Access.USER, body=PublishBody),
 ]

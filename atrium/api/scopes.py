@@ -67,5 +67,11 @@ async def set_git_repo(request: Request, caller: Caller) -> Response:
 
 routes: list[BaseRoute] = [
     endpoint("/api/scopes", list_scopes, methods=["GET"], access=Access.USER_OR_APP),
-    endpoint("/api/scopes/{scope}/git-repo", set_git_repo, methods=["PUT"], access=Access.USER),
+    endpoint(
+        "/api/scopes/{scope}/git-repo",
+        set_git_repo,
+        methods=["PUT"],
+        access=Access.USER,
+        body=GitRepoBody,
+    ),
 ]

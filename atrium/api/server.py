@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import json
 import signal
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Final
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atrium.api.app import AtriumApp, create_app
+from atrium.api.events import ABORT_EXTENSION
+from atrium.errors import HeadersTooLarge
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell, open_shell
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: the most bytes of request line and headers one request may send (httptools sets no limit)
+MAX_HEAD_BYTES: Final = 64 << 10
+_RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
 
 
 class _HeldWrites:
@@ -54,15 +63,127 @@ class _HeldWrites:
         self.flush()
         self._transport.close()
 
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
     def __getattr__(self, name: str) -> object:
         return getattr(self._transport, name)
 
 
 class _Protocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing each response's head and body together."""
+    """uvicorn's httptools protocol writing each response's head and body together, with limits
+    on request heads that uvicorn lacks (issue 13, "also seen"):
+
+    - **Head deadline.** A connection must finish each request's line and headers within
+      ``head_timeout`` seconds of when the shell starts waiting for them (the connection opened,
+      or the previous request was read); otherwise it is closed without an answer. uvicorn's own
+      keep-alive timer covers only an idle connection, and only after a first response: 1,500
+      half-sent requests were all held open.
+    - **Head size.** More than `MAX_HEAD_BYTES` of request head is `431 headers_too_large`, then
+      the connection closes (httptools buffers a header of any length).
+    - **Abort.** Each request's scope carries ``extensions["atrium.connection"]["abort"]``, which
+      resets the connection at once, dropping whatever is still buffered: the event stream uses it
+      for a subscriber the bus dropped as too slow, whose writes are stuck behind a full socket.
+    """
+
+    head_timeout: float = 10.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]
+        self._awaiting_head = True
+        self._heads_read = 0
+        self._head_bytes = 0
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the rest of a refused head: read and dropped until the deadline
+        awaiting, heads_read = self._awaiting_head, self._heads_read
+        super().data_received(data)
+        if awaiting and self._awaiting_head and heads_read == self._heads_read:
+            # no head ended within this chunk: all of it belongs to the head being awaited
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._refuse_head()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self.abort}}
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_head = False
+        self._heads_read += 1
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._awaiting_head = True
+        self._arm_head_timer()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._awaiting_head:
+            self._arm_head_timer()  # the wait for the next head starts now
+
+    def abort(self) -> None:
+        """Reset the connection now (RST), discarding what is buffered either way."""
+        if self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+        self.transport.abort()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._awaiting_head or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_head_timer()  # still answering the previous request: its time is its own
+            return
+        self.transport.close()
+
+    def _refuse_head(self) -> None:
+        err = HeadersTooLarge(
+            f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes",
+            limit=MAX_HEAD_BYTES,
+        )
+        body = json.dumps(err.to_body(), separators=(",", ":")).encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + body
+        )
+        # half-close and keep reading (and dropping) until the client closes or the head
+        # deadline passes: closing with its bytes unread would reset the connection, and the
+        # client would lose the answer
+        self._refused = True
+        self.transport.write_eof()
+
+
+def protocol_for(settings: Settings) -> type[_Protocol]:
+    """The protocol class with this shell's head deadline."""
+    return type("ShellProtocol", (_Protocol,), {"head_timeout": settings.header_timeout_seconds})
 
 
 class _Server(uvicorn.Server):
@@ -128,7 +249,7 @@ class ShellServer:
         config = uvicorn.Config(
             self.app,
             loop="none",
-            http=_Protocol,
+            http=protocol_for(self.settings),
             ws="none",
             # the shell is opened by `serve` below, not in an ASGI lifespan: a ConfigError found
             # while opening it (a damaged KV file or scope repository) then reaches the caller as

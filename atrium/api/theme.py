@@ -80,10 +80,18 @@ async def theme_css(request: Request, caller: Caller) -> Response:
 
 
 routes: list[BaseRoute] = [
-    endpoint("/api/os/theme.css", theme_css, methods=["GET"], access=Access.ANYONE),
+    endpoint(
+        "/api/os/theme.css",
+        theme_css,
+        methods=["GET"],
+        access=Access.ANYONE,
+        query={"mode": "light or dark (default: the stored colour mode)"},
+    ),
     endpoint("/api/os/theme", get_selection, methods=["GET"], access=Access.USER_OR_APP),
     endpoint("/api/os/themes", list_themes, methods=["GET"], access=Access.ANYONE),
-    endpoint("/api/os/themes/select", select, methods=["POST"], access=Access.USER),
+    endpoint(
+        "/api/os/themes/select", select, methods=["POST"], access=Access.USER, body=ThemeSelect
+    ),
     endpoint("/api/os/themes/reload", reload, methods=["POST"], access=Access.USER),
     endpoint("/api/os/themes/{theme_id}", get_theme, methods=["GET"], access=Access.USER_OR_APP),
 ]

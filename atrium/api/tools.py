@@ -86,6 +86,13 @@ async def remove_tool(request: Request, caller: Caller) -> Response:
 
 routes: list[BaseRoute] = [
     endpoint("/api/tools", list_tools, methods=["GET"], access=Access.USER_OR_APP),
-    endpoint("/api/tools/{name}", add_tool, methods=["PUT"], access=Access.USER),
+    endpoint(
+        "/api/tools/{name}",
+        add_tool,
+        methods=["PUT"],
+        access=Access.USER,
+        body=ToolBody,
+        body_required=False,
+    ),
     endpoint("/api/tools/{name}", remove_tool, methods=["DELETE"], access=Access.USER),
 ]

@@ -253,3 +253,50 @@ async def test_raising_listener_does_not_break_publish(
     assert "app:installed" in record.getMessage()
     assert record.exc_info is not None
     assert isinstance(record.exc_info[1], RuntimeError)
+
+
+async def test_a_dropped_subscriber_has_its_on_drop_called_once(bus: EventBus) -> None:
+    """The edge cuts the connection there: ending the queue alone wakes no writer stuck behind
+    a client that does not read."""
+    calls: list[str] = []
+    slow = bus.subscribe(on_drop=lambda: calls.append("slow"))
+    fast = bus.subscribe(on_drop=lambda: calls.append("fast"))
+    for n in range(QUEUE_SIZE + 5):
+        bus.publish("kv:changed", {"n": n})
+        drain(fast)
+    assert slow.dropped
+    assert calls == ["slow"]
+    bus.unsubscribe(fast)  # an ordinary end is not a drop
+    bus.close()
+    assert calls == ["slow"]
+
+
+async def test_a_failing_on_drop_does_not_break_publishing(
+    bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("edge bug")
+
+    bus.subscribe(on_drop=broken)
+    fast = bus.subscribe()
+    with caplog.at_level(logging.ERROR, logger="atrium.bus"):
+        for n in range(QUEUE_SIZE + 1):
+            bus.publish("kv:changed", {"n": n})
+            drain(fast)
+    assert "ending a dropped subscriber failed" in caplog.text
+    assert bus.subscriber_count == 1
+
+
+async def test_a_subscriber_too_full_for_its_heartbeat_is_dropped_with_on_drop() -> None:
+    calls: list[str] = []
+    async with EventBus(heartbeat=0.01) as bus:
+        sub = bus.subscribe(on_drop=lambda: calls.append("dropped"))
+        for _ in range(QUEUE_SIZE):
+            assert sub.offer(b": filler\n\n")
+        sub.last_offer = 0.0  # quiet for ages: the next beat goes to it, and does not fit
+        for _ in range(200):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+    assert calls == ["dropped"]
+    assert sub.dropped

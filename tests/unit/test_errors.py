@@ -252,6 +252,8 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ManifestInvalid: lambda: errors.ManifestInvalid(
         "com.example.a", [{"field": "version", "message": "not semver"}]
     ),
+    errors.MisdirectedRequest: lambda: errors.MisdirectedRequest("not ours", host="evil.test:1"),
+    errors.HeadersTooLarge: lambda: errors.HeadersTooLarge("too long", limit=65536),
     errors.UpstreamFailed: lambda: errors.UpstreamFailed("upstream reset", authority="notes"),
     errors.HookFailed: lambda: errors.HookFailed("hook said 500", hook="onStart", status=500),
     errors.SpawnFailed: lambda: errors.SpawnFailed(

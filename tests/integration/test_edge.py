@@ -1,0 +1,339 @@
+"""The HTTP edge holds against hostile input (issue 13): topic globs that used to backtrack for
+hours, lone surrogates in bodies, half-sent and oversized request heads, foreign `Host` names, and
+a slow event subscriber that the bus drops."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atrium.api.server import MAX_HEAD_BYTES
+from atrium.events import MAX_GLOB_LENGTH, MAX_GLOBS
+from tests.conftest import REPO_DIR
+from tests.integration.conftest import DEADLINE, RunningShell, SseReader, StartShell, wait_for
+
+pytestmark = pytest.mark.integration
+
+#: `**` sixty times then a letter no topic ends with: the regex the shell built from it took
+#: about an hour against `kv:changed` (measured growth: x3.7 per two more `**`)
+PATHOLOGICAL_GLOB = "**" * 60 + "z"
+
+
+@dataclass
+class Served:
+    """`atrium serve` as a real process (a stuck event loop must not stall the test itself)."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    token: str
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    home = tmp_path / "home"
+    env = {**os.environ, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atrium", "serve"],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url_file = home / "run" / "url"
+        wait_for(lambda: url_file.is_file() and url_file.read_text().strip(), "the URL file")
+        url = url_file.read_text().strip()
+        token = (home / "run" / "token").read_text().strip()
+        yield Served(proc, url, token)
+    finally:
+        proc.kill()  # SIGKILL: a loop stuck in a regex never runs a signal handler
+        proc.wait()
+
+
+def publish(shell: RunningShell, topic: str, payloads: list[dict[str, object]]) -> None:
+    """Publish on the shell's own loop, as a service would, in one callback."""
+    loop = shell.server._loop
+    assert loop is not None
+    done = threading.Event()
+
+    def run() -> None:
+        for payload in payloads:
+            shell.shell.bus.publish(topic, payload)
+        done.set()
+
+    loop.call_soon_threadsafe(run)
+    assert done.wait(DEADLINE)
+
+
+# --- topic globs (row 4) ---------------------------------------------------------------------
+
+
+def test_a_pathological_topic_glob_does_not_stall_the_shell(served: Served) -> None:
+    """One subscription with `**…**z` used to freeze the event loop at the next event."""
+    auth = {"Authorization": f"Bearer {served.token}"}
+    with httpx.Client(base_url=served.url, headers=auth, timeout=10) as api:
+        attacker = SseReader(api, {"topics": PATHOLOGICAL_GLOB})
+        watcher = SseReader(api, {"topics": "kv:*"})
+        assert attacker.status == 200
+        put = api.put("/api/kv/os/probe", json={"value": 1})  # publishes kv:changed
+        assert put.status_code == 200
+        (event,) = watcher.wait(1, "kv:changed")
+        assert event.data == {"type": "kv:changed", "namespace": "os", "key": "probe"}
+        assert api.get("/api/version").status_code == 200
+        assert attacker.events == []
+
+
+def test_topic_globs_have_bounded_length_and_number(shell: RunningShell, api: httpx.Client) -> None:
+    long_glob = "a" * (MAX_GLOB_LENGTH + 1)
+    response = api.get("/api/events", params={"topics": long_glob})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_request"
+    assert f"the limit is {MAX_GLOB_LENGTH}" in response.json()["error"]["message"]
+
+    many = ",".join(f"t{n}:*" for n in range(MAX_GLOBS + 1))
+    response = api.get("/api/events", params={"topics": many})
+    assert response.status_code == 400
+    assert f"the limit is {MAX_GLOBS}" in response.json()["error"]["message"]
+    assert response.json()["error"]["problems"][0]["field"] == "topics"
+
+    # the same glob repeated counts once; exactly the limit is fine
+    at_limit = ",".join([f"t{n}:*" for n in range(MAX_GLOBS)] + ["t0:*"] * 10)
+    reader = SseReader(api, {"topics": at_limit})
+    assert reader.status == 200
+
+
+# --- lone surrogates (row 9) -----------------------------------------------------------------
+
+LONE_ESCAPED = b'"\\ud800"'
+LONE_RAW = b'"\xed\xa0\x80"'  # the surrogate's own UTF-8-style bytes, not valid UTF-8
+
+
+@pytest.mark.parametrize("lone", [LONE_ESCAPED, LONE_RAW], ids=["escaped", "raw"])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/api/kv/os/probe", b'{"value":%s}'),
+        ("PUT", "/api/kv/app/com.example.a/k", b'{"value":{"nested":[%s]}}'),
+        ("POST", "/api/os/themes/select", b'{"themeIdLight":%s}'),
+        ("POST", "/api/dist/install", b'{"ref":%s}'),
+        ("POST", "/api/dist/install/preview", b'{"ref":%s}'),
+        ("POST", "/api/dist/update/com.example.a", b'{"approvedDigest":%s}'),
+        ("POST", "/api/intents/resolve", b'{"action":%s}'),
+        ("PUT", "/api/scopes/global/git-repo", b'{"url":%s}'),
+        ("POST", "/api/dist/publish", b'{"path":%s,"to":"x","tag":"1"}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_body_is_a_bad_request(
+    api: httpx.Client, method: str, path: str, body: bytes, lone: bytes
+) -> None:
+    response = api.request(
+        method, path, content=body % lone, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "bad_request"
+    assert "not valid JSON" in error["message"]
+
+
+def test_an_app_sending_a_lone_surrogate_to_its_own_kv_gets_400(shell: RunningShell) -> None:
+    """Apps can call kv PUT: the answer is theirs too, not a 500 in the shell's log."""
+    app_id = "com.atrium.notes"
+    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1")  # as a running instance holds
+    with shell.client(token) as app:
+        response = app.put(
+            f"/api/kv/app/{app_id}/k",
+            content=b'{"value":"\\udfff"}',
+            headers={"Content-Type": "application/json"},
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bad_request"
+
+
+# --- request heads ---------------------------------------------------------------------------
+
+
+def connect(shell: RunningShell) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", shell.settings.port), timeout=DEADLINE)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the shell sends until it closes the connection (fails on the timeout)."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_half_sent_request_line_is_closed_after_the_head_deadline(
+    start_shell: StartShell,
+) -> None:
+    shell = start_shell(header_timeout_seconds=0.5)
+    with connect(shell) as sock:
+        sock.sendall(b"GET /api/ver")
+        assert read_until_closed(sock) == b""  # closed, no answer
+
+
+def test_half_sent_headers_after_a_kept_alive_request_are_closed(start_shell: StartShell) -> None:
+    shell = start_shell(header_timeout_seconds=0.5)
+    with connect(shell) as sock:
+        host = f"127.0.0.1:{shell.settings.port}"
+        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\nX-Slow: ".encode())
+        assert read_until_closed(sock) == b""
+
+
+def test_an_open_event_stream_outlives_the_head_deadline(start_shell: StartShell) -> None:
+    """The deadline is for heads only: a long answer (the event stream) is not cut."""
+    shell = start_shell(header_timeout_seconds=0.3)
+    with shell.client() as api:
+        reader = SseReader(api, {"topics": "t:*"})
+        time.sleep(1.0)  # several deadlines pass while the stream is open
+        publish(shell, "t:late", [{"n": 1}])
+        (event,) = reader.wait(1)
+        assert event.data["n"] == 1
+        assert not reader.ended.is_set()
+
+
+def test_an_oversized_request_head_is_431_and_closed(shell: RunningShell) -> None:
+    with connect(shell) as sock:
+        sock.sendall(
+            f"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1:{shell.settings.port}\r\n".encode()
+        )
+        filler = b"X-Filler: " + b"a" * 8000 + b"\r\n"
+        sent = 0
+        try:
+            while sent <= MAX_HEAD_BYTES * 4:
+                sock.sendall(filler)
+                sent += len(filler)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while we were still sending: fine, the answer is what counts
+        answer = read_until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431")
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large"
+    assert error["limit"] == MAX_HEAD_BYTES
+
+
+def test_a_large_complete_request_is_still_served(shell: RunningShell, api: httpx.Client) -> None:
+    """A body far larger than the head limit is not a head: a 1 MiB kv value is stored."""
+    response = api.put("/api/kv/os/big", json={"value": "v" * ((1 << 20) - 100)})
+    assert response.status_code == 200
+    response = api.get("/api/version", headers={"X-Filler": "a" * 30000})
+    assert response.status_code == 200
+
+
+# --- Host allow-list ---------------------------------------------------------------------------
+
+
+OWN_NAMES = ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}", "[::1]:{port}"]
+OWN_NAMES += ["localhost", "127.0.0.1"]
+FOREIGN_NAMES = [
+    "attacker.example:{port}",
+    "attacker.example",
+    "localhost:{other}",
+    "127.0.0.1:{other}",
+    "localhost.attacker.example:{port}",
+    "127.0.0.1.nip.io:{port}",
+    "xlocalhost:{port}",
+    "abcdefabcdef.attacker.example:{port}",
+    "abcdefabcdef.localhost:{other}",
+    "not-a-slug.localhost:{port}",
+    "",
+]
+
+
+def test_the_shells_own_names_are_served(shell: RunningShell) -> None:
+    with shell.client() as api:
+        for host in OWN_NAMES:
+            value = host.format(port=shell.settings.port)
+            response = api.get("/api/apps", headers={"Host": value})
+            assert response.status_code == 200, value
+
+
+def test_a_foreign_host_is_misdirected(shell: RunningShell) -> None:
+    """A DNS-rebinding page sends its own name: refused before any route, open ones included
+    (the version, the data proxy, the event stream, the host page)."""
+    port = shell.settings.port
+    other = port + 1 if port < 65535 else 1
+    with shell.client() as api:
+        for host in FOREIGN_NAMES:
+            value = host.format(port=port, other=other)
+            for path in ["/api/version", "/api/data/x/y", "/api/events", "/"]:
+                response = api.get(path, headers={"Host": value})
+                assert response.status_code == 421, (value, path)
+                error = response.json()["error"]
+                assert error["code"] == "misdirected_request"
+                assert error.get("host", "") == value
+
+
+def test_a_request_without_host_is_misdirected(shell: RunningShell) -> None:
+    with connect(shell) as sock:
+        sock.sendall(b"GET /api/version HTTP/1.0\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 421")
+    assert b'"misdirected_request"' in answer
+
+
+def test_app_origins_pass_the_host_check(shell: RunningShell) -> None:
+    """`<slug>.localhost:<port>` reaches the app-origin dispatcher (no view cookie here: 404/401,
+    not 421)."""
+    with shell.anonymous() as client:
+        response = client.get(
+            "/", headers={"Host": f"abcdefabcdef.localhost:{shell.settings.port}"}
+        )
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+# --- a dropped slow event subscriber -----------------------------------------------------------
+
+
+def hung_up(sock: socket.socket) -> bool:
+    """The peer closed or reset the connection (seen without reading what is buffered)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return any(
+        mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, mask in poller.poll(0)
+    )
+
+
+def test_a_dropped_slow_subscriber_is_disconnected(shell: RunningShell) -> None:
+    """A client that stops reading fills its queue and is dropped; its connection must end, not
+    hang forever on a write the client never reads (issue 14, row 8)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(DEADLINE)
+    with sock:
+        sock.connect(("127.0.0.1", shell.settings.port))
+        sock.sendall(
+            f"GET /api/events?topics=slow:* HTTP/1.1\r\nHost: 127.0.0.1:{shell.settings.port}\r\n"
+            f"Authorization: Bearer {shell.token}\r\n\r\n".encode()
+        )
+        head = sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200")
+        wait_for(lambda: shell.shell.bus.subscriber_count == 1, "the subscription")
+        frame: dict[str, object] = {"pad": "p" * 32768}
+        # enough to fill every buffer between the shell and the client that does not read
+        for _ in range(20):
+            publish(shell, "slow:fill", [frame] * 20)
+            time.sleep(0.01)
+        publish(shell, "slow:overflow", [frame] * 1100)
+        wait_for(lambda: shell.shell.bus.subscriber_count == 0, "the slow subscriber dropped")
+        wait_for(lambda: hung_up(sock), "the shell to end the dropped subscriber's connection")
+    with shell.client() as api:
+        assert api.get("/api/version").status_code == 200
