@@ -30,7 +30,7 @@ from atrium.distribution import artifact
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
 from atrium.distribution.ociclient import RegistryClient, RegistryError
 from atrium.distribution.refs import OciRef, parse_ref
-from atrium.distribution.tree import UnsafeTree, check_tree
+from atrium.distribution.tree import UnsafeTree, check_tree, is_vcs_name
 from atrium.errors import BadRef, FetchFailed
 from atrium.events import FETCH_PROGRESS
 
@@ -204,6 +204,9 @@ class _Unpacker:
         dest = self.staging.joinpath(*parts)
         if self.through_link(parts):
             raise self.refuse(info.name, "is written through a link")
+        if any(is_vcs_name(part) for part in parts[1:]):
+            # refused before it is written; check_tree in finish() says the same of the tree
+            raise self.refuse(info.name, "is version-control metadata (e.g. a .git folder)")
         if len(parts) == 1 and not info.isdir():
             raise self.refuse(info.name, "must be the app's folder")
         if info.isdir():
@@ -271,7 +274,7 @@ class _Unpacker:
         try:
             check_tree(root)  # the one check of every fetcher: no VCS metadata, no link out
         except UnsafeTree as err:
-            raise FetchFailed(self.ref, f"unsafe artifact: {err}") from err
+            raise FetchFailed(self.ref, f"unsafe artifact: member {self.dir_name}/{err}") from err
         for path, mode in reversed(self.dirs):
             # the owner keeps rwx, so the tree can always be moved, updated and removed
             path.chmod((mode & 0o777) | 0o700)

@@ -89,17 +89,19 @@ def files_of(app: Path, top: str) -> list[Member]:
     return members
 
 
-def fsmonitor_repo(top: str, marker: Path) -> list[Member]:
-    """A `.git` folder git accepts as a repository, whose config runs a command on `git status`."""
-    config = f'[core]\n\trepositoryformatversion = 0\n\tfsmonitor = "touch {marker}"\n'
-    return [
-        Member(f"{top}/.git", "dir"),
-        Member(f"{top}/.git/HEAD", "file", b"ref: refs/heads/main\n"),
-        Member(f"{top}/.git/config", "file", config.encode()),
-        Member(f"{top}/.git/objects", "dir"),
-        Member(f"{top}/.git/refs", "dir"),
-        Member(f"{top}/.git/refs/heads", "dir"),
-    ]
+def fsmonitor_repo(top: str, folder: Path, marker: Path) -> list[Member]:
+    """The members of a real repository with one commit (so the scope repo's `git add` takes the
+    app folder for an embedded repository and runs `git status` in it), whose config runs a
+    command through core.fsmonitor."""
+    folder.mkdir()
+    subprocess.run(["git", "init", "--quiet", str(folder)], check=True)
+    (folder / "README").write_text("hi\n")
+    commit = ["git", "-c", "user.name=x", "-c", "user.email=x@x", "commit", "--quiet", "-m", "x"]
+    subprocess.run(["git", "add", "README"], cwd=folder, check=True)
+    subprocess.run(commit, cwd=folder, check=True)
+    with (folder / ".git" / "config").open("a") as config:
+        config.write(f'[core]\n\tfsmonitor = "touch {marker}"\n')
+    return files_of(folder / ".git", f"{top}/.git")
 
 
 def chain_out(app: Path) -> None:
@@ -118,7 +120,8 @@ def test_an_oci_artifact_carrying_a_git_config_is_refused_and_its_command_never_
     app_id = "com.example.fsmonitor"
     marker = tmp_path / "pwned"
     source = make_app(app_id)
-    layer = crafted_layer(files_of(source, app_id) + fsmonitor_repo(app_id, marker))
+    repo = fsmonitor_repo(app_id, tmp_path / "evil", marker)
+    layer = crafted_layer(files_of(source, app_id) + repo)
     ref = OciRef(registry.host, f"apps/{app_id}", "1.0.0")
     run_async(push_artifact(ref, layer, app_id=app_id, version="1.0.0"))
 
