@@ -238,6 +238,9 @@ class RegistryClient:
     def _refused(self, status: int, body: bytes, what: str) -> RegistryError:
         detail = _error_detail(body)
         if status == 401:
+            if self._credentials() is None:
+                # e.g. an anonymous token that grants nothing: a private repository
+                return RegistryError(f"{what}: {self._missing_credentials()} {detail}".rstrip())
             return RegistryError(f"{what}: the registry asks for credentials again (401) {detail}")
         if status == 403:
             return RegistryError(f"{what}: access denied (403) {detail}")
