@@ -16,7 +16,7 @@ import hashlib
 import ipaddress
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,7 +272,7 @@ class RegistryClient:
                 )
         return PulledManifest(body, media_type, digest)
 
-    async def blob(self, digest: str, size: int) -> AsyncIterator[bytes]:
+    async def blob(self, digest: str, size: int) -> AsyncGenerator[bytes, None]:
         """Stream a blob in chunks; after the last one its size and sha256 are verified."""
         hasher, received = hashlib.sha256(), 0
         async with self._call("GET", self._url("blobs", digest)) as resp:
