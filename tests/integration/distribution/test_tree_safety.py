@@ -222,7 +222,10 @@ def hostile_git_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (hooks / hook).write_text(f"#!/bin/sh\ntouch {marker}\n")
         (hooks / hook).chmod(0o755)
     global_config = tmp_path / "gitconfig"
-    global_config.write_text(f'[core]\n\thooksPath = {hooks}\n\tfsmonitor = "touch {marker}"\n')
+    global_config.write_text(
+        f'[core]\n\thooksPath = {hooks}\n\tfsmonitor = "touch {marker}"\n'
+        f'[filter "evil"]\n\tclean = "touch {marker}; cat"\n'
+    )
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(global_config))
     monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
     monkeypatch.setenv("GIT_CONFIG_KEY_0", "core.fsmonitor")
@@ -234,8 +237,11 @@ def test_scope_git_runs_no_hook_or_fsmonitor_from_the_environment_or_global_conf
     hostile_git_setup: Path, start_shell: StartShell, make_app: MakeApp, home: Path
 ) -> None:
     shell = start_shell()
+    source = make_app("com.example.envgit")
+    # a committed attributes file naming a filter driver that only the global config defines
+    (source / ".gitattributes").write_text("* filter=evil\n")
     with shell.client(timeout=60) as api:
-        installed_ok(api, f"local:{make_app('com.example.envgit')}")
+        installed_ok(api, f"local:{source}")
         assert api.delete("/api/dist/uninstall/com.example.envgit").status_code == 200
     log = git_lines(home / "scopes/global", "-c", "core.fsmonitor=false", "log", "--format=%s")
     assert log[0].startswith("uninstall com.example.envgit")
@@ -334,3 +340,33 @@ def test_a_bare_id_whose_index_tag_holds_another_app_is_refused(
         refused(install(api, app_a, autoApprove=True), app_a, app_b)
         nothing_of(api, home, app_a)
         nothing_of(api, home, app_b)
+
+
+def test_git_and_local_updates_to_another_apps_manifest_change_nothing(
+    api: httpx.Client, make_app: MakeApp, git_repo: Callable[..., GitRepo], home: Path
+) -> None:
+    """The same rule for the other sources: their directory name is the app id, so a source that
+    now holds another app's manifest is refused (the id must equal the directory name)."""
+    scope = home / "scopes/global"
+    git_source = make_app("com.example.gitswap")
+    repo = git_repo(git_source)
+    local_source = make_app("com.example.localswap")
+    before = {
+        "com.example.gitswap": installed_ok(api, repo.url)["record"],
+        "com.example.localswap": installed_ok(api, f"local:{local_source}")["record"],
+    }
+    log = git_lines(scope, "log", "--format=%s")
+    for source in (git_source, local_source):
+        manifest = json.loads((source / "app.manifest.json").read_text())
+        manifest.update(id="com.example.intruder", version="9.0.0")
+        (source / "app.manifest.json").write_text(json.dumps(manifest))
+    repo.commit_and_tag(message="now another app")
+    for app_id in before:
+        response = api.post(f"/api/dist/update/{app_id}", json={"autoApprove": True})
+        assert response.status_code in (422, 502), response.text
+        assert "com.example.intruder" in response.text
+    installed = {r["id"]: r for r in api.get("/api/dist/installed").json()}
+    assert installed == before
+    assert git_lines(scope, "log", "--format=%s") == log
+    assert git_lines(scope, "status", "--porcelain") == []
+    assert not (scope / "apps/com.example.intruder").exists()
