@@ -29,9 +29,9 @@ from typing import Final
 CHUNK: Final = 1 << 20
 #: folders and files by which a version-control tool recognises (and configures) a repository;
 #: git reads `.git/config` (core.fsmonitor, hooks: code execution), Mercurial `.hg/hgrc` (hooks)
-VCS_NAMES: Final = frozenset(
-    {".git", ".hg", ".svn", ".bzr", "_darcs", "cvs", ".pijul", ".fossil", "_fossil_", ".jj", ".sl"}
-)
+VCS_NAMES: Final = frozenset({".git", ".hg", ".svn", ".bzr", ".pijul", ".fossil", ".jj", ".sl"})
+#: metadata names without a leading dot, matched exactly: an app's own `cvs/` folder is not CVS's
+EXACT_VCS_NAMES: Final = frozenset({"CVS", "_darcs", "_FOSSIL_"})
 #: ``git~1``: the NTFS short name git itself refuses (core.protectNTFS)
 SHORT_NAMES: Final = frozenset({"git~1"})
 #: code points HFS+ ignores in names (git's ``is_hfs_dotgit`` list), so `.g\u200cit` is `.git` there
@@ -48,9 +48,11 @@ class UnsafeTree(Exception):
 
 
 def is_vcs_name(name: str) -> bool:
-    """Whether a file system anywhere could take ``name`` for version-control metadata: compared
-    case-insensitively, without trailing dots and spaces (Windows drops them) and without the
-    code points HFS+ ignores."""
+    """Whether a file system anywhere could take ``name`` for version-control metadata: the dot
+    names compared case-insensitively, without trailing dots and spaces (Windows drops them) and
+    without the code points HFS+ ignores; `CVS`, `_darcs`, `_FOSSIL_` exactly."""
+    if name in EXACT_VCS_NAMES:
+        return True
     folded = "".join(c for c in name if c not in HFS_IGNORED)
     folded = unicodedata.normalize("NFC", folded).rstrip(". ").casefold()
     return folded in VCS_NAMES or folded in SHORT_NAMES

@@ -146,3 +146,9 @@ def test_links_that_stay_inside_through_a_chain_are_accepted(app: Path) -> None:
     (app / "p/q/page").symlink_to("top/static/index.html")
     (app / "p/dangling").symlink_to("q/missing/../../static")
     check_tree(app, skip_top_vcs=True)
+
+
+def test_an_apps_own_cvs_folder_in_lower_case_is_not_cvs_metadata(app: Path) -> None:
+    (app / "static" / "cvs").mkdir()
+    (app / "static" / "cvs" / "receipts.txt").write_text("")
+    check_tree(app, skip_top_vcs=True)
