@@ -7,9 +7,11 @@ left by a killed process (nothing of ours can be running then) and finishes an i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
+import signal
 from pathlib import Path
 from typing import Final
 
@@ -33,6 +35,25 @@ REMOTE_RE: Final = re.compile(
 )
 
 
+#: every git run: no fsmonitor daemon command, no hooks, no `ext::` transport (a command line in a
+#: URL), whatever any config file or repository says (docs/decisions.md "Distribution safety")
+NEUTRALISED: Final = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "protocol.ext.allow=never",
+)
+#: runs on Atrium's own repositories (scope repos) also ignore the user's global ignore and
+#: attributes files, so what a commit holds does not depend on the host account
+OWN_REPO: Final = ("core.excludesFile=/dev/null", "core.attributesFile=/dev/null")
+#: the only GIT_* variables of the shell's environment a network git run keeps (how to reach a
+#: remote); every other one (GIT_DIR, GIT_CONFIG_PARAMETERS, GIT_EXEC_PATH, …) is dropped
+REMOTE_ENV: Final = frozenset(
+    {"GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH"}
+)
+TIMEOUT_ENV: Final = "ATRIUM_GIT_TIMEOUT_SECONDS"
+DEFAULT_TIMEOUT: Final = 300.0
+
+
 class GitError(Exception):
     """A git command failed; ``stderr`` holds its words."""
 
@@ -42,23 +63,83 @@ class GitError(Exception):
         self.code = code
 
 
-def git_env() -> dict[str, str]:
-    env = dict(os.environ)
+class GitTimeout(GitError):
+    """A git command outlived its deadline and was killed."""
+
+    def __init__(self, args: tuple[str, ...], seconds: float) -> None:
+        words = f"git {args[0] if args else ''} did not finish within {seconds:g} s and was stopped"
+        super().__init__(args, -1, words)
+
+
+def git_timeout() -> float:
+    """The deadline of one git run: ``ATRIUM_GIT_TIMEOUT_SECONDS``, 300 s by default."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def git_env(*, user_config: bool = False, ceiling: Path | None = None) -> dict[str, str]:
+    """The environment of a git run. Without ``user_config`` git reads no system or global
+    configuration at all (only the repository's own, which Atrium writes); with it (fetching from
+    and publishing to remotes) the user's own configuration stays, for credential helpers,
+    ``insteadOf`` and ssh settings. Either way the shell's GIT_* variables are dropped (bar the
+    few in REMOTE_ENV for remotes), git never prompts and ssh runs in batch mode."""
+    keep = REMOTE_ENV if user_config else frozenset()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in keep}
     env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    if user_config:
+        env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
+    else:
+        env.update(
+            {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1"}
+        )
+    if ceiling is not None:
+        # a repository above the working folder (a stray /tmp/.git) is never discovered, so
+        # never configures the run
+        env["GIT_CEILING_DIRECTORIES"] = str(ceiling)
     return env
 
 
-async def run_git(*args: str, cwd: Path, check: bool = True) -> str:
+async def run_git(
+    *args: str,
+    cwd: Path,
+    check: bool = True,
+    user_config: bool = False,
+    deadline: float | None = None,
+) -> str:
+    """Run ``git <args>`` in ``cwd``: the one way Atrium runs git.
+
+    Always with NEUTRALISED config on the command line (it wins over every config file and is
+    passed on to the git processes git starts, e.g. in an embedded repository); without
+    ``user_config`` also with OWN_REPO and no system or global config (see `git_env`). Killed
+    after ``deadline`` seconds (default `git_timeout()`), raising GitTimeout; a non-zero exit
+    raises GitError when ``check``.
+    """
+    config = NEUTRALISED if user_config else NEUTRALISED + OWN_REPO
+    options = [item for pair in config for item in ("-c", pair)]
+    seconds = deadline if deadline is not None else git_timeout()
     proc = await asyncio.create_subprocess_exec(
         "git",
+        *options,
         *args,
         cwd=cwd,
-        env=git_env(),
+        env=git_env(user_config=user_config, ceiling=cwd.parent),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
-    out, err = await proc.communicate()
+    try:
+        async with asyncio.timeout(seconds):
+            out, err = await proc.communicate()
+    except (TimeoutError, asyncio.CancelledError) as exc:
+        _kill(proc)
+        await proc.wait()
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise GitTimeout(args, seconds) from exc
     if check and proc.returncode != 0:
         raise GitError(args, proc.returncode or -1, err.decode(errors="replace"))
     return out.decode(errors="replace")
@@ -86,6 +167,15 @@ def head_problem(root: Path) -> str | None:
     if not HEAD_RE.match(text):
         return ".git/HEAD is neither a branch reference nor a commit id"
     return None
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill git and what it started (ssh, a remote helper): they share its process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
 
 def is_remote_url(url: str) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from atrium.distribution.tree import is_vcs_name
 from atrium.errors import InvalidRequest, ManifestInvalid
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 
@@ -35,7 +36,8 @@ TITLE: Final = "org.opencontainers.image.title"
 VERSION: Final = "org.opencontainers.image.version"
 #: every entry of the published layer carries this mtime, so one tree always gives one digest
 FIXED_MTIME: Final = 0
-#: never published: git metadata, bytecode caches (rebuilt by the interpreter)
+#: never published: bytecode caches (rebuilt by the interpreter); nor is version-control metadata
+#: at any depth (`is_vcs_name`: every install refuses a tree that carries it)
 SKIPPED_NAMES: Final = frozenset({".git", "__pycache__"})
 
 
@@ -97,8 +99,10 @@ def app_files(app_dir: Path, app_id: str) -> Iterator[Path]:
 
     def walk(folder: Path) -> Iterator[Path]:
         for entry in sorted(folder.iterdir(), key=lambda p: p.name):
-            if entry.name in SKIPPED_NAMES or (
-                folder == app_dir and entry.is_dir() and is_runtime_data(app_id, entry.name)
+            if (
+                entry.name in SKIPPED_NAMES
+                or is_vcs_name(entry.name)
+                or (folder == app_dir and entry.is_dir() and is_runtime_data(app_id, entry.name))
             ):
                 continue
             mode = entry.lstat().st_mode

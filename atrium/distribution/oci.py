@@ -9,8 +9,12 @@ raises FetchFailed(ref, reason), a push UpstreamFailed naming the ref and the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import io
+import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,11 +38,49 @@ async def resolve_oci(ref: OciRef, docker_config: Path | None = None) -> tuple[s
     try:
         async with RegistryClient(ref.registry, ref.repository, docker_config=docker_config) as c:
             pulled = await c.manifest(_reference(ref))
-        found = artifact.check_app_manifest(pulled.json(), pulled.media_type)
+            found = artifact.check_app_manifest(pulled.json(), pulled.media_type)
+            # no title annotation (ORAS puts titles on layers only): the layer's top folder
+            # names the app, as the docs promise; read from the start of the layer
+            title = found.title or await _top_folder(c, found.layer)
     except (RegistryError, ValueError) as err:
         raise FetchFailed(str(ref), str(err)) from err
-    preview = {"id": found.title, "version": found.version} if found.title else {}
+    preview = {"id": title, "version": found.version} if title else {}
     return pulled.digest, {k: v for k, v in preview.items() if v is not None}
+
+
+#: how much of a layer is decompressed to find its first member (a pax header comes first)
+PEEK_LIMIT = 1 << 20
+
+
+async def _top_folder(client: RegistryClient, layer: artifact.Descriptor) -> str | None:
+    """The top-level folder of the layer's first member, read from the first bytes of the blob
+    (the stream is closed then; the full fetch verifies the digest and that every member sits
+    under this folder). None when it cannot be told."""
+    inflate = zlib.decompressobj(wbits=31)
+    data = b""
+    name = None
+    async with contextlib.aclosing(client.blob(layer.digest, layer.size)) as chunks:
+        async for chunk in chunks:
+            try:
+                data += inflate.decompress(chunk, PEEK_LIMIT - len(data))
+            except zlib.error:
+                return None
+            name = _first_member(data)
+            if name is not None or len(data) >= PEEK_LIMIT:
+                break
+    if not name:
+        return None
+    top = name.removeprefix("./").split("/", 1)[0]
+    return top if top not in ("", ".", "..") else None
+
+
+def _first_member(data: bytes) -> str | None:
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+            member = tar.next()
+    except (tarfile.TarError, EOFError):
+        return None
+    return member.name if member is not None else None
 
 
 async def push_artifact(

@@ -16,7 +16,7 @@ import hashlib
 import ipaddress
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +238,9 @@ class RegistryClient:
     def _refused(self, status: int, body: bytes, what: str) -> RegistryError:
         detail = _error_detail(body)
         if status == 401:
+            if self._credentials() is None:
+                # e.g. an anonymous token that grants nothing: a private repository
+                return RegistryError(f"{what}: {self._missing_credentials()} {detail}".rstrip())
             return RegistryError(f"{what}: the registry asks for credentials again (401) {detail}")
         if status == 403:
             return RegistryError(f"{what}: access denied (403) {detail}")
@@ -269,7 +272,7 @@ class RegistryClient:
                 )
         return PulledManifest(body, media_type, digest)
 
-    async def blob(self, digest: str, size: int) -> AsyncIterator[bytes]:
+    async def blob(self, digest: str, size: int) -> AsyncGenerator[bytes, None]:
         """Stream a blob in chunks; after the last one its size and sha256 are verified."""
         hasher, received = hashlib.sha256(), 0
         async with self._call("GET", self._url("blobs", digest)) as resp:

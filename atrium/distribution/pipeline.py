@@ -28,7 +28,14 @@ from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
 from atrium.distribution.resolve import Resolver
 from atrium.distribution.validate import check_authority, validate_staged
-from atrium.errors import ApprovalDenied, ApprovalStale, AtriumError, NotFound, SystemScopeImmutable
+from atrium.errors import (
+    ApprovalDenied,
+    ApprovalStale,
+    AtriumError,
+    FetchFailed,
+    NotFound,
+    SystemScopeImmutable,
+)
 from atrium.events import (
     APP_REMOVED,
     DIST_INSTALL_COMPLETE,
@@ -77,6 +84,18 @@ class Approval:
     def check(self, resolved: ResolvedRef) -> None:
         if self.approved_digest is not None and self.approved_digest != resolved.digest:
             raise ApprovalStale(self.approved_digest, resolved.digest)
+
+
+def same_app(app_id: str, ref: str, found: str) -> None:
+    """An update replaces ``app_id`` with ``app_id``: a recorded ref that now resolves to (or
+    fetches) another app is refused before anything changes (issue: a moved OCI tag must not
+    install app B under A's record, or over an existing B)."""
+    if found != app_id:
+        raise FetchFailed(
+            ref,
+            f"the recorded source of {app_id!r} now holds the app {found!r}, not {app_id!r}; "
+            "nothing was changed (install that app by its own ref if it is wanted)",
+        )
 
 
 def mutable(scope: Scope, action: str) -> Scope:
@@ -180,11 +199,13 @@ class Distribution:
             resolved = await self.resolver.resolve(ref)
             yield event(RESOLVE_DONE, resolved=resolved.wire())
             approval.check(resolved)
+            same_app(app_id, record.ref, resolved.dir_name)
             if resolved.digest == record.digest:
                 self._bus.publish(DIST_UPDATE_COMPLETE, {"id": app_id, "record": None})
                 yield event(RESULT, ok=True, record=None, upToDate=True)
                 return
-            async with aclosing(self._run("update", record.ref, resolved, scope, approval)) as run:
+            run_update = self._run("update", record.ref, resolved, scope, approval, app_id)
+            async with aclosing(run_update) as run:
                 async for item in run:
                     yield item
 
@@ -195,12 +216,16 @@ class Distribution:
         resolved: ResolvedRef,
         scope: Scope,
         approval: Approval,
+        expected_id: str | None = None,
     ) -> AsyncGenerator[ProgressEvent, None]:
+        """``expected_id``: an update's app; a fetched app of another id changes nothing."""
         async with staging(self._layout, self.installer.journals, scope) as path:
             async with aclosing(self._fetch(resolved, path)) as fetching:
                 async for item in fetching:
                     yield item
             manifest, diff = await self._check(resolved, path, scope)
+            if expected_id is not None:
+                same_app(expected_id, ref_text, manifest.id)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             if requires_approval(diff) or approval.approve is False:
                 yield event(PERMISSION_NEEDED, diff=diff.wire(), resolved=resolved.wire())

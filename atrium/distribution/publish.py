@@ -228,7 +228,9 @@ def _local_path(url: str) -> Path | None:
 
 async def _git(*args: str, cwd: Path) -> str:
     try:
-        return await run_git(*args, cwd=cwd)
+        # the user's own git configuration (credentials, identity) for the remote and the
+        # throw-away work tree; hooks and fsmonitor stay off (atrium.git.run_git)
+        return await run_git(*args, cwd=cwd, user_config=True)
     except GitError as err:
         reason = err.stderr.strip() or str(err)
         raise UpstreamFailed(f"publishing failed: git {args[0]}: {reason}", reason=reason) from err
@@ -266,7 +268,7 @@ async def _target_branch(url: str, cwd: Path) -> tuple[str, bool]:
 
 async def _identity(work: Path) -> tuple[str, ...]:
     """The user's git identity, or Atrium's when the user has none configured."""
-    email = await run_git("config", "user.email", cwd=work, check=False)
+    email = await run_git("config", "user.email", cwd=work, check=False, user_config=True)
     return () if email.strip() else FALLBACK_IDENTITY
 
 

@@ -1,6 +1,7 @@
 """The resolver: a Ref becomes a ResolvedRef with a real digest (spec "ResolvedRef").
 
-- local: a content hash of the directory (`.git` skipped);
+- local: a content hash of the directory (its own top-level `.git`, `.hg`, … skipped) after the
+  tree check;
 - git: the commit of the branch or tag (`git ls-remote`), the remote's HEAD by default;
 - OCI: the manifest digest from the registry;
 - a bare id: the index entry's channel (`stable` by default), OCI preferred over git.
@@ -30,7 +31,7 @@ from atrium.distribution.index import (
     oci_source,
 )
 from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
-from atrium.distribution.tree import UnsafeTree, content_hash
+from atrium.distribution.tree import UnsafeTree, check_tree, content_hash
 from atrium.errors import FetchFailed, NotFound
 from atrium.manifest import MANIFEST_FILE
 
@@ -79,6 +80,7 @@ def _read_preview(directory: Path) -> Mapping[str, Any] | None:
 def _hash_local(directory: Path) -> tuple[str, Mapping[str, Any] | None]:
     if not directory.is_dir():
         raise NotADirectoryError(f"{directory} is not a directory on the shell's machine")
+    check_tree(directory, skip_top_vcs=True)  # refused before anything is fetched or approved
     return content_hash(directory), _read_preview(directory)
 
 
@@ -154,6 +156,12 @@ class Resolver:
 
         digest, info = await resolve_oci(ref, self._docker_config)
         info = info if isinstance(info, dict) else {}
+        title = info.get("id")
+        if dir_name is not None and isinstance(title, str) and title != dir_name:
+            raise FetchFailed(
+                str(ref),
+                f"the artifact is the app {title!r}, not {dir_name!r} (the index entry's id)",
+            )
         preview = info if "id" in info and "version" in info else None
         return ResolvedRef(
             source="oci",

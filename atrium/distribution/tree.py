@@ -1,36 +1,75 @@
-"""App directory trees: a content hash, a safety check and a safe recursive copy.
+"""App directory trees: a content hash, THE safety check every fetcher applies, and a safe copy.
 
-Blocking file-system work: callers run it in a thread. `.git` entries are never part of an app tree.
-A tree is safe when it holds only directories, regular files and symlinks that stay inside it.
+Blocking file-system work: callers run it in a thread.
+
+A tree is safe (`check_tree`) when it holds only directories, regular files and symlinks, no
+version-control metadata at any depth, and no symlink through which anything outside the tree can
+be reached, however links are chained (docs/decisions.md "Distribution safety"). The local, git and
+OCI fetchers all run `check_tree` on the tree they staged; an unsafe tree is refused, never
+stripped, with an UnsafeTree naming the first offending path.
+
+The one exception is the *source's* own repository: a local directory's top-level `.git` (and
+`.hg`, `.svn`, …) belongs to the developer's checkout, not to the app, so `entries(...,
+skip_top_vcs=True)` leaves it out of the content hash and the copy; the git fetcher removes its
+clone's `.git` before the check.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import stat
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-SKIPPED: Final = frozenset({".git"})
 CHUNK: Final = 1 << 20
+#: folders and files by which a version-control tool recognises (and configures) a repository;
+#: git reads `.git/config` (core.fsmonitor, hooks: code execution), Mercurial `.hg/hgrc` (hooks)
+VCS_NAMES: Final = frozenset({".git", ".hg", ".svn", ".bzr", ".pijul", ".fossil", ".jj", ".sl"})
+#: metadata names without a leading dot, matched exactly: an app's own `cvs/` folder is not CVS's
+EXACT_VCS_NAMES: Final = frozenset({"CVS", "_darcs", "_FOSSIL_"})
+#: ``git~1``: the NTFS short name git itself refuses (core.protectNTFS)
+SHORT_NAMES: Final = frozenset({"git~1"})
+#: code points HFS+ ignores in names (git's ``is_hfs_dotgit`` list), so `.g\u200cit` is `.git` there
+HFS_IGNORED: Final = frozenset(
+    "\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u206a\u206b\u206c\u206d\u206e\u206f\ufeff"
+)
+#: symlinks followed while resolving one path before it counts as a loop (Linux's limit)
+MAX_HOPS: Final = 40
 
 
 class UnsafeTree(Exception):
-    """The tree holds a link that leaves it, or a device, FIFO or socket."""
+    """The tree holds VCS metadata, a link through which something outside it is reachable, or a
+    device, FIFO or socket. The message names the path."""
 
 
-def entries(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+def is_vcs_name(name: str) -> bool:
+    """Whether a file system anywhere could take ``name`` for version-control metadata: the dot
+    names compared case-insensitively, without trailing dots and spaces (Windows drops them) and
+    without the code points HFS+ ignores; `CVS`, `_darcs`, `_FOSSIL_` exactly."""
+    if name in EXACT_VCS_NAMES:
+        return True
+    folded = "".join(c for c in name if c not in HFS_IGNORED)
+    folded = unicodedata.normalize("NFC", folded).rstrip(". ").casefold()
+    return folded in VCS_NAMES or folded in SHORT_NAMES
+
+
+def entries(
+    root: Path, *, skip_top_vcs: bool = False
+) -> Iterator[tuple[str, Path, os.stat_result]]:
     """``(relative posix path, path, lstat)`` of every entry under ``root`` in sorted order;
-    directory symlinks are not followed."""
+    directory symlinks are not followed. ``skip_top_vcs`` leaves out VCS metadata directly in
+    ``root`` (a local source's own checkout)."""
     pending = [root]
     found: list[tuple[str, Path, os.stat_result]] = []
     while pending:
         directory = pending.pop()
         for entry in os.scandir(directory):
-            if entry.name in SKIPPED:
+            if skip_top_vcs and directory == root and is_vcs_name(entry.name):
                 continue
             path = Path(entry.path)
             st = entry.stat(follow_symlinks=False)
@@ -41,7 +80,8 @@ def entries(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
 
 
 def check_link(rel: str, target: str) -> None:
-    """A symlink at ``rel`` must point inside the tree (relative, never above the root)."""
+    """A symlink at ``rel`` must point inside the tree (relative, never above the root) as
+    written; `check_tree` also follows chains of links."""
     if target.startswith("/"):
         raise UnsafeTree(f"{rel} is a symlink to the absolute path {target!r}")
     resolved = os.path.normpath(f"{rel.rpartition('/')[0] or '.'}/{target}")
@@ -59,18 +99,66 @@ def _kind(rel: str, st: os.stat_result) -> str:
     raise UnsafeTree(f"{rel} is a device, FIFO or socket")
 
 
-def check_tree(root: Path) -> None:
-    """Raise UnsafeTree for the first entry that makes ``root`` unsafe."""
-    for rel, path, st in entries(root):
+def _resolve_inside(root: Path, rel: str) -> None:
+    """Resolve the link at ``rel`` the way the kernel would, with ``root`` as the top: every
+    intermediate step must stay inside the tree (so the answer does not depend on where the tree
+    sits), absolute targets are refused, and more than MAX_HOPS links is a loop. A missing
+    component ends the walk; what follows it is still checked lexically."""
+    hops = 0
+    first = str((root / rel).readlink())
+    if first.startswith("/"):
+        raise UnsafeTree(f"{rel} is a symlink to the absolute path {first!r}")
+    # the components still to walk, consumed from the front; `stack` is where the walk is now
+    pending = first.split("/")
+    stack = rel.split("/")[:-1]
+    exists = True
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                raise UnsafeTree(
+                    f"{rel} is a symlink whose chain of links reaches outside the app directory"
+                )
+            stack.pop()
+            continue
+        here = root.joinpath(*stack, part)
+        if exists and here.is_symlink():
+            hops += 1
+            if hops > MAX_HOPS:
+                raise UnsafeTree(f"{rel} is a symlink in a loop of links")
+            target = str(here.readlink())
+            if target.startswith("/"):
+                raise UnsafeTree(
+                    f"{rel} is a symlink that leads through {posixpath.join(*stack, part)} "
+                    f"to the absolute path {target!r}"
+                )
+            pending[:0] = target.split("/")
+            continue
+        stack.append(part)
+        exists = exists and os.path.lexists(here)
+
+
+def check_tree(root: Path, *, skip_top_vcs: bool = False) -> None:
+    """Raise UnsafeTree for the first entry that makes ``root`` unsafe (see the module doc);
+    ``skip_top_vcs`` for a local source directory, whose own checkout is not copied."""
+    for rel, _path, st in entries(root, skip_top_vcs=skip_top_vcs):
+        if is_vcs_name(rel.rpartition("/")[2]):
+            raise UnsafeTree(
+                f"{rel} is version-control metadata; an app must not carry a repository "
+                "(a tool run over the installed tree would read its configuration)"
+            )
         if _kind(rel, st) == "l":
-            check_link(rel, str(path.readlink()))
+            check_link(rel, str((root / rel).readlink()))
+            _resolve_inside(root, rel)
 
 
 def content_hash(root: Path) -> str:
     """``sha256:<hex>`` over the sorted relative paths, kinds, file modes, file bytes and link
-    targets; equal for a tree and its copy."""
+    targets; equal for a tree and its copy. A local source's own top-level VCS folder is left out."""
     digest = hashlib.sha256()
-    for rel, path, st in entries(root):
+    for rel, path, st in entries(root, skip_top_vcs=True):
         kind = _kind(rel, st)
         digest.update(f"{kind}\0{rel}\0".encode("utf-8", "surrogateescape"))
         if kind == "l":
@@ -85,9 +173,10 @@ def content_hash(root: Path) -> str:
 
 def copy_tree(source: Path, target: Path) -> None:
     """Copy ``source`` to ``target`` (which must not exist): files with their modes, links as
-    links. Raises UnsafeTree before copying an unsafe entry."""
+    links, the source's own top-level VCS folder left out; then `check_tree` on the copy. Raises
+    UnsafeTree before copying a device or a link that leaves as written."""
     target.mkdir(mode=0o755)
-    for rel, path, st in entries(source):
+    for rel, path, st in entries(source, skip_top_vcs=True):
         kind = _kind(rel, st)
         dest = target / rel
         if kind == "d":
@@ -99,3 +188,4 @@ def copy_tree(source: Path, target: Path) -> None:
             dest.symlink_to(link)
         else:
             shutil.copy2(path, dest, follow_symlinks=False)
+    check_tree(target)

@@ -82,17 +82,23 @@ class TokenService:
             timeout=60,
         ).stdout
         self.x5c = base64.b64encode(der).decode()
+        #: answer a request without credentials with a token granting nothing, as Docker Hub and
+        #: GHCR do, instead of 401 (the registry then refuses the pull itself)
+        self.anonymous = False
         service = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 expected = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
-                if self.headers.get("Authorization") != expected:
-                    self.send_response(401)
-                    self.end_headers()
-                    return
                 query = parse_qs(urlsplit(self.path).query)
-                body = json.dumps({"token": service.token(query.get("scope", [""])[0])}).encode()
+                scope = query.get("scope", [""])[0]
+                if self.headers.get("Authorization") != expected:
+                    if not (service.anonymous and "Authorization" not in self.headers):
+                        self.send_response(401)
+                        self.end_headers()
+                        return
+                    scope = ""  # an anonymous token that grants nothing (Docker Hub, private repo)
+                body = json.dumps({"token": service.token(scope)}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

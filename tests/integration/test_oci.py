@@ -173,6 +173,26 @@ async def test_bearer_token_auth_without_credentials_names_them(
     assert "needs credentials (401)" in caught.value.message
 
 
+async def test_a_private_repository_behind_anonymous_tokens_names_the_missing_credentials(
+    token_registry: Registry, app: Path, staging: Path, tmp_path: Path
+) -> None:
+    """Issue 14 row 9: the token service hands out an anonymous token that grants nothing (as Docker
+    Hub does for a private repository); the refusal names the Docker config entry to add."""
+    ref = token_registry.ref(APP_ID, "1.0.0")
+    digest = await push_app(app, ref, token_registry.docker_config)
+    assert token_registry.token_service is not None
+    token_registry.token_service.anonymous = True
+    with pytest.raises(FetchFailed) as caught:
+        await resolve_oci(ref, tmp_path / "empty-docker-config")
+    message = caught.value.message
+    assert "needs credentials" in message, message
+    assert "'auths'" in message
+    assert f"docker login {token_registry.host}" in message
+    with pytest.raises(FetchFailed) as fetched:
+        await fetch_all(resolved_for(ref, digest), staging, tmp_path / "empty-docker-config")
+    assert "needs credentials" in fetched.value.message
+
+
 async def test_credentials_are_read_from_docker_config_env(
     auth_registry: Registry, app: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

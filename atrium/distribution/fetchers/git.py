@@ -1,14 +1,16 @@
 """The git fetcher: a shallow clone (depth 1) of the resolved branch or tag, checked against the
-resolved commit, without its `.git`. Also `ls_remote`, which the resolver uses.
+resolved commit, without its `.git`, then the one tree check (atrium.distribution.tree). Also
+`ls_remote`, which the resolver uses.
 
 Credentials come from the user's own git configuration (credential helpers, ``insteadOf``, ssh
-keys); git never prompts (``GIT_TERMINAL_PROMPT=0``, ssh in batch mode).
+keys); git never prompts (``GIT_TERMINAL_PROMPT=0``, ssh in batch mode). Hooks, fsmonitor and the
+``ext::`` transport are off whatever that configuration says (atrium.git.run_git).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -18,9 +20,9 @@ from typing import Final
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
 from atrium.distribution.tree import UnsafeTree, check_tree
 from atrium.errors import FetchFailed
-from atrium.git import git_env
+from atrium.git import GitError, GitTimeout, run_git
 
-GIT_TIMEOUT: Final = 120.0
+COMMIT_RE: Final = re.compile(r"[0-9a-f]{7,64}")
 NO_PROGRESS: Final[tuple[ProgressEvent, ...]] = ()
 
 
@@ -28,39 +30,26 @@ class GitCommandFailed(Exception):
     """A git command exited non-zero or ran past its deadline; the message is git's own words."""
 
 
-def _environment() -> dict[str, str]:
-    env = git_env()
-    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes")
-    return env
+def _reason(stderr: str, code: int) -> str:
+    """git's own words: its ``fatal:``/``error:`` lines (the cause, e.g. "does not appear to be a
+    git repository"), else its last lines."""
+    lines = [w.strip() for w in stderr.strip().splitlines() if w.strip()]
+    causes = [w for w in lines if w.startswith(("fatal:", "error:"))]
+    return " ".join(causes or lines[-3:]) or f"exit {code}"
 
 
-async def run_git_command(
-    *args: str, cwd: Path | None = None, deadline: float = GIT_TIMEOUT
-) -> str:
-    """Run git; kill it (and raise) when it outlives ``deadline`` seconds."""
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *args,
-        cwd=cwd or tempfile.gettempdir(),
-        env=_environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+async def run_git_command(*args: str, cwd: Path | None = None) -> str:
+    """Run git for a fetch through `atrium.git.run_git` (the user's configuration for remotes,
+    config-driven commands neutralised, a deadline); in a private empty folder unless ``cwd``."""
     try:
-        async with asyncio.timeout(deadline):
-            out, err = await proc.communicate()
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-        raise GitCommandFailed(f"git {args[0]} did not finish within {deadline:.0f} s") from exc
-    if proc.returncode != 0:
-        words = err.decode(errors="replace").strip().splitlines()
-        raise GitCommandFailed(" ".join(w.strip() for w in words[-3:]) or f"exit {proc.returncode}")
-    return out.decode(errors="replace")
+        if cwd is not None:
+            return await run_git(*args, cwd=cwd, user_config=True)
+        with tempfile.TemporaryDirectory(prefix="atrium-git-") as empty:
+            return await run_git(*args, cwd=Path(empty), user_config=True)
+    except GitTimeout as err:
+        raise GitCommandFailed(err.stderr) from err
+    except GitError as err:
+        raise GitCommandFailed(_reason(err.stderr, err.code)) from err
 
 
 async def ls_remote(url: str, ref: str | None) -> tuple[str, str | None]:
@@ -88,6 +77,11 @@ async def ls_remote(url: str, ref: str | None) -> tuple[str, str | None]:
     for pattern in patterns:
         if pattern in found:
             return found[pattern], ref
+    if COMMIT_RE.fullmatch(ref):
+        raise GitCommandFailed(
+            f"{ref!r} looks like a commit id, and the repository has no branch or tag of that "
+            "name; a git ref (#…) names a branch or tag: tag the commit and install the tag"
+        )
     raise GitCommandFailed(f"the repository has no branch or tag named {ref!r}")
 
 
@@ -101,7 +95,7 @@ class GitFetcher:
         if resolved.git_ref:
             args += ["--branch", resolved.git_ref]
         try:
-            await run_git_command(*args, "--", resolved.address, str(target))
+            await run_git_command(*args, "--", resolved.address, str(target), cwd=staging)
             head = await run_git_command("rev-parse", "HEAD", cwd=target)
         except GitCommandFailed as err:
             raise FetchFailed(str(resolved.ref), str(err)) from err
@@ -120,10 +114,7 @@ class GitFetcher:
 
 
 def _strip_and_check(target: Path) -> None:
+    """The clone's own `.git` is ours, not the app's: removed. Anything else the one tree check
+    refuses (a committed `.hg/`, a link chain that leaves) fails the fetch."""
     shutil.rmtree(target / ".git")
-    for gitfile in target.rglob(".git"):  # submodule links are not part of the app
-        if gitfile.is_dir() and not gitfile.is_symlink():
-            shutil.rmtree(gitfile)
-        else:
-            gitfile.unlink()
     check_tree(target)

@@ -1,7 +1,10 @@
 """The local fetcher: a recursive copy of a directory on the shell's machine into staging.
 
-Links that leave the directory, devices, FIFOs and sockets are refused; `.git` is not copied. The
-copy is hashed again, so what is installed is exactly what was resolved (and approved).
+The directory's own top-level VCS folder (`.git`, `.hg`, …: the developer's checkout) is not
+copied; the copy then goes through the one tree check of every fetcher
+(atrium.distribution.tree.check_tree): VCS metadata deeper down, links that lead out (also through
+a chain of links), devices, FIFOs and sockets are refused. The copy is hashed again, so what is
+installed is exactly what was resolved (and approved).
 """
 
 from __future__ import annotations

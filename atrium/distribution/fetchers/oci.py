@@ -6,7 +6,9 @@ resolved digest and checked; the one layer streams to a file in staging (``fetch
 ``staging/<dir_name>/``. Refused, each with FetchFailed naming the member: absolute paths, ``..``,
 members outside the ``<dir_name>/`` top-level folder, links that leave it, device files, fifos and
 other special types, a member that appears twice or is written through a link, and more than
-256 MiB unpacked (counted from the headers, before any data is read).
+256 MiB unpacked (counted from the headers, before any data is read). The unpacked tree then goes
+through the one tree check of every fetcher (atrium.distribution.tree.check_tree): no VCS metadata
+such as ``<id>/.git/``, no link chain that leads out.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from atrium.distribution import artifact
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
 from atrium.distribution.ociclient import RegistryClient, RegistryError
 from atrium.distribution.refs import OciRef, parse_ref
+from atrium.distribution.tree import UnsafeTree, check_tree, is_vcs_name
 from atrium.errors import BadRef, FetchFailed
 from atrium.events import FETCH_PROGRESS
 
@@ -201,6 +204,9 @@ class _Unpacker:
         dest = self.staging.joinpath(*parts)
         if self.through_link(parts):
             raise self.refuse(info.name, "is written through a link")
+        if any(is_vcs_name(part) for part in parts[1:]):
+            # refused before it is written; check_tree in finish() says the same of the tree
+            raise self.refuse(info.name, "is version-control metadata (e.g. a .git folder)")
         if len(parts) == 1 and not info.isdir():
             raise self.refuse(info.name, "must be the app's folder")
         if info.isdir():
@@ -265,6 +271,10 @@ class _Unpacker:
         for name, link in self.links.items():
             if not link.resolve().is_relative_to(root):
                 raise self.refuse(name, "is a link that resolves outside the app")
+        try:
+            check_tree(root)  # the one check of every fetcher: no VCS metadata, no link out
+        except UnsafeTree as err:
+            raise FetchFailed(self.ref, f"unsafe artifact: member {self.dir_name}/{err}") from err
         for path, mode in reversed(self.dirs):
             # the owner keeps rwx, so the tree can always be moved, updated and removed
             path.chmod((mode & 0o777) | 0o700)

@@ -83,6 +83,29 @@ def test_a_missing_tag_is_fetch_failed(
     assert "no branch or tag named 'v9'" in response.json()["error"]["message"]
 
 
+def test_a_missing_file_repository_keeps_gits_cause(api: httpx.Client, tmp_path: Path) -> None:
+    """Issue 14 row 9: git's "does not appear to be a git repository" line is the cause; it used
+    to be dropped for the generic last lines ("Please make sure you have the correct access…")."""
+    response = install(api, f"git+file://{tmp_path}/nowhere/com.example.missing.git")
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == "fetch_failed"
+    assert "does not appear to be a git repository" in error["reason"]
+
+
+def test_a_commit_id_as_ref_says_refs_name_branches_or_tags(
+    api: httpx.Client, make_app: MakeApp, git_repo: Callable[..., GitRepo]
+) -> None:
+    """Issue 14 row 9: a commit id is not "no branch or tag named …" without a word of why."""
+    repo = git_repo(make_app("com.example.commitref"), "v1")
+    commit = repo.commit_of("v1")
+    response = install(api, f"{repo.url}#{commit}")
+    assert response.status_code == 502, response.text
+    reason = response.json()["error"]["reason"]
+    assert "looks like a commit id" in reason
+    assert "names a branch or tag" in reason
+
+
 def test_a_repository_named_unlike_the_app_id_is_invalid(
     api: httpx.Client, make_app: MakeApp, git_repo: Callable[..., GitRepo], tmp_path: Path
 ) -> None:

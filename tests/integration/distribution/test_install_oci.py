@@ -10,6 +10,7 @@ its own app id (its own repository and layer blob), so the tests do not see each
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -20,7 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from atrium.distribution import artifact
 from atrium.distribution.oci import push_app
+from atrium.distribution.ociclient import RegistryClient
 from atrium.distribution.refs import DIGEST_RE, OciRef
 from tests.integration.conftest import RunningShell, StartShell, run_async
 from tests.integration.distribution.conftest import (
@@ -513,3 +516,44 @@ def test_a_moved_tag_with_a_new_permission_updates_after_approval_then_is_up_to_
         f"install {app_id} 1.0.0 ({ref})",
         "baseline: Atrium scope",
     ]
+
+
+# -- an artifact without a title annotation -----------------------------------------------------
+
+
+async def _push_untitled(app: Path, ref: OciRef) -> str:
+    """Push ``app`` the way ORAS would: no manifest annotations, a file name as the layer's title."""
+    out = io.BytesIO()
+    artifact.write_layer(app, app.name, out)
+    layer = out.getvalue()
+    digest = artifact.sha256_digest(layer)
+    document = json.loads(
+        artifact.image_manifest(
+            artifact.Descriptor(artifact.LAYER_MEDIA_TYPE, digest, len(layer)), app.name, "1.0.0"
+        )
+    )
+    del document["annotations"]
+    document["layers"][0]["annotations"] = {"org.opencontainers.image.title": "app.tar.gz"}
+    async with RegistryClient(ref.registry, ref.repository, docker_config=None, push=True) as c:
+        await c.push_blob(artifact.EMPTY_CONFIG, artifact.EMPTY_DESCRIPTOR.digest)
+        await c.push_blob(layer, digest)
+        return await c.put_manifest(
+            ref.tag or "latest", json.dumps(document).encode(), OCI_MANIFEST
+        )
+
+
+def test_an_artifact_without_a_title_is_named_by_its_layers_top_folder(
+    api: httpx.Client, make_app: MakeApp, registry: Registry, home: Path
+) -> None:
+    """Issue 14 row 9: the docs say the top folder names the app; without a title annotation the
+    install used to guess the repository's name and refuse the layer as "unsafe"."""
+    app_id = "com.example.untitled"
+    ref = OciRef(registry.host, "apps/some-other-name", "1.0.0")
+    digest = run_async(_push_untitled(make_app(app_id), ref))
+    preview = api.post("/api/dist/install/preview", json={"ref": str(ref)})
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["diff"]["appId"] == app_id
+    record = installed_ok(api, str(ref))["record"]
+    assert (record["id"], record["digest"], record["source"]) == (app_id, digest, "oci")
+    assert (home / "scopes/global/apps" / app_id / "app.manifest.json").is_file()
+    assert up_to_date(api.post(f"/api/dist/update/{app_id}").json())

@@ -61,7 +61,7 @@ def test_the_hash_ignores_git(app: Path) -> None:
 def test_a_link_that_leaves_the_tree_is_refused(app: Path, tmp_path: Path, target: str) -> None:
     (app / "escape").symlink_to(target)
     with pytest.raises(UnsafeTree, match="escape"):
-        check_tree(app)
+        check_tree(app, skip_top_vcs=True)
     with pytest.raises(UnsafeTree, match="escape"):
         copy_tree(app, tmp_path / "copy")
 
@@ -69,4 +69,86 @@ def test_a_link_that_leaves_the_tree_is_refused(app: Path, tmp_path: Path, targe
 def test_a_fifo_is_refused(app: Path) -> None:
     os.mkfifo(app / "pipe")
     with pytest.raises(UnsafeTree, match="pipe is a device, FIFO or socket"):
+        check_tree(app, skip_top_vcs=True)
+
+
+def test_a_source_checkout_at_the_top_is_skipped_but_an_installed_tree_may_not_hold_it(
+    app: Path, tmp_path: Path
+) -> None:
+    check_tree(app, skip_top_vcs=True)
+    with pytest.raises(UnsafeTree, match=r"^\.git is version-control metadata"):
         check_tree(app)
+    copy_tree(app, tmp_path / "copy")  # the checkout is left behind
+    check_tree(tmp_path / "copy")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "static/.git",
+        "static/.GIT",
+        "static/.Git. ",
+        "static/.g\u200cit",
+        "static/GIT~1",
+        "static/.hg",
+        "static/.svn",
+        "static/.bzr",
+        "static/_darcs",
+        "static/CVS",
+    ],
+)
+@pytest.mark.parametrize("as_file", [False, True])
+def test_vcs_metadata_anywhere_is_refused_naming_it(
+    app: Path, tmp_path: Path, name: str, as_file: bool
+) -> None:
+    path = app / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if as_file:
+        path.write_text("gitdir: /elsewhere\n")
+    else:
+        path.mkdir()
+        (path / "config").write_text("[core]\n\tfsmonitor = touch /tmp/x\n")
+    with pytest.raises(UnsafeTree, match="version-control metadata") as caught:
+        check_tree(app, skip_top_vcs=True)
+    assert str(caught.value).startswith(name)
+    with pytest.raises(UnsafeTree, match="version-control metadata"):
+        copy_tree(app, tmp_path / "copy")
+
+
+@pytest.mark.parametrize(
+    ("links", "words"),
+    [
+        # issue 13 row 8: each link stays inside as written, the chain leads to $ATRIUM_HOME
+        (
+            {"p/q/r/s/b": "../../../..", "leak": "p/q/r/s/b/../../../../run/token"},
+            "leak is a symlink whose chain of links reaches outside",
+        ),
+        ({"p/up": "..", "p/deeper": "up/../x"}, "chain of links reaches outside"),
+        ({"a": "b", "b": "a"}, "loop of links"),
+        ({"p/s": "../static", "p/x": "s/../s/../../etc"}, "chain of links reaches outside"),
+    ],
+)
+def test_a_chain_of_links_that_leaves_is_refused(
+    app: Path, tmp_path: Path, links: dict[str, str], words: str
+) -> None:
+    for name, target in links.items():
+        (app / name).parent.mkdir(parents=True, exist_ok=True)
+        (app / name).symlink_to(target)
+    with pytest.raises(UnsafeTree, match=words):
+        check_tree(app, skip_top_vcs=True)
+    with pytest.raises(UnsafeTree, match=words):
+        copy_tree(app, tmp_path / "copy")
+
+
+def test_links_that_stay_inside_through_a_chain_are_accepted(app: Path) -> None:
+    (app / "p/q").mkdir(parents=True)
+    (app / "p/q/top").symlink_to("../..")
+    (app / "p/q/page").symlink_to("top/static/index.html")
+    (app / "p/dangling").symlink_to("q/missing/../../static")
+    check_tree(app, skip_top_vcs=True)
+
+
+def test_an_apps_own_cvs_folder_in_lower_case_is_not_cvs_metadata(app: Path) -> None:
+    (app / "static" / "cvs").mkdir()
+    (app / "static" / "cvs" / "receipts.txt").write_text("")
+    check_tree(app, skip_top_vcs=True)
