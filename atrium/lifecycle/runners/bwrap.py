@@ -71,6 +71,9 @@ _SYSTEM_PATH: Final = SYSTEM_PATH
 #: where the sandbox holds ``setpriv`` (util-linux) when the app must drop root: outside the
 #: app's PATH; it can do nothing once the app runs (no capabilities, no_new_privs, nosuid mounts)
 SANDBOX_SETPRIV: Final = "/run/atrium/setpriv"
+#: where the folder ``PYTHONPATH`` names (the SDK) appears: a fixed path, so the sandbox shows
+#: no skeleton of ``$ATRIUM_HOME`` and the app learns nothing of where the shell keeps it
+SANDBOX_PYTHONPATH: Final = "/run/atrium/python"
 #: bwrap's own messages for a sandbox it could not build (bwrap 0.8 wording)
 _MOUNT_ERRORS: Final = (
     "Can't find source path",
@@ -358,6 +361,15 @@ def _drop_to(spec: SpawnSpec) -> tuple[list[str], list[str]]:
     return flags, [*prefix, "--inh-caps=-all", "--"]
 
 
+def _python_path(spec: SpawnSpec) -> Path | None:
+    """The one ``PYTHONPATH`` folder, when it is among the read-only paths (the SDK)."""
+    value = spec.env.get("PYTHONPATH")
+    if not value or os.pathsep in value:
+        return None
+    path = absolute(Path(value))
+    return path if path in {absolute(p) for p in spec.ro_paths} else None
+
+
 def sandbox_argv(spec: SpawnSpec, bwrap: str, *, sync_fd: int | None = None) -> list[str]:
     """The whole bwrap command line for ``spec`` (the environment is passed separately)."""
     command = host_command(spec)
@@ -368,8 +380,10 @@ def sandbox_argv(spec: SpawnSpec, bwrap: str, *, sync_fd: int | None = None) -> 
     _tools(spec, binds)
     flags, prefix = _drop_to(spec)
     options = [*flags, *system_layout(), *usr_bin_layout(binds.usr_bin)]
+    python_path = _python_path(spec)
     for path in [*binds.own_path, *ro_paths]:
-        options += ["--ro-bind", str(path), str(path)]
+        inside = SANDBOX_PYTHONPATH if path == python_path else str(path)
+        options += ["--ro-bind", str(path), inside]
     options += ["--ro-bind", app_dir, app_dir]
     options += ["--bind", str(spec.data_dir), SANDBOX_DATA, "--chdir", app_dir]
     if sync_fd is not None:
@@ -408,6 +422,8 @@ class BwrapRunner:
             "HOME": SANDBOX_DATA,
             "PATH": str(SANDBOX_BIN),
         }
+        if _python_path(spec) is not None:
+            env["PYTHONPATH"] = SANDBOX_PYTHONPATH
         lock = lock_data_dir(spec)
         try:
             argv = sandbox_argv(spec, self._bwrap, sync_fd=lock)

@@ -300,22 +300,20 @@ def give_data_dir(path: Path, user: AppUser) -> None:
 
 
 def open_for_search(paths: Iterable[Path], home: Path | None) -> None:
-    """Add search permission for others (``o+x``, never read) on every folder from ``home``
-    down to each of ``paths``: the app's uid can then reach its folders by name, list none of
-    the folders above them, and read nothing private (0600/0700) on the way."""
+    """Let others search, never list, every folder from ``home`` down to the parent of each of
+    ``paths`` (others' bits become ``--x``): the app's uid then reaches its folders by name, lists
+    none of the folders above them, and reads nothing private (0600/0700) on the way."""
     if home is None:
         return
     home = absolute(home)
     for path in paths:
-        path = absolute(path)
-        if not path.is_relative_to(home):
-            continue
-        for folder in [*reversed(path.parents), path]:
+        for folder in reversed(absolute(path).parents):
             if folder != home and not folder.is_relative_to(home):
                 continue
             mode = folder.lstat().st_mode
-            if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
-                folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            wanted = (stat.S_IMODE(mode) & ~0o006) | stat.S_IXOTH
+            if stat.S_ISDIR(mode) and stat.S_IMODE(mode) != wanted:
+                folder.chmod(wanted)
 
 
 def lock_data_dir(spec: SpawnSpec) -> int:
