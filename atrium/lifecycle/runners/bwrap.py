@@ -3,12 +3,15 @@
 What the app sees (built by ``sandbox_argv``):
 
 - its own pid, IPC and UTS namespaces; the host's network (the shell must reach its port);
-  no capabilities, even when the shell runs as root;
+  no capabilities; when the shell runs as root, the app's own unprivileged uid/gid (``spec.user``,
+  set by ``setpriv`` after bwrap made the mounts as root: see ``_drop_to``);
 - ``/etc``, ``/usr/lib``, ``/usr/lib64``, ``/usr/libexec``, ``/usr/share`` read-only, and the
   merged-/usr links (``/bin -> usr/bin`` …) as on the host;
 - ``/usr/bin`` (and so ``/bin``): a tmpfs holding only the app's interpreter and the tools its
   manifest declares (decisions.md, Lifecycle ``tools``); ``PATH=/usr/bin``;
-- ``spec.ro_paths`` (the shell's virtualenv, interpreter prefix, SDK) read-only at their own paths;
+- ``spec.ro_paths`` (the base interpreter's prefix) read-only at their own paths, except the
+  ``PYTHONPATH`` folder (the SDK), shown at ``/run/atrium/python``; every mount point's missing
+  parents are made 0755 (bwrap's own are 0700, which an unprivileged app could not cross);
 - its app directory read-only at its own path (the working directory), its runtime data directory
   read-write at ``/data`` (``OS_DATA_DIR`` and ``HOME``), an empty ``/tmp``.
 
