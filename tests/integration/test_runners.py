@@ -552,11 +552,15 @@ async def test_as_root_the_sandboxed_app_runs_under_its_own_uid(
 ) -> None:
     user = AppUser(uid=0x70000000 + 4242, gid=0x70000000 + 4242)
     spec = make_spec(user=user)
+    (spec.data_dir / "old").mkdir(parents=True)  # left by a run as root
+    (spec.data_dir / "old" / "notes.txt").write_text("mine too")
+    (spec.data_dir / "old" / "passwd").symlink_to("/etc/passwd")
     app = await spawn(BwrapRunner(), spec)
 
     status = (await get_json(app, spec, "/read", path="/proc/self/status"))["text"]
     shadow = await get_json(app, spec, "/read", path="/etc/shadow")
     written = await get_json(app, spec, "/write", name="mine")
+    tmp = await get_json(app, spec, "/run", cmd=sys.executable, args="-c open('/tmp/x','w')")
 
     assert f"Uid:\t{user.uid}\t{user.uid}\t{user.uid}\t{user.uid}" in status
     assert f"Gid:\t{user.gid}\t{user.gid}\t{user.gid}\t{user.gid}" in status
@@ -564,7 +568,11 @@ async def test_as_root_the_sandboxed_app_runs_under_its_own_uid(
     assert "CapEff:\t0000000000000000" in status
     assert shadow["error"].startswith("PermissionError"), shadow
     assert written == {"ok": True}
+    assert tmp["returncode"] == 0, tmp
     assert (spec.data_dir / "mine").stat().st_uid == user.uid
+    assert (spec.data_dir / "old" / "notes.txt").stat().st_uid == user.uid
+    assert (spec.data_dir / "old" / "passwd").lstat().st_uid == user.uid
+    assert Path("/etc/passwd").stat().st_uid == 0  # the link was not followed
     assert spec.data_dir.stat().st_mode & 0o777 == 0o700
 
 

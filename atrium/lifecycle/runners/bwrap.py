@@ -157,7 +157,8 @@ def classify_early_exit(log_path: Path, returncode: int) -> str:
 @functools.cache
 def system_layout() -> tuple[str, ...]:
     """The host-independent part of every sandbox: kernel filesystems and read-only system dirs."""
-    args = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108 - a fresh tmpfs
+    # a fresh /tmp every user may write (sticky, like the host's), also the app's own uid
+    args = ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
     for directory in SYSTEM_DIRS:
         if Path(directory).is_dir():
             args += ["--ro-bind", directory, directory]
@@ -179,6 +180,7 @@ _MAKES_TOO: Final = {"--dev": 1, "--dir": 1}
 #: every other bwrap option this module uses that takes an argument
 _ARITY: Final = {
     **dict.fromkeys(("--remount-ro", "--chdir", "--sync-fd", "--cap-add", "--cap-drop"), 1),
+    "--perms": 1,
     **_MAKES,
     **_MAKES_TOO,
 }

@@ -291,9 +291,11 @@ def give_data_dir(path: Path, user: AppUser) -> None:
     link (an app's data may hold links to anywhere)."""
     info = path.lstat()
     if (info.st_uid, info.st_gid) != (user.uid, user.gid):
-        for root, dirs, files in os.walk(path):
+        # fwalk holds each folder open and never follows a link: a folder swapped for a link
+        # while we walk cannot point the chown anywhere else
+        for _, dirs, files, folder in os.fwalk(path, follow_symlinks=False):
             for name in (*dirs, *files):
-                os.chown(Path(root, name), user.uid, user.gid, follow_symlinks=False)
+                os.chown(name, user.uid, user.gid, dir_fd=folder, follow_symlinks=False)
         os.chown(path, user.uid, user.gid, follow_symlinks=False)
     if stat.S_IMODE(info.st_mode) != 0o700:
         path.chmod(0o700)
