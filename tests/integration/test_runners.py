@@ -548,13 +548,15 @@ async def test_the_sandboxed_app_has_no_capabilities_and_its_own_pids(
 @only_bwrap
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can run an app under another uid")
 async def test_as_root_the_sandboxed_app_runs_under_its_own_uid(
-    make_spec: SpecFactory, spawn: Spawn
+    make_spec: SpecFactory, spawn: Spawn, app_dir: Path
 ) -> None:
     user = AppUser(uid=0x70000000 + 4242, gid=0x70000000 + 4242)
     spec = make_spec(user=user)
     (spec.data_dir / "old").mkdir(parents=True)  # left by a run as root
     (spec.data_dir / "old" / "notes.txt").write_text("mine too")
     (spec.data_dir / "old" / "passwd").symlink_to("/etc/passwd")
+    (app_dir / "server.py").chmod(0o600)  # installed by a shell with a strict umask
+    app_dir.chmod(0o700)
     app = await spawn(BwrapRunner(), spec)
 
     status = (await get_json(app, spec, "/read", path="/proc/self/status"))["text"]
@@ -573,6 +575,7 @@ async def test_as_root_the_sandboxed_app_runs_under_its_own_uid(
     assert (spec.data_dir / "old" / "notes.txt").stat().st_uid == user.uid
     assert (spec.data_dir / "old" / "passwd").lstat().st_uid == user.uid
     assert Path("/etc/passwd").stat().st_uid == 0  # the link was not followed
+    assert (app_dir / "server.py").stat().st_mode & 0o777 == 0o604
     assert spec.data_dir.stat().st_mode & 0o777 == 0o700
 
 

@@ -301,6 +301,29 @@ def give_data_dir(path: Path, user: AppUser) -> None:
         path.chmod(0o700)
 
 
+def share_app_tree(app_dir: Path, app_id: str) -> None:
+    """Let others read the app tree when its folder is closed to them (a shell running with a
+    strict umask installed it): folders ``r-x``, files ``r--`` (``r-x`` when executable), never
+    following a link, leaving the instances' data folders (``<appId>-<n>``) alone.
+
+    Checked on the app folder's own mode only, so a spawn costs one ``stat`` when all is well.
+    """
+    mode = app_dir.stat().st_mode
+    if mode & 0o005 == 0o005:
+        return
+    app_dir.chmod(stat.S_IMODE(mode) | 0o005)
+    for folder, dirs, files, fd in os.fwalk(app_dir, follow_symlinks=False):
+        if Path(folder) == app_dir:
+            dirs[:] = [d for d in dirs if not d.startswith(f"{app_id}-")]
+        for name in (*dirs, *files):
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            extra = 0o005 if stat.S_ISDIR(info.st_mode) or info.st_mode & stat.S_IXUSR else 0o004
+            if info.st_mode & extra != extra:
+                os.chmod(name, stat.S_IMODE(info.st_mode) | extra, dir_fd=fd)
+
+
 def open_for_search(paths: Iterable[Path], home: Path | None) -> None:
     """Let others search, never list, every folder from ``home`` down to the parent of each of
     ``paths`` (others' bits become ``--x``): the app's uid then reaches its folders by name, lists
@@ -358,11 +381,13 @@ def prepare_dirs(spec: SpawnSpec) -> None:
             ) from err
     if spec.user is not None:
         try:
+            share_app_tree(spec.app_dir, spec.app_id)
             give_data_dir(spec.data_dir, spec.user)
         except OSError as err:
             raise SpawnFailed(
-                f"cannot start {spec.app_id!r}: cannot hand its data directory {spec.data_dir} "
-                f"to uid {spec.user.uid}: {err.strerror or err}",
+                f"cannot start {spec.app_id!r}: cannot open its app tree {spec.app_dir} or hand "
+                f"its data directory {spec.data_dir} to uid {spec.user.uid}: "
+                f"{err.strerror or err} ({err.filename})",
                 app_id=spec.app_id,
                 cause="mount",
             ) from err
