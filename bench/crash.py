@@ -26,7 +26,7 @@ from pathlib import Path
 
 from atrium.bus import Event
 from atrium.identity import new_token
-from atrium.lifecycle.runners.bwrap import descendants
+from atrium.lifecycle.runners.process import descendants
 from atrium.settings import Settings
 from atrium.shell import Shell, open_shell
 from bench.lifecycle import APP, system_apps
@@ -37,13 +37,12 @@ WARMUP = 2
 
 
 def app_pid(shell: Shell, instance_id: str, runner: str) -> int:
-    """The pid of the app's own process: the child, or the leaf below bwrap and its reaper."""
+    """The pid of the app's own process: the leaf below the keeper, or below bwrap and its
+    reaper."""
     child = shell.lifecycle.get(instance_id).child
     assert child is not None
-    if runner == "process":
-        return child.pid
     leaves = [s for s in descendants(child.pid) if not descendants(s.pid)]
-    assert len(leaves) == 1, f"expected one app process below bwrap, found {leaves}"
+    assert len(leaves) == 1, f"expected one app process below the {runner} runner, found {leaves}"
     return leaves[0].pid
 
 

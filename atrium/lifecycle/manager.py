@@ -35,10 +35,12 @@ from atrium.lifecycle.runners import Runner, SpawnSpec
 from atrium.lifecycle.runners.bwrap import classify_early_exit
 from atrium.lifecycle.spawning import (
     app_environment,
+    app_user,
     interpreter_paths,
     log_tail,
     port_answers,
     resolve_argv,
+    sdk_path,
 )
 from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.views import ViewDesk
@@ -217,6 +219,7 @@ class LifecycleManager:
                 shell_url=self._config.shell_url,
                 token=instance.token,
                 secret=instance.secret,
+                sdk=sdk_path(self._config.layout.home),
             ),
             data_dir=instance.data_dir,
             host=self._config.app_host,
@@ -224,7 +227,9 @@ class LifecycleManager:
             log_path=instance.log_path,
             tools=tuple(copy.manifest.tools),
             toolchain_dir=self._config.toolchain_dir,
-            ro_paths=interpreter_paths(),
+            ro_paths=interpreter_paths(self._config.layout.home),
+            user=app_user(instance.app_id),
+            home=self._config.layout.home,
         )
         try:
             instance.child = await self._runner.spawn(spec)

@@ -4,19 +4,87 @@ two probes used to name a failure (does the port answer; what did the child last
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import os
+import py_compile
 import shutil
 import sys
 from pathlib import Path
+from typing import Final
 
 from atrium import lifecycle
+from atrium.lifecycle.runners import AppUser
 from atrium.registry import AppCopy
 
+#: first uid/gid of the apps' identities: systemd leaves 1879048192-2147483647 unused
+#: ("HIC SVNT LEONES" in its UIDS-GIDS.md), so no host user or container range meets it
+APP_UID_BASE: Final = 0x70000000
+#: 2**24 ids above the base, chosen by the app id's hash (decisions.md, sandbox section)
+APP_UID_SPAN: Final = 1 << 24
+#: the files of the `atrium` package an SDK app imports (atrium/sdk.py is stdlib-only)
+SDK_FILES: Final = ("__init__.py", "sdk.py")
 
-def interpreter_paths() -> tuple[Path, ...]:
-    """What the shell's interpreter needs inside a sandbox so SDK apps import `atrium`."""
-    package_dir = Path(lifecycle.__file__).resolve().parent.parent
-    return tuple(dict.fromkeys(Path(p) for p in (sys.prefix, sys.base_prefix, package_dir)))
+
+def app_user(app_id: str) -> AppUser | None:
+    """The uid/gid ``app_id`` runs as when the shell is root; None otherwise (a user's shell
+    cannot change identity, and its apps run as that user, confined by the sandbox only).
+
+    One id per app, stable across restarts and hosts, with no table to keep: its data folders
+    stay its own. Two apps share an id only on a hash collision (about 1 in 30,000 for 100 apps).
+    """
+    if os.geteuid() != 0:
+        return None
+    digest = hashlib.sha256(app_id.encode()).digest()
+    uid = APP_UID_BASE + int.from_bytes(digest[:3], "big") % APP_UID_SPAN
+    return AppUser(uid=uid, gid=uid)
+
+
+def python_command() -> str:
+    """The interpreter `python3` means for an app: the shell's base interpreter, not its
+    virtualenv, so a sandbox needs the interpreter's prefix and the SDK only, never the shell's
+    checkout or dependencies."""
+    base = Path(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    if base.is_file() and os.access(base, os.X_OK):
+        return str(base)
+    return os.path.realpath(sys.executable)
+
+
+@functools.cache
+def sdk_path(home: Path) -> Path:
+    """``$ATRIUM_HOME/sdk``: a folder holding only ``atrium/__init__.py`` and ``atrium/sdk.py``
+    (and their bytecode), the one thing of the shell an app may import (``PYTHONPATH``).
+
+    Refreshed once per shell process and home when the shell's copy differs. Readable by every user (it is public code), so
+    apps running under their own uid import it.
+    """
+    source = Path(str(lifecycle.__file__)).resolve().parent.parent
+    target = home / "sdk" / "atrium"
+    target.mkdir(parents=True, exist_ok=True)
+    for directory in (target.parent, target):
+        directory.chmod(0o755)
+    for name in SDK_FILES:
+        text = (source / name).read_bytes()
+        copy = target / name
+        try:
+            same = copy.read_bytes() == text
+        except OSError:
+            same = False
+        if not same:
+            tmp = copy.with_suffix(".tmp")
+            tmp.write_bytes(text)
+            tmp.chmod(0o644)
+            tmp.replace(copy)
+            if compiled := py_compile.compile(str(copy), doraise=True):
+                Path(compiled).chmod(0o644)
+                Path(compiled).parent.chmod(0o755)
+    return target.parent
+
+
+def interpreter_paths(home: Path) -> tuple[Path, ...]:
+    """What an app's interpreter needs inside a sandbox: the base interpreter's prefix and the
+    SDK folder (not the virtualenv, not the checkout the shell runs from)."""
+    return tuple(dict.fromkeys((Path(sys.base_prefix), sdk_path(home))))
 
 
 def resolve_argv(copy: AppCopy) -> list[str]:
@@ -29,17 +97,28 @@ def resolve_argv(copy: AppCopy) -> list[str]:
         return [str(copy.path / manifest.entrypoint)]
     argv = list(manifest.entrypoint)
     if argv[0] in {"python3", "python"}:
-        argv[0] = sys.executable
+        argv[0] = python_command()
     elif "/" not in argv[0]:
         argv[0] = shutil.which(argv[0]) or argv[0]
     return argv
 
 
 def app_environment(
-    *, app_id: str, instance_id: str, host: str, port: int, shell_url: str, token: str, secret: str
+    *,
+    app_id: str,
+    instance_id: str,
+    host: str,
+    port: int,
+    shell_url: str,
+    token: str,
+    secret: str,
+    sdk: Path | None = None,
 ) -> dict[str, str]:
-    """The environment of decisions.md "Manifest" (the runner adds `OS_DATA_DIR`)."""
+    """The environment of decisions.md "Manifest" (the runner adds `OS_DATA_DIR`); ``sdk`` is
+    the folder `import atrium.sdk` finds (``PYTHONPATH``)."""
+    extra = {"PYTHONPATH": str(sdk)} if sdk is not None else {}
     return {
+        **extra,
         "OS_APP_ID": app_id,
         "OS_INSTANCE_ID": instance_id,
         "OS_HOST": host,

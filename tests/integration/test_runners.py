@@ -10,6 +10,8 @@ On SIGTERM it writes ``$OS_DATA_DIR/terminated`` and exits 0.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
 import sys
 import uuid
@@ -23,7 +25,7 @@ import pytest
 
 from atrium.errors import SpawnFailed
 from atrium.lifecycle.ports import PortAllocator
-from atrium.lifecycle.runners import Runner, RunningApp, SpawnSpec
+from atrium.lifecycle.runners import AppUser, Runner, RunningApp, SpawnSpec
 from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works, classify_early_exit
 from atrium.lifecycle.runners.process import ProcessRunner
 
@@ -51,6 +53,14 @@ else:
 if "--grandchild" in args:
     marker = args[args.index("--grandchild") + 1]
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", marker])
+if "--daemon" in args:  # double fork and setsid: what a daemonising helper does
+    marker = args[args.index("--daemon") + 1]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1000)", marker])
+        os._exit(0)
+    os.wait()
 
 
 def attempt(action):
@@ -337,6 +347,37 @@ async def test_stop_kills_every_process_of_the_app(
     assert processes_with(marker) == []
 
 
+async def test_stop_kills_a_double_forked_setsid_grandchild(
+    runner: Runner, make_spec: SpecFactory, spawn: Spawn
+) -> None:
+    marker = f"atrium-daemon-{uuid.uuid4().hex}"
+    spec = make_spec("--daemon", marker)
+    app = await spawn(runner, spec)
+    await get_json(app, spec, "/health")
+    await eventually(lambda: processes_with(marker), "the daemon to start")
+
+    await app.stop(grace=DEADLINE)
+
+    assert processes_with(marker) == []
+
+
+async def test_a_second_spawn_on_a_data_dir_in_use_fails_as_locked(
+    runner: Runner, make_spec: SpecFactory, spawn: Spawn
+) -> None:
+    spec = make_spec()
+    first = await spawn(runner, spec)
+    await get_json(first, spec, "/health")
+
+    with pytest.raises(SpawnFailed) as caught:
+        await runner.spawn(make_spec(data_dir=spec.data_dir))
+
+    assert caught.value.fields["cause"] == "locked"
+    assert str(spec.data_dir) in caught.value.message
+    await first.stop(grace=DEADLINE)
+    again = await spawn(runner, make_spec(data_dir=spec.data_dir))
+    await get_json(again, spec, "/health")
+
+
 async def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(
     runner_name: str, runner: Runner, make_spec: SpecFactory, spawn: Spawn
 ) -> None:
@@ -502,6 +543,40 @@ async def test_the_sandboxed_app_has_no_capabilities_and_its_own_pids(
 
     assert "CapEff:\t0000000000000000" in status
     assert sorted(pids, key=int) == ["1", "2"]  # bwrap's reaper and the app, nothing of the host
+
+
+@only_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run an app under another uid")
+async def test_as_root_the_sandboxed_app_runs_under_its_own_uid(
+    make_spec: SpecFactory, spawn: Spawn, app_dir: Path
+) -> None:
+    user = AppUser(uid=0x70000000 + 4242, gid=0x70000000 + 4242)
+    spec = make_spec(user=user)
+    (spec.data_dir / "old").mkdir(parents=True)  # left by a run as root
+    (spec.data_dir / "old" / "notes.txt").write_text("mine too")
+    (spec.data_dir / "old" / "passwd").symlink_to("/etc/passwd")
+    (app_dir / "server.py").chmod(0o600)  # installed by a shell with a strict umask
+    app_dir.chmod(0o700)
+    app = await spawn(BwrapRunner(), spec)
+
+    status = (await get_json(app, spec, "/read", path="/proc/self/status"))["text"]
+    shadow = await get_json(app, spec, "/read", path="/etc/shadow")
+    written = await get_json(app, spec, "/write", name="mine")
+    tmp = await get_json(app, spec, "/run", cmd=sys.executable, args="-c open('/tmp/x','w')")
+
+    assert f"Uid:\t{user.uid}\t{user.uid}\t{user.uid}\t{user.uid}" in status
+    assert f"Gid:\t{user.gid}\t{user.gid}\t{user.gid}\t{user.gid}" in status
+    assert re.search(r"^Groups:\s*$", status, re.MULTILINE), status
+    assert "CapEff:\t0000000000000000" in status
+    assert shadow["error"].startswith("PermissionError"), shadow
+    assert written == {"ok": True}
+    assert tmp["returncode"] == 0, tmp
+    assert (spec.data_dir / "mine").stat().st_uid == user.uid
+    assert (spec.data_dir / "old" / "notes.txt").stat().st_uid == user.uid
+    assert (spec.data_dir / "old" / "passwd").lstat().st_uid == user.uid
+    assert Path("/etc/passwd").stat().st_uid == 0  # the link was not followed
+    assert (app_dir / "server.py").stat().st_mode & 0o777 == 0o604
+    assert spec.data_dir.stat().st_mode & 0o777 == 0o700
 
 
 @only_bwrap

@@ -149,11 +149,12 @@ def _exempt(rel: Path) -> str | None:
     - the folders leading to the app trees (``scopes``, ``scopes/<scope>``, ``…/apps``,
       ``scopes/users``) are left as created, for the same uid;
     - inside a scope's ``.git`` (itself 0700) git writes with its own modes;
-    - ``toolchain`` holds links to host programs the apps run.
+    - ``toolchain`` holds links to host programs the apps run;
+    - ``sdk`` is the copy of the public SDK code every app imports (the apps' own uids read it).
     """
     parts = rel.parts
-    if parts[0] == "toolchain":
-        return "toolchain"
+    if parts[0] in ("toolchain", "sdk"):
+        return parts[0]
     if parts[0] != "scopes":
         return None
     scope_depth = 3 if len(parts) > 1 and parts[1] == "users" else 2

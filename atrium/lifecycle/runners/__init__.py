@@ -14,6 +14,12 @@ The contract (every runner, every future back-end: container, Kubernetes):
   returns only when every process of the group is gone. Idempotent.
 - ``RunningApp.pid``: the child's pid as the shell's host sees it (for `atrium ps`).
 - The child's stdout and stderr go to ``spec.log_path`` (appended).
+- ``spec.user``: when set (the shell runs as root), the app's processes run under that uid/gid
+  with no supplementary groups, never as root; its data directory is made theirs (owner, 0700).
+- One data directory never serves two children at once: the runner takes an exclusive ``flock``
+  on it, held by the child's side for its whole life, and a spawn on a locked directory raises
+  SpawnFailed (cause ``locked``).
+- Nothing the child starts outlives the shell, even one killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ from pathlib import Path
 from typing import Protocol
 
 _LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AppUser:
+    """The unprivileged identity an app runs as when the shell is root (decisions.md)."""
+
+    uid: int
+    gid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,11 @@ class SpawnSpec:
     toolchain_dir: Path | None = None
     #: extra directories the interpreter needs, bound read-only inside a sandbox
     ro_paths: Sequence[Path] = field(default_factory=tuple)
+    #: run as this uid/gid (the shell is root); None: as the shell's own user
+    user: AppUser | None = None
+    #: the shell's home: with ``user``, the process runner opens the folders between it and the
+    #: app's folders for search (0711) so that uid reaches them
+    home: Path | None = None
 
 
 class RunningApp(Protocol):
@@ -97,4 +116,4 @@ def load_runner(name: str) -> Runner:
     return ProcessRunner()
 
 
-__all__ = ["Runner", "RunningApp", "SpawnSpec", "load_runner"]
+__all__ = ["AppUser", "Runner", "RunningApp", "SpawnSpec", "load_runner"]

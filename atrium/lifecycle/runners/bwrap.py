@@ -3,12 +3,15 @@
 What the app sees (built by ``sandbox_argv``):
 
 - its own pid, IPC and UTS namespaces; the host's network (the shell must reach its port);
-  no capabilities, even when the shell runs as root;
+  no capabilities; when the shell runs as root, the app's own unprivileged uid/gid (``spec.user``,
+  set by ``setpriv`` after bwrap made the mounts as root: see ``_drop_to``);
 - ``/etc``, ``/usr/lib``, ``/usr/lib64``, ``/usr/libexec``, ``/usr/share`` read-only, and the
   merged-/usr links (``/bin -> usr/bin`` …) as on the host;
 - ``/usr/bin`` (and so ``/bin``): a tmpfs holding only the app's interpreter and the tools its
   manifest declares (decisions.md, Lifecycle ``tools``); ``PATH=/usr/bin``;
-- ``spec.ro_paths`` (the shell's virtualenv, interpreter prefix, SDK) read-only at their own paths;
+- ``spec.ro_paths`` (the base interpreter's prefix) read-only at their own paths, except the
+  ``PYTHONPATH`` folder (the SDK), shown at ``/run/atrium/python``; every mount point's missing
+  parents are made 0755 (bwrap's own are 0700, which an unprivileged app could not cross);
 - its app directory read-only at its own path (the working directory), its runtime data directory
   read-write at ``/data`` (``OS_DATA_DIR`` and ``HOME``), an empty ``/tmp``.
 
@@ -26,13 +29,10 @@ path …`` in the log, exit 1); spawn() does not wait for it: the manager sees t
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -42,10 +42,11 @@ from typing import Final
 from atrium.errors import SpawnFailed
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import (
-    ChildProcess,
-    ProcStat,
-    all_stats,
-    is_alive,
+    SYSTEM_PATH,
+    KeptChild,
+    absolute,
+    host_command,
+    lock_data_dir,
     prepare_dirs,
     start_child,
 )
@@ -69,7 +70,13 @@ SANDBOX_BIN: Final = Path("/usr/bin")
 SANDBOX_DATA: Final = "/data"
 #: where an interpreter named by ``#!/usr/bin/env X`` is looked for first: a system interpreter
 #: matches the /usr/lib the sandbox shows (a pyenv shim on the host PATH would not even run)
-_SYSTEM_PATH: Final = "/usr/bin:/bin"
+_SYSTEM_PATH: Final = SYSTEM_PATH
+#: where the sandbox holds ``setpriv`` (util-linux) when the app must drop root: outside the
+#: app's PATH; it can do nothing once the app runs (no capabilities, no_new_privs, nosuid mounts)
+SANDBOX_SETPRIV: Final = "/run/atrium/setpriv"
+#: where the folder ``PYTHONPATH`` names (the SDK) appears: a fixed path, so the sandbox shows
+#: no skeleton of ``$ATRIUM_HOME`` and the app learns nothing of where the shell keeps it
+SANDBOX_PYTHONPATH: Final = "/run/atrium/python"
 #: bwrap's own messages for a sandbox it could not build (bwrap 0.8 wording)
 _MOUNT_ERRORS: Final = (
     "Can't find source path",
@@ -103,10 +110,14 @@ def bwrap_works() -> str | None:
     with tempfile.TemporaryDirectory(prefix="atrium-bwrap-check-") as data:
         argv = [
             bwrap,
-            *NAMESPACE_FLAGS,
-            *system_layout(),
-            *usr_bin_layout({"true": Path(true)}),
-            *("--bind", data, SANDBOX_DATA),
+            *with_parents(
+                [
+                    *NAMESPACE_FLAGS,
+                    *system_layout(),
+                    *usr_bin_layout({"true": Path(true)}),
+                    *("--bind", data, SANDBOX_DATA),
+                ]
+            ),
             str(SANDBOX_BIN / "true"),
         ]
         try:
@@ -146,7 +157,8 @@ def classify_early_exit(log_path: Path, returncode: int) -> str:
 @functools.cache
 def system_layout() -> tuple[str, ...]:
     """The host-independent part of every sandbox: kernel filesystems and read-only system dirs."""
-    args = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108 - a fresh tmpfs
+    # a fresh /tmp every user may write (sticky, like the host's), also the app's own uid
+    args = ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]  # noqa: S108
     for directory in SYSTEM_DIRS:
         if Path(directory).is_dir():
             args += ["--ro-bind", directory, directory]
@@ -162,6 +174,48 @@ def system_layout() -> tuple[str, ...]:
     return tuple(args)
 
 
+#: bwrap options that make something at a path inside the sandbox (their last argument)
+_MAKES: Final = {"--ro-bind": 2, "--bind": 2, "--symlink": 2, "--tmpfs": 1, "--proc": 1}
+_MAKES_TOO: Final = {"--dev": 1, "--dir": 1}
+#: every other bwrap option this module uses that takes an argument
+_ARITY: Final = {
+    **dict.fromkeys(("--remount-ro", "--chdir", "--sync-fd", "--cap-add", "--cap-drop"), 1),
+    "--perms": 1,
+    **_MAKES,
+    **_MAKES_TOO,
+}
+
+
+def with_parents(options: Sequence[str]) -> list[str]:
+    """``options`` with a ``--dir`` (mode 0755) before each mount for every missing parent.
+
+    bwrap makes a destination's missing parents mode 0700: harmless while the app runs as root,
+    but an app under its own uid could then reach nothing below ``/usr`` or the interpreter's
+    prefix. Parents inside a bound host directory already exist and are left alone.
+    """
+    made = {"/"}
+    bound: list[Path] = []
+    out: list[str] = []
+    i = 0
+    while i < len(options):
+        flag = options[i]
+        arity = _ARITY.get(flag, 0)
+        where = _MAKES.get(flag) or _MAKES_TOO.get(flag)
+        if where is not None:
+            dest = Path(options[i + where])
+            for parent in reversed(dest.parents):
+                if str(parent) in made or _is_under(parent, bound):
+                    continue
+                out += ["--dir", str(parent)]
+                made.add(str(parent))
+            if flag in ("--ro-bind", "--bind"):
+                bound.append(dest)
+            made.add(str(dest))
+        out += options[i : i + 1 + arity]
+        i += 1 + arity
+    return out
+
+
 def usr_bin_layout(entries: dict[str, Path]) -> list[str]:
     """A fresh read-only ``/usr/bin`` holding ``name -> host file`` entries only."""
     args = ["--tmpfs", str(SANDBOX_BIN)]
@@ -170,38 +224,8 @@ def usr_bin_layout(entries: dict[str, Path]) -> list[str]:
     return [*args, "--remount-ro", str(SANDBOX_BIN)]
 
 
-def _absolute(path: Path) -> Path:
-    """Absolute and normalised, symlinks kept: a bind's destination is the path the app is told."""
-    return Path(os.path.normpath(path.absolute()))
-
-
 def _is_under(path: Path, roots: Iterable[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
-
-
-def _host_command(spec: SpawnSpec) -> Path:
-    """The host file ``argv[0]`` names, checked executable (what exec inside would fail on)."""
-    command = spec.argv[0]
-    if "/" in command:
-        path = Path(command) if command.startswith("/") else spec.app_dir / command
-    elif found := shutil.which(command, path=f"{_SYSTEM_PATH}:{os.environ.get('PATH', '')}"):
-        path = Path(found)
-    else:
-        raise _not_executable(spec, "is not on the host's PATH")
-    if not path.exists():
-        raise _not_executable(spec, f"{path} does not exist")
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise _not_executable(spec, f"{path} is not an executable file")
-    return _absolute(path)
-
-
-def _not_executable(spec: SpawnSpec, why: str) -> SpawnFailed:
-    return SpawnFailed(
-        f"cannot start {spec.app_id!r}: command {spec.argv[0]!r} cannot be executed: {why} (an "
-        "absolute path to an executable file, or a script with a '#!' line, is expected)",
-        app_id=spec.app_id,
-        cause="exited",
-    )
 
 
 def _shebang(script: Path) -> list[str]:
@@ -251,7 +275,7 @@ class _Binds:
 
 def _interpreter(spec: SpawnSpec, command: Path, binds: _Binds) -> None:
     """The app's interpreter: argv[0] itself, or what its ``#!`` line needs."""
-    if not _is_under(command, [_absolute(spec.app_dir)]):
+    if not _is_under(command, [absolute(spec.app_dir)]):
         binds.add_interpreter(command)
         return
     words = _shebang(command)
@@ -299,7 +323,7 @@ def _ro_paths(spec: SpawnSpec) -> list[Path]:
     visible. Missing ones are kept: bwrap names them and the early exit is classified ``mount``."""
     kept: list[Path] = []
     system = [Path(p) for p in SYSTEM_DIRS]
-    for path in (_absolute(p) for p in spec.ro_paths):
+    for path in (absolute(p) for p in spec.ro_paths):
         if SANDBOX_BIN.is_relative_to(path) or _is_under(path, [SANDBOX_BIN, Path("/bin")]):
             _LOGGER.debug(
                 "%s: read-only path %s would expose /usr/bin; left out", spec.app_id, path
@@ -309,37 +333,70 @@ def _ro_paths(spec: SpawnSpec) -> list[Path]:
     return kept
 
 
-def sandbox_argv(spec: SpawnSpec, bwrap: str) -> list[str]:
+def setpriv_command() -> Path | None:
+    """util-linux's ``setpriv`` on this host (Debian: always installed)."""
+    found = shutil.which("setpriv", path=_SYSTEM_PATH)
+    return Path(os.path.realpath(found)) if found else None
+
+
+def _drop_to(spec: SpawnSpec) -> tuple[list[str], list[str]]:
+    """With ``spec.user``: bwrap flags keeping only CAP_SETUID/CAP_SETGID for the first process,
+    and the ``setpriv`` prefix that becomes the app's uid/gid with no groups before exec.
+
+    bwrap as root sets up every mount as root (the 0700 ``$ATRIUM_HOME`` and an interpreter
+    under ``/root`` stay bindable), and ``--unshare-user --uid N`` would not help: real root's
+    user namespace maps the sandbox's uid to kuid 0 outside, which still reads ``/etc/shadow``.
+    A real setuid to an unprivileged kuid inside does; it also clears every capability.
+    """
+    if spec.user is None:
+        return list(NAMESPACE_FLAGS), []
+    setpriv = setpriv_command()
+    if setpriv is None:
+        raise SpawnFailed(
+            f"cannot start {spec.app_id!r}: the shell runs as root and apps must not, but the "
+            "'setpriv' command (Debian package util-linux) is not in /usr/bin or /bin",
+            app_id=spec.app_id,
+            cause="mount",
+        )
+    flags = [f for f in NAMESPACE_FLAGS if f not in ("--cap-drop", "ALL")]
+    flags += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    flags += ["--ro-bind", str(setpriv), SANDBOX_SETPRIV]
+    uid, gid = str(spec.user.uid), str(spec.user.gid)
+    prefix = [SANDBOX_SETPRIV, "--reuid", uid, "--regid", gid, "--clear-groups"]
+    return flags, [*prefix, "--inh-caps=-all", "--"]
+
+
+def _python_path(spec: SpawnSpec) -> Path | None:
+    """The one ``PYTHONPATH`` folder, when it is among the read-only paths (the SDK)."""
+    value = spec.env.get("PYTHONPATH")
+    if not value or os.pathsep in value:
+        return None
+    path = absolute(Path(value))
+    return path if path in {absolute(p) for p in spec.ro_paths} else None
+
+
+def sandbox_argv(spec: SpawnSpec, bwrap: str, *, sync_fd: int | None = None) -> list[str]:
     """The whole bwrap command line for ``spec`` (the environment is passed separately)."""
-    command = _host_command(spec)
+    command = host_command(spec)
     ro_paths = _ro_paths(spec)
-    app_dir = str(_absolute(spec.app_dir))
+    app_dir = str(absolute(spec.app_dir))
     binds = _Binds(covered=[*ro_paths, *(Path(p) for p in SYSTEM_DIRS)])
     _interpreter(spec, command, binds)
     _tools(spec, binds)
-    argv = [bwrap, *NAMESPACE_FLAGS, *system_layout(), *usr_bin_layout(binds.usr_bin)]
+    flags, prefix = _drop_to(spec)
+    options = [*flags, *system_layout(), *usr_bin_layout(binds.usr_bin)]
+    python_path = _python_path(spec)
     for path in [*binds.own_path, *ro_paths]:
-        argv += ["--ro-bind", str(path), str(path)]
-    argv += ["--ro-bind", app_dir, app_dir]
-    argv += ["--bind", str(spec.data_dir), SANDBOX_DATA, "--chdir", app_dir]
-    return [*argv, *spec.argv]
+        inside = SANDBOX_PYTHONPATH if path == python_path else str(path)
+        options += ["--ro-bind", str(path), inside]
+    options += ["--ro-bind", app_dir, app_dir]
+    options += ["--bind", str(spec.data_dir), SANDBOX_DATA, "--chdir", app_dir]
+    if sync_fd is not None:
+        options += ["--sync-fd", str(sync_fd)]
+    return [bwrap, *with_parents(options), *prefix, *spec.argv]
 
 
-def descendants(pid: int) -> list[ProcStat]:
-    """Every process below ``pid`` (children, their children …), read from /proc."""
-    children: dict[int, list[ProcStat]] = {}
-    for stat in all_stats():
-        children.setdefault(stat.ppid, []).append(stat)
-    found: list[ProcStat] = []
-    pending = [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            found.append(child)
-            pending.append(child.pid)
-    return found
-
-
-class SandboxedChild(ChildProcess):
+class SandboxedChild(KeptChild):
     """A bwrap process and the sandbox below it.
 
     bwrap does not forward signals: a SIGTERM to its group kills bwrap at once, and
@@ -348,30 +405,6 @@ class SandboxedChild(ChildProcess):
     bwrap stays to report the app's exit code (128 + N for a signal N) and exits after it. bwrap
     may exit a moment before its pid-1 reaper is gone, so stop() also waits for those processes.
     """
-
-    def __init__(self, process: asyncio.subprocess.Process, *, host: str, port: int, label: str):
-        super().__init__(process, host=host, port=port, label=label)
-        #: every process ever signalled inside, by (pid, start time): stop() waits for them all
-        self._inside: dict[tuple[int, int], ProcStat] = {}
-
-    def _terminate(self) -> None:
-        self._signal_inside(signal.SIGTERM)
-
-    def _kill(self) -> None:
-        self._signal_inside(signal.SIGKILL)
-
-    def _survivors(self) -> list[ProcStat]:
-        return [*super()._survivors(), *(s for s in self._inside.values() if is_alive(s))]
-
-    def _signal_inside(self, sig: signal.Signals) -> None:
-        for stat in descendants(self.pid):
-            self._inside[stat.pid, stat.start] = stat
-        targets = [s for s in self._inside.values() if is_alive(s)]
-        if not targets:
-            self._signal_group(sig)  # bwrap has not cloned yet: nothing inside to spare
-        for stat in targets:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stat.pid, sig)
 
 
 class BwrapRunner:
@@ -388,16 +421,22 @@ class BwrapRunner:
                 f"cannot start {spec.app_id!r}: empty command", app_id=spec.app_id, cause="exited"
             )
         prepare_dirs(spec)
-        argv = sandbox_argv(spec, self._bwrap)
         env = {
             **spec.env,
             "OS_DATA_DIR": SANDBOX_DATA,
             "HOME": SANDBOX_DATA,
             "PATH": str(SANDBOX_BIN),
         }
-        label = f"{spec.app_id} instance {spec.instance_id}"
-        _LOGGER.debug("sandbox for %s: %s", label, " ".join(argv))
-        process = await start_child(spec, argv, env, label=label)
+        if _python_path(spec) is not None:
+            env["PYTHONPATH"] = SANDBOX_PYTHONPATH
+        lock = lock_data_dir(spec)
+        try:
+            argv = sandbox_argv(spec, self._bwrap, sync_fd=lock)
+            label = f"{spec.app_id} instance {spec.instance_id}"
+            _LOGGER.debug("sandbox for %s: %s", label, " ".join(argv))
+            process = await start_child(spec, argv, env, label=label, pass_fds=(lock,))
+        finally:
+            os.close(lock)
         _LOGGER.info("started %s in bwrap: pid %d, %s", label, process.pid, " ".join(spec.argv))
         return SandboxedChild(process, host=spec.host, port=spec.port, label=label)
 

@@ -1,8 +1,16 @@
 """The ``process`` runner: the app as a plain child process in its own session (no sandbox).
 
-Used in development, in tests and where bubblewrap does not work. The child gets a new session
-(``start_new_session=True``), so its pid is also the id of a process group holding everything it
-spawns; stopping signals that group, not just the child [JupyterHub ``LocalProcessSpawner``].
+Used in development, in tests and where bubblewrap does not work. The shell starts a *keeper*
+(``keeper.py``) in a new session, and the keeper starts the app: the keeper is the subreaper of
+everything the app starts, dies with the shell (``PR_SET_PDEATHSIG``, even after SIGKILL) taking
+every descendant with it, and holds the data folder's lock. Stopping signals the processes below
+the keeper (a ``setsid`` grandchild included), like the bwrap runner signals those inside bwrap.
+
+As root, the app runs under its own uid (``spec.user``), which reaches only what every user may:
+the shell opens the folders from ``$ATRIUM_HOME`` down to the app's folders for search only
+(0711, no listing; private files stay 0600 and private folders 0700). The interpreter, the
+system apps folder and ``$ATRIUM_HOME``'s own parents must already be searchable by others; if
+not, the app's start fails with its log naming the path (decisions.md: use bwrap under root).
 
 This module also holds ``ChildProcess``, the RunningApp handle every local runner shares (the
 bwrap runner subclasses it), and the two /proc readers it needs. Linux only, like the shell.
@@ -12,16 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
+import shutil
 import signal
+import stat
 import subprocess
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Final, NamedTuple
 
 from atrium.errors import SpawnFailed
-from atrium.lifecycle.runners import SpawnSpec
+from atrium.lifecycle.runners import AppUser, SpawnSpec
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -30,6 +42,9 @@ _KILL_WAIT: Final = 5.0
 #: how long stop() waits for the last members of the group (already SIGKILLed) to disappear
 _SURVIVOR_WAIT: Final = 10.0
 _POLL: Final = 0.02
+#: where a bare command is looked for first (before the shell's PATH)
+SYSTEM_PATH: Final = "/usr/bin:/bin"
+KEEPER: Final = Path(__file__).with_name("keeper.py")
 
 
 class ProcStat(NamedTuple):
@@ -192,6 +207,161 @@ class ChildProcess:
             os.killpg(self._pgid, sig)
 
 
+def descendants(pid: int) -> list[ProcStat]:
+    """Every process below ``pid`` (children, their children …), read from /proc."""
+    children: dict[int, list[ProcStat]] = {}
+    for stat_ in all_stats():
+        children.setdefault(stat_.ppid, []).append(stat_)
+    found: list[ProcStat] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child.pid)
+    return found
+
+
+class KeptChild(ChildProcess):
+    """A parent process that stays (the keeper, or bwrap) and the app's processes below it.
+
+    The polite signal and the kill go to the processes below the parent pid, whatever their
+    session or group (a double-forked ``setsid`` grandchild was re-parented below it); the parent
+    stays to report the app's exit status and exits after it. stop() waits for every process it
+    ever signalled.
+    """
+
+    def __init__(self, process: asyncio.subprocess.Process, *, host: str, port: int, label: str):
+        super().__init__(process, host=host, port=port, label=label)
+        #: every process ever signalled inside, by (pid, start time): stop() waits for them all
+        self._inside: dict[tuple[int, int], ProcStat] = {}
+
+    def _terminate(self) -> None:
+        self._signal_inside(signal.SIGTERM)
+
+    def _kill(self) -> None:
+        self._signal_inside(signal.SIGKILL)
+
+    def _survivors(self) -> list[ProcStat]:
+        return [*super()._survivors(), *(s for s in self._inside.values() if is_alive(s))]
+
+    def _signal_inside(self, sig: signal.Signals) -> None:
+        for found in descendants(self.pid):
+            self._inside[found.pid, found.start] = found
+        targets = [s for s in self._inside.values() if is_alive(s)]
+        if not targets:
+            self._signal_group(sig)  # the app has not started yet: nothing inside to spare
+        for target in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target.pid, sig)
+
+
+def absolute(path: Path) -> Path:
+    """Absolute and normalised, symlinks kept: a bind's destination is the path the app is told."""
+    return Path(os.path.normpath(path.absolute()))
+
+
+def host_command(spec: SpawnSpec) -> Path:
+    """The host file ``argv[0]`` names, checked executable (what exec would fail on)."""
+    command = spec.argv[0]
+    if "/" in command:
+        path = Path(command) if command.startswith("/") else spec.app_dir / command
+    elif found := shutil.which(command, path=f"{SYSTEM_PATH}:{os.environ.get('PATH', '')}"):
+        path = Path(found)
+    else:
+        raise _not_executable(spec, "is not on the host's PATH")
+    if not path.exists():
+        raise _not_executable(spec, f"{path} does not exist")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise _not_executable(spec, f"{path} is not an executable file")
+    return absolute(path)
+
+
+def _not_executable(spec: SpawnSpec, why: str) -> SpawnFailed:
+    return SpawnFailed(
+        f"cannot start {spec.app_id!r}: command {spec.argv[0]!r} cannot be executed: {why} (an "
+        "absolute path to an executable file, or a script with a '#!' line, is expected)",
+        app_id=spec.app_id,
+        cause="exited",
+    )
+
+
+def give_data_dir(path: Path, user: AppUser) -> None:
+    """Make the data folder the app's own: owner uid/gid, mode 0700; files an earlier run left
+    under another owner (a shell that ran apps as root) are handed over too, never following a
+    link (an app's data may hold links to anywhere)."""
+    info = path.lstat()
+    if (info.st_uid, info.st_gid) != (user.uid, user.gid):
+        # fwalk holds each folder open and never follows a link: a folder swapped for a link
+        # while we walk cannot point the chown anywhere else
+        for _, dirs, files, folder in os.fwalk(path, follow_symlinks=False):
+            for name in (*dirs, *files):
+                os.chown(name, user.uid, user.gid, dir_fd=folder, follow_symlinks=False)
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)
+
+
+def share_app_tree(app_dir: Path, app_id: str) -> None:
+    """Let others read the app tree when its folder is closed to them (a shell running with a
+    strict umask installed it): folders ``r-x``, files ``r--`` (``r-x`` when executable), never
+    following a link, leaving the instances' data folders (``<appId>-<n>``) alone.
+
+    Checked on the app folder's own mode only, so a spawn costs one ``stat`` when all is well.
+    """
+    mode = app_dir.stat().st_mode
+    if mode & 0o005 == 0o005:
+        return
+    app_dir.chmod(stat.S_IMODE(mode) | 0o005)
+    for folder, dirs, files, fd in os.fwalk(app_dir, follow_symlinks=False):
+        if Path(folder) == app_dir:
+            dirs[:] = [d for d in dirs if not d.startswith(f"{app_id}-")]
+        for name in (*dirs, *files):
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            extra = 0o005 if stat.S_ISDIR(info.st_mode) or info.st_mode & stat.S_IXUSR else 0o004
+            if info.st_mode & extra != extra:
+                os.chmod(name, stat.S_IMODE(info.st_mode) | extra, dir_fd=fd)
+
+
+def open_for_search(paths: Iterable[Path], home: Path | None) -> None:
+    """Let others search, never list, every folder from ``home`` down to the parent of each of
+    ``paths`` (others' bits become ``--x``): the app's uid then reaches its folders by name, lists
+    none of the folders above them, and reads nothing private (0600/0700) on the way."""
+    if home is None:
+        return
+    home = absolute(home)
+    for path in paths:
+        for folder in reversed(absolute(path).parents):
+            if folder != home and not folder.is_relative_to(home):
+                continue
+            mode = folder.lstat().st_mode
+            wanted = (stat.S_IMODE(mode) & ~0o006) | stat.S_IXOTH
+            if stat.S_ISDIR(mode) and stat.S_IMODE(mode) != wanted:
+                folder.chmod(wanted)
+
+
+def lock_data_dir(spec: SpawnSpec) -> int:
+    """An exclusive ``flock`` on the data folder itself, or SpawnFailed (cause ``locked``).
+
+    The descriptor is handed to the child's side (the keeper, or bwrap's ``--sync-fd``), which
+    holds it as long as anything of the app runs; the shell closes its copy after the spawn.
+    """
+    fd = os.open(spec.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        os.close(fd)
+        raise SpawnFailed(
+            f"cannot start {spec.app_id!r} instance {spec.instance_id!r}: its data folder "
+            f"{spec.data_dir} is in use by another process (an earlier run of this instance "
+            "still alive?); stop it, or see `atrium ps`",
+            app_id=spec.app_id,
+            cause="locked",
+        ) from err
+    return fd
+
+
 def prepare_dirs(spec: SpawnSpec) -> None:
     """Check the app directory and create the data and log directories, or raise SpawnFailed."""
     if not spec.app_dir.is_dir():
@@ -209,10 +379,27 @@ def prepare_dirs(spec: SpawnSpec) -> None:
                 app_id=spec.app_id,
                 cause="mount",
             ) from err
+    if spec.user is not None:
+        try:
+            share_app_tree(spec.app_dir, spec.app_id)
+            give_data_dir(spec.data_dir, spec.user)
+        except OSError as err:
+            raise SpawnFailed(
+                f"cannot start {spec.app_id!r}: cannot open its app tree {spec.app_dir} or hand "
+                f"its data directory {spec.data_dir} to uid {spec.user.uid}: "
+                f"{err.strerror or err} ({err.filename})",
+                app_id=spec.app_id,
+                cause="mount",
+            ) from err
 
 
 async def start_child(
-    spec: SpawnSpec, argv: list[str], env: Mapping[str, str], *, label: str
+    spec: SpawnSpec,
+    argv: list[str],
+    env: Mapping[str, str],
+    *,
+    label: str,
+    pass_fds: Sequence[int] = (),
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with the app's log as stdout and stderr.
 
@@ -230,6 +417,7 @@ async def start_child(
             stdout=log,
             stderr=log,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as err:
         raise SpawnFailed(
@@ -244,23 +432,35 @@ async def start_child(
 
 
 class ProcessRunner:
-    """Runs the app's command directly on the host, in its own session."""
+    """Runs the app's command directly on the host, below a keeper in its own session."""
 
     name = "process"
 
-    async def spawn(self, spec: SpawnSpec) -> ChildProcess:
+    async def spawn(self, spec: SpawnSpec) -> KeptChild:
         if not spec.argv:
             raise SpawnFailed(
                 f"cannot start {spec.app_id!r}: empty command", app_id=spec.app_id, cause="exited"
             )
         prepare_dirs(spec)
+        host_command(spec)
+        user = spec.user
+        if user is not None:
+            open_for_search([spec.app_dir, spec.data_dir], spec.home)
         env = dict(spec.env)
         env["OS_DATA_DIR"] = str(spec.data_dir)
         env.setdefault("PATH", os.defpath)
         label = f"{spec.app_id} instance {spec.instance_id}"
-        process = await start_child(spec, list(spec.argv), env, label=label)
-        _LOGGER.info("started %s: pid %d, %s", label, process.pid, " ".join(spec.argv))
-        return ChildProcess(process, host=spec.host, port=spec.port, label=label)
+        lock = lock_data_dir(spec)
+        keeper = [sys.executable, "-I", "-S", "-B", str(KEEPER), str(os.getpid()), str(lock)]
+        keeper += [str(user.uid), str(user.gid)] if user is not None else ["-1", "-1"]
+        try:
+            process = await start_child(
+                spec, [*keeper, "--", *spec.argv], env, label=label, pass_fds=(lock,)
+            )
+        finally:
+            os.close(lock)
+        _LOGGER.info("started %s: keeper pid %d, %s", label, process.pid, " ".join(spec.argv))
+        return KeptChild(process, host=spec.host, port=spec.port, label=label)
 
 
-__all__ = ["ChildProcess", "ProcessRunner"]
+__all__ = ["ChildProcess", "KeptChild", "ProcessRunner"]
