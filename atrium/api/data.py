@@ -40,8 +40,26 @@ _HOP: Final = frozenset(name.encode() for name in HOP_BY_HOP)
 #: request headers that never reach the provider: hop-by-hop, the caller's credentials, framing
 #: (the pool sets it), `Expect` (the shell answers 100-continue itself)
 DROPPED: Final = _HOP | {b"host", b"authorization", b"cookie", b"content-length", b"expect"}
-#: response headers that never reach the caller; the server adds its own Date and framing
-DROPPED_RESPONSE: Final = _HOP | {b"set-cookie", b"set-cookie2", b"content-length", b"date"}
+#: what every answer of the data proxy carries, whatever the provider said: a browser that opens a
+#: provider's answer (a link, a popup, the address bar) renders it as an inert document on an
+#: opaque origin (no script, form, popup or plugin; nothing loaded), never sniffs another type out
+#: of it, and lets no other origin embed it (`*.localhost` app pages are same-site with the host
+#: page, so the user's cookie would ride on their `<img>`/`<script>` loads)
+INERT: Final = (
+    (b"content-security-policy", b"sandbox; default-src 'none'; form-action 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+#: response headers that never reach the caller; the server adds its own Date and framing, the
+#: shell its own INERT values (a second CORP or nosniff header would make the pair invalid)
+DROPPED_RESPONSE: Final = _HOP | {
+    b"set-cookie",
+    b"set-cookie2",
+    b"content-length",
+    b"date",
+    b"x-content-type-options",
+    b"cross-origin-resource-policy",
+}
 SECRET: Final = SECRET_HEADER.encode()
 CALLER_APP_ID: Final = b"X-Os-Caller-App-Id"
 PERMISSION: Final = b"X-Os-Permission"
@@ -62,7 +80,14 @@ def split_path(raw: bytes) -> tuple[str, bytes, str]:
     if not authority:
         raise InvalidRequest("the data path needs an authority: /api/data/<authority>/<path>")
     rest_raw = b"/" + rest if slash else b"/"
-    return authority, rest_raw, unquote(rest_raw.decode("latin-1"), errors="strict")
+    try:
+        return authority, rest_raw, unquote(rest_raw.decode("latin-1"), errors="strict")
+    except UnicodeDecodeError as err:
+        shown = raw.decode("latin-1")[:200]
+        raise InvalidRequest(
+            f"data path {shown!r}: its percent-escapes are not UTF-8 ({err.reason} at byte "
+            f"{err.start})"
+        ) from err
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -148,7 +173,9 @@ def connection_options(values: list[bytes]) -> frozenset[bytes]:
 
 def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The provider's headers the caller gets, in one pass (names arrive as the provider sent
-    them): no hop-by-hop, cookie, framing or Date header, nor any the `Connection` header names."""
+    them): no hop-by-hop, cookie, framing or Date header, nor any the `Connection` header names;
+    then the shell's INERT headers. A provider's own Content-Security-Policy is kept: a browser
+    enforces every policy it gets, so it can only narrow the shell's."""
     kept: list[tuple[bytes, bytes]] = []
     connection: list[bytes] = []
     for name, value in headers:
@@ -160,6 +187,7 @@ def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
     if connection:
         named = connection_options(connection)
         kept = [(n, v) for n, v in kept if n.lower() not in named]
+    kept.extend(INERT)
     return kept
 
 

@@ -263,3 +263,43 @@ def test_the_install_dialog_reports_a_denial(page: Page, tmp_path: Path) -> None
     page.locator("#install-deny").wait_for(state="visible")
     page.click("#install-deny")
     page.locator("#install-result", has_text="approval_denied").wait_for()
+
+
+def _ran(page: Page | Frame) -> str | None:
+    """The hostile page's report in its title, or None when its script never ran."""
+    try:
+        page.wait_for_function("document.title.startsWith('ran')", timeout=3000)
+    except PlaywrightError:
+        return None
+    return str(page.evaluate("() => document.title"))
+
+
+def test_a_provider_answer_opened_as_the_user_runs_no_script(page: Page, served: Served) -> None:
+    """Issue 13 row 2: an open provider entry answering HTML, opened on the host origin where the
+    user's session cookie lives (a link, the address bar) or in a popup from an app's iframe, must
+    not act as the user."""
+    with api(served) as client:
+        before = client.get("/api/os/theme").json()
+    hostile = f"{served.url}/api/data/echo/open/hostile.html"
+    response = page.goto(hostile)
+    assert response is not None
+    assert response.status == 200
+    assert "sandbox" in response.headers["content-security-policy"]
+    assert _ran(page) is None
+    page.goto(served.url)
+    page.wait_for_selector("body[data-ready=true]")
+    frame = launch(page, "com.atrium.notes")
+    with page.context.expect_page() as opened:
+        frame.evaluate("(url) => { window.open(url); }", hostile)
+    popup = opened.value
+    popup.wait_for_load_state()
+    assert _ran(popup) is None
+    popup.close()
+    # the same answer in an app's iframe, through that app's origin where its view cookie lives
+    origin = "/".join(frame.url.split("/", 3)[:3])
+    reply = frame.goto(f"{origin}/_os/api/data/echo/open/hostile.html")
+    assert reply is not None
+    assert reply.status == 200
+    assert _ran(frame) is None
+    with api(served) as client:
+        assert client.get("/api/os/theme").json() == before

@@ -136,6 +136,9 @@ def test_no_entry_no_authority_and_prefix_lookalikes_are_404(api: httpx.Client) 
         "/api/data/echo/open/a%00b",
         "/api/data/echo/open/..",
         "/api/data/../../api/apps",
+        "/api/data/echo/open/%ff",
+        "/api/data/x/y/%ff",
+        "/api/data/echo/open/%c3%28",
     ],
 )
 def test_non_canonical_paths_are_400(proxy_shell: RunningShell, target: str) -> None:
@@ -403,3 +406,39 @@ def test_two_visible_apps_declaring_one_authority_are_reported(
     assert apps["test.clash.b"]["conflicts"] == [
         {"authority": "shared", "servedBy": "test.clash.a"}
     ]
+
+
+INERT = {
+    "content-security-policy": "sandbox; default-src 'none'; form-action 'none'",
+    "x-content-type-options": "nosniff",
+    "cross-origin-resource-policy": "same-origin",
+}
+
+
+def test_every_answer_is_inert_for_a_browser(proxy_shell: RunningShell, api: httpx.Client) -> None:
+    """A provider's answer opened by a browser must not run script as the user or as another
+    app (issue 13 row 2): every data-proxy answer, success or failure of the provider, on the
+    host origin and on an app origin, carries the shell's inert headers."""
+    for path in (
+        "/api/data/echo/open/x",
+        "/api/data/echo/open/big?size=10",
+        "/api/data/plain/items/x",
+        "/api/data/plain/items/nothing-here",
+    ):
+        reply = api.get(path)
+        for name, value in INERT.items():
+            assert reply.headers.get_list(name) == [value], (path, name, reply.headers)
+    from urllib.parse import urlsplit
+
+    instance = api.post("/api/instances", json={"appId": "test.fault.crashes"}).json()
+    view = api.post(f"/api/instances/{instance['instanceId']}/views", json={}).json()
+    parts = urlsplit(view["url"])
+    with httpx.Client(
+        base_url=proxy_shell.url, headers={"Host": parts.netloc}, timeout=30
+    ) as browser:
+        entered = browser.get(f"{parts.path}?{parts.query}", follow_redirects=False)
+        browser.headers["Cookie"] = entered.headers["set-cookie"].split(";", 1)[0]
+        reply = browser.get("/_os/api/data/echo/open/x")
+        assert reply.status_code == 200
+        for name, value in INERT.items():
+            assert reply.headers.get_list(name) == [value]

@@ -65,10 +65,32 @@ def raise_route(request: Request) -> None:
     raise RuntimeError("echo: raised on purpose")
 
 
+#: an answer that would act as whoever opens it, were the shell to let it: it reads the user's
+#: installed list and changes the theme, and reports what it could do in the page's title
+HOSTILE_HTML = """<!doctype html><html><head><title>inert</title></head><body>
+<script>
+(async () => {
+  const listed = await fetch('/api/dist/installed', {credentials: 'include'});
+  const selected = await fetch('/api/os/themes/select', {method: 'POST', credentials: 'include',
+    headers: {'Content-Type': 'application/json'}, body: '{"colorMode": "dark"}'});
+  document.title = 'ran ' + listed.status + ' ' + selected.status;
+})().catch((e) => { document.title = 'ran, then ' + e.name; });
+</script></body></html>"""
+
+
 @app.provider("/open")
 def open_entry(request: Request) -> object:
     if request.subpath == "big" and request.method in {"GET", "HEAD"}:
         return big(request)
+    if request.subpath == "hostile.html":
+        return Response(
+            HOSTILE_HTML,
+            content_type="text/html; charset=utf-8",
+            headers={
+                "Cross-Origin-Resource-Policy": "cross-origin",
+                "X-Content-Type-Options": "sniff-away",
+            },
+        )
     return echo(request)
 
 
