@@ -94,6 +94,14 @@ class HttpError(Exception):
 _CODES = {400: "bad_request", 403: "permission_denied", 404: "not_found", 500: "internal"}
 
 
+def _is_shell_route(path: str) -> bool:
+    """Routes only the shell itself calls: ``/health``, the hooks and the provider routes."""
+    return path == "/health" or any(
+        path == prefix or path.startswith(prefix + "/")
+        for prefix in ("/api/lifecycle", "/api/data")
+    )
+
+
 class Request:
     """One request as a handler sees it.
 
@@ -128,6 +136,13 @@ class Request:
             return json.loads(self.body)
         except ValueError as err:
             raise HttpError(400, f"the request body is not JSON: {err}") from None
+
+    @property
+    def kind(self) -> str | None:
+        """What the shell says this request is (``X-Os-Request-Kind``): ``page`` (a browser
+        request forwarded from the app's origin), ``data`` (the data proxy), ``hook`` or
+        ``health``; callers cannot set it, the shell drops every inbound ``X-Os-*`` header."""
+        return self.headers.get("X-Os-Request-Kind")
 
     @property
     def caller_app_id(self) -> str | None:
@@ -385,6 +400,9 @@ class App:
 
     def _dispatch(self, request: Request) -> object:
         method, path = request.method, request.path
+        if request.kind == "page" and _is_shell_route(path):
+            # the shell never forwards these from a browser; refuse them anyway (defence in depth)
+            raise HttpError(403, f"{path} is for the shell, not for a page request")
         methods = (method, _ANY, "GET") if method == "HEAD" else (method, _ANY)
         for candidate in methods:
             exact = self._exact.get((candidate, path))

@@ -27,7 +27,7 @@ from atrium.api.forward import BUFFER_LIMIT, HOP_BY_HOP, UPSTREAM_TIMEOUT
 from atrium.errors import AtriumError, InvalidRequest, UpstreamFailed, UpstreamTimeout
 from atrium.httppool import UpstreamError, UpstreamResponse
 from atrium.identity import Caller, UserCaller
-from atrium.lifecycle.calls import SECRET_HEADER
+from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER
 from atrium.shell import Shell
 
 _LOGGER = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ DROPPED_RESPONSE: Final = _HOP | {
     b"cross-origin-resource-policy",
 }
 SECRET: Final = SECRET_HEADER.encode()
+KIND_DATA: Final = (KIND_HEADER.encode(), b"data")
 CALLER_APP_ID: Final = b"X-Os-Caller-App-Id"
 PERMISSION: Final = b"X-Os-Permission"
 #: answers that never carry a body (RFC 9110 6.4.1), whatever their Content-Length says
@@ -232,6 +233,7 @@ async def _proxy(
     )
     out = inbound.forwarded
     out.append((SECRET, route.address.secret.encode("latin-1")))
+    out.append(KIND_DATA)
     if route.caller_app_id is not None:
         out.append((CALLER_APP_ID, route.caller_app_id.encode("latin-1")))
     if route.permission is not None:

@@ -157,6 +157,7 @@ async def proxy(request: Request, caller: Caller) -> Response:
         request,
         "/" + request.path_params["path"],
         html_transform_for(instance, shell.theme),
+        kind="user",
     )
 
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
+from urllib.parse import unquote
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
@@ -27,7 +28,7 @@ from atrium.api.events import serve_events
 from atrium.api.forward import forward
 from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
-from atrium.lifecycle.calls import SECRET_HEADER
+from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
@@ -38,6 +39,33 @@ VIEW_COOKIE: Final = "atrium_view"
 SLUG_RE: Final = re.compile(r"[a-z0-9]{12}")
 CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
 SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+#: an app's routes that only the shell calls (docs/api.md "Page requests")
+SHELL_ROUTES: Final = ("/api/data", "/api/lifecycle", "/health")
+#: percent-decoding rounds a page path gets before the check (a server that decodes again)
+_DECODE_ROUNDS: Final = 3
+
+
+def shell_route(path: str) -> bool:
+    """Does the (once percent-decoded) page ``path`` name one of an app's shell-only routes, as
+    any server could read it: decoded again, `\\` as `/`, empty and dot segments removed, any
+    case, trailing dots and spaces of a segment ignored?"""
+    for _ in range(_DECODE_ROUNDS):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    segments: list[str] = []
+    for segment in path.replace("\\", "/").split("/"):
+        segment = segment.rstrip(". ").lower() if segment not in {".", ".."} else segment
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in {"", "."}:
+            segments.append(segment)
+    canonical = "/" + "/".join(segments)
+    return any(canonical == route or canonical.startswith(route + "/") for route in SHELL_ROUTES)
 
 
 def slug_of(host_header: str, app_domain: str) -> str | None:
@@ -116,7 +144,7 @@ class AppOrigins:
             )(scope, receive, send)
             return
         if path == "/_os/api" or path.startswith("/_os/api/"):
-            self._check_same_origin(request)
+            self._check_same_origin(request, "/_os/api")
             caller = AppCaller(instance.app_id, instance.id)
             raw_path: bytes = (scope.get("raw_path") or path.encode()).removeprefix(b"/_os")
             if raw_path.startswith(DATA_PREFIX):
@@ -135,13 +163,24 @@ class AppOrigins:
             return
         if path.startswith("/_os/"):
             raise NotFound("route", path)
+        if shell_route(path):
+            # a browser request never reaches the app's provider routes, hooks or health check:
+            # a sibling app's page could send one here with this instance's view cookie
+            raise NotFound(
+                "route",
+                path[:200],
+                "health, lifecycle hooks and provider data are the shell's to call: "
+                "read data through /_os/api/data/<authority>/…",
+            )
+        self._check_same_origin(request, "this app origin")
         response = await self._page(shell, instance, request)
         await response(scope, receive, send)
 
     @staticmethod
-    def _check_same_origin(request: Request) -> None:
-        """A change made as the app must come from the app's own page (its view cookie would
-        otherwise ride along with another origin's cross-site request)."""
+    def _check_same_origin(request: Request, where: str) -> None:
+        """A change on an app origin must come from the app's own page: the view cookie is
+        `SameSite=None`, and every `*.localhost` origin is same-site with every other, so it
+        rides along with a sibling app's cross-origin (even `no-cors`) request."""
         if request.method in SAFE:
             return
         own = f"{request.url.scheme}://{request.headers.get('host', '')}"
@@ -150,7 +189,10 @@ class AppOrigins:
             origin is None and request.headers.get("sec-fetch-site") == "same-origin"
         ):
             return
-        raise PermissionDenied(f"a change through /_os/api must come from {own}, not {origin!r}")
+        raise PermissionDenied(
+            f"a {request.method} on {where} must come from {own} itself, not "
+            f"{origin or request.headers.get('sec-fetch-site') or 'an unnamed origin'!r}"
+        )
 
     @staticmethod
     def _enter(shell: Shell, instance: Instance, request: Request) -> Response:
@@ -198,8 +240,10 @@ async def proxy_page(
     request: Request,
     path: str,
     transform: HtmlTransform | None = None,
+    kind: str = "page",
 ) -> Response:
-    """Forward ``request`` to the instance's own server at ``path`` (query kept)."""
+    """Forward ``request`` to the instance's own server at ``path`` (query kept); ``kind`` is
+    `page` for a browser on the app's origin, `user` for the user's bearer `/api/proxy/`."""
     address = instance.address
     query = request.url.query
     url = f"{address.base_url}{path}" + (f"?{query}" if query else "")
@@ -207,7 +251,7 @@ async def proxy_page(
         shell.upstream.session,
         request,
         url,
-        shell_headers={SECRET_HEADER: address.secret},
+        shell_headers={SECRET_HEADER: address.secret, KIND_HEADER: kind},
         app_id=instance.app_id,
         transform_html=transform,
     )

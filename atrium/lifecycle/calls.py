@@ -17,6 +17,8 @@ import aiohttp
 from atrium.errors import HookFailed
 
 SECRET_HEADER: Final = "X-Os-Shell-Secret"  # noqa: S105 - a header name, not a secret
+#: what a request from the shell is: `health`, `hook`, `data` or `page` (docs/api.md)
+KIND_HEADER: Final = "X-Os-Request-Kind"
 APP_ID_HEADER: Final = "X-Os-App-Id"
 
 
@@ -50,7 +52,7 @@ async def probe_health(
     try:
         async with session.get(
             f"{address.base_url}/health",
-            headers={SECRET_HEADER: address.secret},
+            headers={SECRET_HEADER: address.secret, KIND_HEADER: "health"},
             timeout=aiohttp.ClientTimeout(total=wait),
         ) as response:
             claimed = response.headers.get(APP_ID_HEADER)
@@ -122,7 +124,7 @@ async def call_hook(
         async with session.post(
             url,
             json=dict(body),
-            headers={SECRET_HEADER: address.secret},
+            headers={SECRET_HEADER: address.secret, KIND_HEADER: "hook"},
             timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
         ) as response:
             raw = await response.read()

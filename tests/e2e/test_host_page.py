@@ -303,3 +303,50 @@ def test_a_provider_answer_opened_as_the_user_runs_no_script(page: Page, served:
     assert _ran(frame) is None
     with api(served) as client:
         assert client.get("/api/os/theme").json() == before
+
+
+def _files_holding(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_a_sibling_app_page_cannot_reach_another_apps_data_or_hooks(
+    page: Page, served: Served
+) -> None:
+    """Issue 13 row 3: app B's page sends `no-cors` requests to app A's origin, where A's view
+    cookie rides along (`*.localhost` origins are same-site): none may store a note in A."""
+    marker = "written by a sibling page"
+    notes = launch(page, "com.atrium.notes")  # A's view, and its view cookie, in this page
+    notes_origin = "/".join(notes.url.split("/", 3)[:3])
+    sibling = launch(page, "test.theme.override")
+    sent = sibling.evaluate(
+        """async ([origin, text]) => {
+             const out = [];
+             for (const path of ['/api/data/notes', '//api/data/notes', '/api/./data/notes',
+                                 '/%61pi/data/notes', '/API/data/notes', '/x/../api/data/notes',
+                                 '/api/lifecycle/onPause', '/']) {
+               try {
+                 await fetch(origin + path, {method: 'POST', mode: 'no-cors',
+                   credentials: 'include', headers: {'Content-Type': 'text/plain'},
+                   body: JSON.stringify({text})});
+                 out.push(path);
+               } catch (e) { out.push(path + ': ' + e.name); }
+             }
+             return out;
+           }""",
+        [notes_origin, marker],
+    )
+    assert "/api/data/notes" in sent  # sent; a no-cors answer is opaque to the sibling
+    # a form posted by the sibling's page navigates to A's origin as a top-level request
+    sibling.evaluate(
+        """([origin, text]) => {
+             const form = document.createElement('form');
+             form.method = 'POST'; form.action = origin + '/api/data/notes';
+             form.enctype = 'text/plain'; form.target = '_blank';
+             const field = document.createElement('input');
+             field.name = '{"text": "' + text + '", "x": "'; field.value = '"}';
+             form.appendChild(field); document.body.appendChild(form); form.submit();
+           }""",
+        [notes_origin, marker],
+    )
+    time.sleep(1.5)
+    assert _files_holding(served.home / "scopes", marker.encode()) == []

@@ -176,6 +176,7 @@ def test_the_shell_sets_the_os_headers_and_strips_inbound_ones(proxy_shell: Runn
     assert echoed["headers"] == {
         "X-Os-Caller-App-Id": "test.caller.reader",
         "X-Os-Permission": "test.sdk.echo.read",
+        "X-Os-Request-Kind": "data",
     }
 
 

@@ -66,10 +66,10 @@ def test_a_view_ticket_sets_a_view_cookie_and_the_page_is_proxied(
     client, location = enter(origin_shell, url)
     with closing(client):
         assert location == "/items?x=1"
-        page = client.get("/api/data/items", params={"q": "2"})
-        assert page.status_code == 200
-        echoed = page.json()
-        assert echoed["query"] == {"q": "2"} or echoed["query"] == "q=2"
+        page = client.get("/items", params={"q": "2"})
+        # the app's own answer (it serves no page at /items), so the request reached it
+        assert page.status_code == 404
+        assert page.json()["error"]["message"] == "no route /items"
         assert page.headers["x-os-app-id"] == "test.plain.stdlib"
 
 
@@ -203,3 +203,107 @@ def test_the_apps_own_cookies_reach_it_without_the_shells(
     via_data_proxy = api.get("/api/data/plain/items", headers={"Cookie": "theirs=1"})
     assert via_data_proxy.status_code == 200
     assert via_data_proxy.json()["cookie"] is None  # the data API is not a cookie channel
+
+
+def _raw(shell: RunningShell, host: str, cookie: str, line: str, *headers: str) -> bytes:
+    """A raw request (HTTP clients would tidy the path before sending it)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", int(shell.url.rsplit(":", 1)[1])), 10) as sock:
+        head = "\r\n".join(
+            [line, f"Host: {host}", f"Cookie: {cookie}", "Content-Length: 0", *headers]
+        )
+        sock.sendall((head + "\r\n\r\n").encode())
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/api/data/items",
+        "/api/data/items/x",
+        "//api/data/items",
+        "/api/./data/items",
+        "/x/../api/data/items",
+        "/%61pi/data/items",
+        "/%2561pi/data/items",
+        "/API/Data/items",
+        "/api/data./items",
+        "/api\\data\\items",
+        "/api/lifecycle/onPause",
+        "/api/lifecycle",
+        "/health",
+        "/HEALTH/",
+    ],
+)
+def test_a_page_request_never_reaches_the_apps_shell_routes(
+    origin_shell: RunningShell, api: httpx.Client, target: str
+) -> None:
+    """Issue 13 row 3: the view cookie rides along with a sibling app's request, so the shell
+    refuses, itself, every path an app's server could read as its provider routes, hooks or
+    health check."""
+    _, url = open_view(api, "test.plain.stdlib")
+    client, _ = enter(origin_shell, url)
+    with closing(client):
+        answer = _raw(
+            origin_shell,
+            client.headers["Host"],
+            client.headers["Cookie"],
+            f"GET {target} HTTP/1.1",
+            "Connection: close",
+        )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404"), answer[:300]
+    assert b"x-os-app-id" not in head.lower()  # the shell's answer, not the app's
+    assert b"shell's to call" in body
+
+
+@pytest.mark.parametrize(
+    ("headers", "allowed"),
+    [
+        ({}, False),
+        ({"Origin": "http://aaaaaaaaaaaa.localhost"}, False),
+        ({"Sec-Fetch-Site": "same-site"}, False),
+        ({"Origin": "null"}, False),
+        ({"Sec-Fetch-Site": "same-origin"}, True),
+        ({"Origin": "own"}, True),
+    ],
+)
+def test_a_change_on_an_app_origin_must_come_from_that_origin(
+    origin_shell: RunningShell, api: httpx.Client, headers: dict[str, str], allowed: bool
+) -> None:
+    _, url = open_view(api, "test.plain.stdlib")
+    client, _ = enter(origin_shell, url)
+    with closing(client):
+        if headers.get("Origin") == "own":
+            headers = {"Origin": f"http://{client.headers['Host']}"}
+        answer = client.post("/items", content=b"x", headers=headers)
+        get = client.get("/items", headers={"Origin": "http://aaaaaaaaaaaa.localhost"})
+    if allowed:
+        assert answer.headers.get("x-os-app-id") == "test.plain.stdlib"  # reached the app
+    else:
+        assert answer.status_code == 403
+        assert answer.json()["error"]["code"] == "permission_denied"
+        assert "x-os-app-id" not in answer.headers
+    # reads are not changes: a sibling may embed or link A's pages (it cannot read them)
+    assert get.headers.get("x-os-app-id") == "test.plain.stdlib"
+
+
+def test_the_app_is_told_what_each_request_is(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    """`X-Os-Request-Kind`: `page` from the app origin, `user` through `/api/proxy/`, `data`
+    through the data proxy; a caller's own value never arrives."""
+    instance, url = open_view(api, "test.plain.stdlib")
+    client, _ = enter(origin_shell, url)
+    with closing(client):
+        page = client.get("/", headers={"X-Os-Request-Kind": "data"})
+    assert page.status_code == 404  # plain stdlib serves no page; what it saw is not echoed
+    data = api.get("/api/data/echo/open/x", headers={"X-Os-Request-Kind": "page"}).json()
+    assert data["headers"]["X-Os-Request-Kind"] == "data"
+    proxied = api.get(f"/api/proxy/{instance['instanceId']}/api/data/items/y").json()
+    assert proxied["headers"]["x-os-request-kind"] == "user"

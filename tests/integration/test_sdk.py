@@ -583,3 +583,19 @@ def test_the_console_serves_a_page_on_the_event_stream(start_app: StartApp) -> N
         page = client.get("/")
     assert page.headers["content-type"].startswith("text/html")
     assert 'new EventSource("/_os/api/events")' in page.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/health", "/api/lifecycle/onPause", "/api/data/open/x", "/api/data/closed"]
+)
+def test_a_page_request_never_reaches_the_shells_routes_in_the_sdk(
+    echo_client: httpx.Client, path: str
+) -> None:
+    """Defence in depth behind the shell's own refusal (docs/api.md "Page requests")."""
+    method = "POST" if "lifecycle" in path else "GET"
+    page = echo_client.request(method, path, headers={"X-Os-Request-Kind": "page"}, json={})
+    assert page.status_code == 403
+    assert "not for a page request" in page.json()["error"]["message"]
+    for kind in ("data", "hook", "health", "user"):
+        answer = echo_client.request(method, path, headers={"X-Os-Request-Kind": kind}, json={})
+        assert answer.status_code == 200, (kind, answer.text)
