@@ -15,6 +15,7 @@ from typing import Any, Final
 import aiohttp
 
 from atrium.errors import HookFailed
+from atrium.lifecycle.owner import foreign_listener
 
 SECRET_HEADER: Final = "X-Os-Shell-Secret"  # noqa: S105 - a header name, not a secret
 #: what a request from the shell is: `health`, `hook`, `data` or `page` (docs/api.md)
@@ -31,11 +32,27 @@ class AppAddress:
     host: str
     port: int
     secret: str
+    #: the child's pid: health checks and hooks go only to a listener of its process tree
+    pid: int | None = None
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+def _foreign_listener(address: AppAddress) -> bool | None:
+    """See `foreign_listener`; False when the address has no child to check against."""
+    if address.pid is None:
+        return False
+    return foreign_listener(address.pid, address.host, address.port)
+
+
+def _squatter_message(address: AppAddress) -> str:
+    return (
+        f"a process that is not {address.app_id}'s child listens on {address.host}:"
+        f"{address.port}; the shell sends it nothing"
+    )
 
 
 class HealthMismatch(Exception):
@@ -47,8 +64,14 @@ async def probe_health(
 ) -> bool:
     """One `/health` probe: True when it answers with the right identity, False when not up yet.
 
-    Raises HealthMismatch when something answers with another identity.
+    Raises HealthMismatch when something answers with another identity, or when a process that
+    is not the child listens on the port (it never gets the secret).
     """
+    squatted = _foreign_listener(address)
+    if squatted is None:
+        return False  # nothing listens yet: nobody to ask
+    if squatted:
+        raise HealthMismatch(_squatter_message(address))
     try:
         async with session.get(
             f"{address.base_url}/health",
@@ -120,6 +143,8 @@ async def call_hook(
     A 2xx must hold `ok: true`, except onActivityCreate which answers `{path, title?}`.
     """
     url = f"{address.base_url}/api/lifecycle/{hook}"
+    if _foreign_listener(address):
+        raise HookFailed(f"{hook} not sent: {_squatter_message(address)}", hook=hook)
     try:
         async with session.post(
             url,

@@ -86,16 +86,20 @@ class Instance:
     def address(self) -> AppAddress:
         """Built once per server (the data proxy asks for it on every request)."""
         cached = self._address
+        pid = self.child.pid if self.child is not None else None
         if (
             cached is not None
             and cached.port == self.port
             and cached.host == self.host
             and cached.secret == self.secret
+            and cached.pid == pid
         ):
             return cached
         if self.host is None or self.port is None:
             raise RuntimeError(f"instance {self.id} has no running server")
-        cached = self._address = AppAddress(self.app_id, self.id, self.host, self.port, self.secret)
+        cached = self._address = AppAddress(
+            self.app_id, self.id, self.host, self.port, self.secret, pid
+        )
         return cached
 
     def enter(self, target: InstanceState) -> None:
