@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from atrium.distribution.journal import Journal, JournalStore, Step, faultpoint, inode
+from atrium.distribution.journal import (
+    QUARANTINE_SUFFIX,
+    Journal,
+    JournalStore,
+    Step,
+    faultpoint,
+    inode,
+)
 from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore, sync_dir
 from atrium.distribution.swap import exchange, move_new
 from atrium.distribution.validate import runtime_dir_re
@@ -265,6 +272,9 @@ class Installer:
         if not staging.is_dir():
             return
         for entry in staging.iterdir():
+            # a quarantined folder belongs to an unreadable journal: only an operator may judge it
+            if entry.name.endswith(QUARANTINE_SUFFIX):
+                continue
             if not self.journals.exists(scope, entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
 
