@@ -111,13 +111,14 @@ class Installer:
         )
         try:
             await asyncio.to_thread(self._swap_in, journal)
+            await asyncio.to_thread(self._keep_old_record, journal)
             await asyncio.to_thread(self._records.put, plan.record)
             faultpoint("record")
             await commit_app(self._repos[scope], app_id, plan.message)
             faultpoint("commit")
         except (OSError, GitError) as err:
             _LOGGER.warning("install of %s into %s failed, undoing it: %s", app_id, scope, err)
-            await self._undo(journal)
+            await self._undo_or_leave(journal, err)
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 
@@ -176,7 +177,7 @@ class Installer:
             faultpoint("commit")
         except (OSError, GitError) as err:
             _LOGGER.warning("uninstall of %s from %s failed, undoing it: %s", app_id, scope, err)
-            await self._undo(journal)
+            await self._undo_or_leave(journal, err)
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 
@@ -214,6 +215,32 @@ class Installer:
         await commit_app(self._repos[journal.scope], journal.app_id, journal.message)
         await asyncio.to_thread(self._clean_up, journal)
 
+    def _old_record_copy(self, journal: Journal) -> Path:
+        """Where the old record waits during an operation: in the operation's staging folder (same
+        filesystem), so putting it back is a rename that needs no new disk space."""
+        return journal.staged.parent / "record.old.json"
+
+    def _keep_old_record(self, journal: Journal) -> None:
+        """Hard-link the old record aside before the new one replaces it: undo renames it back
+        instead of writing it again (issue 14: the undo's rewrite hit the same full disk)."""
+        current = self._records.path(journal.scope, journal.app_id)
+        if journal.old_record is not None and current.exists():
+            os.link(current, self._old_record_copy(journal))
+
+    async def _undo_or_leave(self, journal: Journal, cause: BaseException) -> None:
+        """Undo; if even that fails, leave the journal for recovery at the next start and say so
+        (the operation's answer is still install_failed with the cause)."""
+        try:
+            await self._undo(journal)
+        except (OSError, GitError) as err:
+            _LOGGER.error(
+                "undoing %s of %s failed too (%s, after %s); recovery finishes it at the next start",
+                journal.op,
+                journal.app_id,
+                err,
+                cause,
+            )
+
     async def _undo(self, journal: Journal) -> None:
         """Put the old state back: old tree, its runtime data, its record, a clean git index."""
         await asyncio.to_thread(self._undo_disk, journal)
@@ -236,7 +263,10 @@ class Installer:
         for name in journal.data_dirs:
             if (staged / name).is_dir() and not (target / name).exists():
                 (staged / name).rename(target / name)
-        if journal.step in {Step.SWAPPED, Step.REMOVED}:
+        kept = self._old_record_copy(journal)
+        if journal.step in {Step.SWAPPED, Step.REMOVED} and kept.exists():
+            kept.replace(self._records.path(journal.scope, journal.app_id))
+        elif journal.step in {Step.SWAPPED, Step.REMOVED}:
             if journal.old_record is not None:
                 self._records.put(InstallRecord.model_validate(journal.old_record))
             else:
