@@ -72,3 +72,28 @@ def test_git_add_on_a_full_disk_fails_cleanly_and_the_next_update_works(
         assert "upToDate" not in again.text or '"upToDate": false' in again.text, again.text
         listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
         assert listed["version"] == "2.0.0"
+
+
+def test_a_read_only_scope_answers_a_storage_error_naming_the_folder(
+    home: Path, start_shell: StartShell, make_app: MakeApp
+) -> None:
+    source = make_app(APP)
+    shell = start_shell(runner="process")
+    with shell.client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        write_manifest(source, version="2.0.0")
+        staging = home / "scopes/global/.staging"
+        bound = subprocess.run(["mount", "--bind", str(staging), str(staging)], capture_output=True)
+        if bound.returncode != 0:
+            pytest.skip(f"cannot bind-mount here (needs root): {bound.stderr.decode().strip()}")
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(staging)], check=True)
+            response = api.post(f"/api/dist/update/{APP}", json={})
+        finally:
+            subprocess.run(["umount", "-l", str(staging)], check=False)
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "storage_failed"
+        assert error["path"] == str(staging)
+        listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+        assert listed["version"] == "1.0.0"
