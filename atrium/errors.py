@@ -279,7 +279,8 @@ class ScopeNeedsRepair(Conflict):
             f"the {scope} scope needs repair: recovery could not read the install journal(s) "
             f"{', '.join(journals)}; their staging was kept as .staging/<opId>.quarantined; move "
             "any runtime data it holds back into the app folder, then delete the .unreadable "
-            "journal(s) to repair the scope",
+            "journal(s) and the quarantined folder(s) to repair the scope (`atrium doctor` lists "
+            "them)",
             scope=scope,
             journals=list(journals),
         )

@@ -6,10 +6,15 @@ provably-garbage temporary files of journal writes.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO_DIR
 from tests.integration.conftest import StartShell
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 from tests.integration.distribution.test_crash import (  # crash: the fixture
@@ -75,10 +80,32 @@ def test_an_unreadable_journal_quarantines_staging_and_the_scope_asks_for_repair
             assert ".quarantined" in error["message"]
     recovered.stop()
 
-    # the way out the error names: data back by hand, the unreadable journal deleted
+    report = doctor(home)
+    assert report.returncode == 1, report.stdout + report.stderr
+    assert f"unreadable journal {scope / '.journal' / f'{op_id}.unreadable'}" in report.stdout
+    assert str(quarantined) in report.stdout
+
+    # the way out the error names: data back by hand, journal and quarantined folder deleted
     (quarantined / APP / f"{APP}-1").rename(scope / "apps" / APP / f"{APP}-1")
     (scope / ".journal" / f"{op_id}.unreadable").unlink()
+    shutil.rmtree(quarantined)
     again = start_shell(runner="process")
     with again.client(timeout=DEADLINE) as api:
         assert installed_ok(api, f"local:{source}")["record"]["version"] == "2.0.0"
     assert (scope / "apps" / APP / f"{APP}-1" / "data.txt").read_text() == "precious"
+    again.stop()
+    report = doctor(home)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "nothing to repair" in report.stdout
+
+
+def doctor(home: Path) -> subprocess.CompletedProcess[str]:
+    """`atrium doctor` as a real process on the home (no shell running)."""
+    return subprocess.run(
+        [sys.executable, "-m", "atrium", "doctor"],
+        env={**os.environ, "ATRIUM_HOME": str(home)},
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
