@@ -171,6 +171,7 @@ class Installer:
         )
         try:
             await asyncio.to_thread(self._move_out, journal)
+            await asyncio.to_thread(self._keep_old_record, journal)
             await asyncio.to_thread(self._records.delete, scope, app_id)
             faultpoint("record")
             await commit_app(self._repos[scope], app_id, message)
@@ -221,11 +222,18 @@ class Installer:
         return journal.staged.parent / "record.old.json"
 
     def _keep_old_record(self, journal: Journal) -> None:
-        """Hard-link the old record aside before the new one replaces it: undo renames it back
-        instead of writing it again (issue 14: the undo's rewrite hit the same full disk)."""
+        """Hard-link the old record aside before the new one replaces it (or uninstall deletes it):
+        undo renames it back instead of writing it again (issue 14: the undo's rewrite hit the
+        same full disk)."""
         current = self._records.path(journal.scope, journal.app_id)
         if journal.old_record is not None and current.exists():
             os.link(current, self._old_record_copy(journal))
+
+    def _record_is_old(self, journal: Journal) -> bool:
+        """Whether the record on disk is still the old one (the failure came before it was
+        replaced): then the undo writes nothing."""
+        current = self._records.get(journal.scope, journal.app_id)
+        return (current.wire() if current else None) == journal.old_record
 
     async def _undo_or_leave(self, journal: Journal, cause: BaseException) -> None:
         """Undo; if even that fails, leave the journal for recovery at the next start and say so
@@ -266,7 +274,7 @@ class Installer:
         kept = self._old_record_copy(journal)
         if journal.step in {Step.SWAPPED, Step.REMOVED} and kept.exists():
             kept.replace(self._records.path(journal.scope, journal.app_id))
-        elif journal.step in {Step.SWAPPED, Step.REMOVED}:
+        elif journal.step in {Step.SWAPPED, Step.REMOVED} and not self._record_is_old(journal):
             if journal.old_record is not None:
                 self._records.put(InstallRecord.model_validate(journal.old_record))
             else:

@@ -97,3 +97,34 @@ def test_a_read_only_scope_answers_a_storage_error_naming_the_folder(
         assert error["path"] == str(staging)
         listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
         assert listed["version"] == "1.0.0"
+
+
+def test_an_uninstall_on_a_full_disk_fails_cleanly(
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
+) -> None:
+    source = make_app(APP)
+    shell = start_shell(runner="process")
+    with shell.client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        filler = small_home / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # every last block: git cannot write its commit
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        response = api.delete(f"/api/dist/uninstall/{APP}")
+        assert response.status_code in (500, 507), response.text
+        assert response.json()["error"]["code"] in ("install_failed", "storage_full")
+        scope = small_home / "scopes/global"
+        assert (scope / "apps" / APP / "app.manifest.json").is_file()
+        record = json.loads((scope / "records" / f"{APP}.json").read_text())
+        assert record["version"] == "1.0.0"
+        filler.unlink()  # (git status itself needs a little space)
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=scope, capture_output=True, text=True, check=True
+        ).stdout
+        assert status == "", status
+        assert api.delete(f"/api/dist/uninstall/{APP}").status_code == 200
