@@ -20,7 +20,8 @@ unit test keeps the two together::
     │   ├── LifecycleTransitionError    409 illegal_transition     (instanceId, from, to)
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
-    │   └── AuthorityConflict           409 authority_conflict     (authority, appId)
+    │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
+    │   └── ScopeNeedsRepair            409 scope_needs_repair     (scope, journals)
     ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
     ├── HeadersTooLarge                 431 headers_too_large      (limit)
@@ -263,6 +264,25 @@ class AuthorityConflict(Conflict):
             f"authority {authority!r} is already declared by {app_id!r}",
             authority=authority,
             appId=app_id,
+        )
+
+
+class ScopeNeedsRepair(Conflict):
+    """Recovery found an install journal it could not read: it cannot prove what in the scope's
+    staging is garbage, so it kept it all and the scope takes no install, update or uninstall
+    until an operator has looked."""
+
+    code = "scope_needs_repair"
+
+    def __init__(self, scope: str, journals: Sequence[str]) -> None:
+        super().__init__(
+            f"the {scope} scope needs repair: recovery could not read the install journal(s) "
+            f"{', '.join(journals)}; their staging was kept as .staging/<opId>.quarantined; move "
+            "any runtime data it holds back into the app folder, then delete the .unreadable "
+            "journal(s) and the quarantined folder(s) to repair the scope (`atrium doctor` lists "
+            "them)",
+            scope=scope,
+            journals=list(journals),
         )
 
 

@@ -9,6 +9,7 @@ status before any stream starts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -160,7 +161,9 @@ async def index(request: Request, caller: Caller) -> Response:
 
 
 async def installed(request: Request, caller: Caller) -> Response:
-    return JSONResponse([r.wire() for r in shell_of(request).dist.installed()])
+    dist = shell_of(request).dist
+    damaged = [{**d, "damaged": True} for d in await asyncio.to_thread(dist.records.damaged)]
+    return JSONResponse([r.wire() for r in dist.installed()] + damaged)
 
 
 routes: list[BaseRoute] = [

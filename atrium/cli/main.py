@@ -6,6 +6,7 @@ import typer
 
 from atrium import __version__
 from atrium.cli import commands, dist, intents, lifecycle
+from atrium.cli.doctor import doctor
 from atrium.cli.publish import publish
 from atrium.cli.serve import serve
 from atrium.cli.theme import theme_app
@@ -37,6 +38,7 @@ app.add_typer(commands.kv_app, name="kv")
 app.add_typer(intents.intent_app, name="intent")
 app.add_typer(theme_app, name="theme")
 app.command()(publish)
+app.command()(doctor)
 
 
 @app.command()

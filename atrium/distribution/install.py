@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from atrium.distribution.journal import Journal, JournalStore, Step, faultpoint, inode
+from atrium.distribution.journal import (
+    QUARANTINE_SUFFIX,
+    Journal,
+    JournalStore,
+    Step,
+    faultpoint,
+    inode,
+)
 from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore, sync_dir
 from atrium.distribution.swap import exchange, move_new
 from atrium.distribution.validate import runtime_dir_re
@@ -104,13 +111,14 @@ class Installer:
         )
         try:
             await asyncio.to_thread(self._swap_in, journal)
+            await asyncio.to_thread(self._keep_old_record, journal)
             await asyncio.to_thread(self._records.put, plan.record)
             faultpoint("record")
             await commit_app(self._repos[scope], app_id, plan.message)
             faultpoint("commit")
         except (OSError, GitError) as err:
             _LOGGER.warning("install of %s into %s failed, undoing it: %s", app_id, scope, err)
-            await self._undo(journal)
+            await self._undo_or_leave(journal, err)
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 
@@ -163,13 +171,14 @@ class Installer:
         )
         try:
             await asyncio.to_thread(self._move_out, journal)
+            await asyncio.to_thread(self._keep_old_record, journal)
             await asyncio.to_thread(self._records.delete, scope, app_id)
             faultpoint("record")
             await commit_app(self._repos[scope], app_id, message)
             faultpoint("commit")
         except (OSError, GitError) as err:
             _LOGGER.warning("uninstall of %s from %s failed, undoing it: %s", app_id, scope, err)
-            await self._undo(journal)
+            await self._undo_or_leave(journal, err)
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 
@@ -207,6 +216,39 @@ class Installer:
         await commit_app(self._repos[journal.scope], journal.app_id, journal.message)
         await asyncio.to_thread(self._clean_up, journal)
 
+    def _old_record_copy(self, journal: Journal) -> Path:
+        """Where the old record waits during an operation: in the operation's staging folder (same
+        filesystem), so putting it back is a rename that needs no new disk space."""
+        return journal.staged.parent / "record.old.json"
+
+    def _keep_old_record(self, journal: Journal) -> None:
+        """Hard-link the old record aside before the new one replaces it (or uninstall deletes it):
+        undo renames it back instead of writing it again (issue 14: the undo's rewrite hit the
+        same full disk)."""
+        current = self._records.path(journal.scope, journal.app_id)
+        if journal.old_record is not None and current.exists():
+            os.link(current, self._old_record_copy(journal))
+
+    def _record_is_old(self, journal: Journal) -> bool:
+        """Whether the record on disk is still the old one (the failure came before it was
+        replaced): then the undo writes nothing."""
+        current = self._records.get(journal.scope, journal.app_id)
+        return (current.wire() if current else None) == journal.old_record
+
+    async def _undo_or_leave(self, journal: Journal, cause: BaseException) -> None:
+        """Undo; if even that fails, leave the journal for recovery at the next start and say so
+        (the operation's answer is still install_failed with the cause)."""
+        try:
+            await self._undo(journal)
+        except (OSError, GitError) as err:
+            _LOGGER.error(
+                "undoing %s of %s failed too (%s, after %s); recovery finishes it at the next start",
+                journal.op,
+                journal.app_id,
+                err,
+                cause,
+            )
+
     async def _undo(self, journal: Journal) -> None:
         """Put the old state back: old tree, its runtime data, its record, a clean git index."""
         await asyncio.to_thread(self._undo_disk, journal)
@@ -229,7 +271,10 @@ class Installer:
         for name in journal.data_dirs:
             if (staged / name).is_dir() and not (target / name).exists():
                 (staged / name).rename(target / name)
-        if journal.step in {Step.SWAPPED, Step.REMOVED}:
+        kept = self._old_record_copy(journal)
+        if journal.step in {Step.SWAPPED, Step.REMOVED} and kept.exists():
+            kept.replace(self._records.path(journal.scope, journal.app_id))
+        elif journal.step in {Step.SWAPPED, Step.REMOVED} and not self._record_is_old(journal):
             if journal.old_record is not None:
                 self._records.put(InstallRecord.model_validate(journal.old_record))
             else:
@@ -265,6 +310,9 @@ class Installer:
         if not staging.is_dir():
             return
         for entry in staging.iterdir():
+            # a quarantined folder belongs to an unreadable journal: only an operator may judge it
+            if entry.name.endswith(QUARANTINE_SUFFIX):
+                continue
             if not self.journals.exists(scope, entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
 

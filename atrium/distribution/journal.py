@@ -15,10 +15,17 @@ Steps of an uninstall: ``begin``, ``remove`` (the app directory moves into stagi
 `ATRIUM_FAULTPOINT=<name>` (tests only) kills the process at the named point; the names are in
 FAULTPOINTS. Recovery (atrium.distribution.install) decides from the disk, not the step alone: an install
 whose new tree is in place (same inode) is finished, any other is undone.
+
+Each journal file starts with a line ``sha256:<hex>`` of the JSON body after it, so a torn or
+truncated write is detected, never misread. A journal that cannot be read (bad checksum, bad JSON)
+cannot tell recovery what is garbage: it is renamed ``<opId>.unreadable``, its staging folder is
+kept as ``<opId>.quarantined`` and the scope refuses install, update and uninstall
+(``409 scope_needs_repair``) until an operator has looked (docs/api.md "Recovery").
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -35,6 +42,29 @@ from atrium.scopes import Scope, ScopeLayout
 _LOGGER = logging.getLogger(__name__)
 FAULTPOINT_ENV: Final = "ATRIUM_FAULTPOINT"
 JOURNAL_DIR: Final = ".journal"
+UNREADABLE_SUFFIX: Final = ".unreadable"
+QUARANTINE_SUFFIX: Final = ".quarantined"
+_CHECKSUM_PREFIX: Final = b"sha256:"
+
+
+class JournalUnreadable(ValueError):
+    """A journal whose checksum or content is wrong (a torn write, or damage on disk)."""
+
+
+def encode(body: bytes) -> bytes:
+    """The stored form: a checksum line, then the JSON body."""
+    return _CHECKSUM_PREFIX + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def decode(data: bytes) -> bytes:
+    """The JSON body of a stored journal; raises JournalUnreadable when the checksum is missing or
+    wrong (every journal this shell writes has one)."""
+    head, newline, body = data.partition(b"\n")
+    if not newline or not head.startswith(_CHECKSUM_PREFIX):
+        raise JournalUnreadable("no checksum line (torn or foreign file)")
+    if hashlib.sha256(body).hexdigest().encode() != head[len(_CHECKSUM_PREFIX) :]:
+        raise JournalUnreadable("checksum mismatch (torn write or damaged file)")
+    return body
 
 
 class Step(StrEnum):
@@ -110,7 +140,7 @@ class JournalStore:
         if step is not None:
             journal.step = step
         data = journal.model_dump_json(by_alias=True, indent=2).encode()
-        write_atomic(self.path(journal.scope, journal.op_id), data)
+        write_atomic(self.path(journal.scope, journal.op_id), encode(data))
 
     def remove(self, journal: Journal) -> None:
         path = self.path(journal.scope, journal.op_id)
@@ -121,14 +151,38 @@ class JournalStore:
     def exists(self, scope: Scope, op_id: str) -> bool:
         return self.path(scope, op_id).exists()
 
+    def unreadable(self, scope: Scope) -> list[Path]:
+        """Journals recovery could not read: while any is left the scope needs repair."""
+        directory = self.directory(scope)
+        if not directory.is_dir():
+            return []
+        return sorted(directory.glob(f"*{UNREADABLE_SUFFIX}"))
+
     def pending(self, scope: Scope) -> list[Journal]:
-        """Journals left by an interrupted operation; an unreadable one is logged and set aside."""
+        """Journals left by an interrupted operation. An unreadable one is renamed
+        ``<opId>.unreadable`` and its staging folder quarantined (never deleted: it may hold the
+        only copy of an app's runtime data). Temporary files of a write that never completed
+        (``.<opId>.json.tmp``, never renamed into place) are provably garbage and removed."""
         found: list[Journal] = []
         directory = self.directory(scope)
-        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        if not directory.is_dir():
+            return found
+        for tmp in directory.glob(".*.json.tmp"):
+            tmp.unlink(missing_ok=True)
+        for path in sorted(directory.glob("*.json")):
             try:
-                found.append(Journal.model_validate_json(path.read_bytes()))
-            except (OSError, ValidationError) as err:
-                _LOGGER.error("cannot read the install journal %s (%s); moved aside", path, err)
-                path.rename(path.with_suffix(".unreadable"))
+                found.append(Journal.model_validate_json(decode(path.read_bytes())))
+            except (OSError, ValidationError, JournalUnreadable) as err:
+                _LOGGER.error(
+                    "cannot read the install journal %s (%s): kept as %s, its staging quarantined; "
+                    "the scope needs repair",
+                    path,
+                    err,
+                    path.with_suffix(UNREADABLE_SUFFIX).name,
+                )
+                path.rename(path.with_suffix(UNREADABLE_SUFFIX))
+                staged = self._layout.staging_dir(scope) / path.stem
+                if staged.exists():
+                    staged.rename(staged.with_name(staged.name + QUARANTINE_SUFFIX))
+        sync_dir(directory)
         return found

@@ -4,6 +4,7 @@ removes itself, and running the install stage to its end even when the client go
 from __future__ import annotations
 
 import asyncio
+import errno
 import secrets
 import shutil
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from atrium.distribution.journal import JournalStore
-from atrium.errors import Busy
+from atrium.errors import Busy, StorageFailed, StorageFull
 from atrium.scopes import Scope, ScopeLayout
 
 T = TypeVar("T")
@@ -44,7 +45,13 @@ async def staging(layout: ScopeLayout, journals: JournalStore, scope: Scope) -> 
     """A fresh ``scopes/<scope>/.staging/<opId>/`` (same filesystem as the scope, outside `apps/`),
     removed on exit unless a journal still refers to it (recovery needs it then)."""
     path = layout.staging_dir(scope) / secrets.token_hex(8)
-    path.mkdir(parents=True)
+    try:
+        path.mkdir(parents=True)
+    except OSError as err:  # a full or read-only scope: named, not 500 internal (issue 14)
+        error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
+        raise error(
+            f"cannot create the staging folder {path.parent}: {err}", path=str(path.parent)
+        ) from err
     try:
         yield path
     finally:

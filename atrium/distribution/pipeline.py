@@ -23,6 +23,7 @@ from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_ap
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan
+from atrium.distribution.journal import JournalStore
 from atrium.distribution.operations import AppLocks, run_to_completion, staging
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
@@ -34,6 +35,7 @@ from atrium.errors import (
     AtriumError,
     FetchFailed,
     NotFound,
+    ScopeNeedsRepair,
     SystemScopeImmutable,
 )
 from atrium.events import (
@@ -98,9 +100,12 @@ def same_app(app_id: str, ref: str, found: str) -> None:
         )
 
 
-def mutable(scope: Scope, action: str) -> Scope:
+def mutable(scope: Scope, action: str, journals: JournalStore | None = None) -> Scope:
+    """``scope`` if it may change; with ``journals``, also refuses a scope that needs repair."""
     if not scope.is_mutable:
         raise SystemScopeImmutable(action)
+    if journals is not None and (unreadable := journals.unreadable(scope)):
+        raise ScopeNeedsRepair(scope.value, [str(p) for p in unreadable])
     return scope
 
 
@@ -152,7 +157,7 @@ class Distribution:
     async def install(
         self, ref: Ref, scope: Scope, approval: Approval
     ) -> AsyncGenerator[ProgressEvent, None]:
-        mutable(scope, "install into it")
+        mutable(scope, "install into it", self.installer.journals)
         yield event(RESOLVE_START, ref=str(ref))
         resolved = await self.resolver.resolve(ref)
         yield event(RESOLVE_DONE, resolved=resolved.wire())
@@ -164,7 +169,7 @@ class Distribution:
 
     async def preview(self, ref: Ref, scope: Scope) -> AsyncGenerator[ProgressEvent, None]:
         """Resolve, fetch and validate only; the result carries the permission diff."""
-        mutable(scope, "install into it")
+        mutable(scope, "install into it", self.installer.journals)
         yield event(RESOLVE_START, ref=str(ref))
         resolved = await self.resolver.resolve(ref)
         yield event(RESOLVE_DONE, resolved=resolved.wire())
@@ -184,7 +189,7 @@ class Distribution:
 
     async def update(self, app_id: str, approval: Approval) -> AsyncGenerator[ProgressEvent, None]:
         """Re-resolve the recorded ref; the same digest is a no-op (spec Versioning rule 3)."""
-        scope = self.mutable_scope_of(app_id)
+        scope = mutable(self.mutable_scope_of(app_id), "update in it", self.installer.journals)
         record = self.records.get(scope, app_id)
         if record is None:
             raise NotFound(
@@ -318,7 +323,7 @@ class Distribution:
         """decisions.md "Distribution": ``{ok, id, scope, unmasked}``."""
         if scope is None:
             scope = self.mutable_scope_of(app_id)
-        mutable(scope, f"remove {app_id!r} from it")
+        mutable(scope, f"remove {app_id!r} from it", self.installer.journals)
         if not any(c.scope is scope for c in self._registry.copies(app_id)):
             raise NotFound("app", app_id, f"{app_id!r} is not installed in the {scope} scope")
         with self.locks.hold(app_id, "uninstall"):

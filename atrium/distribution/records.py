@@ -102,6 +102,29 @@ class RecordStore:
             return
         sync_dir(path.parent)
 
+    def damaged(self) -> list[dict[str, str]]:
+        """Record files that exist but cannot be read, as ``{id, scope, path, problem}``
+        items: ``installed`` lists them rather than leaving the app out silently (issue 14)."""
+        found: list[dict[str, str]] = []
+        for scope in BY_PRIORITY:
+            if not scope.is_mutable:
+                continue
+            directory = self._layout.root(scope) / RECORDS_DIR
+            for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+                try:
+                    InstallRecord.model_validate_json(path.read_bytes())
+                except (OSError, ValidationError) as err:
+                    problem = str(err).splitlines()[0]
+                    found.append(
+                        {
+                            "id": path.stem,
+                            "scope": scope.value,
+                            "path": str(path),
+                            "problem": problem,
+                        }
+                    )
+        return found
+
     def all(self) -> list[InstallRecord]:
         """Every record, user scope first, then by id."""
         found: list[InstallRecord] = []

@@ -249,6 +249,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
     errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
     errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),
+    errors.ScopeNeedsRepair: lambda: errors.ScopeNeedsRepair(
+        "global", ["/h/.journal/x.unreadable"]
+    ),
     errors.ManifestInvalid: lambda: errors.ManifestInvalid(
         "com.example.a", [{"field": "version", "message": "not semver"}]
     ),

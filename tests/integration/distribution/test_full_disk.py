@@ -1,0 +1,130 @@
+"""A full disk during an update (issue 14 row 3): git add fails for want of space, and the undo
+must not need any (it renamed the old record back instead of writing it again). Afterwards the
+record, the installed list, the disk and the scope repository agree on the old version, and the
+next update really updates. Runs on a small tmpfs mounted as $ATRIUM_HOME (root only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import StartShell
+from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
+
+pytestmark = pytest.mark.integration
+APP = "com.example.bulky"
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def small_home(home: Path) -> Iterator[Path]:
+    home.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(home)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def test_git_add_on_a_full_disk_fails_cleanly_and_the_next_update_works(
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
+) -> None:
+    source = make_app(APP)
+    shell = start_shell(runner="process")
+    with shell.client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        # v2 carries 3 MiB of incompressible data: the staged copy fits, git's blob does not
+        (source / "blob.bin").write_bytes(os.urandom(3 * MIB))
+        write_manifest(source, version="2.0.0")
+        filler = small_home / "filler"
+        filler.write_bytes(b"\0" * max(0, free_bytes(small_home) - int(4.5 * MIB)))
+        response = api.post(f"/api/dist/update/{APP}", json={})
+        text = response.text
+        assert "install_failed" in text, text
+        assert "No space left" in text or "ENOSPC" in text or "space" in text, text
+
+        scope = small_home / "scopes/global"
+        record = json.loads((scope / "records" / f"{APP}.json").read_text())
+        manifest = json.loads((scope / "apps" / APP / "app.manifest.json").read_text())
+        listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+        assert record["version"] == manifest["version"] == listed["version"] == "1.0.0"
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=scope, capture_output=True, text=True, check=True
+        ).stdout
+        assert status == "", status
+
+        filler.unlink()
+        again = api.post(f"/api/dist/update/{APP}", json={})
+        assert "upToDate" not in again.text or '"upToDate": false' in again.text, again.text
+        listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+        assert listed["version"] == "2.0.0"
+
+
+def test_a_read_only_scope_answers_a_storage_error_naming_the_folder(
+    home: Path, start_shell: StartShell, make_app: MakeApp
+) -> None:
+    source = make_app(APP)
+    shell = start_shell(runner="process")
+    with shell.client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        write_manifest(source, version="2.0.0")
+        staging = home / "scopes/global/.staging"
+        bound = subprocess.run(["mount", "--bind", str(staging), str(staging)], capture_output=True)
+        if bound.returncode != 0:
+            pytest.skip(f"cannot bind-mount here (needs root): {bound.stderr.decode().strip()}")
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(staging)], check=True)
+            response = api.post(f"/api/dist/update/{APP}", json={})
+        finally:
+            subprocess.run(["umount", "-l", str(staging)], check=False)
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "storage_failed"
+        assert error["path"] == str(staging)
+        listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+        assert listed["version"] == "1.0.0"
+
+
+def test_an_uninstall_on_a_full_disk_fails_cleanly(
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
+) -> None:
+    source = make_app(APP)
+    shell = start_shell(runner="process")
+    with shell.client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        filler = small_home / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # every last block: git cannot write its commit
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        response = api.delete(f"/api/dist/uninstall/{APP}")
+        assert response.status_code in (500, 507), response.text
+        assert response.json()["error"]["code"] in ("install_failed", "storage_full")
+        scope = small_home / "scopes/global"
+        assert (scope / "apps" / APP / "app.manifest.json").is_file()
+        record = json.loads((scope / "records" / f"{APP}.json").read_text())
+        assert record["version"] == "1.0.0"
+        filler.unlink()  # (git status itself needs a little space)
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=scope, capture_output=True, text=True, check=True
+        ).stdout
+        assert status == "", status
+        assert api.delete(f"/api/dist/uninstall/{APP}").status_code == 200
