@@ -81,8 +81,11 @@ async def instance_action(request: Request, caller: Caller) -> Response:
 async def delete_instance(request: Request, caller: Caller) -> Response:
     force = request.query_params.get("force", "") in {"1", "true", "yes"}
     instance_id = request.path_params["instance_id"]
-    await shell_of(request).lifecycle.remove(instance_id, force=force)
-    return JSONResponse({"ok": True, "instanceId": instance_id, "state": "installed"})
+    problem = await shell_of(request).lifecycle.remove(instance_id, force=force)
+    answer: dict[str, object] = {"ok": True, "instanceId": instance_id, "state": "installed"}
+    if problem is not None:
+        answer["problem"] = problem  # the orderly walk failed; the instance ended without it
+    return JSONResponse(answer)
 
 
 async def instance_logs(request: Request, caller: Caller) -> Response:

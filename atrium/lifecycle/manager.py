@@ -44,7 +44,8 @@ from atrium.lifecycle.spawning import (
 )
 from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.views import ViewDesk
-from atrium.registry import AppRegistry
+from atrium.manifest import Manifest
+from atrium.registry import AppCopy, AppRegistry
 from atrium.scopes import ScopeLayout
 from atrium.settings import create_private
 from atrium.upstream import UpstreamClient
@@ -200,42 +201,24 @@ class LifecycleManager:
             raise await self._fail_spawn(instance, str(err), "port") from err
         instance.port, instance.host = port, self._config.app_host
         instance.secret = secrets.token_urlsafe(24)
-        instance.token = self._tokens.issue(instance.app_id, instance.id)
+        token = instance.token = self._tokens.issue(instance.app_id, instance.id)
         instance.expected_exit = False
-        logs = self._config.layout.home / "run" / "logs"
-        logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-        instance.log_path = logs / f"{instance.id}.log"
-        create_private(instance.log_path)  # the runner appends to it: owner-only (issue 13)
-        spec = SpawnSpec(
-            app_id=instance.app_id,
-            instance_id=instance.id,
-            app_dir=copy.path,
-            argv=resolve_argv(copy),
-            env=app_environment(
-                app_id=instance.app_id,
-                instance_id=instance.id,
-                host=self._config.app_host,
-                port=port,
-                shell_url=self._config.shell_url,
-                token=instance.token,
-                secret=instance.secret,
-                sdk=sdk_path(self._config.layout.home),
-            ),
-            data_dir=instance.data_dir,
-            host=self._config.app_host,
-            port=port,
-            log_path=instance.log_path,
-            tools=tuple(copy.manifest.tools),
-            toolchain_dir=self._config.toolchain_dir,
-            ro_paths=interpreter_paths(self._config.layout.home),
-            user=app_user(instance.app_id),
-            home=self._config.layout.home,
+        log_path = instance.log_path = (
+            self._config.layout.home / "run" / "logs" / f"{instance.id}.log"
         )
         try:
+            spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
             instance.child = await self._runner.spawn(spec)
         except SpawnFailed as err:
             cause = str(err.fields.get("cause", "exited"))
             raise await self._fail_spawn(instance, err.message, cause) from err
+        except OSError as err:
+            # before the child runs (the log cannot be opened, no fd left, a full disk): the
+            # instance goes to `error` with the reason, never stays in `creating`
+            where = f" ({err.filename})" if err.filename else ""
+            raise await self._fail_spawn(
+                instance, f"the spawn could not be set up: {err.strerror or err}{where}", "setup"
+            ) from err
         child = instance.child
         instance.host = child.host
         exited = asyncio.ensure_future(child.wait())
@@ -247,10 +230,8 @@ class LifecycleManager:
                 exited,
             )
         except ChildExited as err:
-            cause = classify_early_exit(instance.log_path, err.code)
-            raise await self._fail_spawn(
-                instance, f"{err} ({log_tail(instance.log_path)})", cause
-            ) from err
+            cause = classify_early_exit(log_path, err.code)
+            raise await self._fail_spawn(instance, f"{err} ({log_tail(log_path)})", cause) from err
         except HealthMismatch as err:
             raise await self._fail_spawn(instance, str(err), "identity") from err
         except TimeoutError as err:
@@ -265,6 +246,44 @@ class LifecycleManager:
                 exited.cancel()
         instance.stamp_started()
         instance.watcher = self.spawn_task(self._watch(instance), f"crash watch {instance.id}")
+
+    def _spawn_spec(
+        self,
+        instance: Instance,
+        copy: AppCopy,
+        manifest: Manifest,
+        port: int,
+        token: str,
+        log_path: Path,
+    ) -> SpawnSpec:
+        """The log file (owner-only: the runner appends to it) and what the runner needs."""
+        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        create_private(log_path)
+        return SpawnSpec(
+            app_id=instance.app_id,
+            instance_id=instance.id,
+            app_dir=copy.path,
+            argv=resolve_argv(copy),
+            env=app_environment(
+                app_id=instance.app_id,
+                instance_id=instance.id,
+                host=self._config.app_host,
+                port=port,
+                shell_url=self._config.shell_url,
+                token=token,
+                secret=instance.secret,
+                sdk=sdk_path(self._config.layout.home),
+            ),
+            data_dir=instance.data_dir,
+            host=self._config.app_host,
+            port=port,
+            log_path=log_path,
+            tools=tuple(manifest.tools),
+            toolchain_dir=self._config.toolchain_dir,
+            ro_paths=interpreter_paths(self._config.layout.home),
+            user=app_user(instance.app_id),
+            home=self._config.layout.home,
+        )
 
     async def _fail_spawn(self, instance: Instance, reason: str, cause: str) -> SpawnFailed:
         """Tear the child down, move to `error`, and return the error for the caller to raise."""
@@ -402,19 +421,29 @@ class LifecycleManager:
         "reset": _reset,
     }
 
-    async def remove(self, instance_id: str, *, force: bool = False) -> None:
+    async def remove(self, instance_id: str, *, force: bool = False) -> str | None:
         """`DELETE /api/instances/{id}`: walk whatever is left to `installed`; ``force`` kills
-        without hooks and without waiting for a running action."""
+        without hooks and without waiting for a running action.
+
+        DELETE always ends the instance: when the orderly walk cannot finish (a hook fails, or a
+        state such as `created` after a failed `onStart` has no way to `stopping`), the instance
+        is torn down without further hooks and the reason is returned for the answer.
+        """
         instance = self.get(instance_id)
         if force:
             await self._force(instance)
-            return
+            return None
         async with instance.lock:
             if instance.gone:
-                return
-            if instance.state not in {S.ERROR, S.STOPPED}:
-                await self._stop(instance)
-            await self._destroy(instance)
+                return None
+            try:
+                if instance.state not in {S.ERROR, S.STOPPED}:
+                    await self._stop(instance)
+                await self._destroy(instance)
+            except (HookFailed, LifecycleTransitionError) as err:
+                await self._force(instance)
+                return err.message
+        return None
 
     async def _force(self, instance: Instance) -> None:
         instance.gone = True

@@ -400,3 +400,66 @@ def test_views_of_a_host_page_whose_stream_is_gone_are_released(
             assert api.delete(f"/api/instances/{iid}/views/{gone['viewId']}").status_code == 404
             assert api.delete(f"/api/instances/{iid}/views/{kept['viewId']}").status_code == 200
             assert not stream.ended.is_set()
+
+
+def _gone(api: httpx.Client, iid: str) -> bool:
+    return all(i["instanceId"] != iid for i in api.get("/api/instances").json())
+
+
+def test_delete_ends_an_instance_whose_onstart_failed(
+    lifecycle_shell: RunningShell, api: httpx.Client
+) -> None:
+    """Issue 14 row 5: a failed `onStart` leaves `created`, from which no move reaches
+    `stopping`; DELETE still ends the instance and says what it skipped."""
+    data = lifecycle_shell.settings.home / "scopes/system/apps/test.fault.hookfails"
+    (data / "test.fault.hookfails-1").mkdir(parents=True)
+    (data / "test.fault.hookfails-1" / "fail-onStart").write_text("")
+    response = api.post("/api/instances", json={"appId": "test.fault.hookfails"})
+    assert response.status_code == 502
+    iid = "test.fault.hookfails-1"
+    assert state(api, iid) == "created"
+    pid = lifecycle_shell.shell.lifecycle.get(iid).child.pid  # type: ignore[union-attr]
+    deleted = api.delete(f"/api/instances/{iid}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["state"] == "installed"
+    assert "created" in deleted.json()["problem"]
+    assert _gone(api, iid)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), "the child to be gone")
+
+
+def test_delete_ends_an_instance_whose_stop_hook_fails(
+    lifecycle_shell: RunningShell, api: httpx.Client
+) -> None:
+    iid = launch(api, "test.fault.hookfails")["instanceId"]
+    data = lifecycle_shell.settings.home / "scopes/system/apps/test.fault.hookfails" / iid
+    (data / "fail-onStop").write_text("")
+    deleted = api.delete(f"/api/instances/{iid}")
+    assert deleted.status_code == 200, deleted.text
+    assert "onStop" in deleted.json()["problem"]
+    assert _gone(api, iid)
+
+
+def test_a_spawn_whose_log_cannot_be_opened_goes_to_error_and_retries(
+    lifecycle_shell: RunningShell, api: httpx.Client
+) -> None:
+    """Issue 14 row 2: an OSError before the child starts (here: `run/logs` is a file, which
+    stops root too) is `spawn_failed` with cause `setup` and the instance in `error`, never 500
+    and never stuck in `creating`; retry works once the cause is gone."""
+    logs = lifecycle_shell.settings.home / "run" / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.write_text("not a folder")
+    response = api.post("/api/instances", json={"appId": "test.plain.stdlib", "new": True})
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == "spawn_failed"
+    assert error["cause"] == "setup"
+    assert "run/logs" in error["message"]
+    iid = next(
+        i["instanceId"]
+        for i in api.get("/api/instances").json()
+        if i["appId"] == "test.plain.stdlib"
+    )
+    assert state(api, iid) == "error"
+    logs.unlink()
+    assert act(api, iid, "retry").json()["state"] == "started"
+    assert api.delete(f"/api/instances/{iid}").status_code == 200
