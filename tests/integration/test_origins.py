@@ -232,6 +232,8 @@ def _raw(shell: RunningShell, host: str, cookie: str, line: str, *headers: str) 
         "/%61pi/data/items",
         "/%2561pi/data/items",
         "/API/Data/items",
+        "/api%2Fdata/items",
+        "/api%2fdata%2fitems",
         "/api/data./items",
         "/api\\data\\items",
         "/api/lifecycle/onPause",
