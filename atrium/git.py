@@ -1,17 +1,22 @@
 """Async wrapper over the `git` command, and the scope repositories of the global and user scopes.
 
-Each ScopeRepo serialises its git operations behind one lock and, on open, clears an ``index.lock``
-left by a killed process (nothing of ours can be running then) and finishes an interrupted init.
+Each ScopeRepo serialises its git operations behind one lock and, on open, finishes an interrupted
+init and clears the lock files (``index.lock``, ``HEAD.lock``, ``refs/**/*.lock``…) a killed git
+left behind — but only once no git process works in the repository any more: every git Atrium
+starts dies with the shell (``PR_SET_PDEATHSIG``), and one started by hand is waited for, so a lock
+that a live git still holds is never taken from under it (issue 14 row 8).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -52,6 +57,9 @@ REMOTE_ENV: Final = frozenset(
 )
 TIMEOUT_ENV: Final = "ATRIUM_GIT_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT: Final = 300.0
+#: the lock files git leaves when killed mid-operation, relative to ``.git``
+LOCK_FILES: Final = ("index.lock", "HEAD.lock", "config.lock", "packed-refs.lock", "shallow.lock")
+PR_SET_PDEATHSIG: Final = 1
 
 
 class GitError(Exception):
@@ -130,6 +138,7 @@ async def run_git(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=_dies_with(os.getpid()),
     )
     try:
         async with asyncio.timeout(seconds):
@@ -143,6 +152,67 @@ async def run_git(
     if check and proc.returncode != 0:
         raise GitError(args, proc.returncode or -1, err.decode(errors="replace"))
     return out.decode(errors="replace")
+
+
+def _dies_with(shell: int) -> Callable[[], None]:
+    """A ``preexec_fn`` asking the kernel to SIGKILL the child when the shell dies, even by
+    SIGKILL: a git of a killed shell never goes on writing a repository the next shell owns."""
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != shell:  # the shell died before the kernel could be told
+            os._exit(1)
+
+    return preexec
+
+
+def git_processes(root: Path) -> list[tuple[int, str]]:
+    """Live git processes working in ``root`` (their current folder is in it): pid and command."""
+    found: list[tuple[int, str]] = []
+    mine = os.getpid()
+    where = root.resolve()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == mine:
+            continue
+        try:
+            if not (entry / "comm").read_text().startswith("git"):
+                continue
+            cwd = (entry / "cwd").readlink()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd == where or where in cwd.parents:
+            found.append((int(entry.name), command.strip()))
+    return found
+
+
+async def _await_no_git(root: Path, seconds: float) -> None:
+    """Wait until no git works in ``root``; refuse start-up naming the one that outlives ``seconds``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    told = False
+    while running := git_processes(root):
+        if loop.time() >= end:
+            pid, command = running[0]
+            raise ConfigError(
+                f"a git process (pid {pid}: {command!r}) is still working in the scope repository "
+                f"{root} after {seconds:g} s; let it finish or stop it, then start Atrium again"
+            )
+        if not told:
+            _LOGGER.warning("waiting for git (pid %d) to finish in %s", running[0][0], root)
+            told = True
+        await asyncio.sleep(0.1)
+
+
+def _clear_stale_locks(git_dir: Path) -> None:
+    refs = git_dir / "refs"
+    found = [git_dir / name for name in LOCK_FILES]
+    found += sorted(refs.rglob("*.lock")) if refs.is_dir() else []
+    for stale in found:
+        if stale.exists():
+            _LOGGER.warning("removing a stale git lock %s left by an interrupted operation", stale)
+            stale.unlink()
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -217,12 +287,9 @@ class ScopeRepo:
         async with self.lock:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "apps").mkdir(exist_ok=True)
-            stale = self.root / ".git" / "index.lock"
-            if stale.exists():
-                _LOGGER.warning(
-                    "removing a stale git lock %s left by an interrupted operation", stale
-                )
-                stale.unlink()
+            if (self.root / ".git").is_dir():
+                await _await_no_git(self.root, git_timeout())
+                _clear_stale_locks(self.root / ".git")
             if not (self.root / ".git").is_dir():
                 await run_git("init", "--quiet", "--initial-branch=main", cwd=self.root)
             # the repository's internals, its staging, journals and records are the shell's alone

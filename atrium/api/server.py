@@ -276,14 +276,17 @@ class ShellServer:
         """Open the shell, call ``ready`` (nothing is served before), serve until asked to stop,
         then close the shell. SIGINT/SIGTERM while the shell opens stop it as soon as it is open."""
         self._loop = asyncio.get_running_loop()
-        with self._server.capture_signals():
-            async with open_shell(self.settings, self._user_token) as shell:
-                # open_shell closes the bus (ending every stream) on the way out; the server's
-                # own shutdown closes it first, so open streams never hold up the shutdown
-                self.app.state.shell = shell
-                if ready is not None:
-                    ready()
-                await self._server.serve(sockets=[self.socket])
+        try:
+            with self._server.capture_signals():
+                async with open_shell(self.settings, self._user_token) as shell:
+                    # open_shell closes the bus (ending every stream) on the way out; the server's
+                    # own shutdown closes it first, so open streams never hold up the shutdown
+                    self.app.state.shell = shell
+                    if ready is not None:
+                        ready()
+                    await self._server.serve(sockets=[self.socket])
+        finally:
+            self.socket.close()  # also when the shell failed to open: the port is let go
 
     def request_exit(self) -> None:
         """Ask the server to stop; safe from any thread."""
