@@ -277,10 +277,10 @@ class ScopeNeedsRepair(Conflict):
     def __init__(self, scope: str, journals: Sequence[str]) -> None:
         super().__init__(
             f"the {scope} scope needs repair: recovery could not read the install journal(s) "
-            f"{', '.join(journals)}; their staging was kept as .staging/<opId>.quarantined; move "
-            "any runtime data it holds back into the app folder, then delete the .unreadable "
-            "journal(s) and the quarantined folder(s) to repair the scope (`atrium doctor` lists "
-            "them)",
+            f"{', '.join(journals)}; their staging was kept as .staging/<opId>.quarantined; stop "
+            "the shell and run `atrium doctor --repair` (it puts the runtime data back and sets "
+            "the rest aside in lost+found), or move any runtime data back into the app folder by "
+            "hand and delete the .unreadable journal(s) and the quarantined folder(s)",
             scope=scope,
             journals=list(journals),
         )

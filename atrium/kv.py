@@ -86,9 +86,9 @@ class KvDamaged(ConfigError):
 
 def damaged_message(path: Path, detail: str) -> str:
     return (
-        f"the KV store {path} is damaged ({detail}); stop the shell and restore the file from a "
-        f"backup, or move it (with its -wal and -shm files) aside to start with an empty store "
-        f"(`sqlite3 {path} .recover` saves what is still readable)"
+        f"the KV store {path} is damaged ({detail}); stop the shell and run `atrium doctor "
+        f"--repair` (it rebuilds the file from the rows still readable and keeps the original), "
+        f"or restore the file from a backup (`sqlite3 {path} .recover` saves what is readable)"
     )
 
 
@@ -160,7 +160,7 @@ class KvStore:
         return err
 
     def _damaged(self, detail: str) -> str:
-        return damaged_message(self._path, detail).replace("stop the shell", "the shell", 1)
+        return damaged_message(self._path, detail)
 
     def _decode(self, text: str) -> Any:
         """A stored value is JSON the store wrote; anything else is damage, never served."""
@@ -256,3 +256,67 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise
     conn.isolation_level = "DEFERRED"
     return conn
+
+
+def salvage(path: Path, stamp: str) -> tuple[int, Path]:
+    """Rebuild a damaged store from the rows that can still be read (for `atrium doctor
+    --repair`, with no shell running): the original moves aside, with its -wal and -shm, to
+    ``<name>.damaged-<stamp>``, and a fresh file holds every readable row. Returns the number of
+    rows kept and where the original went. Rows are read by walking the key order forwards and
+    then backwards, so one damaged page loses only the rows on it; a row whose text is not UTF-8 or
+    whose value is not JSON is left out (the store never wrote such a row)."""
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            source.rename(aside.with_name(aside.name + suffix))
+    rows = _readable_rows(aside)
+    create_private(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(_SCHEMA)
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO kv VALUES (?, ?, ?, ?)", rows)
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return len(rows), aside
+
+
+def _readable_rows(path: Path) -> list[tuple[str, str, str, str]]:
+    found: dict[tuple[str, str], tuple[str, str, str, str]] = {}
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+    except sqlite3.Error:
+        return []
+    conn.text_factory = bytes
+    try:
+        for order in ("ASC", "DESC"):
+            query = (
+                "SELECT namespace, key, value, updated_at FROM kv "  # noqa: S608 (a fixed word)
+                f"ORDER BY namespace {order}, key {order}"
+            )
+            try:
+                for raw in conn.execute(query):
+                    row = _row(raw)
+                    if row is not None:
+                        found.setdefault((row[0], row[1]), row)
+            except sqlite3.Error:
+                continue
+    finally:
+        conn.close()
+    return sorted(found.values())
+
+
+def _row(raw: tuple[Any, ...]) -> tuple[str, str, str, str] | None:
+    try:
+        namespace, key, value, updated = (
+            field.decode() if isinstance(field, bytes) else str(field) for field in raw
+        )
+        json.loads(value)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return namespace, key, value, updated

@@ -1,26 +1,42 @@
-"""`atrium doctor`: a read-only report on a home, for the operator after a crash (issue 14).
+"""`atrium doctor`: a report on a home for the operator after a crash, and ``--repair`` (issue 14).
 
-It reads ``$ATRIUM_HOME`` directly (no shell needed, none contacted) and changes nothing, so it is
-safe while a shell runs: install journals left by an interrupted operation, unreadable journals
-and the quarantined staging they keep (the cause of ``409 scope_needs_repair``), other staging
-folders, install records that cannot be read or whose app folder is missing, uncommitted changes
-in the scope repositories, and the KV database's ``PRAGMA quick_check``. Exit status 1 when
-something needs the operator, 0 when all is well.
+The report reads ``$ATRIUM_HOME`` directly (no shell needed, none contacted) and changes nothing,
+so it is safe while a shell runs: install journals left by an interrupted operation, unreadable
+journals and the quarantined staging they keep (the cause of ``409 scope_needs_repair``), other
+staging folders, install records that cannot be read or whose app folder is missing, uncommitted
+changes in the scope repositories, the KV database's ``PRAGMA quick_check``, and, when no shell
+holds the home, processes still running from it. Exit status 1 when something needs the
+operator, 0 when all is well.
+
+``--repair`` takes ``run/serve.lock`` first (so it never races a shell; it refuses, naming the
+shell, while one runs), runs the shell's own start-up recovery, brings each scope back to its last
+commit (`atrium.distribution.repair`: nothing deleted, what is set aside goes to
+``lost+found/<stamp>/``) and rebuilds a damaged KV file from its readable rows, keeping the
+original beside it. Then it reports again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from atrium.distribution.install import recover
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
 from atrium.distribution.records import RECORDS_DIR, RecordStore
+from atrium.distribution.repair import by_hand, repair_scope
+from atrium.git import ScopeRepo
+from atrium.kv import salvage
 from atrium.scopes import Scope, ScopeLayout
-from atrium.settings import ConfigError, Settings
+from atrium.settings import ConfigError, HomeLock, Settings
+
+MUTABLE = (Scope.GLOBAL, Scope.USER)
 
 
 def _scope_problems(layout: ScopeLayout, scope: Scope) -> list[str]:
@@ -31,9 +47,9 @@ def _scope_problems(layout: ScopeLayout, scope: Scope) -> list[str]:
     journals = root / JOURNAL_DIR
     for path in sorted(journals.glob(f"*{UNREADABLE_SUFFIX}")) if journals.is_dir() else []:
         problems.append(
-            f"unreadable journal {path}: the scope refuses install/update/uninstall; move any "
-            f"runtime data back from {layout.staging_dir(scope) / (path.stem + QUARANTINE_SUFFIX)}"
-            ", then delete the journal and that folder"
+            f"unreadable journal {path}: the scope refuses install/update/uninstall; "
+            "`atrium doctor --repair` (with the shell stopped) puts the runtime data back from "
+            f"{layout.staging_dir(scope) / (path.stem + QUARANTINE_SUFFIX)} and sets the rest aside"
         )
     for path in sorted(journals.glob("*.json")) if journals.is_dir() else []:
         problems.append(f"pending journal {path}: the next start finishes or undoes it")
@@ -50,30 +66,132 @@ def _scope_problems(layout: ScopeLayout, scope: Scope) -> list[str]:
             problems.append(
                 f"install record {path} but no app folder {layout.app_dir(scope, path.stem)}"
             )
-    status = subprocess.run(
-        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=False
+    if not (root / ".git").is_dir():
+        return problems
+    git = ["git", "-c", "core.quotePath=false"]
+    tracked = subprocess.run(
+        [*git, "ls-tree", "--name-only", "-z", "HEAD", "apps/"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    if status.returncode != 0:
-        problems.append(f"git status failed in {root}: {status.stderr.strip()}")
-    elif status.stdout.strip():
-        problems.append(f"uncommitted changes in {root}: {status.stdout.strip()!r}")
+    status = subprocess.run(
+        [*git, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if status.returncode != 0 or tracked.returncode != 0:
+        problems.append(f"git status failed in {root}: {(status.stderr or tracked.stderr).strip()}")
+        return problems
+    apps = {Path(p).name for p in tracked.stdout.split("\0") if p}
+    changed = [item for item in status.stdout.split("\0") if item and not by_hand(item[3:], apps)]
+    if changed:
+        problems.append(f"uncommitted changes in {root}: {', '.join(changed)}")
     return problems
 
 
-def _kv_problems(path: Path) -> list[str]:
+def _kv_problem(path: Path) -> tuple[str | None, bool]:
+    """What is wrong with the KV file, and whether it is damage (which ``--repair`` rebuilds)."""
     if not path.exists():
-        return []
+        return None, False
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             rows = db.execute("PRAGMA quick_check").fetchall()
-    except sqlite3.Error as err:
-        return [f"KV database {path} cannot be checked: {err}"]
+    except sqlite3.DatabaseError as err:
+        code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
+        damaged = code in {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+        return f"KV database {path} cannot be checked: {err}", damaged
     found = [str(row[0]) for row in rows]
-    return [] if found == ["ok"] else [f"KV database {path} is damaged: {'; '.join(found)}"]
+    if found == ["ok"]:
+        return None, False
+    return f"KV database {path} is damaged: {'; '.join(found)}", True
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a shell holds ``run/serve.lock``, read from ``/proc/locks`` (taking the lock to
+    find out could make a shell starting at that moment refuse)."""
+    try:
+        info = path.stat()
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    wanted = f":{info.st_ino}"
+    return any(
+        line.split()[1] == "FLOCK" and line.split()[5].endswith(wanted)
+        for line in locks.splitlines()
+        if len(line.split()) > 5
+    )
+
+
+def _home_processes(home: Path) -> list[str]:
+    """Processes working in the home, or started with a path inside it (an app, its keeper, its
+    sandbox), other than this one."""
+    home = home.resolve()
+    found: list[str] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = [
+                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
+            ]
+            cwd = (entry / "cwd").readlink()
+        except OSError:
+            continue
+        inside = cwd.is_relative_to(home) or any(a.startswith(f"{home}/") for a in argv)
+        if inside and argv != [""]:
+            found.append(f"process {entry.name} still runs from {home}: {' '.join(argv)[:200]}")
+    return sorted(found)
+
+
+async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
+    repos = {s: ScopeRepo(layout.root(s)) for s in MUTABLE if layout.root(s).is_dir()}
+    for repo in repos.values():
+        await repo.open()
+    done = await recover(layout, repos)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    lost = settings.home / "lost+found" / stamp
+    for scope, repo in repos.items():
+        done += await repair_scope(layout, repo, scope, lost)
+    problem, damaged = _kv_problem(settings.kv_path)
+    if problem is not None and damaged:
+        kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp)
+        done.append(
+            f"{problem}: rebuilt with the {kept} rows still readable; original kept as {aside}"
+        )
+    return done
+
+
+def _run_repair(settings: Settings, layout: ScopeLayout) -> None:
+    try:
+        settings.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = HomeLock.claim(settings)
+    except (ConfigError, OSError) as err:
+        typer.echo(f"atrium doctor --repair: {err}", err=True)
+        raise typer.Exit(2) from err
+    try:
+        done = asyncio.run(_repair(settings, layout))
+    except ConfigError as err:
+        typer.echo(f"atrium doctor --repair: {err}", err=True)
+        raise typer.Exit(2) from err
+    finally:
+        lock.release()
+    for line in done:
+        typer.echo(f"repaired: {line}")
 
 
 def doctor(
     home: Annotated[Path | None, typer.Option(help="data directory [env ATRIUM_HOME]")] = None,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="repair what can be repaired safely (no shell may run; nothing is deleted)",
+        ),
+    ] = False,
 ) -> None:
     """Report what needs the operator in a home (read-only; safe while a shell runs)."""
     try:
@@ -82,8 +200,13 @@ def doctor(
         typer.echo(f"atrium doctor: {err}", err=True)
         raise typer.Exit(2) from err
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
-    problems = [p for s in (Scope.GLOBAL, Scope.USER) for p in _scope_problems(layout, s)]
-    problems += _kv_problems(settings.kv_path)
+    if repair:
+        _run_repair(settings, layout)
+    problems = [p for s in MUTABLE for p in _scope_problems(layout, s)]
+    kv_problem, _ = _kv_problem(settings.kv_path)
+    problems += [kv_problem] if kv_problem else []
+    if settings.home.is_dir() and not _lock_held(settings.lock_path):
+        problems += _home_processes(settings.home)
     for problem in problems:
         typer.echo(problem)
     if problems:
