@@ -151,6 +151,12 @@ def update(
         console.print(f"{app_id} is up to date")
         return
     record = result["record"]
+    if result.get("restored"):
+        console.print(
+            f"{record['id']} {record['version']} was changed on disk "
+            f"({len(result['restored'])} files); installed it again"
+        )
+        return
     console.print(f"Updated {record['id']} to {record['version']} in the {record['scope']} scope")
 
 

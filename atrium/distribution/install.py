@@ -79,6 +79,23 @@ async def commit_app(repo: ScopeRepo, app_id: str, message: str) -> bool:
         return True
 
 
+async def changed_files(repo: ScopeRepo, app_id: str) -> list[str]:
+    """Paths in the app's installed tree that differ from its commit (edited, deleted or added by
+    hand, or damaged), scope-relative; runtime data folders are ignored by git and never listed."""
+    async with repo.lock:
+        out = await run_git(
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--no-renames",
+            "--",
+            app_paths(app_id)[0],
+            cwd=repo.root,
+        )
+    return sorted(item[3:] for item in out.split("\0") if item)
+
+
 class Installer:
     """Moves trees into and out of the mutable scopes; one operation per app at a time (the
     pipeline's lock)."""
@@ -90,6 +107,10 @@ class Installer:
         self._repos = repos
         self._records = records
         self.journals = JournalStore(layout)
+
+    @property
+    def repos(self) -> Mapping[Scope, ScopeRepo]:
+        return self._repos
 
     # -- install ----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from atrium.bus import EventBus
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.index import IndexClient
-from atrium.distribution.install import Installer, InstallPlan
+from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.journal import JournalStore
 from atrium.distribution.operations import AppLocks, run_to_completion, staging
 from atrium.distribution.records import InstallRecord, RecordStore, now
@@ -205,11 +205,24 @@ class Distribution:
             yield event(RESOLVE_DONE, resolved=resolved.wire())
             approval.check(resolved)
             same_app(app_id, record.ref, resolved.dir_name)
+            restored: list[str] | None = None
             if resolved.digest == record.digest:
-                self._bus.publish(DIST_UPDATE_COMPLETE, {"id": app_id, "record": None})
-                yield event(RESULT, ok=True, record=None, upToDate=True)
-                return
-            run_update = self._run("update", record.ref, resolved, scope, approval, app_id)
+                # the same version, but is the installed tree still what was installed?
+                restored = await changed_files(self.installer.repos[scope], app_id)
+                if not restored:
+                    self._bus.publish(DIST_UPDATE_COMPLETE, {"id": app_id, "record": None})
+                    yield event(RESULT, ok=True, record=None, upToDate=True)
+                    return
+                _LOGGER.warning(
+                    "%s in the %s scope differs from what was installed (%s): installing the "
+                    "same version again",
+                    app_id,
+                    scope,
+                    ", ".join(restored[:5]) + (" …" if len(restored) > 5 else ""),
+                )
+            run_update = self._run(
+                "update", record.ref, resolved, scope, approval, app_id, restored=restored
+            )
             async with aclosing(run_update) as run:
                 async for item in run:
                     yield item
@@ -222,8 +235,11 @@ class Distribution:
         scope: Scope,
         approval: Approval,
         expected_id: str | None = None,
+        *,
+        restored: list[str] | None = None,
     ) -> AsyncGenerator[ProgressEvent, None]:
-        """``expected_id``: an update's app; a fetched app of another id changes nothing."""
+        """``expected_id``: an update's app; a fetched app of another id changes nothing.
+        ``restored``: an update of the same digest over a changed tree, and what had changed."""
         async with staging(self._layout, self.installer.journals, scope) as path:
             async with aclosing(self._fetch(resolved, path)) as fetching:
                 async for item in fetching:
@@ -257,7 +273,8 @@ class Distribution:
             )
             await run_to_completion(self._install_stage(plan))
             yield event(INSTALL_DONE, record=record.wire())
-            yield event(RESULT, ok=True, record=record.wire())
+            extra = {} if restored is None else {"restored": restored}
+            yield event(RESULT, ok=True, record=record.wire(), **extra)
 
     async def _fetch(
         self, resolved: ResolvedRef, path: Path

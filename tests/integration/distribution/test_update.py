@@ -48,6 +48,35 @@ def test_an_update_with_the_same_digest_is_a_no_op(
     assert len(log) == 2  # the install and the baseline: no commit for a no-op
 
 
+def test_an_update_with_the_same_digest_over_a_damaged_tree_installs_it_again(
+    api: httpx.Client, make_app: MakeApp, dist_shell: RunningShell, home: Path
+) -> None:
+    source = make_app(APP)
+    installed_ok(api, f"local:{source}")
+    app_dir = home / "scopes/global/apps" / APP
+    data = app_dir / f"{APP}-1"
+    data.mkdir()
+    (data / "kept.txt").write_text("precious")
+    server = (app_dir / "server.py").read_text()
+    (app_dir / "server.py").write_text("damaged")
+    (app_dir / "app.manifest.json").chmod(0o755)  # the executable bit counts too (git's view)
+    response = api.post(f"/api/dist/update/{APP}", json={"autoApprove": True})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["ok"] is True, answer
+    assert "upToDate" not in answer
+    assert answer["restored"] == [f"apps/{APP}/app.manifest.json", f"apps/{APP}/server.py"]
+    assert answer["record"]["version"] == "1.0.0"
+    assert (app_dir / "server.py").read_text() == server
+    assert (data / "kept.txt").read_text() == "precious"
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=home / "scopes/global", capture_output=True, text=True
+    ).stdout
+    assert status == ""
+    # and now it is up to date again
+    assert api.post(f"/api/dist/update/{APP}").json()["upToDate"] is True
+
+
 def test_a_real_update_adding_a_permission_keeps_data_and_restarts_instances(
     api: httpx.Client, make_app: MakeApp, dist_shell: RunningShell, home: Path
 ) -> None:
