@@ -199,6 +199,8 @@ class LifecycleManager:
             port = self._ports.reserve()
         except PortExhausted as err:
             raise await self._fail_spawn(instance, str(err), "port") from err
+        except OSError as err:  # the probe socket: no fd left (EMFILE), issue 14
+            raise await self._fail_spawn(instance, _setup_problem(err), "setup") from err
         instance.port, instance.host = port, self._config.app_host
         instance.secret = secrets.token_urlsafe(24)
         token = instance.token = self._tokens.issue(instance.app_id, instance.id)
@@ -215,10 +217,7 @@ class LifecycleManager:
         except OSError as err:
             # before the child runs (the log cannot be opened, no fd left, a full disk): the
             # instance goes to `error` with the reason, never stays in `creating`
-            where = f" ({err.filename})" if err.filename else ""
-            raise await self._fail_spawn(
-                instance, f"the spawn could not be set up: {err.strerror or err}{where}", "setup"
-            ) from err
+            raise await self._fail_spawn(instance, _setup_problem(err), "setup") from err
         child = instance.child
         instance.host = child.host
         exited = asyncio.ensure_future(child.wait())
@@ -234,6 +233,8 @@ class LifecycleManager:
             raise await self._fail_spawn(instance, f"{err} ({log_tail(log_path)})", cause) from err
         except HealthMismatch as err:
             raise await self._fail_spawn(instance, str(err), "identity") from err
+        except OSError as err:  # the shell's side of the health check (EMFILE): not the app's
+            raise await self._fail_spawn(instance, _setup_problem(err), "setup") from err
         except TimeoutError as err:
             raise await self._fail_spawn(
                 instance,
@@ -677,3 +678,8 @@ class LifecycleManager:
             pass
         if not instance.gone or instance.child is not None:
             await self._force(instance)
+
+
+def _setup_problem(err: OSError) -> str:
+    where = f" ({err.filename})" if err.filename else ""
+    return f"the spawn could not be set up: {err.strerror or err}{where}"
