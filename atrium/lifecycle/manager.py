@@ -233,8 +233,6 @@ class LifecycleManager:
             raise await self._fail_spawn(instance, f"{err} ({log_tail(log_path)})", cause) from err
         except HealthMismatch as err:
             raise await self._fail_spawn(instance, str(err), "identity") from err
-        except OSError as err:  # the shell's side of the health check (EMFILE): not the app's
-            raise await self._fail_spawn(instance, _setup_problem(err), "setup") from err
         except TimeoutError as err:
             raise await self._fail_spawn(
                 instance,
@@ -242,6 +240,8 @@ class LifecycleManager:
                 f"{port}: the app must listen on OS_PORT and answer /health",
                 "port" if not await port_answers(instance.host, port) else "timeout",
             ) from err
+        except OSError as err:  # the shell's side of the check (EMFILE); TimeoutError is one too
+            raise await self._fail_spawn(instance, _setup_problem(err), "setup") from err
         finally:
             if not exited.done():
                 exited.cancel()
