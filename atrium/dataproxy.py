@@ -3,7 +3,7 @@
 Knows nothing of HTTP bodies: `DataProxy.route` returns where to send the request and the headers
 the shell asserts, or raises the error to answer (decisions.md "Data proxy"). The provider table
 follows the visible apps; the registered instance of each provider app is the first to reach
-`resumed`, kept until it leaves `resumed` (spec "Instance lifecycle" rule 7).
+`resumed`, kept until it leaves `resumed` (docs/api.md "Data proxy").
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class DataProxy:
         claimed_caller: str | None,
         asserted: str | None,
     ) -> Route:
-        """Decide one request (steps 1-2 of the spec's data proxy); raises what to answer."""
+        """Decide one request (the first two steps of docs/api.md "Data proxy"); raises what to answer."""
         caller_app = caller.app_id if isinstance(caller, AppCaller) else None
         if claimed_caller is not None and claimed_caller != caller_app:
             raise CallerMismatch(claimed_caller, caller_app)

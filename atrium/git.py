@@ -253,7 +253,7 @@ def is_remote_url(url: str) -> bool:
 
 
 class ScopeRepo:
-    """The git repository behind one mutable scope (spec Scope rules 7-8)."""
+    """The git repository behind one mutable scope (docs/api.md "Scopes")."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -321,7 +321,7 @@ class ScopeRepo:
         return out.strip() or None
 
     async def set_remote(self, url: str) -> None:
-        """Store ``origin`` in the repository's config; nothing is pushed (rule 8)."""
+        """Store ``origin`` in the repository's config; nothing is pushed (docs/api.md "Scopes")."""
         async with self.lock:
             if await self.remote() is None:
                 await run_git("remote", "add", "origin", url, cwd=self.root)

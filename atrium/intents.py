@@ -1,4 +1,4 @@
-"""Intent scoring and ranking (spec "Intents", scoring rules 1-7; decisions.md "Intents").
+"""Intent scoring and ranking (docs/api.md "Scoring"; decisions.md "Data proxy and intents").
 
 Pure: `score` takes one filter and one intent and returns its breakdown, or None when the filter
 is dropped; `rank` keeps each app's best filter and orders the matches. The weights are a table.
@@ -14,7 +14,7 @@ from typing import Any, Final
 from atrium.manifest import IntentFilter
 from atrium.scopes import Scope
 
-#: spec rules 2-4 as data
+#: docs/api.md "Scoring" as data
 MIME_EXACT: Final = 100
 MIME_MAJOR_WILDCARD: Final = 50
 MIME_ANY: Final = 10
@@ -105,7 +105,7 @@ def mime_points(declared: Iterable[str], mime: str) -> int:
 
 
 def score(f: IntentFilter | FilterRule, intent: Intent) -> Score | None:
-    """Score one filter; None means dropped (spec rules 1-6, decisions.md "Intents")."""
+    """Score one filter; None means dropped (docs/api.md "Scoring")."""
     rule = f if isinstance(f, FilterRule) else FilterRule.of(f)
     if rule.action != intent.action:
         return None
@@ -162,7 +162,7 @@ class IntentMatch:
 
 def rank(candidates: Iterable[Candidate], intent: Intent) -> list[IntentMatch]:
     """One match per app (its best filter; the first on a tie), highest score first, ties in app
-    id order (spec rule 7 decides what a tie at the top means)."""
+    id order (a tie at the top opens the chooser: docs/api.md "Intents")."""
     best: dict[str, IntentMatch] = {}
     for c in candidates:
         s = score(c.rule, intent)

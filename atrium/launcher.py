@@ -1,8 +1,8 @@
 """Intents end to end: the index follows the visible apps; `start` launches the winner's activity.
 
 The index is updated per app on `app:installed` / `app:removed` (no restart). A tie at the top
-opens a chooser and starts nothing; `target` picks one of the matches (spec "Intents" rule 7,
-decisions.md "Intents").
+opens a chooser and starts nothing; `target` picks one of the matches (docs/api.md "Intents",
+decisions.md "Data proxy and intents").
 """
 
 from __future__ import annotations

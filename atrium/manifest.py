@@ -1,7 +1,7 @@
 """The app manifest (`app.manifest.json`): its model, and `parse_manifest` reporting every problem.
 
 Pure: takes decoded JSON and the directory name, returns a Manifest or raises ManifestInvalid with
-one problem per field (spec "App manifest"; decisions.md "Manifest").
+one problem per field (docs/api.md "Manifest"; decisions.md "Manifest").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ MAX_WARM_POOL: Final = 64
 
 
 class ThemeStrategy(StrEnum):
-    """How the proxy treats theming for the app (spec "Theme rules" 3)."""
+    """How the proxy treats theming for the app (docs/api.md "Injection into app pages")."""
 
     INHERIT = "inherit"
     THEMED = "themed"
@@ -115,12 +115,12 @@ class DataProvider(_ManifestPart):
 
 
 def _as_list(value: Any) -> Any:
-    """``category`` may be one string or a list (decisions.md "Intents")."""
+    """``category`` may be one string or a list (decisions.md "Data proxy and intents")."""
     return [value] if isinstance(value, str) else value
 
 
 class IntentFilter(_ManifestPart):
-    """One intent filter (spec "IntentFilter")."""
+    """One intent filter (docs/api.md "Scoring")."""
 
     action: str = Field(min_length=1)
     category: Annotated[list[str], Field(default_factory=list)]

@@ -1,4 +1,4 @@
-"""Permission shapes (spec "Authentication" table) and the grant check.
+"""Permission shapes (docs/api.md "Permission strings") and the grant check.
 
 Pure: a grant is a permission string listed verbatim in the caller's manifest ``permissions``.
 """

@@ -2,7 +2,7 @@
 
 Pure. Built from the visible apps' manifests (decisions.md "Data proxy"): an entry matches when the
 request path equals its `path` or is a sub-path of it (`/notes` matches `/notes` and `/notes/5`,
-never `/notesx`); the longest matching entry wins; no match is None (spec "Data proxy" rule 1).
+never `/notesx`); the longest matching entry wins; no match is None (docs/api.md "Data proxy").
 Two apps declaring one authority: the lowest app id serves it and the clash is reported.
 """
 

@@ -3,7 +3,7 @@
 An app directory dropped into or removed from a scope's apps folder by hand appears or
 disappears within milliseconds (watchfiles, inotify). The registry publishes `app:installed` /
 `app:removed` only when its view changes, so the install pipeline calling `rescan` and the watcher
-firing a moment later announce a change once (spec Events rule 1). An invalid manifest is a listed
+firing a moment later announce a change once (docs/api.md "Event stream"). An invalid manifest is a listed
 problem, never a crash.
 """
 

@@ -1,7 +1,7 @@
 """The three install scopes, where each keeps its apps and runtime data, and masking by priority.
 
-Pure: paths are computed, never touched (spec "Scope" table and rules 1-5; decisions.md
-"Locations and configuration").
+Pure: paths are computed, never touched (docs/api.md "Scopes"; decisions.md
+"Settings and runtime files").
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Final, TypeVar
 
 
 class Scope(StrEnum):
-    """An install scope; a higher priority masks a lower one (rule 2)."""
+    """An install scope; a higher priority masks a lower one (docs/api.md "Scopes")."""
 
     SYSTEM = "system"
     GLOBAL = "global"
@@ -43,7 +43,7 @@ def parse_scope(value: str) -> Scope | None:
 
 @dataclass(frozen=True, slots=True)
 class ScopeLayout:
-    """Where each scope lives under ``$ATRIUM_HOME`` (the spec's ``/data``)."""
+    """Where each scope lives under ``$ATRIUM_HOME`` (``/data`` in docs/api.md)."""
 
     home: Path
     system_apps: Path
@@ -73,7 +73,7 @@ class ScopeLayout:
         return self.root(scope) / "apps"
 
     def runtime_dir(self, scope: Scope, app_id: str, instance_id: str) -> Path:
-        """The instance's runtime data, mounted at ``/data`` inside the sandbox (rule 4)."""
+        """The instance's runtime data, mounted at ``/data`` inside the sandbox."""
         return self.data_dir(scope) / app_id / instance_id
 
     def staging_dir(self, scope: Scope) -> Path:
@@ -84,11 +84,11 @@ T = TypeVar("T")
 
 
 def visible(copies: Iterable[tuple[Scope, T]]) -> dict[Scope, T] | None:
-    """Order the copies of one app id by priority; the first key is the winner (rule 2)."""
+    """Order the copies of one app id by priority; the first key is the winner."""
     ordered = sorted(copies, key=lambda c: -c[0].priority)
     return dict(ordered) if ordered else None
 
 
 def winner(scopes: Iterable[Scope]) -> Scope | None:
-    """The highest-priority scope among ``scopes`` (rule 2), or None."""
+    """The highest-priority scope among ``scopes``, or None."""
     return max(scopes, key=lambda s: s.priority, default=None)

@@ -1,7 +1,7 @@
 """The app SDK: a small HTTP server an Atrium app runs as its own process (``python3 server.py``).
 
-It answers what the shell calls on every app (decisions.md "Who is calling", spec "App-side
-endpoints the shell calls"): ``GET /health`` with the instance's identity, every lifecycle hook
+It answers what the shell calls on every app (decisions.md "Who is calling", docs/api.md "What
+the shell calls on an app"): ``GET /health`` with the instance's identity, every lifecycle hook
 ``POST /api/lifecycle/<hook>`` (``{"ok": true}`` unless overridden), provider routes under
 ``/api/data/<path>``, the app's own routes and static files. Every request must carry the shell's
 per-instance secret (``X-Os-Shell-Secret``), else 403; every response names the app

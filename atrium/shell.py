@@ -60,7 +60,7 @@ class Shell:
 
     @property
     def host_origins(self) -> frozenset[str]:
-        """Origins the host page may be served from (decisions.md "Origins")."""
+        """Origins the host page may be served from (decisions.md "HTTP edge and bus")."""
         port = self.settings.port
         hosts = {"localhost", "127.0.0.1", self.settings.host}
         return frozenset(f"http://{h}:{port}" for h in hosts)

@@ -8,7 +8,7 @@ before `POST /api/os/themes/select` (alternating the light slot between two ligh
 moment the LAST subscriber has the `theme:changed` frame. Subscribers are added between phases (1,
 then 100, then 1,000), so each phase's server holds exactly that many streams.
 
-Target (theming issue): 1,000 subscribers ≤ 50 ms median (MEASURED.md: a plain Starlette
+Target (theming issue): 1,000 subscribers ≤ 50 ms median (measured on these machines: a plain Starlette
 StreamingResponse with one encoded frame and a bounded queue per subscriber: 38 ms). Baseline:
 delivery to one subscriber, same run. Also shown, as the floor of this machine and this client: a
 bare uvloop protocol (no HTTP parsing, no framework) writing the same-sized frame to 1,000 sockets in

@@ -1,6 +1,6 @@
 """Theme injection into a 50 KiB HTML page: Atrium's scanner vs a plain `bytes.replace`.
 
-Target (theming issue): injection adds ≤ 0.05 ms for a 50 KiB page (MEASURED.md: a bytes scanner
+Target (theming issue): injection adds ≤ 0.05 ms for a 50 KiB page (measured on these machines: a bytes scanner
 managed 4.8 µs; HTML parsers took 0.8-75 ms and altered the page). Baseline: `bytes.replace` of
 the first `<head>`, which is what a naive proxy does (and which injects into comments and
 scripts). Also shown: the whole proxy transform, a page whose `<head>` and `<body>` tags are

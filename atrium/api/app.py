@@ -40,7 +40,7 @@ _WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104
 
 
 class HostNames:
-    """The ``Host`` values the shell answers to (decisions.md "Host allow-list").
+    """The ``Host`` values the shell answers to (decisions.md "HTTP edge and bus").
 
     `localhost`, `127.0.0.1`, `[::1]`, the bind host and `<slug>.<app domain>`, each bare or with
     the shell's own port. A DNS-rebinding page (a name of the attacker's that now resolves to

@@ -1,4 +1,4 @@
-"""The distribution API (spec "Distribution API"; decisions.md "Distribution"), user only.
+"""The distribution API (docs/api.md "Distribution"; decisions.md "Distribution"), user only.
 
 Install, preview and update answer server-sent events when ``Accept`` names
 ``text/event-stream`` (``event: <type>`` / ``data: <json>``; a failure is an ``error`` event

@@ -1,6 +1,6 @@
 """Reverse proxy to an app over the one shared upstream client.
 
-Bodies up to 256 KiB are buffered (MEASURED.md: 1.3-1.6x faster than streaming them); larger ones
+Bodies up to 256 KiB are buffered (measured 1.3-1.6x faster than streaming them); larger ones
 stream both ways in constant memory. Hop-by-hop headers are dropped, inbound `X-Os-*` headers are
 stripped and the shell's own are set; a response naming another app in `X-Os-App-Id` is refused.
 """

@@ -1,4 +1,4 @@
-"""`POST /api/intents/resolve` and `POST /api/intents/start` (decisions.md "Intents")."""
+"""`POST /api/intents/resolve` and `POST /api/intents/start` (decisions.md "Data proxy and intents")."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from atrium.wire import WireModel
 
 
 class IntentBody(WireModel):
-    """The spec's Intent, plus `target` for start."""
+    """An intent (docs/api.md "Intents"), plus `target` for start."""
 
     action: str = Field(min_length=1, max_length=200)
     type: str | None = Field(default=None, max_length=200)

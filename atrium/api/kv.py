@@ -1,7 +1,7 @@
 """The KV API: `/api/kv/os/<key>` and `/api/kv/app/<appId>/<key>`, envelope `{value, updatedAt}`.
 
 The user may do everything; an app owns its own namespace and needs `system.kv.…` permissions,
-listed in its manifest, for anything else (spec "Authentication").
+listed in its manifest, for anything else (docs/api.md "Callers").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ routes, who may call from each route's `Access`, request bodies from the pydanti
 handlers parse (`Endpoint.body`), query parameters from `Endpoint.query`. Responses are described
 as JSON (most are built by hand from domain objects, so no model exists to describe them) and
 every failure as the error object. Routes that are not JSON API are left out, by path:
-`NOT_JSON_API` (decisions.md "OpenAPI document"). A test keeps the document and the endpoint
+`NOT_JSON_API` (docs/api.md "OpenAPI document"). A test keeps the document and the endpoint
 index of docs/api.md in step, and the test suite fuzzes the running shell from this document.
 """
 

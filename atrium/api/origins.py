@@ -3,7 +3,7 @@
 Requests whose Host names an app origin never reach the host page's routes. On an app origin,
 `/_os/` is the shell's: `/_os/enter` (one-time ticket → host-only view cookie), `/_os/client.js`,
 and `/_os/api/…`, the shell's API called *as that app*. Everything else needs the view cookie and
-is proxied to the app at `/` (decisions.md "Origins"). The user's cookie lives on the host page's
+is proxied to the app at `/` (decisions.md "Browser boundary"). The user's cookie lives on the host page's
 origin only, so an app page can never act as the user.
 """
 

@@ -1,4 +1,4 @@
-"""`GET /api/scopes` and `PUT /api/scopes/{global|user}/git-repo` (decisions.md "Scopes")."""
+"""`GET /api/scopes` and `PUT /api/scopes/{global|user}/git-repo` (decisions.md "Registry and scopes")."""
 
 from __future__ import annotations
 

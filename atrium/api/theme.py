@@ -1,4 +1,4 @@
-"""The theme API (spec "Theme API"; decisions.md "Themes"): the catalogue, the selection, the CSS.
+"""The theme API (docs/api.md "Themes"; decisions.md "Themes"): the catalogue, the selection, the CSS.
 
 `GET /api/os/themes` and `GET /api/os/theme.css` are open; reading a theme or the selection is
 open to apps; selecting and reloading are the user's.
@@ -23,7 +23,6 @@ CSS_MODES = {"light": ColorMode.LIGHT, "dark": ColorMode.DARK}
 
 
 def _service(request: Request) -> ThemeService:
-    # TODO(#6): drop the ignore once Shell has its `theme: ThemeService` field (mypy will say so)
     service: ThemeService = shell_of(request).theme
     return service
 

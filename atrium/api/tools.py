@@ -1,7 +1,7 @@
 """The shared toolchain `$ATRIUM_HOME/toolchain/bin`: binaries an app may declare in `tools`.
 
 Each entry is a symlink to a binary of the host; inside the sandbox only the declared ones exist
-(decisions.md "Lifecycle"). Not scoped: one toolchain for every scope (spec Scope rule 9).
+(decisions.md "Lifecycle"). Not scoped: one toolchain for every scope (docs/api.md "Toolchain").
 """
 
 from __future__ import annotations

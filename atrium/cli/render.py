@@ -39,7 +39,7 @@ def _filter_text(f: dict[str, Any]) -> str:
 
 
 def print_diff(diff: dict[str, Any]) -> None:
-    """A permission diff (spec "PermissionDiff") as a table: additions first, in bold."""
+    """A permission diff (docs/api.md "Approval") as a table: additions first, in bold."""
     table = Table(
         title=f"{diff['appId']}: {diff['versionFrom'] or 'new install'} → {diff['versionTo']}",
         header_style="bold",

@@ -1,2 +1,2 @@
 """Distribution: refs, resolve → fetch → validate → permission diff → install; update, uninstall,
-the index, publish (spec "Distribution API", "Install pipeline stages")."""
+the index, publish (docs/api.md "Distribution")."""

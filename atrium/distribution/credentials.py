@@ -1,4 +1,4 @@
-"""Registry credentials from the standard Docker config (spec "Authentication" rule 4).
+"""Registry credentials from the standard Docker config (docs/api.md "Publishing").
 
 ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``; ``auths.<host>`` with a base64
 ``auth`` (``user:password``) or ``username``/``password``. Credential helpers (``credsStore``,

@@ -1,6 +1,6 @@
 """The permission diff between an installed manifest and the one about to replace it.
 
-Pure (spec "PermissionDiff"; Distribution API rule 5). The diff is the user's approval gate: anything
+Pure (docs/api.md "Approval"). The diff is the user's approval gate: anything
 it adds needs approval, nothing it removes does.
 """
 
@@ -16,7 +16,7 @@ FilterKey: TypeAlias = tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, .
 
 
 class PermissionDiff(WireModel):
-    """Spec "PermissionDiff"; ``version_from`` is None on a first install."""
+    """docs/api.md "Approval"; ``version_from`` is None on a first install."""
 
     app_id: str
     version_from: str | None
@@ -31,7 +31,7 @@ class PermissionDiff(WireModel):
 
 
 def filter_key(f: IntentFilter) -> FilterKey:
-    """MIME types and schemes compare case-insensitively (decisions.md "Intents"); the order of
+    """MIME types and schemes compare case-insensitively (decisions.md "Data proxy and intents"); the order of
     list members does not matter."""
     return (
         f.action,
@@ -79,7 +79,7 @@ def diff_manifests(old: Manifest | None, new: Manifest) -> PermissionDiff:
 
 
 def requires_approval(diff: PermissionDiff) -> bool:
-    """Spec Distribution API rule 5: anything added needs the user; removals never do."""
+    """docs/api.md "Approval": anything added needs the user; removals never do."""
     return bool(
         diff.tools_added
         or diff.permissions_added

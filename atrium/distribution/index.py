@@ -1,6 +1,6 @@
 """The index: a catalogue of installable apps fetched from ``ATRIUM_INDEX_URL`` and cached on disk.
 
-The document is ``{schema: 1, apps: [IndexEntry]}`` with the spec's own keys (decisions.md
+The document is ``{schema: 1, apps: [IndexEntry]}`` with the keys of docs/api.md "Requests" (decisions.md
 "Distribution"). Entries are validated one by one: a bad entry is reported in ``problems`` and left
 out, never fatal. The cache (``$ATRIUM_HOME/cache/index.json``) keeps the document with its fetch
 time; it is stale after ``ttl`` seconds. Fetching uses urllib in a worker thread: one code path for
@@ -43,7 +43,7 @@ DEFAULT_CHANNEL: Final = "stable"
 
 
 class _IndexPart(BaseModel):
-    """Index sub-objects: strict types, the spec's hyphenated keys, unknown keys kept."""
+    """Index sub-objects: strict types, the index's hyphenated keys, unknown keys kept."""
 
     model_config = ConfigDict(
         strict=True, extra="allow", frozen=True, validate_by_name=True, validate_by_alias=True
@@ -126,7 +126,7 @@ class Channel(_IndexPart):
 
 
 class IndexEntry(_IndexPart):
-    """Spec "Index entry"."""
+    """One app of the index (docs/api.md "Requests")."""
 
     id: str
     name: str

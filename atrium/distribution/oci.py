@@ -2,7 +2,7 @@
 
 The artifact format is atrium.distribution.artifact's; the registry calls are atrium.distribution.ociclient's, a small
 async client over aiohttp rather than oras-py (docs/decisions.md "Distribution: OCI and publish").
-Credentials come from the standard Docker config (spec "Authentication" rule 4). Failures: resolve
+Credentials come from the standard Docker config (docs/api.md "Publishing"). Failures: resolve
 raises FetchFailed(ref, reason), a push UpstreamFailed naming the ref and the reason.
 """
 

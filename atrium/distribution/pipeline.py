@@ -1,5 +1,5 @@
 """The distribution service: install, update and preview as async generators of progress events,
-uninstall, and the approval gate (spec "Install pipeline stages"; decisions.md "Distribution").
+uninstall, and the approval gate (docs/api.md "Distribution"; decisions.md "Distribution").
 
 Each generator yields ``{"type": …, …}`` events and ends with a ``result`` event, or raises an
 AtriumError (after ``permission.denied`` for a denial). Staging lives in an ``async with`` inside the
@@ -188,7 +188,7 @@ class Distribution:
             )
 
     async def update(self, app_id: str, approval: Approval) -> AsyncGenerator[ProgressEvent, None]:
-        """Re-resolve the recorded ref; the same digest is a no-op (spec Versioning rule 3)."""
+        """Re-resolve the recorded ref; the same digest is a no-op (docs/api.md "Requests")."""
         scope = mutable(self.mutable_scope_of(app_id), "update in it", self.installer.journals)
         record = self.records.get(scope, app_id)
         if record is None:

@@ -1,6 +1,6 @@
 """Publish an app directory as a git tag or an OCI artifact, as an async generator of progress events.
 
-Spec "Distribution API" rule 7 and "Authentication" rules 4-5: not gated by permissions; git uses the
+docs/api.md "Publishing": not gated by permissions; git uses the
 user's git configuration (credentials, identity), OCI the Docker config. ``Publisher.plan`` checks
 everything that can be checked before anything moves (the directory, its manifest, the target and the
 tag), so a route can answer those errors with their own status; ``Publisher.run`` then yields
@@ -100,7 +100,7 @@ def parse_target(to: str, tag: str) -> Target:
 
 
 class Publisher:
-    """Publishes app directories (spec "Distribution API" rule 7).
+    """Publishes app directories (docs/api.md "Publishing").
 
     ``publish_event(topic, payload)`` receives the bus events; ``docker_config`` is the Docker config
     file or directory for registry credentials (None: ``$DOCKER_CONFIG`` or ``~/.docker``).

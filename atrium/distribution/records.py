@@ -1,7 +1,7 @@
 """Install records: what was installed, from where, at which digest; one JSON file per app.
 
 A record lives at ``scopes/<scope>/records/<appId>.json``, inside the scope's git repository, so
-the commit of an install holds the app directory and its record together (decisions.md "Scopes").
+the commit of an install holds the app directory and its record together (decisions.md "Registry and scopes").
 It sits beside ``apps/`` rather than inside the app directory: the app tree stays exactly what was
 fetched (its digest can be checked again) and the registry's watcher never sees it.
 """

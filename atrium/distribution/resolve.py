@@ -1,4 +1,4 @@
-"""The resolver: a Ref becomes a ResolvedRef with a real digest (spec "ResolvedRef").
+"""The resolver: a Ref becomes a ResolvedRef with a real digest (docs/api.md "Refs").
 
 - local: a content hash of the directory (its own top-level `.git`, `.hg`, … skipped) after the
   tree check;
@@ -40,7 +40,7 @@ TITLE_ANNOTATION = "org.opencontainers.image.title"
 
 
 def source_for(entry: IndexEntry, channel: str | None) -> tuple[OciRef | GitRef, str | None]:
-    """The source ref of an index entry for ``channel`` (spec Distribution API rule 4)."""
+    """The source ref of an index entry for ``channel`` (docs/api.md "Refs")."""
     name = channel or DEFAULT_CHANNEL
     chosen = entry.channels.get(name)
     if chosen is None:

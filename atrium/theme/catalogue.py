@@ -3,7 +3,7 @@
 Each directory is read in file-name order and every file is validated at load; a bad file is
 skipped with a warning and listed in `problems`. A later theme with an existing id shadows the
 earlier one in place, with a warning (decisions.md "Themes"). A theme whose semantic colours
-differ from the first loaded theme of its tone is refused (spec "ColorPalette"). `reload` builds
+differ from the first loaded theme of its tone is refused (docs/api.md "Themes"). `reload` builds
 a new catalogue and swaps it in as one assignment, so it may run in a worker thread.
 """
 

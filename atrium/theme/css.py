@@ -1,4 +1,4 @@
-"""The active palette as CSS (spec Theme rule 2; decisions.md "Themes").
+"""The active palette as CSS (docs/api.md "CSS variables"; decisions.md "Themes").
 
 Pure. One `:root {…}` block holding `color-scheme` and one custom property per palette key:
 `--os-color-<key in kebab-case>` (`surface2` → `surface-2`, `textDim` → `text-dim`), and the four
@@ -30,7 +30,7 @@ def css_property(key: str) -> str:
     return f"--os-color-{kebab(key)}"
 
 
-#: palette key → custom property, the spec's naming rule as a table
+#: palette key → custom property, the naming rule of docs/api.md "CSS variables" as a table
 CSS_PROPERTIES: Final[Mapping[str, str]] = {key: css_property(key) for key in PALETTE_KEYS}
 
 

@@ -1,6 +1,6 @@
-"""Theme injection into an app's HTML for its theme strategy (spec Theme rule 3).
+"""Theme injection into an app's HTML for its theme strategy (docs/api.md "Injection into app pages").
 
-Pure. A bytes scanner, not a parser (MEASURED.md "HTML head injection": parsers re-serialise the
+Pure. A bytes scanner, not a parser (measured: parsers re-serialise the
 page and corrupt it). It walks the markup from the top, passing over comments, the doctype and
 bogus comments, and the content of raw-text elements (`script`, `style`, `template`, `title`, …),
 and stops at the opening `<head …>` tag, or at the first tag that opens the body (`<body>`,
@@ -159,7 +159,7 @@ def theme_snippet(
     css_href: str = THEME_CSS_HREF,
     client_src: str = CLIENT_JS_SRC,
 ) -> bytes:
-    """The tags injected for ``strategy`` (spec Theme rule 3), attribute values escaped.
+    """The tags injected for ``strategy`` (docs/api.md "Injection into app pages"), attribute values escaped.
 
     `color-scheme` comes first so the page does not flash the wrong tone before its CSS loads.
     """

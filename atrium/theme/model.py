@@ -1,8 +1,8 @@
-"""Themes, palettes and the theme selection (spec "Theme", "ColorPalette", "Theme preferences").
+"""Themes, palettes and the theme selection (docs/api.md "Themes").
 
 Pure: `parse_theme` validates decoded JSON and reports every problem at once; `validate_catalogue`
-checks the spec's rule that the semantic colours are equal across all themes of one tone;
-`active_theme_id` applies Theme rule 1; `theme_contrast` gives the WCAG ratios the API reports.
+checks the rule (docs/api.md "Themes") that the semantic colours are equal across all themes of one tone;
+`active_theme_id` picks the light or dark slot by colour mode; `theme_contrast` gives the WCAG ratios the API reports.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ ThemeId = Annotated[str, AfterValidator(_theme_id)]
 
 
 class ColorPalette(WireModel):
-    """Exactly the spec's 16 colours, all required; wire keys camelCase (`textDim`, `glowPrimary`)."""
+    """Exactly the 16 colours of docs/api.md "CSS variables", all required; wire keys camelCase (`textDim`, `glowPrimary`)."""
 
     primary: Color
     secondary: Color
@@ -89,7 +89,7 @@ class ColorPalette(WireModel):
     glow_subtle: Shadow
 
 
-#: the spec's ColorPalette table, group by group, in wire names
+#: the palette table of docs/api.md "CSS variables", group by group, in wire names
 PALETTE_GROUPS: Final[Mapping[str, tuple[str, ...]]] = {
     "accents": ("primary", "secondary", "danger", "info", "warning", "success"),
     "surfaces": ("bg", "surface", "surface2"),
@@ -104,7 +104,7 @@ CONTRAST_BACKGROUNDS: Final = ("bg", "surface", "surface2")
 
 
 class Theme(WireModel):
-    """One theme (spec "Theme"): intrinsically light or dark."""
+    """One theme (docs/api.md "Themes"): intrinsically light or dark."""
 
     id: ThemeId
     name: str = Field(min_length=1, max_length=80)
@@ -163,7 +163,7 @@ class ThemePrefs(WireModel):
 
 
 def active_theme_id(prefs: ThemePrefs, prefers_dark: bool | None) -> str:
-    """The active theme's id (spec Theme rule 1); ``prefers_dark`` None: the browser is unknown,
+    """The active theme's id (docs/api.md "Themes"); ``prefers_dark`` None: the browser is unknown,
     which reads as light (decisions.md "Themes": `auto` names the light slot)."""
     if prefs.color_mode is ColorMode.DARK or (
         prefs.color_mode is ColorMode.AUTO and prefers_dark is True
@@ -178,8 +178,8 @@ def semantic_colors(theme: Theme) -> tuple[tuple[int, int, int, int], ...]:
 
 
 def validate_catalogue(themes: Iterable[Theme]) -> list[str]:
-    """Every theme whose semantic colours differ from the first theme of its tone (spec
-    "ColorPalette": they are the same across all themes of one tone), one problem each."""
+    """Every theme whose semantic colours differ from the first theme of its tone (docs/api.md
+    "Themes": they are the same across all themes of one tone), one problem each."""
     reference: dict[Tone, Theme] = {}
     problems: list[str] = []
     for theme in themes:

@@ -1,4 +1,4 @@
-"""`atrium.errors` mirrors the error table of docs/api.md "## Errors", and builds the error body."""
+"""`atrium.errors` mirrors the error table of docs/api.md "Errors", and builds the error body."""
 
 from __future__ import annotations
 

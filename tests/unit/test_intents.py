@@ -1,4 +1,4 @@
-"""Intent scoring (spec rules 1-7, decisions.md "Intents") as a table, ranking and the index."""
+"""Intent scoring (docs/api.md "Scoring", decisions.md "Data proxy and intents") as a table, ranking and the index."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`atrium.scopes`: the spec's Scope table rooted at a home directory, and masking by priority."""
+"""`atrium.scopes`: the scope table of docs/api.md "Scopes" rooted at a home directory, and masking by priority."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from atrium.scopes import BY_PRIORITY, PRIORITY, Scope, ScopeLayout, parse_scope, visible, winner
 
-HOME: Final = Path("/data")  # the spec's /data stands for $ATRIUM_HOME
+HOME: Final = Path("/data")  # /data in docs/api.md stands for $ATRIUM_HOME
 SYSTEM_APPS: Final = Path("/workspace/apps")
 APP: Final = "com.example.notes"
 INSTANCE: Final = "com.example.notes-0"
@@ -29,7 +29,7 @@ def subsets() -> Iterator[tuple[Scope, ...]]:
             yield from itertools.permutations(combo)
 
 
-# --- paths (spec "Scope" table) ----------------------------------------------------------------
+# --- paths (docs/api.md "Scopes") ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -175,7 +175,7 @@ def test_parse_scope_accepts_exact_names_only(text: str, scope: Scope | None) ->
     assert parse_scope(text) is scope
 
 
-# --- masking (spec rules 2 and 3) --------------------------------------------------------------
+# --- masking by priority ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("scopes", list(subsets()), ids=lambda s: "+".join(s) or "none")

@@ -1,4 +1,4 @@
-"""Fetchers bring a resolved source into a staging directory (spec "Install pipeline stages").
+"""Fetchers bring a resolved source into a staging directory (docs/api.md "Distribution").
 
 The contract (every fetcher: `oci`, `git`, `local`):
 
@@ -30,7 +30,7 @@ ProgressEvent = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class ResolvedRef:
-    """Spec "ResolvedRef": where the source is and what it resolves to now."""
+    """docs/api.md "Refs": where the source is and what it resolves to now."""
 
     source: Source
     #: what to fetch: the OCI ref pinned by digest, the git URL, or the local path

@@ -109,7 +109,7 @@ class GitFetcher:
             await asyncio.to_thread(_strip_and_check, target)
         except UnsafeTree as err:
             raise FetchFailed(str(resolved.ref), f"unsafe repository content: {err}") from err
-        for event in NO_PROGRESS:  # git yields no progress (spec Distribution API rule 3)
+        for event in NO_PROGRESS:  # git yields no progress (docs/api.md "Progress events")
             yield event
 
 

@@ -42,5 +42,5 @@ class LocalFetcher:
                 str(resolved.ref),
                 "the directory changed while it was being installed; try again",
             )
-        for event in NO_PROGRESS:  # local yields no progress (spec Distribution API rule 3)
+        for event in NO_PROGRESS:  # local yields no progress (docs/api.md "Progress events")
             yield event

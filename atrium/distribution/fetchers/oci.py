@@ -1,6 +1,6 @@
 """OCI fetcher: pulls an app artifact by its digest into staging and unpacks it safely.
 
-Spec "Distribution API" rule 3 and decisions.md "Distribution". The manifest is pulled by the
+docs/api.md "Progress events" and decisions.md "Distribution". The manifest is pulled by the
 resolved digest and checked; the one layer streams to a file in staging (``fetch.progress`` every
 256 KiB) with its sha256 verified; then it is unpacked member by member into
 ``staging/<dir_name>/``. Refused, each with FetchFailed naming the member: absolute paths, ``..``,

@@ -1,4 +1,4 @@
-"""The permission diff (spec "PermissionDiff") and when it needs approval (Distribution API rule 5)."""
+"""The permission diff and when it needs approval (docs/api.md "Approval")."""
 
 from __future__ import annotations
 

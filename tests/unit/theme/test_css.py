@@ -1,4 +1,4 @@
-"""theme.css: the custom property names (spec Theme rule 2), the auto media block, forced modes."""
+"""theme.css: the custom property names (docs/api.md "CSS variables"), the auto media block, forced modes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.unit.theme.samples import palette, theme
 LIGHT = theme("day", palette=palette(primary="#111111", glowSubtle="0 0 1px #222"))
 DARK = theme("night", "dark", palette=palette("dark", primary="#eeeeee", glowSubtle="none"))
 
-# the spec's names, written out: a reader checks them against Theme rule 2 by eye
+# the names written out: a reader checks them against docs/api.md "CSS variables" by eye
 SPEC_NAMES = {
     "primary": "--os-color-primary",
     "secondary": "--os-color-secondary",

@@ -1,5 +1,5 @@
 """Theme injection: where the tags go on awkward HTML, what each strategy injects, byte identity,
-and compressed bodies (spec Theme rule 3; decisions.md "Themes")."""
+and compressed bodies (docs/api.md "Injection into app pages"; decisions.md "Themes")."""
 
 from __future__ import annotations
 
