@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -30,8 +29,8 @@ import typer
 from atrium.distribution.install import recover
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
 from atrium.distribution.records import RECORDS_DIR, RecordStore
-from atrium.distribution.repair import by_hand, repair_scope
-from atrium.git import ScopeRepo
+from atrium.distribution.repair import repair_scope, uncommitted
+from atrium.git import GitError, ScopeRepo
 from atrium.kv import salvage
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import ConfigError, HomeLock, Settings
@@ -68,28 +67,14 @@ def _scope_problems(layout: ScopeLayout, scope: Scope) -> list[str]:
             )
     if not (root / ".git").is_dir():
         return problems
-    git = ["git", "-c", "core.quotePath=false"]
-    tracked = subprocess.run(
-        [*git, "ls-tree", "--name-only", "-z", "HEAD", "apps/"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    status = subprocess.run(
-        [*git, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if status.returncode != 0 or tracked.returncode != 0:
-        problems.append(f"git status failed in {root}: {(status.stderr or tracked.stderr).strip()}")
+    try:
+        changed = asyncio.run(uncommitted(root))
+    except GitError as err:
+        problems.append(f"git status failed in {root}: {err}")
         return problems
-    apps = {Path(p).name for p in tracked.stdout.split("\0") if p}
-    changed = [item for item in status.stdout.split("\0") if item and not by_hand(item[3:], apps)]
     if changed:
-        problems.append(f"uncommitted changes in {root}: {', '.join(changed)}")
+        listed = ", ".join(f"{status} {name}" for status, name in changed)
+        problems.append(f"uncommitted changes in {root}: {listed}")
     return problems
 
 

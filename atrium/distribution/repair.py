@@ -63,8 +63,8 @@ class _LostAndFound:
         return target
 
 
-async def _tracked_apps(repo: ScopeRepo) -> set[str]:
-    out = await run_git("ls-tree", "--name-only", "-z", "HEAD", "apps/", cwd=repo.root)
+async def _tracked_apps(root: Path) -> set[str]:
+    out = await run_git("ls-tree", "--name-only", "-z", "HEAD", "apps/", cwd=root)
     return {Path(p).name for p in out.split("\0") if p}
 
 
@@ -74,12 +74,12 @@ def by_hand(name: str, tracked: set[str]) -> bool:
     return len(parts) >= 2 and parts[0] == "apps" and parts[1] not in tracked
 
 
-async def _dirty(repo: ScopeRepo) -> list[tuple[str, str]]:
-    """``(status, path)`` of every change git sees, except in app folders placed by hand
-    (ignored runtime data is never listed)."""
-    tracked = await _tracked_apps(repo)
+async def uncommitted(root: Path) -> list[tuple[str, str]]:
+    """``(status, path)`` of every change git sees in the scope repository at ``root``, except in
+    app folders placed by hand (ignored runtime data is never listed). Raises GitError."""
+    tracked = await _tracked_apps(root)
     out = await run_git(
-        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=repo.root
+        "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", cwd=root
     )
     changes = [(item[:2], item[3:]) for item in out.split("\0") if item]
     return [(status, name) for status, name in changes if not by_hand(name, tracked)]
@@ -88,7 +88,7 @@ async def _dirty(repo: ScopeRepo) -> list[tuple[str, str]]:
 async def _restore_head(repo: ScopeRepo, lost: _LostAndFound) -> list[str]:
     root = repo.root
     done: list[str] = []
-    changes = await _dirty(repo)
+    changes = await uncommitted(root)
     for status, name in changes:
         path = root / name
         if status == "??":
