@@ -51,12 +51,19 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# the floor is the figure measured when it was set (docs/decisions.md "Coverage"): it may rise, never fall
+COVERAGE_FLOOR := 86
+
 test: system-deps $(STAMP) check
-	$(BIN)/pytest
+	rm -rf .coverage-data && mkdir -p .coverage-data
+	$(BIN)/coverage run -m pytest
+	@$(BIN)/coverage combine -q
+	@total=$$($(BIN)/coverage report --format=total --fail-under=$(COVERAGE_FLOOR)); status=$$?; \
+	  echo "coverage of atrium/ by the tests: $$total% (floor $(COVERAGE_FLOOR)%)"; exit $$status
 
 # `make bench BENCH="dataproxy soak"` runs only those (names in bench/__main__.py)
 bench: bench-deps $(BENCH_STAMP)
 	$(BIN)/python -m bench $(BENCH)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage-data
