@@ -121,7 +121,7 @@ def bwrap_works() -> str | None:
             str(SANDBOX_BIN / "true"),
         ]
         try:
-            result = subprocess.run(
+            result = subprocess.run(  # noqa: S603 (argv is ours: bwrap and fixed options)
                 argv,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
