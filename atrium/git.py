@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from atrium.files import write_atomic
 from atrium.settings import ConfigError
 
 _LOGGER = logging.getLogger(__name__)
@@ -215,14 +216,6 @@ def _clear_stale_locks(git_dir: Path) -> None:
             stale.unlink()
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write a file of the shell's own, owner-only (0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        os.fchmod(file.fileno(), 0o600)
-        file.write(text)
-
-
 def head_problem(root: Path) -> str | None:
     """What is wrong with ``root/.git/HEAD``, or None when it is fine or there is no repository."""
     head = root / ".git" / "HEAD"
@@ -303,8 +296,8 @@ class ScopeRepo:
             await run_git("config", "user.email", IDENTITY[1], cwd=self.root)
             await run_git("config", "commit.gpgsign", "false", cwd=self.root)
             if await self._head() is None:
-                _write_private(self.root / MARKER, "Atrium scope repository\n")
-                _write_private(self.root / ".gitignore", GITIGNORE)
+                write_atomic(self.root / MARKER, "Atrium scope repository\n")
+                write_atomic(self.root / ".gitignore", GITIGNORE)
                 await run_git("add", "--", MARKER, ".gitignore", cwd=self.root)
                 await run_git("commit", "--quiet", "-m", "baseline: Atrium scope", cwd=self.root)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import compileall
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -69,20 +68,6 @@ class Shell:
 def loopback(host: str) -> str:
     """The address apps use to reach the shell: a wildcard bind is reached on loopback."""
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` readable by the owner only (0600), replacing ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
 
 
 @asynccontextmanager

@@ -16,9 +16,9 @@ import typer
 import uvloop
 
 from atrium.api.server import ShellServer
+from atrium.files import write_atomic
 from atrium.identity import new_token
 from atrium.settings import ConfigError, HomeLock, Settings, prepare_home
-from atrium.shell import write_private
 
 
 def serve(
@@ -70,8 +70,8 @@ def serve(
 
     def ready() -> None:
         """The shell is open: only now the token and URL are written and the login printed."""
-        write_private(server.settings.token_path, token + "\n")
-        write_private(url_path, server.url + "\n")
+        write_atomic(server.settings.token_path, token + "\n")
+        write_atomic(url_path, server.url + "\n")
         typer.echo(f"Atrium {server.url} (home {settings.home})")
         typer.echo(f"Open the host page: {server.url}/login?token={token}")
 

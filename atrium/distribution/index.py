@@ -22,9 +22,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from atrium.distribution.records import write_atomic
 from atrium.distribution.refs import (
-    APP_ID_RE,
     CHANNEL_RE,
     GIT_REF_RE,
     TAG_RE,
@@ -33,6 +31,8 @@ from atrium.distribution.refs import (
     parse_ref,
 )
 from atrium.errors import BadRef, FetchFailed, NotFound
+from atrium.files import write_atomic
+from atrium.manifest import APP_ID_RE
 
 _LOGGER = logging.getLogger(__name__)
 DEFAULT_TTL: Final = 3600.0

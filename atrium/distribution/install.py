@@ -27,10 +27,11 @@ from atrium.distribution.journal import (
     faultpoint,
     inode,
 )
-from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore, sync_dir
+from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore
 from atrium.distribution.swap import exchange, move_new
 from atrium.distribution.validate import runtime_dir_re
 from atrium.errors import InstallFailed
+from atrium.files import sync_dir
 from atrium.git import GitError, ScopeRepo, run_git
 from atrium.scopes import Scope, ScopeLayout
 

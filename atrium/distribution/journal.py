@@ -36,7 +36,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from atrium.distribution.records import sync_dir, write_atomic
+from atrium.files import sync_dir, write_atomic
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import ValidationError
 
+from atrium.files import sync_dir, write_atomic
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
 from atrium.wire import WireModel
 
@@ -43,29 +43,6 @@ class InstallRecord(WireModel):
 
 def now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    # records, journals and caches are the shell's alone: owner-only (issue 13)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
-        os.fchmod(file.fileno(), 0o600)
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    tmp.replace(path)
-    sync_dir(path.parent)
-
-
-def sync_dir(path: Path) -> None:
-    """Make a rename or unlink in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class RecordStore:

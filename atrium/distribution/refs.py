@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from atrium.errors import BadRef
+from atrium.manifest import APP_ID_RE
 
-APP_ID_RE: Final = re.compile(r"[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+")
 CHANNEL_RE: Final = re.compile(r"[a-z][a-z0-9-]{0,31}")
 HOST_RE: Final = re.compile(
     r"(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?"

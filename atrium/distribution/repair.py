@@ -29,8 +29,9 @@ import shutil
 from pathlib import Path
 
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
-from atrium.distribution.records import RECORDS_DIR, RecordStore, sync_dir
+from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.validate import runtime_dir_re
+from atrium.files import sync_dir
 from atrium.git import ScopeRepo, run_git
 from atrium.scopes import Scope, ScopeLayout
 
