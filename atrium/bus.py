@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Self
 
-from atrium.events import matches_any
+from atrium.events import Payload, matches_any
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -33,12 +33,14 @@ Listener = Callable[["Event"], object]
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One published event; ``frame`` is its SSE encoding, made once."""
+    """One published event; ``frame`` is its SSE encoding, made once. ``data`` is the typed
+    payload it was emitted with (None for a raw `publish`); ``payload`` its wire form."""
 
     id: int
     topic: str
     payload: Mapping[str, Any]
     frame: bytes
+    data: Payload | None = None
 
 
 def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
@@ -132,11 +134,18 @@ class EventBus:
     def subscriber_count(self) -> int:
         return len(self._subscribers)
 
-    def publish(self, topic: str, payload: Mapping[str, Any]) -> Event:
-        """Deliver to every matching subscriber and listener; never waits."""
+    def emit(self, data: Payload) -> Event:
+        """Publish a typed payload under its topic: how the shell announces everything."""
+        return self.publish(data.TOPIC, data.wire(), data=data)
+
+    def publish(
+        self, topic: str, payload: Mapping[str, Any], *, data: Payload | None = None
+    ) -> Event:
+        """Deliver to every matching subscriber and listener; never waits. The shell itself uses
+        `emit`; a raw topic and mapping is for the bus's own tests."""
         self._next_id += 1
         event = Event(
-            self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload)
+            self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload), data
         )
         self._history.append(event)
         matched: dict[tuple[str, ...] | None, bool] = {}  # subscribers mostly share a few filters

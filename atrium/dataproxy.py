@@ -20,7 +20,7 @@ from atrium.errors import (
     ProviderUnavailable,
     Unauthenticated,
 )
-from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE
+from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE, AppState
 from atrium.identity import Anonymous, AppCaller, Caller
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.manager import LifecycleManager
@@ -80,10 +80,12 @@ class DataProxy:
         return self._registered.get(app_id)
 
     def _on_state(self, event: Event) -> None:
-        app_id, instance_id = event.payload["appId"], event.payload["instanceId"]
-        if event.payload["to"] == RESUMED:
+        if not isinstance(event.data, AppState):
+            return
+        app_id, instance_id = event.data.app_id, event.data.instance_id
+        if event.data.to == RESUMED:
             self._registered.setdefault(app_id, instance_id)
-        elif event.payload["from"] == RESUMED and self._registered.get(app_id) == instance_id:
+        elif event.data.from_ == RESUMED and self._registered.get(app_id) == instance_id:
             del self._registered[app_id]
             successor = next(
                 (

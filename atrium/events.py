@@ -1,12 +1,19 @@
-"""Bus event names and topic-glob matching; their payloads are listed in docs/api.md "Event stream"."""
+"""Bus topics, their typed payloads, and topic-glob matching (docs/api.md "Topics and payloads").
+
+Every event the shell publishes is one of the payload classes below, built where it happens and
+turned into wire JSON in one place (`wire`: field names in camelCase, ``from_`` as ``from``).
+Readers on the bus get the same object back (`atrium.bus.Event.data`) and match on its class, so
+mypy checks both ends; a test holds the table in docs/api.md to these classes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Final
+from typing import Any, ClassVar, Final
 
 APP_INSTALLED: Final = "app:installed"
 APP_REMOVED: Final = "app:removed"
@@ -22,6 +29,188 @@ DIST_UNINSTALL_COMPLETE: Final = "dist:uninstall.complete"
 DIST_PUBLISH_COMPLETE: Final = "dist:publish.complete"
 DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
 DIST_PUBLISH_DONE: Final = "dist:publish.done"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.rstrip("_").split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """What one event says; ``TOPIC`` is its topic."""
+
+    TOPIC: ClassVar[str]
+
+    def wire(self) -> dict[str, Any]:
+        """The wire JSON of the payload (without ``type``, which the bus adds)."""
+        return {_camel(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class AppInstalled(Payload):
+    """An id becomes visible, or its visible scope or manifest changes."""
+
+    TOPIC: ClassVar[str] = APP_INSTALLED
+    app_id: str
+    scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppRemoved(Payload):
+    """No copy of an id is visible any more, or an uninstall uncovered a lower copy."""
+
+    TOPIC: ClassVar[str] = APP_REMOVED
+    app_id: str
+    scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppState(Payload):
+    """Every state change of an instance, bypasses included."""
+
+    TOPIC: ClassVar[str] = APP_STATE
+    instance_id: str
+    app_id: str
+    from_: str
+    to: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppLifecycleError(Payload):
+    """An illegal move was asked for, or a hook failed."""
+
+    TOPIC: ClassVar[str] = APP_LIFECYCLE_ERROR
+    instance_id: str
+    app_id: str
+    from_: str
+    to: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppCrashed(Payload):
+    """A child exited on its own; ``state`` is the state it was in."""
+
+    TOPIC: ClassVar[str] = APP_CRASHED
+    instance_id: str
+    app_id: str
+    exit_code: int
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityOpened(Payload):
+    """Every activity created."""
+
+    TOPIC: ClassVar[str] = ACTIVITY_OPENED
+    instance_id: str
+    app_id: str
+    activity_id: str
+    path: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvChanged(Payload):
+    """A key-value write or delete."""
+
+    TOPIC: ClassVar[str] = KV_CHANGED
+    namespace: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThemeChanged(Payload):
+    """The active theme selection changed (``resolved_mode`` None in ``auto``)."""
+
+    TOPIC: ClassVar[str] = THEME_CHANGED
+    theme_id: str
+    theme_name: str
+    theme_id_light: str
+    theme_id_dark: str
+    color_mode: str
+    resolved_mode: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DistInstallComplete(Payload):
+    """An install finished."""
+
+    TOPIC: ClassVar[str] = DIST_INSTALL_COMPLETE
+    id: str
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DistUpdateComplete(Payload):
+    """An update finished; ``record`` None when the source had not changed."""
+
+    TOPIC: ClassVar[str] = DIST_UPDATE_COMPLETE
+    id: str
+    record: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DistUninstallComplete(Payload):
+    """An uninstall finished; ``unmasked`` is the scope now visible, if any."""
+
+    TOPIC: ClassVar[str] = DIST_UNINSTALL_COMPLETE
+    id: str
+    scope: str
+    unmasked: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DistPublishProgress(Payload):
+    """A publishing step."""
+
+    TOPIC: ClassVar[str] = DIST_PUBLISH_PROGRESS
+    message: str
+    ref: str
+
+
+@dataclass(frozen=True, slots=True)
+class DistPublishDone(Payload):
+    """Publishing finished."""
+
+    TOPIC: ClassVar[str] = DIST_PUBLISH_DONE
+    id: str
+    version: str
+    ref: str
+    install_command: str
+    digest: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DistPublishComplete(Payload):
+    """Publishing finished (after `DistPublishDone`)."""
+
+    TOPIC: ClassVar[str] = DIST_PUBLISH_COMPLETE
+    id: str
+    ref: str
+
+
+#: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
+PAYLOADS: Final[Mapping[str, type[Payload]]] = {
+    cls.TOPIC: cls
+    for cls in (
+        AppInstalled,
+        AppRemoved,
+        AppState,
+        AppLifecycleError,
+        AppCrashed,
+        ActivityOpened,
+        KvChanged,
+        ThemeChanged,
+        DistInstallComplete,
+        DistUpdateComplete,
+        DistUninstallComplete,
+        DistPublishProgress,
+        DistPublishDone,
+        DistPublishComplete,
+    )
+}
 
 TOPIC_RE: Final = re.compile(r"^[a-z][a-z0-9_.-]*(:[a-z][a-z0-9_.-]*)*\Z")
 GLOB_RE: Final = re.compile(r"^[a-z0-9_.*:-]+\Z")

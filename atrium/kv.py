@@ -28,7 +28,7 @@ from typing import Any, Final, TypeVar
 
 from atrium.bus import EventBus
 from atrium.errors import StorageDamaged, StorageFailed, StorageFull
-from atrium.events import KV_CHANGED
+from atrium.events import KvChanged
 from atrium.settings import ConfigError, create_private
 
 MAX_VALUE_BYTES: Final = 1 << 20
@@ -209,7 +209,7 @@ class KvStore:
                 )
 
         await self._run(write, writes=True)
-        self._bus.publish(KV_CHANGED, {"namespace": namespace, "key": key})
+        self._bus.emit(KvChanged(namespace, key))
         return KvEntry(json.loads(encoded), now)
 
     async def delete(self, namespace: str, key: str) -> bool:
@@ -222,7 +222,7 @@ class KvStore:
 
         deleted = await self._run(write, writes=True)
         if deleted:
-            self._bus.publish(KV_CHANGED, {"namespace": namespace, "key": key})
+            self._bus.emit(KvChanged(namespace, key))
         return deleted
 
 

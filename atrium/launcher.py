@@ -13,7 +13,7 @@ from typing import Any
 
 from atrium.bus import Event, EventBus
 from atrium.errors import NoHandler, NotFound
-from atrium.events import APP_INSTALLED, APP_REMOVED
+from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
 from atrium.intents import Intent, IntentIndex, IntentMatch, tied_at_top
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.registry import AppRegistry
@@ -55,7 +55,8 @@ class Launcher:
             unlisten()
 
     def _on_app(self, event: Event) -> None:
-        self._refresh(event.payload["appId"])
+        if isinstance(event.data, AppInstalled | AppRemoved):
+            self._refresh(event.data.app_id)
 
     def _refresh(self, app_id: str) -> None:
         copy = self._registry.get(app_id)

@@ -22,7 +22,7 @@ import watchfiles
 
 from atrium.bus import EventBus
 from atrium.errors import ManifestInvalid
-from atrium.events import APP_INSTALLED, APP_REMOVED
+from atrium.events import AppInstalled, AppRemoved
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
 
@@ -207,12 +207,12 @@ class AppRegistry:
     def _announce(self, before: Mapping[str, AppCopy], after: Mapping[str, AppCopy]) -> None:
         for app_id in sorted(before.keys() - after.keys()):
             _LOGGER.info("app %s removed from scope %s", app_id, before[app_id].scope)
-            self._bus.publish(APP_REMOVED, {"appId": app_id, "scope": before[app_id].scope.value})
+            self._bus.emit(AppRemoved(app_id, before[app_id].scope.value))
         for app_id in sorted(after):
             old, new = before.get(app_id), after[app_id]
             if old is None or old.scope is not new.scope or old.manifest != new.manifest:
                 _LOGGER.info("app %s visible from scope %s", app_id, new.scope)
-                self._bus.publish(APP_INSTALLED, {"appId": app_id, "scope": new.scope.value})
+                self._bus.emit(AppInstalled(app_id, new.scope.value))
 
     # -- the watcher ----------------------------------------------------------------------------
 

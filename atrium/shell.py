@@ -16,7 +16,6 @@ from atrium.dataproxy import DataProxy
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
 from atrium.distribution.pipeline import Distribution
-from atrium.events import APP_INSTALLED, APP_REMOVED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
@@ -107,22 +106,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 ),
             )
         )
-        stack.callback(
-            bus.listen(
-                (APP_INSTALLED,),
-                lambda e: lifecycle.spawn_task(
-                    lifecycle.refill(e.payload["appId"]), f"warm-pool fill {e.payload['appId']}"
-                ),
-            )
-        )
-        stack.callback(
-            bus.listen(
-                (APP_REMOVED,),
-                lambda e: lifecycle.spawn_task(
-                    lifecycle.drain(e.payload["appId"]), f"warm-pool drain {e.payload['appId']}"
-                ),
-            )
-        )
+        stack.callback(lifecycle.follow_registry())
         presence = Presence(settings.view_grace_seconds, lifecycle.release_client_views)
         stack.callback(presence.close)
         dataproxy = DataProxy(registry, lifecycle, bus)

@@ -43,7 +43,7 @@ def wants_event_stream(request: Request) -> bool:
 async def publish(request: Request, caller: Caller) -> Response:
     body = await read_model(request, PublishBody)
     shell = shell_of(request)
-    publisher = Publisher(publish_event=shell.bus.publish)
+    publisher = Publisher(publish_event=shell.bus.emit)
     plan = await publisher.plan(Path(body.path), body.to, body.tag)
     events = publisher.run(plan)
     if wants_event_stream(request):

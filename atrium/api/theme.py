@@ -48,7 +48,7 @@ async def get_theme(request: Request, caller: Caller) -> Response:
 async def get_selection(request: Request, caller: Caller) -> Response:
     """The selection with the active theme, in the `theme:changed` payload's shape."""
     service = _service(request)
-    return JSONResponse(service.payload(await service.current()))
+    return JSONResponse(service.payload(await service.current()).wire())
 
 
 async def select(request: Request, caller: Caller) -> Response:

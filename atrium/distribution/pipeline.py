@@ -39,10 +39,6 @@ from atrium.errors import (
     SystemScopeImmutable,
 )
 from atrium.events import (
-    APP_REMOVED,
-    DIST_INSTALL_COMPLETE,
-    DIST_UNINSTALL_COMPLETE,
-    DIST_UPDATE_COMPLETE,
     FETCH_DONE,
     FETCH_START,
     INSTALL_DONE,
@@ -54,6 +50,10 @@ from atrium.events import (
     RESOLVE_START,
     RESULT,
     VALIDATE_DONE,
+    AppRemoved,
+    DistInstallComplete,
+    DistUninstallComplete,
+    DistUpdateComplete,
 )
 from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
@@ -210,7 +210,7 @@ class Distribution:
                 # the same version, but is the installed tree still what was installed?
                 restored = await changed_files(self.installer.repos[scope], app_id)
                 if not restored:
-                    self._bus.publish(DIST_UPDATE_COMPLETE, {"id": app_id, "record": None})
+                    self._bus.emit(DistUpdateComplete(app_id, None))
                     yield event(RESULT, ok=True, record=None, upToDate=True)
                     return
                 _LOGGER.warning(
@@ -331,8 +331,8 @@ class Distribution:
         finally:
             await self._registry.rescan([scope])
             await self._restart(app_id, stopped)
-        topic = DIST_UPDATE_COMPLETE if plan.op == "update" else DIST_INSTALL_COMPLETE
-        self._bus.publish(topic, {"id": app_id, "record": plan.record.wire()})
+        done = DistUpdateComplete if plan.op == "update" else DistInstallComplete
+        self._bus.emit(done(app_id, plan.record.wire()))
 
     # -- uninstall ------------------------------------------------------------------------------
 
@@ -361,13 +361,11 @@ class Distribution:
             raise
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
-            self._bus.publish(APP_REMOVED, {"appId": app_id, "scope": scope.value})
+            self._bus.emit(AppRemoved(app_id, scope.value))
         await self._registry.rescan([scope])
         visible = self._registry.get(app_id)
         unmasked = visible.scope.value if visible else None
-        self._bus.publish(
-            DIST_UNINSTALL_COMPLETE, {"id": app_id, "scope": scope.value, "unmasked": unmasked}
-        )
+        self._bus.emit(DistUninstallComplete(app_id, scope.value, unmasked))
         return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}
 
     # -- instances ------------------------------------------------------------------------------

@@ -26,11 +26,12 @@ from atrium.distribution.oci import push_app
 from atrium.distribution.refs import TAG_RE, GitRef, OciRef, parse_ref
 from atrium.errors import BadRef, InvalidRequest, UpstreamFailed
 from atrium.events import (
-    DIST_PUBLISH_COMPLETE,
-    DIST_PUBLISH_DONE,
-    DIST_PUBLISH_PROGRESS,
     PUBLISH_DONE,
     PUBLISH_PROGRESS,
+    DistPublishComplete,
+    DistPublishDone,
+    DistPublishProgress,
+    Payload,
 )
 from atrium.git import GitError, run_git
 from atrium.manifest import Manifest
@@ -40,8 +41,8 @@ GIT_SCHEMES: Final = ("git://", "git+https://", "git+file://", "file://", "https
 FALLBACK_IDENTITY: Final = ("-c", "user.name=Atrium", "-c", "user.email=atrium@localhost")
 
 PublishEvent: TypeAlias = dict[str, Any]
-#: called with a bus topic and its payload (the lead wires it to ``shell.bus.publish``)
-PublishHook: TypeAlias = Callable[[str, dict[str, Any]], object]
+#: called with each bus event's payload (the API wires it to ``shell.bus.emit``)
+PublishHook: TypeAlias = Callable[[Payload], object]
 Target: TypeAlias = OciRef | GitRef
 
 
@@ -102,7 +103,7 @@ def parse_target(to: str, tag: str) -> Target:
 class Publisher:
     """Publishes app directories (docs/api.md "Publishing").
 
-    ``publish_event(topic, payload)`` receives the bus events; ``docker_config`` is the Docker config
+    ``publish_event(payload)`` receives the bus events; ``docker_config`` is the Docker config
     file or directory for registry credentials (None: ``$DOCKER_CONFIG`` or ``~/.docker``).
     """
 
@@ -140,23 +141,19 @@ class Publisher:
                 if isinstance(message, _Published):
                     digest = message.digest
                     continue
-                self._emit(DIST_PUBLISH_PROGRESS, {"message": message, "ref": plan.ref})
+                self._emit(DistPublishProgress(message, plan.ref))
                 yield {"type": PUBLISH_PROGRESS, "message": message}
-        done = {
-            "id": plan.manifest.id,
-            "version": plan.manifest.version,
-            "ref": plan.ref,
-            "installCommand": plan.install_command,
-            "digest": digest,
-        }
+        done = DistPublishDone(
+            plan.manifest.id, plan.manifest.version, plan.ref, plan.install_command, digest
+        )
         _LOGGER.info("published %s %s to %s", plan.manifest.id, plan.manifest.version, plan.ref)
-        self._emit(DIST_PUBLISH_DONE, done)
-        self._emit(DIST_PUBLISH_COMPLETE, {"id": plan.manifest.id, "ref": plan.ref})
-        yield {"type": PUBLISH_DONE, **done}
+        self._emit(done)
+        self._emit(DistPublishComplete(plan.manifest.id, plan.ref))
+        yield {"type": PUBLISH_DONE, **done.wire()}
 
-    def _emit(self, topic: str, payload: dict[str, Any]) -> None:
+    def _emit(self, payload: Payload) -> None:
         if self._publish_event is not None:
-            self._publish_event(topic, payload)
+            self._publish_event(payload)
 
     async def _to_oci(self, plan: PublishPlan) -> AsyncGenerator[str | _Published, None]:
         """Progress lines of an OCI push, then the manifest digest."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from atrium.bus import EventBus
 from atrium.errors import LifecycleTransitionError
-from atrium.events import APP_CRASHED, APP_LIFECYCLE_ERROR, APP_STATE
+from atrium.events import AppCrashed, AppLifecycleError, AppState
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.runners import RunningApp
 from atrium.lifecycle.states import InstanceState, is_allowed
@@ -115,31 +115,14 @@ class Instance:
     def report_error(self, current: InstanceState, target: InstanceState, message: str) -> None:
         """Announce a failed move: `app:lifecycle.error {instanceId, appId, from, to, message}`."""
         _LOGGER.warning("%s %s: %s → %s failed: %s", self.app_id, self.id, current, target, message)
-        self.bus.publish(
-            APP_LIFECYCLE_ERROR,
-            {
-                "instanceId": self.id,
-                "appId": self.app_id,
-                "from": current.value,
-                "to": target.value,
-                "message": message,
-            },
-        )
+        self.bus.emit(AppLifecycleError(self.id, self.app_id, current.value, target.value, message))
 
     def mark_crashed(self, exit_code: int) -> None:
         """A running child died: go to `error` without the table check (spec: lifecycle rule 3)."""
         previous = self._state
         self.error = f"crashed with exit status {exit_code} in state {previous}"
         self._set(S.ERROR)
-        self.bus.publish(
-            APP_CRASHED,
-            {
-                "instanceId": self.id,
-                "appId": self.app_id,
-                "exitCode": exit_code,
-                "state": previous.value,
-            },
-        )
+        self.bus.emit(AppCrashed(self.id, self.app_id, exit_code, previous.value))
 
     def force_installed(self) -> None:
         """Kill without hooks: any state → `installed` (decisions.md "Lifecycle")."""
@@ -148,15 +131,7 @@ class Instance:
     def _set(self, target: InstanceState) -> None:
         previous, self._state = self._state, target
         _LOGGER.info("%s %s: %s → %s", self.app_id, self.id, previous, target)
-        self.bus.publish(
-            APP_STATE,
-            {
-                "instanceId": self.id,
-                "appId": self.app_id,
-                "from": previous.value,
-                "to": target.value,
-            },
-        )
+        self.bus.emit(AppState(self.id, self.app_id, previous.value, target.value))
 
     def wire(self, *, for_app: bool = False) -> dict[str, Any]:
         """The instance as decisions.md reports it; apps never see another's port or pid."""

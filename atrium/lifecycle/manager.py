@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
-from atrium.bus import EventBus
+from atrium.bus import Event, EventBus
 from atrium.errors import (
     AtriumError,
     HookFailed,
@@ -26,7 +26,7 @@ from atrium.errors import (
     NotFound,
     SpawnFailed,
 )
-from atrium.events import ACTIVITY_OPENED
+from atrium.events import APP_INSTALLED, APP_REMOVED, ActivityOpened, AppInstalled, AppRemoved
 from atrium.identity import AppTokens
 from atrium.lifecycle.calls import ChildExited, HealthMismatch, call_hook, wait_healthy
 from atrium.lifecycle.instance import Activity, Instance, View
@@ -495,15 +495,8 @@ class LifecycleManager:
                 title if isinstance(title, str) else instance.manifest.name,
             )
             instance.activities[activity_id] = activity
-        self._bus.publish(
-            ACTIVITY_OPENED,
-            {
-                "instanceId": instance.id,
-                "appId": instance.app_id,
-                "activityId": activity.id,
-                "path": activity.path,
-                "title": activity.title,
-            },
+        self._bus.emit(
+            ActivityOpened(instance.id, instance.app_id, activity.id, activity.path, activity.title)
         )
         return activity
 
@@ -650,6 +643,20 @@ class LifecycleManager:
                 _LOGGER.warning("%s: warm-pool spawn failed: %s", app_id, err.message)
                 instance.pooled = False
                 return
+
+    def follow_registry(self) -> Callable[[], None]:
+        """Keep warm pools in step with the visible apps: an app installed (or changed) refills
+        its pool, one removed drains it. Returns the remover."""
+
+        def on_app(event: Event) -> None:
+            if isinstance(event.data, AppInstalled):
+                app_id = event.data.app_id
+                self.spawn_task(self.refill(app_id), f"warm-pool fill {app_id}")
+            elif isinstance(event.data, AppRemoved):
+                app_id = event.data.app_id
+                self.spawn_task(self.drain(app_id), f"warm-pool drain {app_id}")
+
+        return self._bus.listen((APP_INSTALLED, APP_REMOVED), on_app)
 
     async def fill_pools(self) -> None:
         for copy in self._registry.visible():

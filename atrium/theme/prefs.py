@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError, InvalidRequest, NotFound
-from atrium.events import KV_CHANGED, THEME_CHANGED
+from atrium.events import KV_CHANGED, KvChanged, ThemeChanged
 from atrium.kv import KvStore
 from atrium.manifest import ThemeStrategy
 from atrium.theme.catalogue import CatalogueReport, ThemeCatalogue
@@ -223,23 +223,29 @@ class ThemeService:
         self._selection = prefs
         self._snippets.clear()
 
-    def payload(self, prefs: ThemePrefs) -> dict[str, Any]:
+    def payload(self, prefs: ThemePrefs) -> ThemeChanged:
         """The `theme:changed` payload (decisions.md "Themes"); in `auto` the server cannot know
         the browser's preference: `resolvedMode` is null and `themeId` names the light slot."""
         active = self._catalogue.require(active_theme_id(prefs, None))
         mode = prefs.color_mode
-        return {
-            "themeId": active.id,
-            "themeName": active.name,
-            **prefs.wire(),
-            "resolvedMode": None if mode is ColorMode.AUTO else mode.value,
-        }
+        return ThemeChanged(
+            theme_id=active.id,
+            theme_name=active.name,
+            theme_id_light=prefs.theme_id_light,
+            theme_id_dark=prefs.theme_id_dark,
+            color_mode=mode.value,
+            resolved_mode=None if mode is ColorMode.AUTO else mode.value,
+        )
 
     def _publish(self, prefs: ThemePrefs) -> None:
-        self._bus.publish(THEME_CHANGED, self.payload(prefs))
+        self._bus.emit(self.payload(prefs))
 
     def _on_kv_changed(self, event: Event) -> None:
-        if event.payload.get("namespace") != NAMESPACE or event.payload.get("key") != KEY:
+        changed = event.data
+        if not isinstance(changed, KvChanged) or (changed.namespace, changed.key) != (
+            NAMESPACE,
+            KEY,
+        ):
             return
         task = asyncio.create_task(self._refresh(), name="theme selection refresh")
         self._tasks.add(task)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -165,3 +167,55 @@ def test_a_glob_longer_than_the_limit_is_refused() -> None:
     compile_glob("a" * MAX_GLOB_LENGTH)
     with pytest.raises(ValueError, match=f"the limit is {MAX_GLOB_LENGTH}"):
         compile_glob("a" * (MAX_GLOB_LENGTH + 1))
+
+
+# --- typed payloads against docs/api.md "Topics and payloads" ----------------------------------
+
+DOCS_API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+
+
+def documented_topics() -> dict[str, list[str]]:
+    """``topic → payload keys`` from the table under "### Topics and payloads"."""
+    text = DOCS_API.read_text()
+    table = text[text.index("### Topics and payloads") :].split("\n\n")[1]
+    found: dict[str, list[str]] = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        topic, payload = cells[0].strip("`"), cells[1].strip("`{}")
+        found[topic] = [key.strip() for key in payload.split(",")]
+    return found
+
+
+def test_every_documented_topic_has_its_payload_class_with_the_same_keys() -> None:
+    documented = documented_topics()
+    assert sorted(documented) == sorted(events.PAYLOADS)
+    for topic, cls in events.PAYLOADS.items():
+        assert list(_example(cls).wire()) == documented[topic], topic
+
+
+def _example(cls: type[events.Payload]) -> events.Payload:
+    return cls(*(None for _ in dataclasses.fields(cls)))
+
+
+def test_wire_names_are_camel_case_and_from_is_a_keyword() -> None:
+    state = events.AppState("i-1", "com.example.a", "created", "started")
+    assert state.wire() == {
+        "instanceId": "i-1",
+        "appId": "com.example.a",
+        "from": "created",
+        "to": "started",
+    }
+    assert events.PAYLOADS["app:state"] is events.AppState
+
+
+def test_the_shell_emits_only_typed_payloads() -> None:
+    """`bus.publish(topic, mapping)` is for the bus's own tests; the shell uses `bus.emit`."""
+    root = Path(__file__).resolve().parents[2] / "atrium"
+    raw = [
+        f"{path.relative_to(root)}:{n}"
+        for path in root.rglob("*.py")
+        if path.name != "bus.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"bus\.publish\(", line)
+    ]
+    assert raw == []
