@@ -1,7 +1,7 @@
 """One app instance and the one door through which every state change passes.
 
 `Instance.enter` checks the table, records, logs once and publishes `app:state` once; nothing else
-assigns the state. The two sanctioned bypasses have their own names: `mark_crashed` (spec rule 3)
+assigns the state. The two sanctioned bypasses have their own names: `mark_crashed` (docs/api.md "States")
 and `force_installed` (`DELETE /api/instances/{id}?force=1`, decisions.md "Lifecycle").
 """
 
@@ -118,7 +118,7 @@ class Instance:
         self.bus.emit(AppLifecycleError(self.id, self.app_id, current.value, target.value, message))
 
     def mark_crashed(self, exit_code: int) -> None:
-        """A running child died: go to `error` without the table check (spec: lifecycle rule 3)."""
+        """A running child died: go to `error` without the table check (docs/api.md "States")."""
         previous = self._state
         self.error = f"crashed with exit status {exit_code} in state {previous}"
         self._set(S.ERROR)

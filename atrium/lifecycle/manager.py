@@ -562,7 +562,7 @@ class LifecycleManager:
     def create_view(
         self, instance_id: str, path: str = "/", client: str | None = None
     ) -> tuple[View, str]:
-        """A view and its one-time ticket (decisions.md "Origins"); the instance must be serving."""
+        """A view and its one-time ticket (decisions.md "Lifecycle"); the instance must be serving."""
         instance = self.get(instance_id)
         if not path.startswith("/") or path.startswith("//"):
             raise InvalidRequest(f"view path {path!r} must start with a single '/'")
@@ -595,7 +595,7 @@ class LifecycleManager:
 
     async def release_view(self, instance_id: str, view_id: str) -> Instance:
         """Drop a view; dropping the last one stops the instance unless it is a background
-        service (spec: `paused → stopping` when the last user reference is dropped)."""
+        service (docs/api.md "Views": `paused → stopping` when the last view is dropped)."""
         instance = self.get(instance_id)
         if instance.views.pop(view_id, None) is None:
             raise NotFound("view", view_id)

@@ -1,6 +1,6 @@
 """Which host pages are still there: a view belongs to a host-page client, and a client whose event
 streams have all been gone for a grace period (30 s) has its views released (decisions.md
-"Origins"). A tab that reloads reconnects within the grace and keeps its views."""
+"Lifecycle"). A tab that reloads reconnects within the grace and keeps its views."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Instance lifecycle states and the only legal moves between them.
 
 Every rule about which state may follow which, and which hook runs before a move, lives here as
-data (spec "Instance lifecycle (14 states)"; decisions.md "Lifecycle"). This module knows nothing of
+data (docs/api.md "States"; decisions.md "Lifecycle"). This module knows nothing of
 processes, HTTP or the bus; lifecycle.instance applies the moves and announces them.
 """
 
@@ -32,7 +32,7 @@ class InstanceState(StrEnum):
 
 
 class Hook(StrEnum):
-    """App-side lifecycle hooks (spec "App-side endpoints the shell calls")."""
+    """App-side lifecycle hooks (docs/api.md "What the shell calls on an app")."""
 
     ON_CREATE = "onCreate"
     ON_START = "onStart"
@@ -46,7 +46,7 @@ class Hook(StrEnum):
 
 S = InstanceState
 
-#: the spec's table, plus `resuming → resumed` (its rule 1 names the move; the table omits the row)
+#: the table of docs/api.md "States", `resuming → resumed` included
 TRANSITIONS: Final[Mapping[InstanceState, frozenset[InstanceState]]] = {
     S.INSTALLED: frozenset({S.CREATING}),
     S.CREATING: frozenset({S.CREATED, S.ERROR}),

@@ -1,4 +1,4 @@
-"""Views and their one-time tickets (decisions.md "Origins").
+"""Views and their one-time tickets (decisions.md "Lifecycle").
 
 A view is entered through a ticket that works once and lives 60 s; entering sets the view's
 cookie on the app origin, and every later request there must carry a live view's cookie.

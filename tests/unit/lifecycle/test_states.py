@@ -17,7 +17,7 @@ from atrium.lifecycle.states import (
 
 S = InstanceState
 
-#: the spec's table written out once more, row by row, plus `resuming → resumed`
+#: the table of docs/api.md "States" written out once more, row by row
 SPEC_ROWS: dict[InstanceState, set[InstanceState]] = {
     S.INSTALLED: {S.CREATING},
     S.CREATING: {S.CREATED, S.ERROR},
