@@ -62,22 +62,33 @@ async def commit_app(repo: ScopeRepo, app_id: str, message: str) -> bool:
     app's operation may be half-way in the same scope); False when they hold no change, which is
     also how recovery knows an interrupted operation was already committed."""
     async with repo.lock:
-        listed = await run_git("ls-files", "-z", "--", *app_paths(app_id), cwd=repo.root)
-        files = listed.split("\0")
-        paths = [
+        wanted = app_paths(app_id)
+        indexed = await run_git("ls-files", "-z", "--", *wanted, cwd=repo.root)
+        # the last commit too: a git killed inside this commit may have staged the deletion of
+        # every path already (index written, HEAD not moved); that change must still be committed
+        committed = await run_git(
+            "ls-tree", "-r", "--name-only", "-z", "HEAD", "--", *wanted, cwd=repo.root, check=False
+        )
+        present = [
             p
-            for p in app_paths(app_id)
-            if any(f == p or f.startswith(f"{p}/") for f in files)
-            or await asyncio.to_thread(os.path.lexists, repo.root / p)
+            for p in wanted
+            if _lists(indexed, p) or await asyncio.to_thread(os.path.lexists, repo.root / p)
         ]
-        if not paths:
+        known = [p for p in wanted if p in present or _lists(committed, p)]
+        if not known:
             return False
-        await run_git("add", "--all", "--", *paths, cwd=repo.root)
-        status = await run_git("status", "--porcelain", "--", *paths, cwd=repo.root)
+        if present:  # `git add` refuses a path that is neither in the index nor on disk
+            await run_git("add", "--all", "--", *present, cwd=repo.root)
+        status = await run_git("status", "--porcelain", "--", *known, cwd=repo.root)
         if not status.strip():
             return False
-        await run_git("commit", "--quiet", "-m", message, "--", *paths, cwd=repo.root)
+        await run_git("commit", "--quiet", "-m", message, "--", *known, cwd=repo.root)
         return True
+
+
+def _lists(listing: str, path: str) -> bool:
+    """Whether a NUL-separated git listing holds ``path`` or something under it."""
+    return any(f == path or f.startswith(f"{path}/") for f in listing.split("\0"))
 
 
 async def changed_files(repo: ScopeRepo, app_id: str) -> list[str]:

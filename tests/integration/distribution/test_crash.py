@@ -217,3 +217,41 @@ def test_an_uninstall_killed_at_each_step_recovers_to_installed_or_gone(
         else:
             assert_installed(home, api, "1.0.0", f"install {APP} 1.0.0 (local:{source})")
         assert_clean(home)
+
+
+@pytest.mark.parametrize("op", ["uninstall", "update"])
+def test_a_commit_killed_after_git_wrote_its_index_is_finished(
+    op: str,
+    start_shell: StartShell,
+    make_app: MakeApp,
+    home: Path,
+    system_apps: Path,
+    crash: list[Served],
+) -> None:
+    """Found by `make chaos`: git killed inside the operation's commit, after it wrote the index
+    (the change staged) but before it moved HEAD. Recovery must still commit the change: it
+    looked for the app's paths in the index and on disk only, found none after an uninstall,
+    and left the deletions staged (a dirty scope repository, `atrium doctor` exit 1)."""
+    source = make_app(APP)
+    setup = start_shell(runner="process")
+    with setup.client(timeout=DEADLINE) as api:
+        installed_ok(api, f"local:{source}")
+    setup.stop()
+    crash.append(Served(home, system_apps, "record"))
+    if op == "uninstall":
+        killed_during(crash[-1], "DELETE", f"/api/dist/uninstall/{APP}")
+    else:
+        write_manifest(source, version="2.0.0")
+        killed_during(crash[-1], "POST", f"/api/dist/update/{APP}", json={})
+    git(home, "add", "--all", "--", f"apps/{APP}", f"records/{APP}.json")  # what git had done
+
+    recovered = start_shell(runner="process")
+    with recovered.client(timeout=DEADLINE):
+        assert_clean(home)
+        if op == "uninstall":
+            assert git(home, "log", "-1", "--format=%s").strip() == f"uninstall {APP} 1.0.0"
+            assert git(home, "ls-tree", "-r", "--name-only", "HEAD", "--", f"apps/{APP}") == ""
+        else:
+            assert git(home, "log", "-1", "--format=%s").strip() == (
+                f"update {APP} 2.0.0 (local:{source})"
+            )
