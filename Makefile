@@ -11,7 +11,7 @@ DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl
 # comes from the npm registry on first use (with the machine's node and npm)
 BENCH_DEB_PACKAGES := nginx-light wrk
 
-.PHONY: run test check fmt bench system-deps bench-deps venv clean
+.PHONY: run test check fmt bench chaos system-deps bench-deps venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Atrium needs Python 3.11+"'
@@ -60,6 +60,13 @@ test: system-deps $(STAMP) check
 	@$(BIN)/coverage combine -q
 	@total=$$($(BIN)/coverage report --format=total --fail-under=$(COVERAGE_FLOOR)); status=$$?; \
 	  echo "coverage of atrium/ by the tests: $$total% (floor $(COVERAGE_FLOOR)%)"; exit $$status
+
+# random kill -9 of a real shell during install/update/uninstall/launch, then the promises checked;
+# CHAOS_RUNS runs (100), CHAOS_SEED replays one (docs/reliability.md)
+CHAOS_RUNS ?= 100
+CHAOS_SEED ?=
+chaos: system-deps $(STAMP)
+	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) $(BIN)/python -m bench chaos
 
 # `make bench BENCH="dataproxy soak"` runs only those (names in bench/__main__.py)
 bench: bench-deps $(BENCH_STAMP)
