@@ -350,7 +350,8 @@ class Chaos:
             check=False,
         )
         if doctor.returncode != 0:
-            fail(f"atrium doctor: {doctor.stdout.strip() or doctor.stderr.strip()}")
+            said = (doctor.stdout.strip() or doctor.stderr.strip())[:300]
+            fail(f"atrium doctor exited {doctor.returncode}: {said}")
 
     def check_leftovers(self, fail: Callable[[str], None]) -> None:
         if list((self.scope / ".journal").glob("*.json")):
@@ -359,7 +360,8 @@ class Chaos:
             fail(f"staging not empty: {list((self.scope / '.staging').iterdir())}")
         status = git(self.scope, "status", "--porcelain")
         if status:
-            fail(f"the scope repository is not clean: {status!r}")
+            lines = status.splitlines()
+            fail(f"the scope repository is not clean ({len(lines)} changes): {lines[:3]}")
 
     def check_kv(self, api: httpx.Client, fail: Callable[[str], None]) -> None:
         missing = [
@@ -389,12 +391,17 @@ class Chaos:
         print(f"\nChaos: {runs} runs of kill -9 during an operation, seed {seed}")
         print(f"runners: {', '.join(self.runners)}; {seconds:.0f} s in all")
         print(
-            f"{'operation':<12} {'runs':>5} {'failures':>9} {'op median ms':>13} {'restart ms':>11}"
+            f"{'operation':<12} {'runs':>5} {'failures':>9} {'new state':>10} {'op median ms':>13} "
+            f"{'restart ms':>11}"
         )
         for op, stats in self.stats.items():
             op_ms = statistics.median(stats.durations) * 1000 if stats.durations else float("nan")
             restart = statistics.median(stats.recoveries) * 1000 if stats.recoveries else 0.0
-            print(f"{op:<12} {stats.runs:>5} {stats.failures:>9} {op_ms:>13.0f} {restart:>11.0f}")
+            applied = "-" if op == "launch" else str(stats.applied)
+            print(
+                f"{op:<12} {stats.runs:>5} {stats.failures:>9} {applied:>10} {op_ms:>13.0f} "
+                f"{restart:>11.0f}"
+            )
         print(f"{'all':<12} {runs:>5} {len(self.failures):>9}")
         print(f"acknowledged KV writes checked after the kills: {self.kv_checked}")
         print("new state: runs after which the operation had taken effect (else the old state)")
