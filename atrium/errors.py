@@ -18,6 +18,7 @@ unit test keeps the two together::
     │   └── NoHandler                   404 no_handler             (action)
     ├── Conflict                        409 (abstract)
     │   ├── LifecycleTransitionError    409 illegal_transition     (instanceId, from, to)
+    │   ├── NotServing                  409 not_serving            (instanceId, appId, state)
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
@@ -224,6 +225,21 @@ class LifecycleTransitionError(Conflict):
             instanceId=instance_id,
             appId=app_id,
             **{"from": from_state, "to": to_state},
+        )
+
+
+class NotServing(Conflict):
+    """A view or an activity asked of an instance whose state has none to give: nothing moves,
+    so no `app:lifecycle.error` either (unlike LifecycleTransitionError)."""
+
+    code = "not_serving"
+
+    def __init__(self, instance_id: str, app_id: str, state: str, wanted: str) -> None:
+        super().__init__(
+            f"instance '{instance_id}' is {state}: {wanted}",
+            instanceId=instance_id,
+            appId=app_id,
+            state=str(state),
         )
 
 

@@ -51,7 +51,10 @@ async def cold_starts(shell: Shell) -> list[float]:
 async def pooled_launches(shell: Shell) -> list[float]:
     samples = []
     for _ in range(ROUNDS):
-        while not any(i.pooled and i.state == "resumed" for i in shell.lifecycle.of_app(POOLED)):
+        while not any(
+            shell.lifecycle.is_pooled(i) and i.state == "resumed"
+            for i in shell.lifecycle.of_app(POOLED)
+        ):
             await asyncio.sleep(0.01)
         started = time.perf_counter()
         instance = await shell.lifecycle.create(POOLED)
@@ -82,12 +85,12 @@ def children() -> set[int]:
 
 async def leak_loop(shell: Shell, count: int = 50) -> str:
     await asyncio.sleep(0.5)
-    fds, kids, ports = open_fds(), children(), len(shell.lifecycle._ports.in_use)
+    fds, kids, ports = open_fds(), children(), shell.lifecycle.ports_in_use()
     for _ in range(count):
         instance = await shell.lifecycle.create(APP, new=True)
         await shell.lifecycle.remove(instance.id)
     await asyncio.sleep(0.5)
-    after = (open_fds(), children(), len(shell.lifecycle._ports.in_use))
+    after = (open_fds(), children(), shell.lifecycle.ports_in_use())
     return (
         f"{count} instances started and destroyed: file descriptors {fds} → {after[0]}, "
         f"child processes {len(kids)} → {len(after[1])}, ports held {ports} → {after[2]}"

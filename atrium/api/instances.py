@@ -48,18 +48,19 @@ def origin_url(shell: Shell, instance: Instance, path: str) -> str:
     return f"http://{instance.slug}.{shell.settings.app_domain}:{shell.settings.port}{path}"
 
 
-def _wire(instance: Instance, caller: Caller) -> dict[str, Any]:
-    return instance.wire(for_app=isinstance(caller, AppCaller))
+def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any]:
+    pooled = shell_of(request).lifecycle.is_pooled(instance)
+    return instance.wire(for_app=isinstance(caller, AppCaller), pooled=pooled)
 
 
 async def list_instances(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    return JSONResponse([_wire(i, caller) for i in shell.lifecycle.all()])
+    return JSONResponse([_wire(request, i, caller) for i in shell.lifecycle.all()])
 
 
 async def get_instance(request: Request, caller: Caller) -> Response:
     instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
-    return JSONResponse(_wire(instance, caller))
+    return JSONResponse(_wire(request, instance, caller))
 
 
 async def create_instance(request: Request, caller: Caller) -> Response:
@@ -67,7 +68,7 @@ async def create_instance(request: Request, caller: Caller) -> Response:
     if not APP_ID_RE.fullmatch(body.app_id):
         raise InvalidRequest(f"{body.app_id!r} is not an app id (reverse-domain, lowercase)")
     instance = await shell_of(request).lifecycle.create(body.app_id, new=body.new)
-    return JSONResponse(_wire(instance, caller))
+    return JSONResponse(_wire(request, instance, caller))
 
 
 async def instance_action(request: Request, caller: Caller) -> Response:
@@ -75,7 +76,7 @@ async def instance_action(request: Request, caller: Caller) -> Response:
     instance = await lifecycle.act(
         request.path_params["instance_id"], request.path_params["action"]
     )
-    return JSONResponse(_wire(instance, caller))
+    return JSONResponse(_wire(request, instance, caller))
 
 
 async def delete_instance(request: Request, caller: Caller) -> Response:
@@ -143,7 +144,7 @@ async def delete_view(request: Request, caller: Caller) -> Response:
     instance = await shell_of(request).lifecycle.release_view(
         params["instance_id"], params["view_id"]
     )
-    return JSONResponse(_wire(instance, caller))
+    return JSONResponse(_wire(request, instance, caller))
 
 
 async def proxy(request: Request, caller: Caller) -> Response:

@@ -375,7 +375,7 @@ class Distribution:
         warm pool; returns the ids of those that were running, to bring them back afterwards
         with the same ids (and so the same runtime data)."""
         await self._lifecycle.drain(app_id)
-        instances = [i for i in self._lifecycle.of_app(app_id) if not i.pooled]
+        instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
         running = [i.id for i in instances if i.state is not InstanceState.ERROR]
         for instance in instances:
             try:

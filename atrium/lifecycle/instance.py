@@ -70,10 +70,6 @@ class Instance:
     activities: dict[str, Activity] = field(default_factory=dict)
     started_at: datetime | None = None
     error: str | None = None
-    pooled: bool = False
-    gone: bool = False
-    #: set before the shell itself stops the child, so its exit is not taken for a crash
-    expected_exit: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.Task[None] | None = None
     _address: AppAddress | None = field(default=None, repr=False)
@@ -133,7 +129,7 @@ class Instance:
         _LOGGER.info("%s %s: %s → %s", self.app_id, self.id, previous, target)
         self.bus.emit(AppState(self.id, self.app_id, previous.value, target.value))
 
-    def wire(self, *, for_app: bool = False) -> dict[str, Any]:
+    def wire(self, *, for_app: bool = False, pooled: bool = False) -> dict[str, Any]:
         """The instance as decisions.md reports it; apps never see another's port or pid."""
         theme = self.manifest.theme_strategy.value
         return {
@@ -152,7 +148,7 @@ class Instance:
             "error": self.error,
             "themeStrategy": theme,
             "backgroundService": self.manifest.background_service,
-            "pooled": self.pooled,
+            "pooled": pooled,
         }
 
     def stamp_started(self) -> None:

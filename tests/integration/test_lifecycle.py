@@ -439,6 +439,26 @@ def test_delete_ends_an_instance_whose_stop_hook_fails(
     assert _gone(api, iid)
 
 
+def test_a_view_or_activity_of_a_stopped_instance_is_not_serving_and_moves_nothing(
+    api: httpx.Client,
+) -> None:
+    """Issue 19: nothing moves, so `409 not_serving` naming the state, and no
+    `app:lifecycle.error` (which announces a refused move)."""
+    iid = launch(api, "test.sdk.echo", new=True)["instanceId"]
+    assert act(api, iid, "stop").json()["state"] == "stopped"
+    events = SseReader(api, {"topics": "app:lifecycle.error"})
+    view = api.post(f"/api/instances/{iid}/views", json={"path": "/"})
+    assert view.status_code == 409, view.text
+    assert view.json()["error"]["code"] == "not_serving"
+    assert view.json()["error"]["state"] == "stopped"
+    activity = api.delete(f"/api/instances/{iid}/activities/nope")
+    assert activity.status_code == 404  # an unknown activity is named first
+    assert state(api, iid) == "stopped"
+    act(api, iid, "pause")  # a refused move: its event is the marker that the stream is live
+    events.wait(1)
+    assert [e.data["to"] for e in events.events] == ["pausing"]
+
+
 def test_a_spawn_whose_log_cannot_be_opened_goes_to_error_and_retries(
     lifecycle_shell: RunningShell, api: httpx.Client
 ) -> None:

@@ -246,6 +246,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.LifecycleTransitionError: lambda: errors.LifecycleTransitionError(
         "com.example.a-0", "installed", "resumed", app_id="com.example.a"
     ),
+    errors.NotServing: lambda: errors.NotServing(
+        "com.example.a-1", "com.example.a", "stopped", "a view needs a serving instance"
+    ),
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
     errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
     errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),

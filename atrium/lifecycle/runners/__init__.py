@@ -96,6 +96,12 @@ class Runner(Protocol):
 
     async def spawn(self, spec: SpawnSpec) -> RunningApp: ...
 
+    def early_exit_cause(self, log_path: Path, returncode: int) -> str:
+        """The SpawnFailed cause of a child that ended before answering `/health`: ``mount``
+        when the runner itself could not build its sandbox (its words end the log), else
+        ``exited``."""
+        ...
+
 
 def load_runner(name: str) -> Runner:
     """``process``, ``bwrap``, or ``auto``: bwrap when it works on this machine, else process."""

@@ -412,6 +412,9 @@ class BwrapRunner:
 
     name = "bwrap"
 
+    def early_exit_cause(self, log_path: Path, returncode: int) -> str:
+        return classify_early_exit(log_path, returncode)
+
     def __init__(self, bwrap: str | None = None) -> None:
         self._bwrap = bwrap or bwrap_command()
 

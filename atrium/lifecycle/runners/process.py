@@ -436,6 +436,9 @@ class ProcessRunner:
 
     name = "process"
 
+    def early_exit_cause(self, log_path: Path, returncode: int) -> str:
+        return "exited"  # no sandbox to fail to build
+
     async def spawn(self, spec: SpawnSpec) -> KeptChild:
         if not spec.argv:
             raise SpawnFailed(

@@ -1,0 +1,225 @@
+"""Booting an instance: its child spawned, its `/health` identity awaited, its exit watched.
+
+`Booter` owns the runner, the port allocator and the app tokens for the lifecycle manager. It
+never moves an instance along the table except `creating → error` when a spawn fails (every
+`OSError` before the child runs is cause ``setup``, issue 14), and the crash watch's
+`mark_crashed`, the one sanctioned bypass. The shell stops a child itself only through
+`teardown`, which detaches the child from the instance first: a watched child whose instance no
+longer holds it has exited because it was told to, not crashed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from atrium.errors import SpawnFailed
+from atrium.identity import AppTokens
+from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_healthy
+from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.ports import PortAllocator, PortExhausted
+from atrium.lifecycle.runners import Runner, SpawnSpec
+from atrium.lifecycle.spawning import (
+    app_environment,
+    app_user,
+    interpreter_paths,
+    log_tail,
+    port_answers,
+    resolve_argv,
+    sdk_path,
+)
+from atrium.lifecycle.states import InstanceState
+from atrium.manifest import Manifest
+from atrium.registry import AppCopy, AppRegistry
+from atrium.scopes import ScopeLayout
+from atrium.settings import create_private
+from atrium.upstream import UpstreamClient
+
+_LOGGER = logging.getLogger(__name__)
+S = InstanceState
+STOP_GRACE: Final = 3.0
+SpawnTask = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    """The slice of the settings the lifecycle needs."""
+
+    layout: ScopeLayout
+    shell_url: str
+    app_host: str = "127.0.0.1"
+    toolchain_dir: Path | None = None
+
+
+class Booter:
+    """Spawns children for instances, waits for their health identity, watches them exit."""
+
+    def __init__(
+        self,
+        *,
+        runner: Runner,
+        registry: AppRegistry,
+        upstream: UpstreamClient,
+        tokens: AppTokens,
+        ports: PortAllocator,
+        config: LifecycleConfig,
+        spawn_task: SpawnTask,
+    ) -> None:
+        self.runner = runner
+        self._registry = registry
+        self._upstream = upstream
+        self._tokens = tokens
+        self._ports = ports
+        self._config = config
+        self._spawn_task = spawn_task
+
+    def ports_in_use(self) -> int:
+        return len(self._ports.in_use)
+
+    @property
+    def layout(self) -> ScopeLayout:
+        return self._config.layout
+
+    async def spawn(self, instance: Instance) -> None:
+        """Start the child and wait for its `/health` identity; any failure → `error` and
+        SpawnFailed with its cause."""
+        copy = self._registry.get(instance.app_id)
+        if copy is None or copy.manifest is None:
+            raise await self._fail(instance, "the app is no longer installed", "exited")
+        instance.manifest = copy.manifest
+        try:
+            port = self._ports.reserve()
+        except PortExhausted as err:
+            raise await self._fail(instance, str(err), "port") from err
+        except OSError as err:  # the probe socket: no fd left (EMFILE), issue 14
+            raise await self._fail(instance, _setup_problem(err), "setup") from err
+        instance.port, instance.host = port, self._config.app_host
+        instance.secret = secrets.token_urlsafe(24)
+        token = instance.token = self._tokens.issue(instance.app_id, instance.id)
+        log_path = instance.log_path = self.layout.home / "run" / "logs" / f"{instance.id}.log"
+        try:
+            spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
+            instance.child = await self.runner.spawn(spec)
+        except SpawnFailed as err:
+            cause = str(err.fields.get("cause", "exited"))
+            raise await self._fail(instance, err.message, cause) from err
+        except OSError as err:
+            # before the child runs (the log cannot be opened, no fd left, a full disk): the
+            # instance goes to `error` with the reason, never stays in `creating`
+            raise await self._fail(instance, _setup_problem(err), "setup") from err
+        await self._await_health(instance, copy.manifest, port, log_path)
+        instance.stamp_started()
+        instance.watcher = self._spawn_task(self._watch(instance), f"crash watch {instance.id}")
+
+    async def _await_health(
+        self, instance: Instance, manifest: Manifest, port: int, log_path: Path
+    ) -> None:
+        child = instance.child
+        if child is None:  # pragma: no cover - set by spawn just before
+            raise RuntimeError(f"{instance.id} has no child")
+        instance.host = child.host
+        exited = asyncio.ensure_future(child.wait())
+        try:
+            await wait_healthy(
+                self._upstream.session, instance.address, manifest.start_timeout_ms / 1000, exited
+            )
+        except ChildExited as err:
+            cause = self.runner.early_exit_cause(log_path, err.code)
+            raise await self._fail(instance, f"{err} ({log_tail(log_path)})", cause) from err
+        except HealthMismatch as err:
+            raise await self._fail(instance, str(err), "identity") from err
+        except TimeoutError as err:
+            raise await self._fail(
+                instance,
+                f"/health did not answer within {manifest.start_timeout_ms} ms on port "
+                f"{port}: the app must listen on OS_PORT and answer /health",
+                "port" if not await port_answers(child.host, port) else "timeout",
+            ) from err
+        except OSError as err:  # the shell's side of the check (EMFILE); TimeoutError is one too
+            raise await self._fail(instance, _setup_problem(err), "setup") from err
+        finally:
+            if not exited.done():
+                exited.cancel()
+
+    def _spawn_spec(
+        self,
+        instance: Instance,
+        copy: AppCopy,
+        manifest: Manifest,
+        port: int,
+        token: str,
+        log_path: Path,
+    ) -> SpawnSpec:
+        """The log file (owner-only: the runner appends to it) and what the runner needs."""
+        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        create_private(log_path)
+        return SpawnSpec(
+            app_id=instance.app_id,
+            instance_id=instance.id,
+            app_dir=copy.path,
+            argv=resolve_argv(copy),
+            env=app_environment(
+                app_id=instance.app_id,
+                instance_id=instance.id,
+                host=self._config.app_host,
+                port=port,
+                shell_url=self._config.shell_url,
+                token=token,
+                secret=instance.secret,
+                sdk=sdk_path(self.layout.home),
+            ),
+            data_dir=instance.data_dir,
+            host=self._config.app_host,
+            port=port,
+            log_path=log_path,
+            tools=tuple(manifest.tools),
+            toolchain_dir=self._config.toolchain_dir,
+            ro_paths=interpreter_paths(self.layout.home),
+            user=app_user(instance.app_id),
+            home=self.layout.home,
+        )
+
+    async def _fail(self, instance: Instance, reason: str, cause: str) -> SpawnFailed:
+        """Tear the child down, move to `error`, and return the error for the caller to raise."""
+        await self.teardown(instance)
+        instance.error = f"spawn failed ({cause}): {reason}"
+        if instance.state is S.CREATING:
+            instance.enter(S.ERROR)
+        return SpawnFailed(instance.error, app_id=instance.app_id, cause=cause)
+
+    async def _watch(self, instance: Instance) -> None:
+        """Crash detection: the child's exit while the instance still holds it."""
+        child = instance.child
+        if child is None:
+            return
+        code = await child.wait()
+        if instance.child is not child:  # torn down by the shell (teardown detaches it first)
+            return
+        _LOGGER.warning("%s %s: child exited with status %s", instance.app_id, instance.id, code)
+        self.release(instance)
+        instance.child = None
+        instance.mark_crashed(code)
+
+    async def teardown(self, instance: Instance) -> None:
+        """Stop the child (process group, SIGTERM → SIGKILL), return its port, revoke its token."""
+        child, instance.child = instance.child, None
+        if child is not None:
+            await child.stop(STOP_GRACE)
+        self.release(instance)
+
+    def release(self, instance: Instance) -> None:
+        if instance.port is not None:
+            self._ports.release(instance.port)
+            instance.port = None
+        self._tokens.revoke(instance.id)
+        instance.token = None
+
+
+def _setup_problem(err: OSError) -> str:
+    where = f" ({err.filename})" if err.filename else ""
+    return f"the spawn could not be set up: {err.strerror or err}{where}"

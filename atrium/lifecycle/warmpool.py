@@ -1,0 +1,113 @@
+"""The warm pool: instances booted to `resumed` ahead of demand, per app (`warmPool` in the manifest).
+
+The pool owns which instances are pooled (a set of ids, not a flag on the instance), follows the
+registry itself (an app installed or changed refills its pool, one removed drains it) and hands
+an instance over on `claim`, refilling behind it. What it needs of the lifecycle manager is the
+narrow `PoolHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from atrium.bus import Event, EventBus
+from atrium.errors import AtriumError
+from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
+from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.states import InstanceState
+from atrium.registry import AppRegistry
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class PoolHost(Protocol):
+    """What the pool asks of the lifecycle manager."""
+
+    def of_app(self, app_id: str) -> list[Instance]: ...
+
+    def new_instance(self, app_id: str) -> Instance: ...
+
+    async def boot_resumed(self, instance: Instance) -> None: ...
+
+    async def force(self, instance: Instance) -> None: ...
+
+    def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
+
+
+class WarmPool:
+    """Pre-spawned instances per app; see the module docstring."""
+
+    def __init__(self, host: PoolHost, registry: AppRegistry, bus: EventBus) -> None:
+        self._host = host
+        self._registry = registry
+        self._bus = bus
+        self._pooled: set[str] = set()
+        self._closing = False
+
+    def holds(self, instance: Instance) -> bool:
+        return instance.id in self._pooled
+
+    def forget(self, instance: Instance) -> None:
+        self._pooled.discard(instance.id)
+
+    def close(self) -> None:
+        self._closing = True
+
+    def claim(self, app_id: str) -> Instance | None:
+        """A pooled instance of the app in `resumed`, now the caller's; the pool refills."""
+        pooled = next(
+            (
+                i
+                for i in self._host.of_app(app_id)
+                if self.holds(i) and i.state is InstanceState.RESUMED
+            ),
+            None,
+        )
+        if pooled is not None:
+            self._pooled.discard(pooled.id)
+            _LOGGER.info("%s %s: taken from the warm pool", app_id, pooled.id)
+            self._host.spawn_task(self.refill(app_id), f"warm-pool refill {app_id}")
+        return pooled
+
+    async def refill(self, app_id: str) -> None:
+        """Pre-spawn the app to `resumed` until its pool holds `warmPool` instances."""
+        copy = self._registry.get(app_id)
+        size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
+        while not self._closing and self._size(app_id) < size:
+            instance = self._host.new_instance(app_id)
+            self._pooled.add(instance.id)
+            try:
+                await self._host.boot_resumed(instance)
+            except AtriumError as err:
+                _LOGGER.warning("%s: warm-pool spawn failed: %s", app_id, err.message)
+                self._pooled.discard(instance.id)
+                return
+
+    def _size(self, app_id: str) -> int:
+        return len([i for i in self._host.of_app(app_id) if self.holds(i)])
+
+    async def fill_all(self) -> None:
+        for copy in self._registry.visible():
+            if copy.manifest is not None and copy.manifest.warm_pool_size:
+                self._host.spawn_task(self.refill(copy.id), f"warm-pool fill {copy.id}")
+
+    async def drain(self, app_id: str) -> None:
+        """Destroy the app's pooled instances (uninstall)."""
+        for instance in [i for i in self._host.of_app(app_id) if self.holds(i)]:
+            await self._host.force(instance)
+
+    def follow_registry(self) -> Callable[[], None]:
+        """Keep the pools in step with the visible apps; returns the remover."""
+
+        def on_app(event: Event) -> None:
+            if isinstance(event.data, AppInstalled):
+                app_id = event.data.app_id
+                self._host.spawn_task(self.refill(app_id), f"warm-pool fill {app_id}")
+            elif isinstance(event.data, AppRemoved):
+                app_id = event.data.app_id
+                self._host.spawn_task(self.drain(app_id), f"warm-pool drain {app_id}")
+
+        return self._bus.listen((APP_INSTALLED, APP_REMOVED), on_app)
