@@ -1,7 +1,7 @@
 """The pooled HTTP clients the shell uses to reach apps.
 
 `pool` (atrium.httppool, our own keep-alive HTTP/1.1 client over httptools) carries the data
-proxy, the hot path; `session` (aiohttp) carries health checks, hooks and page proxying. Neither
+proxy and app pages; `session` (aiohttp) carries health checks and hooks. Neither
 keeps cookies or decompresses (bodies pass through as sent); httpx is never used to reach apps
 (it was 10-20x slower on this path and replayed one provider's cookie to the next caller).
 """

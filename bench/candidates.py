@@ -158,7 +158,7 @@ class AiohttpResponse:
 
 
 class AiohttpUpstream:
-    """One aiohttp ClientSession set up as Atrium's (atrium/upstream.py, atrium/api/data.py)."""
+    """One aiohttp ClientSession set up as Atrium's (atrium/upstream.py)."""
 
     def __init__(self) -> None:
         self.session = aiohttp.ClientSession(

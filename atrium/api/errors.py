@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -49,8 +49,38 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     return response
 
 
+INTERNAL_MESSAGE = "internal error; the shell's log has the details"
+Handler = Callable[[Send], Awaitable[None]]
+
+
+async def guard(handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+    """The one error boundary of the HTTP edge: ``handler(send)`` runs, an AtriumError becomes
+    its error body, anything else a 500 `internal` with its traceback logged once. Once the
+    response has started nothing can be said any more: the exception propagates and the server
+    cuts the connection (the caller sees a truncated answer, never a wrong success)."""
+    started = False
+
+    async def tracking_send(message: Message) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            started = True
+        await send(message)
+
+    try:
+        await handler(tracking_send)
+    except AtriumError as err:
+        if started:
+            raise
+        await error_response(err)(scope, receive, send)
+    except Exception:
+        _LOGGER.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+        if started:
+            raise
+        await error_response(AtriumError(INTERNAL_MESSAGE))(scope, receive, send)
+
+
 class InternalErrorMiddleware:
-    """Answer an unexpected exception with 500 `internal`, logging its traceback once."""
+    """Starlette's routes inside the one boundary (`guard`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -59,24 +89,4 @@ class InternalErrorMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception:
-            _LOGGER.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                raise
-            body: dict[str, Any] = {
-                "error": {
-                    "code": "internal",
-                    "message": "internal error; the shell's log has the details",
-                }
-            }
-            await JSONResponse(body, status_code=500)(scope, receive, send)
+        await guard(lambda sending: self.app(scope, receive, sending), scope, receive, send)

@@ -20,15 +20,14 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from atrium.api.data import PREFIX as DATA_PREFIX
-from atrium.api.data import serve_data
-from atrium.api.errors import error_response
+from atrium.api.errors import guard
 from atrium.api.events import PATH as EVENTS_PATH
 from atrium.api.events import serve_events
-from atrium.api.forward import forward
-from atrium.errors import AtriumError, NotFound, PermissionDenied, Unauthenticated
+from atrium.api.proxy.data import PREFIX as DATA_PREFIX
+from atrium.api.proxy.data import serve_data
+from atrium.api.proxy.pages import forward_page
+from atrium.errors import NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
-from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
@@ -108,18 +107,12 @@ class AppOrigins:
             else:
                 await self.app(scope, receive, send)
             return
-        try:
-            await self._serve(shell, slug, scope, receive, send)
-        except AtriumError as err:
-            await error_response(err)(scope, receive, send)
-        except Exception:
-            _LOGGER.exception("unexpected error on app origin %s %s", slug, scope.get("path"))
-            try:
-                await error_response(AtriumError("internal error; see the shell's log"))(
-                    scope, receive, send
-                )
-            except RuntimeError:  # the response had started: the server cuts the connection
-                raise
+        await guard(
+            lambda sending: self._serve(shell, slug, scope, receive, sending),
+            scope,
+            receive,
+            send,
+        )
 
     async def _serve(
         self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send
@@ -244,14 +237,12 @@ async def proxy_page(
 ) -> Response:
     """Forward ``request`` to the instance's own server at ``path`` (query kept); ``kind`` is
     `page` for a browser on the app's origin, `user` for the user's bearer `/api/proxy/`."""
-    address = instance.address
-    query = request.url.query
-    url = f"{address.base_url}{path}" + (f"?{query}" if query else "")
-    return await forward(
-        shell.upstream.session,
+    return await forward_page(
+        shell.upstream.pool,
         request,
-        url,
-        shell_headers={SECRET_HEADER: address.secret, KIND_HEADER: kind},
+        instance.address,
+        path,
+        kind=kind,
         app_id=instance.app_id,
         transform_html=transform,
     )

@@ -280,7 +280,7 @@ def test_a_provider_closing_mid_body_fails_that_request_only(
 def test_a_provider_that_does_not_answer_in_time_is_504(
     api: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("atrium.api.data.UPSTREAM_TIMEOUT", 0.5)
+    monkeypatch.setattr("atrium.api.proxy.data.UPSTREAM_TIMEOUT", 0.5)
     late = api.get("/api/data/plain/items/slow", params={"seconds": "3"})
     assert (late.status_code, late.json()["error"]["code"]) == (504, "upstream_timeout")
     assert api.get("/api/data/plain/items").status_code == 200

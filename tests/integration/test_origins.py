@@ -309,3 +309,25 @@ def test_the_app_is_told_what_each_request_is(
     assert data["headers"]["X-Os-Request-Kind"] == "data"
     proxied = api.get(f"/api/proxy/{instance['instanceId']}/api/data/items/y").json()
     assert proxied["headers"]["x-os-request-kind"] == "user"
+
+
+def test_a_page_request_drops_the_headers_connection_names_both_ways(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    """Issue 19: the page path filters hop-by-hop headers as the data path does, including
+    those a `Connection` header names (RFC 9110 7.6.1), in both directions."""
+    instance, _ = open_view(api, "test.plain.stdlib")
+    iid = instance["instanceId"]
+    sent = api.get(
+        f"/api/proxy/{iid}/api/data/items",
+        headers={"Connection": "keep-alive, X-Secret-Hop", "X-Secret-Hop": "1", "X-Kept": "2"},
+    )
+    assert sent.status_code == 200, sent.text
+    received = {name.lower() for name in sent.json()["headers"]}
+    assert "x-kept" in received
+    assert "x-secret-hop" not in received
+    answered = api.get(f"/api/proxy/{iid}/api/data/items/hop")
+    assert answered.status_code == 200
+    assert answered.headers["x-kept"] == "end to end"
+    assert "x-private" not in answered.headers
+    assert "keep-alive" not in answered.headers

@@ -22,9 +22,10 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from atrium.api.auth import check_cookie_origin, identify_raw
-from atrium.api.errors import error_response
-from atrium.api.forward import BUFFER_LIMIT, HOP_BY_HOP, UPSTREAM_TIMEOUT
-from atrium.errors import AtriumError, InvalidRequest, UpstreamFailed, UpstreamTimeout
+from atrium.api.errors import guard
+from atrium.api.proxy.headers import DATA, Inbound, outbound
+from atrium.api.proxy.pages import BUFFER_LIMIT, NO_BODY_STATUS, UPSTREAM_TIMEOUT
+from atrium.errors import InvalidRequest, UpstreamFailed, UpstreamTimeout
 from atrium.httppool import UpstreamError, UpstreamResponse
 from atrium.identity import Caller, UserCaller
 from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER
@@ -36,36 +37,10 @@ PREFIX: Final = b"/api/data/"
 NON_CANONICAL: Final = re.compile(
     rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|\x00", re.IGNORECASE
 )
-_HOP: Final = frozenset(name.encode() for name in HOP_BY_HOP)
-#: request headers that never reach the provider: hop-by-hop, the caller's credentials, framing
-#: (the pool sets it), `Expect` (the shell answers 100-continue itself)
-DROPPED: Final = _HOP | {b"host", b"authorization", b"cookie", b"content-length", b"expect"}
-#: what every answer of the data proxy carries, whatever the provider said: a browser that opens a
-#: provider's answer (a link, a popup, the address bar) renders it as an inert document on an
-#: opaque origin (no script, form, popup or plugin; nothing loaded), never sniffs another type out
-#: of it, and lets no other origin embed it (`*.localhost` app pages are same-site with the host
-#: page, so the user's cookie would ride on their `<img>`/`<script>` loads)
-INERT: Final = (
-    (b"content-security-policy", b"sandbox; default-src 'none'; form-action 'none'"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-)
-#: response headers that never reach the caller; the server adds its own Date and framing, the
-#: shell its own INERT values (a second CORP or nosniff header would make the pair invalid)
-DROPPED_RESPONSE: Final = _HOP | {
-    b"set-cookie",
-    b"set-cookie2",
-    b"content-length",
-    b"date",
-    b"x-content-type-options",
-    b"cross-origin-resource-policy",
-}
 SECRET: Final = SECRET_HEADER.encode()
 KIND_DATA: Final = (KIND_HEADER.encode(), b"data")
 CALLER_APP_ID: Final = b"X-Os-Caller-App-Id"
 PERMISSION: Final = b"X-Os-Permission"
-#: answers that never carry a body (RFC 9110 6.4.1), whatever their Content-Length says
-NO_BODY_STATUS: Final = frozenset({204, 304})
 
 
 def split_path(raw: bytes) -> tuple[str, bytes, str]:
@@ -122,76 +97,6 @@ async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
         more = message.get("more_body", False)
 
 
-class _Inbound:
-    """The request headers in one pass: what the shell reads, and what goes on to the provider
-    (minus hop-by-hop, credentials, framing, every `X-Os-*` and what `Connection` names)."""
-
-    __slots__ = (
-        "asserted_permission",
-        "authorization",
-        "chunked",
-        "claimed_app_id",
-        "content_length",
-        "cookie",
-        "forwarded",
-    )
-
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        self.authorization: str | None = None
-        self.cookie: str | None = None
-        self.claimed_app_id: str | None = None
-        self.asserted_permission: str | None = None
-        self.content_length: int | None = None
-        self.chunked = False
-        self.forwarded: list[tuple[bytes, bytes]] = []
-        connection: list[bytes] = []
-        for name, value in headers:  # names arrive lower-cased from the server
-            if name not in DROPPED and not name.startswith(b"x-os-"):
-                self.forwarded.append((name, value))
-            elif name == b"authorization":
-                self.authorization = self.authorization or value.decode("latin-1")
-            elif name == b"cookie":
-                self.cookie = self.cookie or value.decode("latin-1")
-            elif name == b"content-length":
-                self.content_length = int(value) if value.isdigit() else None
-            elif name == b"transfer-encoding":
-                self.chunked = True
-            elif name == b"connection":
-                connection.append(value)
-            elif name == b"x-os-caller-app-id":
-                self.claimed_app_id = self.claimed_app_id or value.decode("latin-1")
-            elif name == b"x-os-permission":
-                self.asserted_permission = self.asserted_permission or value.decode("latin-1")
-        if connection:
-            named = connection_options(connection)
-            self.forwarded = [(n, v) for n, v in self.forwarded if n not in named]
-
-
-def connection_options(values: list[bytes]) -> frozenset[bytes]:
-    """The header names the `Connection` header values list: hop-by-hop for this message only."""
-    return frozenset(o.strip().lower() for value in values for o in value.split(b","))
-
-
-def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The provider's headers the caller gets, in one pass (names arrive as the provider sent
-    them): no hop-by-hop, cookie, framing or Date header, nor any the `Connection` header names;
-    then the shell's INERT headers. A provider's own Content-Security-Policy is kept: a browser
-    enforces every policy it gets, so it can only narrow the shell's."""
-    kept: list[tuple[bytes, bytes]] = []
-    connection: list[bytes] = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower == b"connection":
-            connection.append(value)
-        elif lower not in DROPPED_RESPONSE:
-            kept.append((name, value))
-    if connection:
-        named = connection_options(connection)
-        kept = [(n, v) for n, v in kept if n.lower() not in named]
-    kept.extend(INERT)
-    return kept
-
-
 async def serve_data(
     shell: Shell,
     raw_rest: bytes,
@@ -202,20 +107,14 @@ async def serve_data(
 ) -> None:
     """Answer one data request; ``raw_rest`` is the raw path after `/api/data/`.
 
-    Served outside Starlette's middleware stack (the hot path), so it answers its own failures.
+    Served outside Starlette's middleware stack (the hot path), inside the edge's one boundary.
     """
-    try:
-        await _proxy(shell, raw_rest, scope, receive, send, caller)
-    except AtriumError as err:
-        await error_response(err)(scope, receive, send)
-    except Exception:
-        _LOGGER.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
-        try:
-            await error_response(AtriumError("internal error; the shell's log has the details"))(
-                scope, receive, send
-            )
-        except RuntimeError:  # the response had started: the server cuts the connection
-            raise
+    await guard(
+        lambda sending: _proxy(shell, raw_rest, scope, receive, sending, caller),
+        scope,
+        receive,
+        send,
+    )
 
 
 async def _proxy(
@@ -223,7 +122,7 @@ async def _proxy(
 ) -> None:
     authority, upstream_rest, path = split_path(raw_rest)
     method: str = scope["method"]
-    inbound = _Inbound(scope["headers"])
+    inbound = Inbound(scope["headers"], DATA)
     if caller is None:
         caller = identify_raw(scope, inbound.authorization, inbound.cookie, shell)
         if isinstance(caller, UserCaller) and caller.via_cookie:
@@ -272,7 +171,7 @@ async def _proxy(
 
 
 async def _answer(upstream: UpstreamResponse, method: str, app_id: str, send: Send) -> None:
-    headers = response_headers(upstream.headers)
+    headers = outbound(upstream.headers, DATA)
     size = upstream.content_length
     no_body = method == "HEAD" or upstream.status in NO_BODY_STATUS
     if no_body or (size is not None and size <= BUFFER_LIMIT):
