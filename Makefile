@@ -7,9 +7,11 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # Debian packages the test suite uses: git (scope repositories, git fetcher), bubblewrap (sandbox),
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl
-# and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); configurable-http-proxy
-# comes from the npm registry on first use (with the machine's node and npm)
-BENCH_DEB_PACKAGES := nginx-light wrk
+# and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); the upstream app's
+# uvloop and httptools for Debian's python3 (as root, apps run under their own uid and cannot
+# reach an interpreter under /root); configurable-http-proxy comes from the npm registry on first
+# use (with the machine's node and npm)
+BENCH_DEB_PACKAGES := nginx-light wrk python3-uvloop python3-httptools
 
 .PHONY: run test check fmt bench chaos system-deps bench-deps venv clean
 

@@ -138,8 +138,9 @@ def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         "ATRIUM_RUNNER": "process",
         "ATRIUM_LOG_LEVEL": "warning",
     }
-    home.mkdir(parents=True)
-    with (home / "shell.log").open("wb") as log:
+    home.parent.mkdir(parents=True, exist_ok=True)
+    home.parent.chmod(0o755)
+    with (home.parent / "shell.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "atrium", "serve"], env=env, stdout=log, stderr=log
         )

@@ -80,8 +80,12 @@ def rss_bytes(pid: int) -> int:
 
 
 def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """Start the shell with the bench apps installed; (process, base URL, the user's token)."""
-    system = home / "system-apps"
+    """Start the shell with the bench apps installed; (process, base URL, the user's token).
+    The system apps sit beside the home (a home holds only what the shell puts there), and the
+    folder above is opened for search: as root, the process runner's apps run under their own
+    uid and must reach their folders."""
+    home.parent.chmod(0o755)
+    system = home.parent / "system-apps"
     shutil.copytree(APPS / "bench.upstream", system / "bench.upstream")
     caller = system / "bench.caller"
     shutil.copytree(APPS / "bench.upstream", caller)

@@ -182,4 +182,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(main())
+    # new_event_loop, not uvloop.run: Debian's python3-uvloop (0.17) predates uvloop.run
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(main())
