@@ -53,7 +53,7 @@ def bus() -> BusLog:
 
 @pytest.fixture
 def publisher(bus: BusLog) -> Publisher:
-    return Publisher(publish_event=lambda topic, payload: bus.append((topic, payload)))
+    return Publisher(publish_event=lambda payload: bus.append((payload.TOPIC, payload.wire())))
 
 
 async def publish_all(publisher: Publisher, app: Path, to: str, tag: str) -> list[PublishEvent]:
