@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from atrium.bus import Event, EventBus
 from atrium.errors import (
+    AtriumError,
     CallerMismatch,
     NoProvider,
     PermissionDenied,
@@ -23,6 +24,8 @@ from atrium.errors import (
 from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE, AppState
 from atrium.identity import Anonymous, AppCaller, Caller
 from atrium.lifecycle.calls import AppAddress
+from atrium.lifecycle.headless import Woken
+from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
 from atrium.permissions import holds
@@ -35,12 +38,16 @@ RESUMED = InstanceState.RESUMED.value
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where a data request goes and what the shell asserts on it."""
+    """Where a data request goes and what the shell asserts on it. ``address`` is None when the
+    provider must be woken first (`DataProxy.wake`); ``woken`` is set when a headless provider
+    instance serves it (the request is counted there, and keeps it from going idle)."""
 
-    address: AppAddress
+    address: AppAddress | None
     app_id: str
     permission: str | None
     caller_app_id: str | None
+    authority: str
+    woken: Woken | None = None
 
 
 class DataProxy:
@@ -123,12 +130,65 @@ class DataProxy:
                 permission=needed,
             )
         self._authorize(caller, match.app_id, needed, authority, path, method)
-        instance_id = self._registered.get(match.app_id)
+        instance = self._serving(match.app_id)
+        if instance is not None:
+            woken = self._lifecycle.headless.record(instance.id)
+            return Route(instance.address, match.app_id, needed, caller_app, authority, woken)
+        copy = self._registry.get(match.app_id)
+        provider = copy.manifest.data_provider if copy and copy.manifest else None
+        if provider is None or not provider.wake:
+            raise self._unavailable(match.app_id, authority)
+        return Route(None, match.app_id, needed, caller_app, authority)
+
+    def _serving(self, app_id: str) -> Instance | None:
+        instance_id = self._registered.get(app_id)
         instance = self._lifecycle.find(instance_id) if instance_id is not None else None
         if instance is None or instance.state is not InstanceState.RESUMED or instance.port is None:
-            states = [i.state.value for i in self._lifecycle.of_app(match.app_id)]
-            raise ProviderUnavailable(authority, states[0] if states else None)
-        return Route(instance.address, match.app_id, needed, caller_app)
+            return None
+        return instance
+
+    def _unavailable(self, app_id: str, authority: str, why: str = "") -> ProviderUnavailable:
+        states = [i.state.value for i in self._lifecycle.of_app(app_id)]
+        return ProviderUnavailable(authority, states[0] if states else None, why)
+
+    async def wake(self, route: Route) -> Route:
+        """Hold a request for an app that opted into `dataProvider.wake` until its headless
+        provider instance is `resumed` (docs/api.md "Waking a provider"); then route it there,
+        or to whichever instance registered meanwhile. 503 when it does not wake in time."""
+        copy = self._registry.get(route.app_id)
+        provider = copy.manifest.data_provider if copy and copy.manifest else None
+        if provider is None:  # uninstalled while the request was on its way
+            raise NoProvider(route.authority, "/")
+        try:
+            woken = await self._lifecycle.headless.wake(
+                route.app_id,
+                wait=provider.wake_timeout_ms / 1000,
+                idle_timeout=provider.idle_timeout_ms / 1000,
+            )
+        except TimeoutError:
+            raise self._unavailable(
+                route.app_id,
+                route.authority,
+                f"it did not wake within {provider.wake_timeout_ms} ms",
+            ) from None
+        except AtriumError as err:
+            raise self._unavailable(
+                route.app_id, route.authority, f"waking it failed: {err.message}"
+            ) from err
+        instance = self._serving(route.app_id)
+        if instance is None and woken.state is InstanceState.RESUMED and woken.port is not None:
+            instance = woken
+        if instance is None:
+            raise self._unavailable(route.app_id, route.authority, "it woke but left `resumed`")
+        record = self._lifecycle.headless.record(instance.id)
+        return Route(
+            instance.address,
+            route.app_id,
+            route.permission,
+            route.caller_app_id,
+            route.authority,
+            record,
+        )
 
     def _authorize(
         self,

@@ -386,10 +386,10 @@ class ProviderUnavailable(AtriumError):
     code = "provider_unavailable"
     http_status = 503
 
-    def __init__(self, authority: str, state: str | None = None) -> None:
+    def __init__(self, authority: str, state: str | None = None, why: str = "") -> None:
         super().__init__(
-            f"the provider of {authority!r} is not running (state: {state or 'not started'}); "
-            "retry with backoff",
+            f"the provider of {authority!r} is not running (state: {state or 'not started'})"
+            f"{'; ' + why if why else ''}; retry with backoff",
             authority=authority,
             state=state,
         )

@@ -30,6 +30,9 @@ TOOL_RE: Final = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})\Z")
 MAX_DEADLINE_MS: Final = 600_000
 DEFAULT_DEADLINE_MS: Final = 10_000
 MAX_WARM_POOL: Final = 64
+DEFAULT_WAKE_TIMEOUT_MS: Final = 10_000
+DEFAULT_IDLE_TIMEOUT_MS: Final = 60_000
+MAX_IDLE_MS: Final = 86_400_000
 
 
 class ThemeStrategy(StrEnum):
@@ -103,6 +106,12 @@ class DataProvider(_ManifestPart):
 
     authority: str
     providers: list[ProviderEntry] = Field(min_length=1)
+    #: a data request while no instance is `resumed` starts a headless provider instance
+    wake: bool = False
+    #: how long held requests wait for that instance to reach `resumed`
+    wake_timeout_ms: int = Field(default=DEFAULT_WAKE_TIMEOUT_MS, ge=100, le=MAX_DEADLINE_MS)
+    #: a headless provider instance with no data request for this long is stopped and destroyed
+    idle_timeout_ms: int = Field(default=DEFAULT_IDLE_TIMEOUT_MS, ge=1_000, le=MAX_IDLE_MS)
 
     @field_validator("authority")
     @classmethod

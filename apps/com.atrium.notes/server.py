@@ -7,22 +7,35 @@ An activity created with extras `{"text": ...}` (the CREATE_NOTE intent) adds a 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from atrium.sdk import App, HttpError, Request, Response
 
 app = App("Notes")
-LOCK = threading.Lock()
+THREADS = threading.Lock()
 PAGE = Path(__file__).with_name("index.html").read_text()
 Notes = dict[str, dict[str, str]]
 
 
 def notes_file() -> Path:
     return app.data_dir / "notes.json"
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """One reader-writer at a time, across threads and processes: the user's Notes and the
+    headless provider instance the shell wakes share this data folder."""
+    app.data_dir.mkdir(parents=True, exist_ok=True)
+    with THREADS, (app.data_dir / ".notes.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def load() -> Notes:
@@ -69,7 +82,7 @@ def page(request: Request) -> Response:
 def notes_entry(request: Request) -> object:
     method = "GET" if request.method == "HEAD" else request.method
     note_id = request.subpath
-    with LOCK:
+    with locked():
         notes = load()
         if not note_id:
             if method == "GET":
@@ -104,7 +117,7 @@ def open_activity(body: dict[str, Any]) -> dict[str, object]:
     text = extras.get("text") if isinstance(extras, dict) else None
     if not isinstance(text, str):
         return {"path": "/", "title": "Notes"}
-    with LOCK:
+    with locked():
         note = add(load(), text)
     first_line = text.strip().splitlines()[0][:40] if text.strip() else "new note"
     return {"path": f"/?note={note['id']}", "title": f"Note: {first_line}"}

@@ -49,8 +49,13 @@ def origin_url(shell: Shell, instance: Instance, path: str) -> str:
 
 
 def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any]:
-    pooled = shell_of(request).lifecycle.is_pooled(instance)
-    return instance.wire(for_app=isinstance(caller, AppCaller), pooled=pooled)
+    lifecycle = shell_of(request).lifecycle
+    woken = lifecycle.headless.record(instance.id)
+    return instance.wire(
+        for_app=isinstance(caller, AppCaller),
+        pooled=lifecycle.is_pooled(instance),
+        wake=None if woken is None else woken.wire(),
+    )
 
 
 async def list_instances(request: Request, caller: Caller) -> Response:

@@ -24,8 +24,18 @@ def _uptime(started: str | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _role(instance: dict[str, Any]) -> str:
+    """What the instance is for: a view instance (blank), warm pool, or a woken provider."""
+    wake = instance.get("wake")
+    if wake is not None:
+        took = "booting" if wake["wakeMs"] is None else f"woke in {wake['wakeMs']:.0f} ms"
+        return f"provider, {took}, {wake['requests']} req"
+    return "warm pool" if instance.get("pooled") else ""
+
+
 def ps(as_json: bool = JSON_OPT) -> None:
-    """Instances with state, port, scope, uptime, and a THEMED/OVERRIDE chip."""
+    """Instances with state, port, scope, uptime, role (warm pool, woken provider), and a
+    THEMED/OVERRIDE chip."""
     with ShellClient() as client:
         items = client.request("GET", "/api/instances")
     if as_json:
@@ -39,6 +49,7 @@ def ps(as_json: bool = JSON_OPT) -> None:
             i["scope"],
             _uptime(i["startedAt"]),
             i["views"],
+            _role(i),
             CHIPS.get(i["themeStrategy"], ""),
             i["error"] or "",
         )
@@ -46,7 +57,7 @@ def ps(as_json: bool = JSON_OPT) -> None:
     ]
     print_table(
         "Instances",
-        ["instance", "state", "port", "scope", "uptime", "views", "theme", "error"],
+        ["instance", "state", "port", "scope", "uptime", "views", "role", "theme", "error"],
         rows,
     )
 

@@ -376,7 +376,12 @@ class Distribution:
         with the same ids (and so the same runtime data)."""
         await self._lifecycle.drain(app_id)
         instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
-        running = [i.id for i in instances if i.state is not InstanceState.ERROR]
+        # a headless provider is not brought back: the next data request wakes the new version
+        running = [
+            i.id
+            for i in instances
+            if i.state is not InstanceState.ERROR and not self._lifecycle.is_headless(i)
+        ]
         for instance in instances:
             try:
                 await self._lifecycle.remove(instance.id)

@@ -18,8 +18,9 @@ from atrium.scopes import Scope
 
 
 def runtime_dir_re(app_id: str) -> re.Pattern[str]:
-    """Names of instance runtime data directories inside an app directory (`<appId>-<n>`)."""
-    return re.compile(rf"{re.escape(app_id)}-[0-9]+")
+    """Names of instance runtime folders inside an app directory: `<appId>-<n>`, and the lock
+    folder of the headless provider instance, `<appId>-provider`."""
+    return re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
 
 
 def validate_staged(app_dir: Path, scope: Scope) -> Manifest:

@@ -174,6 +174,7 @@ class Booter:
                 sdk=sdk_path(self.layout.home),
             ),
             data_dir=instance.data_dir,
+            lock_dir=instance.lock_dir,
             host=self._config.app_host,
             port=port,
             log_path=log_path,

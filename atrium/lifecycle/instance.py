@@ -59,6 +59,8 @@ class Instance:
     manifest: Manifest
     slug: str
     bus: EventBus
+    #: set when ``data_dir`` is another instance's (a headless provider's): what it locks instead
+    lock_dir: Path | None = None
     _state: InstanceState = S.INSTALLED
     secret: str = ""
     token: str | None = None
@@ -129,8 +131,11 @@ class Instance:
         _LOGGER.info("%s %s: %s → %s", self.app_id, self.id, previous, target)
         self.bus.emit(AppState(self.id, self.app_id, previous.value, target.value))
 
-    def wire(self, *, for_app: bool = False, pooled: bool = False) -> dict[str, Any]:
-        """The instance as decisions.md reports it; apps never see another's port or pid."""
+    def wire(
+        self, *, for_app: bool = False, pooled: bool = False, wake: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The instance as docs/api.md reports it; apps never see another's port or pid.
+        ``wake``: how a headless provider instance woke and how much it served."""
         theme = self.manifest.theme_strategy.value
         return {
             "instanceId": self.id,
@@ -149,6 +154,8 @@ class Instance:
             "themeStrategy": theme,
             "backgroundService": self.manifest.background_service,
             "pooled": pooled,
+            "headless": wake is not None,
+            "wake": wake,
         }
 
     def stamp_started(self) -> None:

@@ -33,6 +33,7 @@ from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
+from atrium.lifecycle.headless import HeadlessProviders
 from atrium.lifecycle.instance import Activity, Instance, View
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import Runner
@@ -88,6 +89,7 @@ class LifecycleManager:
         self._views = ViewDesk()
         self._activities = Activities(upstream, bus)
         self.pool = WarmPool(self, registry, bus)
+        self.headless = HeadlessProviders(self)
 
     async def __aenter__(self) -> Self:
         return self
@@ -131,11 +133,17 @@ class LifecycleManager:
     def is_pooled(self, instance: Instance) -> bool:
         return self.pool.holds(instance)
 
+    def is_headless(self, instance: Instance) -> bool:
+        return self.headless.holds(instance)
+
     def ports_in_use(self) -> int:
         return self._booter.ports_in_use()
 
-    def new_instance(self, app_id: str, wanted: str | None = None) -> Instance:
-        """A new instance of the app in `installed`, in the index (not booted)."""
+    def new_instance(
+        self, app_id: str, wanted: str | None = None, data_of: str | None = None
+    ) -> Instance:
+        """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
+        instance id whose runtime data folder it uses (a headless provider's; default its own)."""
         copy = self._registry.get(app_id)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
@@ -151,7 +159,10 @@ class LifecycleManager:
             app_id=app_id,
             scope=copy.scope,
             app_dir=copy.path,
-            data_dir=self._config.layout.runtime_dir(copy.scope, app_id, instance_id),
+            data_dir=self._config.layout.runtime_dir(copy.scope, app_id, data_of or instance_id),
+            lock_dir=None
+            if data_of is None
+            else self._config.layout.runtime_dir(copy.scope, app_id, instance_id),
             manifest=copy.manifest,
             slug=new_slug(),
             bus=self._bus,
@@ -163,6 +174,7 @@ class LifecycleManager:
     def _forget(self, instance: Instance) -> None:
         instance.views.clear()
         self.pool.forget(instance)
+        self.headless.forget(instance)
         if self.holds(instance):
             del self._instances[instance.id]
         if self._by_slug.get(instance.slug) is instance:
@@ -178,7 +190,9 @@ class LifecycleManager:
         same runtime data), as an update does after replacing the app."""
         if not new:
             live = [
-                i for i in self.of_app(app_id) if not self.is_pooled(i) and i.state is not S.ERROR
+                i
+                for i in self.of_app(app_id)
+                if not self.is_pooled(i) and not self.is_headless(i) and i.state is not S.ERROR
             ]
             if live:
                 instance = live[0]

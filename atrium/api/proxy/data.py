@@ -25,10 +25,11 @@ from atrium.api.auth import check_cookie_origin, identify_raw
 from atrium.api.errors import guard
 from atrium.api.proxy.headers import DATA, Inbound, outbound
 from atrium.api.proxy.pages import BUFFER_LIMIT, NO_BODY_STATUS, UPSTREAM_TIMEOUT
+from atrium.dataproxy import Route
 from atrium.errors import InvalidRequest, UpstreamFailed, UpstreamTimeout
 from atrium.httppool import UpstreamError, UpstreamResponse
 from atrium.identity import Caller, UserCaller
-from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER
+from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER, AppAddress
 from atrium.shell import Shell
 
 _LOGGER = logging.getLogger(__name__)
@@ -130,8 +131,34 @@ async def _proxy(
     route = shell.dataproxy.route(
         authority, path, method, caller, inbound.claimed_app_id, inbound.asserted_permission
     )
+    if route.address is None:
+        route = await shell.dataproxy.wake(route)
+    address = route.address
+    if address is None:  # pragma: no cover - wake routes or raises
+        raise RuntimeError("a woken route without an address")
+    if route.woken is None:
+        await _forward(shell, route, address, upstream_rest, scope, receive, send, inbound)
+        return
+    route.woken.begin()
+    try:
+        await _forward(shell, route, address, upstream_rest, scope, receive, send, inbound)
+    finally:
+        route.woken.end()
+
+
+async def _forward(
+    shell: Shell,
+    route: Route,
+    address: AppAddress,
+    upstream_rest: bytes,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    inbound: Inbound,
+) -> None:
+    method: str = scope["method"]
     out = inbound.forwarded
-    out.append((SECRET, route.address.secret.encode("latin-1")))
+    out.append((SECRET, address.secret.encode("latin-1")))
     out.append(KIND_DATA)
     if route.caller_app_id is not None:
         out.append((CALLER_APP_ID, route.caller_app_id.encode("latin-1")))
@@ -150,8 +177,8 @@ async def _proxy(
     try:
         upstream = await shell.upstream.pool.request(
             method,
-            route.address.host,
-            route.address.port,
+            address.host,
+            address.port,
             target,
             out,
             body,

@@ -16,9 +16,10 @@ The contract (every runner, every future back-end: container, Kubernetes):
 - The child's stdout and stderr go to ``spec.log_path`` (appended).
 - ``spec.user``: when set (the shell runs as root), the app's processes run under that uid/gid
   with no supplementary groups, never as root; its data directory is made theirs (owner, 0700).
-- One data directory never serves two children at once: the runner takes an exclusive ``flock``
-  on it, held by the child's side for its whole life, and a spawn on a locked directory raises
-  SpawnFailed (cause ``locked``).
+- One instance never runs twice: the runner takes an exclusive ``flock`` on ``spec.lock_dir``
+  (the data directory itself unless a headless provider shares its app's data folder), held by
+  the child's side for its whole life, and a spawn on a locked directory raises SpawnFailed
+  (cause ``locked``).
 - Nothing the child starts outlives the shell, even one killed with SIGKILL.
 """
 
@@ -64,6 +65,9 @@ class SpawnSpec:
     ro_paths: Sequence[Path] = field(default_factory=tuple)
     #: run as this uid/gid (the shell is root); None: as the shell's own user
     user: AppUser | None = None
+    #: the folder whose ``flock`` proves this instance runs once (None: ``data_dir``); a headless
+    #: provider shares its app's data folder but locks a folder of its own
+    lock_dir: Path | None = None
     #: the shell's home: with ``user``, the process runner opens the folders between it and the
     #: app's folders for search (0711) so that uid reaches them
     home: Path | None = None

@@ -347,14 +347,15 @@ def lock_data_dir(spec: SpawnSpec) -> int:
     The descriptor is handed to the child's side (the keeper, or bwrap's ``--sync-fd``), which
     holds it as long as anything of the app runs; the shell closes its copy after the spawn.
     """
-    fd = os.open(spec.data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    locked = spec.lock_dir or spec.data_dir
+    fd = os.open(locked, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:
         os.close(fd)
         raise SpawnFailed(
             f"cannot start {spec.app_id!r} instance {spec.instance_id!r}: its data folder "
-            f"{spec.data_dir} is in use by another process (an earlier run of this instance "
+            f"{locked} is in use by another process (an earlier run of this instance "
             "still alive?); stop it, or see `atrium ps`",
             app_id=spec.app_id,
             cause="locked",
@@ -370,7 +371,10 @@ def prepare_dirs(spec: SpawnSpec) -> None:
             app_id=spec.app_id,
             cause="mount",
         )
-    for what, path in (("data directory", spec.data_dir), ("log directory", spec.log_path.parent)):
+    folders = [("data directory", spec.data_dir), ("log directory", spec.log_path.parent)]
+    if spec.lock_dir is not None:
+        folders.append(("lock directory", spec.lock_dir))
+    for what, path in folders:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:

@@ -1,0 +1,160 @@
+"""Headless provider instances: woken by a data request, stopped when idle (docs/api.md
+"Waking a provider").
+
+A provider app that sets `dataProvider.wake` gets one headless instance when a data request finds
+none of its instances `resumed`. Every request that arrives while it boots waits on the same boot
+(one spawn for all); the callers give up after the app's `wakeTimeoutMs` each, the boot goes on.
+The instance has its own id (`<appId>-provider`) and no view, so nothing the user opened is
+touched, but it runs on the data folder of the app's first instance (`<appId>-1`): a provider's
+data is the data its app shows, whichever process serves it (decisions.md "Waking a provider").
+When it has had no data request for `idleTimeoutMs`, it is stopped and destroyed through the
+normal moves (hooks and `app:state` events).
+
+Like the warm pool, this owns which instances are headless (a table of ids, not a flag on the
+instance); what it needs of the lifecycle manager is the narrow `WakeHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from atrium.errors import AtriumError
+from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.states import InstanceState
+
+_LOGGER = logging.getLogger(__name__)
+#: the headless instance's id is the app id plus this
+SUFFIX: Final = "-provider"
+
+
+class WakeHost(Protocol):
+    """What waking asks of the lifecycle manager."""
+
+    def find(self, instance_id: str) -> Instance | None: ...
+
+    def holds(self, instance: Instance) -> bool: ...
+
+    def new_instance(
+        self, app_id: str, wanted: str | None = None, data_of: str | None = None
+    ) -> Instance: ...
+
+    async def boot_resumed(self, instance: Instance) -> None: ...
+
+    async def remove(self, instance_id: str, *, force: bool = False) -> str | None: ...
+
+    async def force(self, instance: Instance) -> None: ...
+
+    def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
+
+
+@dataclass(slots=True)
+class Woken:
+    """What the shell knows of one headless instance's wake and use."""
+
+    idle_timeout: float
+    asked_at: float
+    #: wall time from the first held request to `resumed`, in ms (None while booting)
+    wake_ms: float | None = None
+    requests: int = 0
+    in_flight: int = 0
+    last_used: float = 0.0
+
+    def begin(self) -> None:
+        self.requests += 1
+        self.in_flight += 1
+        self.last_used = time.monotonic()
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        self.last_used = time.monotonic()
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "wakeMs": None if self.wake_ms is None else round(self.wake_ms, 1),
+            "requests": self.requests,
+            "idleTimeoutMs": round(self.idle_timeout * 1000),
+        }
+
+
+class HeadlessProviders:
+    """The headless provider instances and the wakes in flight; see the module docstring."""
+
+    def __init__(self, host: WakeHost) -> None:
+        self._host = host
+        self._woken: dict[str, Woken] = {}
+        self._booting: dict[str, asyncio.Task[Instance]] = {}
+        #: wakes started per app since the shell started
+        self.wakes: dict[str, int] = {}
+
+    def holds(self, instance: Instance) -> bool:
+        return instance.id in self._woken
+
+    def record(self, instance_id: str) -> Woken | None:
+        return self._woken.get(instance_id)
+
+    def forget(self, instance: Instance) -> None:
+        self._woken.pop(instance.id, None)
+
+    async def wake(self, app_id: str, *, wait: float, idle_timeout: float) -> Instance:
+        """The app's headless instance once `resumed`, booting it if needed (one boot for every
+        caller). TimeoutError after ``wait`` s (the boot goes on); the boot's AtriumError when
+        it failed."""
+        task = self._booting.get(app_id)
+        if task is None:
+            task = self._host.spawn_task(self._boot(app_id, idle_timeout), f"wake {app_id}")
+            self._booting[app_id] = task
+            task.add_done_callback(lambda done: self._boot_done(app_id, done))
+        async with asyncio.timeout(wait):
+            return await asyncio.shield(task)
+
+    def _boot_done(self, app_id: str, task: asyncio.Task[Instance]) -> None:
+        if self._booting.get(app_id) is task:
+            del self._booting[app_id]
+
+    async def _boot(self, app_id: str, idle_timeout: float) -> Instance:
+        wanted = f"{app_id}{SUFFIX}"
+        existing = self._host.find(wanted)
+        if existing is not None:
+            if existing.state is InstanceState.RESUMED and self.holds(existing):
+                return existing
+            await self._host.force(existing)  # a headless one left in `error` or half-stopped
+        instance = self._host.new_instance(app_id, wanted, data_of=f"{app_id}-1")
+        woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
+        self.wakes[app_id] = self.wakes.get(app_id, 0) + 1
+        _LOGGER.info("%s: waking a headless provider instance %s", app_id, instance.id)
+        try:
+            await self._host.boot_resumed(instance)
+        except AtriumError as err:
+            _LOGGER.warning("%s: the provider did not wake: %s", app_id, err.message)
+            raise
+        woken.wake_ms = (time.monotonic() - woken.asked_at) * 1000
+        woken.last_used = time.monotonic()
+        _LOGGER.info("%s %s: woke in %.0f ms", app_id, instance.id, woken.wake_ms)
+        self._host.spawn_task(self._reap_when_idle(instance, woken), f"idle {instance.id}")
+        return instance
+
+    async def _reap_when_idle(self, instance: Instance, woken: Woken) -> None:
+        """Stop and destroy the instance once it has had no data request for its idle time."""
+        while self._host.holds(instance):
+            remaining = woken.last_used + woken.idle_timeout - time.monotonic()
+            if woken.in_flight == 0 and remaining <= 0:
+                break
+            await asyncio.sleep(
+                max(remaining, 0.05) if woken.in_flight == 0 else woken.idle_timeout
+            )
+        if not self._host.holds(instance):
+            return
+        _LOGGER.info(
+            "%s %s: no data request for %.0f s; stopping it",
+            instance.app_id,
+            instance.id,
+            woken.idle_timeout,
+        )
+        reason = await self._host.remove(instance.id)
+        if reason is not None:
+            _LOGGER.warning("%s: idle headless instance forced out: %s", instance.id, reason)
