@@ -16,6 +16,7 @@ from bench import (
     soak,
     streaming,
     theme,
+    wake,
     watcher,
 )
 
@@ -30,6 +31,7 @@ BENCHES = {
     "install": install.main,
     "events": events.main,
     "crash": crash.main,
+    "wake": wake.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

@@ -26,6 +26,9 @@ EDGES = ("hop", "cut", "slow", "chunked", "notmodified")
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    #: headers and body are two writes: without TCP_NODELAY the body waits for the shell's
+    #: delayed ACK (40 ms) on every keep-alive request
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: object) -> None:
         pass
