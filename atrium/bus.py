@@ -55,6 +55,8 @@ class Subscription:
     globs: tuple[str, ...] | None
     #: called once when the bus drops this subscriber for being too slow
     on_drop: Callable[[], object] | None = None
+    #: a further per-subscriber test of each event its globs match (who may hear what)
+    admit: Callable[[Event], bool] | None = None
     queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     closed: bool = False
     dropped: bool = False
@@ -153,7 +155,9 @@ class EventBus:
             hit = matched.get(sub.globs)
             if hit is None:
                 hit = matched[sub.globs] = matches_any(topic, sub.globs)
-            if hit and not sub.offer(event.frame):
+            if not hit or (sub.admit is not None and not sub.admit(event)):
+                continue
+            if not sub.offer(event.frame):
                 self._drop(sub)
         for globs, listener in tuple(self._listeners):
             if matches_any(topic, globs):
@@ -178,16 +182,22 @@ class EventBus:
         globs: tuple[str, ...] | None = None,
         last_event_id: int | None = None,
         on_drop: Callable[[], object] | None = None,
+        admit: Callable[[Event], bool] | None = None,
     ) -> Subscription:
         """A new subscription, first fed the missed events after ``last_event_id`` (if any);
-        ``on_drop`` is called if the bus later drops it for being too slow."""
-        sub = Subscription(globs, on_drop)
+        ``on_drop`` is called if the bus later drops it for being too slow; ``admit`` further
+        filters the events its globs match."""
+        sub = Subscription(globs, on_drop, admit)
         if self._closed:
             sub.end()
             return sub
         if last_event_id is not None:
             for event in self._history:
-                if event.id > last_event_id and matches_any(event.topic, globs):
+                if (
+                    event.id > last_event_id
+                    and matches_any(event.topic, globs)
+                    and (admit is None or admit(event))
+                ):
                     sub.offer(event.frame)
         self._subscribers.add(sub)
         return sub

@@ -199,21 +199,62 @@ class DataProxy:
         path: str,
         method: str,
     ) -> None:
+        refusal = self._refusal(caller, provider_app, needed, authority, path, method)
+        if refusal is not None:
+            raise refusal
+
+    def _refusal(
+        self,
+        caller: Caller,
+        provider_app: str,
+        needed: str | None,
+        authority: str,
+        path: str,
+        method: str,
+    ) -> Unauthenticated | PermissionDenied | None:
         if needed is None or not isinstance(caller, (AppCaller, Anonymous)):
-            return  # open entry, or the user, who may read and write every entry
+            return None  # open entry, or the user, who may read and write every entry
         if isinstance(caller, Anonymous):
-            raise Unauthenticated(
+            return Unauthenticated(
                 f"{method} {authority}{path} needs permission {needed!r}: "
                 "call with an app's or the user's token"
             )
         if caller.app_id == provider_app:
-            return  # a provider may call its own authority
+            return None  # a provider may call its own authority
         copy = self._registry.get(caller.app_id)
         granted = copy.manifest.permissions if copy and copy.manifest else []
         if not holds(granted, needed):
-            raise PermissionDenied(
+            return PermissionDenied(
                 f"app {caller.app_id!r} needs permission {needed!r} in its manifest to {method} "
                 f"{authority}{path}",
                 caller_app_id=caller.app_id,
                 permission=needed,
             )
+        return None
+
+    def may_read(self, caller: Caller, authority: str, path: str) -> bool:
+        """Whether a GET of ``authority`` ``path`` through the proxy would pass steps 4 and 5
+        (who may hear of a change there: docs/api.md "Change notifications")."""
+        match = self.table.match(authority, path)
+        if match is None:  # no entry: only the provider itself (and the user) hear of it
+            served_by = self.table.app_for(authority)
+            return not isinstance(caller, AppCaller) or caller.app_id == served_by
+        needed = match.permission("GET")
+        return self._refusal(caller, match.app_id, needed, authority, path, "GET") is None
+
+    def authority_of(self, app_id: str) -> str:
+        """The authority ``app_id`` serves, or 403: only a provider announces its changes."""
+        copy = self._registry.get(app_id)
+        provider = copy.manifest.data_provider if copy and copy.manifest else None
+        if provider is None:
+            raise PermissionDenied(
+                f"app {app_id!r} declares no dataProvider: it has no data to announce changes of",
+                caller_app_id=app_id,
+            )
+        served_by = self.table.app_for(provider.authority)
+        if served_by != app_id:
+            raise PermissionDenied(
+                f"authority {provider.authority!r} is served by {served_by!r}, not {app_id!r}",
+                caller_app_id=app_id,
+            )
+        return provider.authority

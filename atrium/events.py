@@ -22,6 +22,7 @@ APP_LIFECYCLE_ERROR: Final = "app:lifecycle.error"
 APP_CRASHED: Final = "app:crashed"
 ACTIVITY_OPENED: Final = "activity:opened"
 KV_CHANGED: Final = "kv:changed"
+DATA_CHANGED: Final = "data:changed"
 THEME_CHANGED: Final = "theme:changed"
 DIST_INSTALL_COMPLETE: Final = "dist:install.complete"
 DIST_UPDATE_COMPLETE: Final = "dist:update.complete"
@@ -109,6 +110,15 @@ class ActivityOpened(Payload):
     activity_id: str
     path: str
     title: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataChanged(Payload):
+    """A provider announced that data under its authority changed (`POST /api/data-changes`)."""
+
+    TOPIC: ClassVar[str] = DATA_CHANGED
+    authority: str
+    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +212,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         AppCrashed,
         ActivityOpened,
         KvChanged,
+        DataChanged,
         ThemeChanged,
         DistInstallComplete,
         DistUpdateComplete,

@@ -18,6 +18,29 @@ from atrium.permissions import Verb
 READ_METHODS: Final = frozenset({"GET", "HEAD"})
 
 
+def canonical_path(value: str) -> str:
+    """A data path as the table sees it: `/`-rooted, no `.`/`..` segment, `\\` or NUL, no
+    trailing `/`; ValueError naming the problem otherwise."""
+    if not value.startswith("/"):
+        raise ValueError(f"path {value[:80]!r} must start with '/'")
+    segments = value.split("/")[1:]
+    if any(s in {".", ".."} for s in segments) or "\x00" in value or "\\" in value:
+        raise ValueError(f"path {value[:80]!r} must be canonical (no '.', '..', '\\' or NUL)")
+    return value.rstrip("/") or "/"
+
+
+def related(watched: str, changed: str) -> bool:
+    """Whether a watcher of ``watched`` hears of a change at ``changed``: the same path, one
+    below it, or one above it (a change announced for a collection covers its items)."""
+    return (
+        watched == changed
+        or watched == "/"
+        or changed == "/"
+        or changed.startswith(watched + "/")
+        or watched.startswith(changed + "/")
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderMatch:
     """The app and entry serving a request path."""

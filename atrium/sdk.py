@@ -360,6 +360,25 @@ class App:
             with err:
                 return err.code, _decode(err.read(), err.headers.get_content_type())
 
+    def notify_change(self, *paths: str) -> bool:
+        """Tell watchers that data under this app's authority changed at ``paths`` (each starting
+        with ``/``, as in the provider's entries): the shell publishes ``data:changed`` to those
+        who may read there (docs/api.md "Change notifications"). Call it after the write is
+        durable. False (and a line on stderr) when the shell refused or could not be reached: a
+        lost notice must not fail the write that caused it."""
+        if not paths:
+            return True
+        body = {"path": paths[0]} if len(paths) == 1 else {"paths": list(paths)}
+        try:
+            status, answer = self.call_shell("POST", "/api/data-changes", body, timeout=5.0)
+        except (OSError, RuntimeError) as err:
+            sys.stderr.write(f"{self.name}: notify_change{paths!r} failed: {err}\n")
+            return False
+        if status != 200:
+            sys.stderr.write(f"{self.name}: notify_change{paths!r} refused: {status} {answer}\n")
+            return False
+        return True
+
     # -- serving ------------------------------------------------------------------------------
 
     def run(self) -> None:

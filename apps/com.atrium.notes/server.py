@@ -73,6 +73,11 @@ def add(notes: Notes, text: str) -> dict[str, str]:
     return note
 
 
+def changed(note_id: str) -> None:
+    """Tell watchers of `notes/notes` (other apps, the page itself) what changed."""
+    app.notify_change(f"/notes/{note_id}")
+
+
 @app.route("GET", "/")
 def page(request: Request) -> Response:
     return Response.html(PAGE)
@@ -83,32 +88,39 @@ def notes_entry(request: Request) -> object:
     method = "GET" if request.method == "HEAD" else request.method
     note_id = request.subpath
     with locked():
-        notes = load()
-        if not note_id:
-            if method == "GET":
-                return sorted(notes.values(), key=lambda n: n["id"])
-            if method == "POST":
-                return 201, add(notes, text_of(request))
-            raise HttpError(
-                405, f"{method} /notes: use GET or POST", headers={"Allow": "GET, POST"}
-            )
-        if note_id not in notes:
-            raise HttpError(404, f"no note {note_id!r}")
+        result, written = serve(method, note_id, request)
+    if written is not None:  # after the lock: a slow shell never holds up other writers
+        changed(written)
+    return result
+
+
+def serve(method: str, note_id: str, request: Request) -> tuple[object, str | None]:
+    """The answer, and the id of the note written (None for a read); the caller holds the lock."""
+    notes = load()
+    if not note_id:
         if method == "GET":
-            return notes[note_id]
-        if method == "PUT":
-            notes[note_id]["text"] = text_of(request)
-            save(notes)
-            return notes[note_id]
-        if method == "DELETE":
-            del notes[note_id]
-            save(notes)
-            return {"ok": True}
-        raise HttpError(
-            405,
-            f"{method} /notes/<id>: use GET, PUT or DELETE",
-            headers={"Allow": "GET, PUT, DELETE"},
-        )
+            return sorted(notes.values(), key=lambda n: n["id"]), None
+        if method == "POST":
+            note = add(notes, text_of(request))
+            return (201, note), note["id"]
+        raise HttpError(405, f"{method} /notes: use GET or POST", headers={"Allow": "GET, POST"})
+    if note_id not in notes:
+        raise HttpError(404, f"no note {note_id!r}")
+    if method == "GET":
+        return notes[note_id], None
+    if method == "PUT":
+        notes[note_id]["text"] = text_of(request)
+        save(notes)
+        return notes[note_id], note_id
+    if method == "DELETE":
+        del notes[note_id]
+        save(notes)
+        return {"ok": True}, note_id
+    raise HttpError(
+        405,
+        f"{method} /notes/<id>: use GET, PUT or DELETE",
+        headers={"Allow": "GET, PUT, DELETE"},
+    )
 
 
 @app.hook("onActivityCreate")
@@ -119,6 +131,7 @@ def open_activity(body: dict[str, Any]) -> dict[str, object]:
         return {"path": "/", "title": "Notes"}
     with locked():
         note = add(load(), text)
+    changed(note["id"])
     first_line = text.strip().splitlines()[0][:40] if text.strip() else "new note"
     return {"path": f"/?note={note['id']}", "title": f"Note: {first_line}"}
 

@@ -10,6 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from atrium.api import (
     apps,
+    changes,
     dist,
     instances,
     intents,
@@ -120,6 +121,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *apps.routes,
             *scopes.routes,
             *kv.routes,
+            *changes.routes,
             *instances.routes,
             *tools.routes,
             *intents.routes,

@@ -38,6 +38,7 @@ class Access(Enum):
     ANYONE = "anyone"
     USER = "user"
     USER_OR_APP = "user or app"
+    APP = "app"
 
 
 def shell_of(request: Request) -> Shell:
@@ -111,6 +112,8 @@ def authorize(caller: Caller, access: Access) -> None:
             f"only the user may call this endpoint, not app {caller.app_id!r}",
             caller_app_id=caller.app_id,
         )
+    if access is Access.APP and not isinstance(caller, AppCaller):
+        raise PermissionDenied("only an app may call this endpoint, with its own token")
 
 
 class Endpoint(Route):

@@ -19,10 +19,12 @@ from starlette.types import Receive, Scope, Send
 
 from atrium.api.auth import Access, authorize, identify
 from atrium.api.errors import error_response
-from atrium.bus import Subscription
+from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
-from atrium.events import MAX_GLOBS, compile_glob
-from atrium.identity import Caller
+from atrium.events import MAX_GLOBS, DataChanged, compile_glob
+from atrium.identity import AppCaller, Caller
+from atrium.manifest import AUTHORITY_RE
+from atrium.providers import canonical_path, related
 from atrium.shell import Shell
 
 PATH: Final = b"/api/events"
@@ -55,6 +57,45 @@ def parse_topics(raw: str | None) -> tuple[str, ...] | None:
     return globs
 
 
+def parse_data_path(raw: str | None) -> tuple[str, str] | None:
+    """``dataPath=<authority>/<prefix>`` → (authority, canonical prefix); no prefix is `/`."""
+    if raw is None or not raw.strip():
+        return None
+    authority, slash, rest = raw.strip().partition("/")
+    try:
+        if not AUTHORITY_RE.fullmatch(authority):
+            raise ValueError(f"{authority[:80]!r} is not an authority")
+        return authority, canonical_path("/" + rest if slash else "/")
+    except ValueError as err:
+        raise InvalidRequest(
+            f"bad dataPath parameter (<authority>/<path>): {err}",
+            problems=[{"field": "dataPath", "message": str(err)}],
+        ) from err
+
+
+def change_filter(
+    shell: Shell, caller: Caller, watched: tuple[str, str] | None
+) -> Callable[[Event], bool] | None:
+    """Who hears which `data:changed` (docs/api.md "Change notifications"): the user every one,
+    an app only those under paths it may read; ``watched`` narrows to one subtree. Other topics
+    pass. None when nothing is filtered (the user, no ``dataPath``)."""
+    app = caller if isinstance(caller, AppCaller) else None
+    if app is None and watched is None:
+        return None
+
+    def admit(event: Event) -> bool:
+        change = event.data
+        if not isinstance(change, DataChanged):
+            return True
+        if watched is not None and (
+            change.authority != watched[0] or not related(watched[1], change.path)
+        ):
+            return False
+        return app is None or shell.dataproxy.may_read(app, change.authority, change.path)
+
+    return admit
+
+
 def parse_last_event_id(raw: str | None) -> int | None:
     if raw is None or not raw.strip():
         return None
@@ -74,8 +115,11 @@ async def serve_events(
     try:
         if scope["method"] not in {"GET", "HEAD"}:
             raise InvalidRequest(f"{scope['method']} /api/events: use GET")
-        authorize(caller if caller is not None else identify(request, shell), Access.USER_OR_APP)
+        if caller is None:
+            caller = identify(request, shell)
+        authorize(caller, Access.USER_OR_APP)
         globs = parse_topics(request.query_params.get("topics"))
+        watched = parse_data_path(request.query_params.get("dataPath"))
         last_id = parse_last_event_id(
             request.headers.get("last-event-id") or request.query_params.get("lastEventId")
         )
@@ -83,7 +127,8 @@ async def serve_events(
     except AtriumError as err:
         await error_response(err)(scope, receive, send)
         return
-    sub = shell.bus.subscribe(globs, last_id, on_drop=abort_of(scope))
+    admit = change_filter(shell, caller, watched)
+    sub = shell.bus.subscribe(globs, last_id, on_drop=abort_of(scope), admit=admit)
     if client is not None:
         shell.presence.connected(client)
     watcher = asyncio.create_task(_until_disconnect(receive, shell, sub), name="sse disconnect")

@@ -81,6 +81,7 @@ def _operation(
         Access.ANYONE: ["anyone"],
         Access.USER: ["user"],
         Access.USER_OR_APP: ["user", "app"],
+        Access.APP: ["app"],
     }[route.access]
     parameters: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}

@@ -350,3 +350,17 @@ def test_a_sibling_app_page_cannot_reach_another_apps_data_or_hooks(
     )
     time.sleep(1.5)
     assert _files_holding(served.home / "scopes", marker.encode()) == []
+
+
+def test_notes_shows_a_note_another_caller_wrote_without_a_reload(
+    page: Page, served: Served
+) -> None:
+    """`data:changed` reaches the Notes page (its EventSource on `/_os/api/events`)."""
+    frame = launch(page, "com.atrium.notes")
+    frame.wait_for_function("changes.readyState === EventSource.OPEN")  # listening
+    loads = frame.evaluate("performance.getEntriesByType('navigation').length")
+    text = f"written elsewhere {time.time_ns()}"
+    with api(served) as client:
+        client.post("/api/data/notes/notes", json={"text": text}).raise_for_status()
+    frame.wait_for_selector(f"#list li:has-text('{text}')", timeout=10_000)
+    assert frame.evaluate("performance.getEntriesByType('navigation').length") == loads
