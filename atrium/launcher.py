@@ -2,21 +2,31 @@
 
 The index is updated per app on `app:installed` / `app:removed` (no restart). A tie at the top
 opens a chooser and starts nothing; `target` picks one of the matches (docs/api.md "Intents",
-decisions.md "Data proxy and intents").
+decisions.md "Data proxy and intents"). A default the user remembered for the intent's action and
+type sends `start` straight to its app, tie or not (docs/api.md "Default handlers").
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
+from atrium import intentdefaults
 from atrium.bus import Event, EventBus
-from atrium.errors import NoHandler, NotFound
+from atrium.errors import InvalidRequest, NoHandler, NotFound
 from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
+from atrium.intentdefaults import KEY, IntentDefault
 from atrium.intents import Intent, IntentIndex, IntentMatch, tied_at_top
+from atrium.kv import KvStore
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.registry import AppRegistry
+
+_LOGGER = logging.getLogger(__name__)
+NAMESPACE: Final = "os"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +38,8 @@ class Started:
     activity_id: str
     path: str
     title: str
+    #: started through the user's remembered default (no `target`, a tie or not)
+    by_default: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +49,55 @@ class Chooser:
     candidates: list[IntentMatch]
 
 
-class Launcher:
-    """Resolves intents against the visible apps and starts the winner's activity."""
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The ranked matches of an intent, and the remembered default that applies, if any (and
+    still matches), with the matching apps installed since it was chosen."""
 
-    def __init__(self, registry: AppRegistry, lifecycle: LifecycleManager, bus: EventBus) -> None:
+    matches: list[IntentMatch]
+    default: IntentDefault | None = None
+    new_since: tuple[str, ...] = ()
+
+    def wire(self) -> list[dict[str, Any]]:
+        items = []
+        for match in self.matches:
+            item = match.wire()
+            chosen = self.default is not None and match.app_id == self.default.app_id
+            item["default"] = chosen
+            if chosen and self.default is not None:
+                kind = self.default.type or "no type"
+                item["defaultSince"] = self.default.wire()["since"]
+                item["explanation"] = (
+                    f"the user chose {match.app_id} for {self.default.action} ({kind}) with "
+                    f"remember: true; start goes straight to it"
+                )
+                item["newSince"] = list(self.new_since)
+            items.append(item)
+        return items
+
+
+class Launcher:
+    """Resolves intents against the visible apps and starts the winner's activity; keeps the
+    user's remembered default handlers (`os/intent.defaults` in the KV store)."""
+
+    def __init__(
+        self,
+        registry: AppRegistry,
+        lifecycle: LifecycleManager,
+        bus: EventBus,
+        kv: KvStore,
+        installed_at: Callable[[str], datetime | None],
+    ) -> None:
         self._registry = registry
         self._lifecycle = lifecycle
+        self._kv = kv
+        self._installed_at = installed_at
+        self._defaults_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.index = IntentIndex()
         for copy in registry.visible():
             self._refresh(copy.id)
+        kv.add_validator(NAMESPACE, KEY, _validate_defaults)
         self._unlisten: list[Callable[[], None]] = [
             bus.listen((APP_INSTALLED, APP_REMOVED), self._on_app),
         ]
@@ -53,10 +105,17 @@ class Launcher:
     def close(self) -> None:
         for unlisten in self._unlisten:
             unlisten()
+        for task in tuple(self._tasks):
+            task.cancel()
 
     def _on_app(self, event: Event) -> None:
         if isinstance(event.data, AppInstalled | AppRemoved):
             self._refresh(event.data.app_id)
+        if isinstance(event.data, AppRemoved) and not self._registry.copies(event.data.app_id):
+            # no copy left in any scope: its remembered defaults go with it
+            task = asyncio.get_running_loop().create_task(self._forget_app(event.data.app_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _refresh(self, app_id: str) -> None:
         copy = self._registry.get(app_id)
@@ -65,11 +124,59 @@ class Launcher:
         else:
             self.index.set_app(app_id, copy.scope, copy.manifest.intent_filters)
 
-    def resolve(self, intent: Intent) -> list[IntentMatch]:
-        return self.index.resolve(intent)
+    # -- remembered defaults --------------------------------------------------------------------
 
-    async def start(self, intent: Intent, target: str | None = None) -> Started | Chooser:
-        matches = self.resolve(intent)
+    async def defaults(self) -> list[IntentDefault]:
+        entry = await self._kv.get(NAMESPACE, KEY)
+        return intentdefaults.parse(entry.value) if entry is not None else []
+
+    async def _store(self, defaults: list[IntentDefault]) -> None:
+        await self._kv.set(NAMESPACE, KEY, intentdefaults.dump(defaults))
+
+    async def forget(self, action: str, mime: str | None) -> IntentDefault:
+        """Forget the default stored for exactly (action, type); 404 when there is none."""
+        wanted = (action, intentdefaults.normal_type(mime))
+        async with self._defaults_lock:
+            defaults = await self.defaults()
+            found = next((d for d in defaults if (d.action, d.type) == wanted), None)
+            if found is None:
+                raise NotFound("intent default", f"{action} ({mime or 'no type'})")
+            await self._store([d for d in defaults if d is not found])
+        _LOGGER.info("forgot the default %s for %s (%s)", found.app_id, action, mime)
+        return found
+
+    async def _forget_app(self, app_id: str) -> None:
+        async with self._defaults_lock:
+            defaults = await self.defaults()
+            kept = intentdefaults.forget_app(defaults, app_id)
+            if len(kept) != len(defaults):
+                await self._store(kept)
+                _LOGGER.info("%s is gone: forgot %d default(s)", app_id, len(defaults) - len(kept))
+
+    async def _remember(self, intent: Intent, app_id: str) -> None:
+        # whole seconds, as install records keep them: `newSince` compares the two
+        now = datetime.now(UTC).replace(microsecond=0)
+        choice = IntentDefault(intent.action, intent.mime, app_id, now)
+        async with self._defaults_lock:
+            await self._store(intentdefaults.remember(await self.defaults(), choice))
+
+    # -- resolving and starting -----------------------------------------------------------------
+
+    async def resolve(self, intent: Intent) -> Resolution:
+        matches = self.index.resolve(intent)
+        default = intentdefaults.lookup(await self.defaults(), intent.action, intent.mime)
+        if default is None or not any(m.app_id == default.app_id for m in matches):
+            return Resolution(matches)
+        others = [m.app_id for m in matches if m.app_id != default.app_id]
+        times = await asyncio.to_thread(lambda: {a: self._installed_at(a) for a in others})
+        new = tuple(a for a in others if (t := times[a]) is not None and t > default.since)
+        return Resolution(matches, default, new)
+
+    async def start(
+        self, intent: Intent, target: str | None = None, *, remember: bool = False
+    ) -> Started | Chooser:
+        resolution = await self.resolve(intent)
+        matches = resolution.matches
         if not matches:
             raise NoHandler(intent.action)
         if target is not None:
@@ -80,6 +187,10 @@ class Launcher:
                     target,
                     f"{target!r} is not among the handlers of {intent.action!r}",
                 )
+            if remember:
+                await self._remember(intent, chosen.app_id)
+        elif resolution.default is not None:
+            chosen = next(m for m in matches if m.app_id == resolution.default.app_id)
         else:
             top = tied_at_top(matches)
             if len(top) > 1:
@@ -89,7 +200,22 @@ class Launcher:
         activity = await self._lifecycle.create_activity(
             instance.id, intent.extras, intent=intent_body(intent)
         )
-        return Started(chosen.app_id, instance.id, activity.id, activity.path, activity.title)
+        return Started(
+            chosen.app_id,
+            instance.id,
+            activity.id,
+            activity.path,
+            activity.title,
+            by_default=target is None and resolution.default is not None,
+        )
+
+
+def _validate_defaults(value: Any) -> Any:
+    """A raw `PUT /api/kv/os/intent.defaults` must hold a valid list (stored normalized)."""
+    try:
+        return intentdefaults.dump(intentdefaults.parse(value))
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from err
 
 
 def intent_body(intent: Intent) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import compileall
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,6 +16,7 @@ from atrium.dataproxy import DataProxy
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
 from atrium.distribution.pipeline import Distribution
+from atrium.distribution.records import RecordStore
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
@@ -69,6 +70,19 @@ def loopback(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
 
 
+def installed_at(registry: AppRegistry, layout: ScopeLayout) -> Callable[[str], datetime | None]:
+    """When the visible copy of an app was first installed (its install record; None for a
+    system app or one placed by hand). Blocking: reads one small file."""
+    records = RecordStore(layout)
+
+    def when(app_id: str) -> datetime | None:
+        copy = registry.get(app_id)
+        record = records.get(copy.scope, app_id) if copy is not None else None
+        return record.installed_at if record is not None else None
+
+    return when
+
+
 @asynccontextmanager
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
@@ -111,7 +125,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(presence.close)
         dataproxy = DataProxy(registry, lifecycle, bus)
         stack.callback(dataproxy.close)
-        launcher = Launcher(registry, lifecycle, bus)
+        launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))
         stack.callback(launcher.close)
         dist = Distribution(
             layout=layout,

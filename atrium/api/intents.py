@@ -12,7 +12,9 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
 from atrium.api.instances import origin_url
-from atrium.identity import Caller
+from atrium.errors import InvalidRequest, PermissionDenied
+from atrium.identity import AppCaller, Caller
+from atrium.intentdefaults import dump
 from atrium.intents import Intent
 from atrium.launcher import Chooser
 from atrium.wire import WireModel
@@ -27,6 +29,8 @@ class IntentBody(WireModel):
     category: str | list[str] | None = None
     extras: dict[str, Any] = Field(default_factory=dict)
     target: str | None = None
+    #: `start` only, with `target`, the user only: make `target` the default for (action, type)
+    remember: bool = False
 
     @field_validator("type")
     @classmethod
@@ -42,14 +46,24 @@ class IntentBody(WireModel):
 
 async def resolve(request: Request, caller: Caller) -> Response:
     body = await read_model(request, IntentBody)
-    matches = shell_of(request).launcher.resolve(body.intent())
-    return JSONResponse([m.wire() for m in matches])
+    resolution = await shell_of(request).launcher.resolve(body.intent())
+    return JSONResponse(resolution.wire())
 
 
 async def start(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, IntentBody)
-    result = await shell.launcher.start(body.intent(), body.target)
+    if body.remember and body.target is None:
+        raise InvalidRequest(
+            "remember: true needs target: the app to use from now on",
+            problems=[{"field": "remember", "message": "only together with target"}],
+        )
+    if body.remember and isinstance(caller, AppCaller):
+        raise PermissionDenied(
+            f"only the user chooses default handlers, not app {caller.app_id!r}",
+            caller_app_id=caller.app_id,
+        )
+    result = await shell.launcher.start(body.intent(), body.target, remember=body.remember)
     if isinstance(result, Chooser):
         return JSONResponse(
             {"status": "chooser", "candidates": [m.wire() for m in result.candidates]}
@@ -64,8 +78,28 @@ async def start(request: Request, caller: Caller) -> Response:
             "path": result.path,
             "title": result.title,
             "url": origin_url(shell, instance, result.path),
+            "byDefault": result.by_default,
         }
     )
+
+
+async def list_defaults(request: Request, caller: Caller) -> Response:
+    """The remembered default handlers, by action and type."""
+    defaults = await shell_of(request).launcher.defaults()
+    return JSONResponse(dump(defaults))
+
+
+async def forget_default(request: Request, caller: Caller) -> Response:
+    """Forget the default remembered for `action` and `type` (no `type`: the one without)."""
+    params = request.query_params
+    action = params.get("action")
+    if not action:
+        raise InvalidRequest(
+            "DELETE /api/intents/defaults needs ?action=… (and &type=… for a typed default)",
+            problems=[{"field": "action", "message": "required"}],
+        )
+    forgotten = await shell_of(request).launcher.forget(action, params.get("type") or None)
+    return JSONResponse({"ok": True, "forgotten": forgotten.wire()})
 
 
 routes: list[BaseRoute] = [
@@ -78,5 +112,14 @@ routes: list[BaseRoute] = [
     ),
     endpoint(
         "/api/intents/start", start, methods=["POST"], access=Access.USER_OR_APP, body=IntentBody
+    ),
+    endpoint("/api/intents/defaults", list_defaults, methods=["GET"], access=Access.USER_OR_APP),
+    endpoint(
+        "/api/intents/defaults",
+        forget_default,
+        methods=["DELETE"],
+        access=Access.USER,
+        name="forget_default",
+        query={"action": "the intent action (required)", "type": "the MIME type, if any"},
     ),
 ]

@@ -1,4 +1,5 @@
-"""`atrium intent resolve|start`: dispatch an intent through the running shell."""
+"""`atrium intent resolve|start|defaults|forget`: intents and default handlers, through the
+running shell."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import typer
 from atrium.cli.client import ShellClient, fail
 from atrium.cli.render import console, print_json, print_table
 
-intent_app = typer.Typer(help="Resolve or start an intent (action, type, uri, category, extras).")
+intent_app = typer.Typer(
+    help="Resolve or start an intent (action, type, uri, category, extras); default handlers."
+)
 
 ACTION = Annotated[str, typer.Option("--action", "-a", help="the intent's action")]
 TYPE = Annotated[str | None, typer.Option("--type", "-t", help="MIME type")]
@@ -55,14 +58,23 @@ def _table(matches: list[dict[str, Any]]) -> None:
             m["breakdown"]["scheme"],
             m["breakdown"]["categories"],
             m["breakdown"]["priority"],
+            "yes" if m.get("default") else "",
         )
         for m in matches
     ]
     print_table(
         "Matches",
-        ["app", "scope", "filter", "score", "mime", "scheme", "categories", "priority"],
+        ["app", "scope", "filter", "score", "mime", "scheme", "categories", "priority", "default"],
         rows,
     )
+    for m in matches:
+        if m.get("default"):
+            console.print(m["explanation"])
+            if m["newSince"]:
+                console.print(
+                    "installed since that choice: " + ", ".join(m["newSince"]) + " (choose again "
+                    "with `atrium intent start … --target APP --remember`)"
+                )
 
 
 @intent_app.command("resolve")
@@ -95,12 +107,19 @@ def start(
     category: CATEGORY = None,
     extra: EXTRA = None,
     target: Annotated[str | None, typer.Option(help="the app to start on a tie")] = None,
+    remember: Annotated[
+        bool, typer.Option("--remember", help="use --target from now on for this action and type")
+    ] = False,
     as_json: AS_JSON = False,
 ) -> None:
     """Start the best handler's activity (a tie lists the candidates; pick one with --target)."""
     body = _intent(action, mime, uri, category, extra)
+    if remember and not target:
+        fail("--remember needs --target: the app to use from now on")
     if target:
         body["target"] = target
+    if remember:
+        body["remember"] = True
     with ShellClient() as client:
         answer = client.request("POST", "/api/intents/start", json=body)
     if as_json:
@@ -114,3 +133,33 @@ def start(
             f" ({answer['title']})"
         )
         print(answer["url"])
+
+
+@intent_app.command("defaults")
+def defaults(as_json: AS_JSON = False) -> None:
+    """The default handlers you chose with --remember (or "always use this" in the host page)."""
+    with ShellClient() as client:
+        items = client.request("GET", "/api/intents/defaults")
+    if as_json:
+        print_json(items)
+    elif not items:
+        console.print("no default handlers: every tie opens the chooser")
+    else:
+        print_table(
+            "Default handlers",
+            ["action", "type", "app", "since"],
+            [(d["action"], d["type"] or "(none)", d["appId"], d["since"]) for d in items],
+        )
+
+
+@intent_app.command("forget")
+def forget(action: ACTION, mime: TYPE = None, as_json: AS_JSON = False) -> None:
+    """Forget the default handler of ACTION (and --type, when it was chosen for a type)."""
+    params = {"action": action, **({"type": mime} if mime else {})}
+    with ShellClient() as client:
+        answer = client.request("DELETE", "/api/intents/defaults", params=params)
+    if as_json:
+        print_json(answer)
+    else:
+        gone = answer["forgotten"]
+        console.print(f"forgot {gone['appId']} for {gone['action']} ({gone['type'] or 'no type'})")

@@ -202,3 +202,27 @@ def test_intent_resolve_and_start(cli: CliRunner) -> None:
     bad = cli.invoke(app, ["intent", "start", "--action", "x", "--extra", "novalue"])
     assert bad.exit_code == 1
     assert "key=value" in bad.output
+
+
+def test_intent_remember_defaults_and_forget(cli: CliRunner) -> None:
+    view = ["--action", "os.intent.action.VIEW", "--type", "text/plain"]
+    assert "no default handlers" in cli.invoke(app, ["intent", "defaults"]).output
+    no_target = cli.invoke(app, ["intent", "start", *view, "--remember"])
+    assert no_target.exit_code == 1
+    assert "--remember needs --target" in no_target.output
+    chosen = cli.invoke(
+        app, ["intent", "start", *view, "--target", "com.atrium.viewer", "--remember"]
+    )
+    assert chosen.exit_code == 0, chosen.output
+    listed = cli.invoke(app, ["intent", "defaults", "--json"])
+    assert [(d["action"], d["type"], d["appId"]) for d in json.loads(listed.output)] == [
+        ("os.intent.action.VIEW", "text/plain", "com.atrium.viewer")
+    ]
+    resolved = cli.invoke(app, ["intent", "resolve", *view])
+    assert "remember: true" in resolved.output
+    forgot = cli.invoke(app, ["intent", "forget", *view])
+    assert forgot.exit_code == 0, forgot.output
+    assert "forgot com.atrium.viewer" in forgot.output
+    again = cli.invoke(app, ["intent", "forget", *view])
+    assert again.exit_code != 0
+    assert "not_found" in again.output or "no intent default" in again.output.lower()

@@ -58,6 +58,7 @@ def test_resolve_ranks_one_match_per_app_with_its_breakdown(api: httpx.Client) -
             "filterIndex": 0,
             "score": 100,
             "breakdown": {"mime": 100, "scheme": 0, "categories": 0, "priority": 0},
+            "default": False,
         },
         {
             "appId": "test.share.text",
@@ -65,6 +66,7 @@ def test_resolve_ranks_one_match_per_app_with_its_breakdown(api: httpx.Client) -
             "filterIndex": 0,
             "score": 50,
             "breakdown": {"mime": 50, "scheme": 0, "categories": 0, "priority": 0},
+            "default": False,
         },
     ]
 
