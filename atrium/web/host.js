@@ -243,12 +243,36 @@ async function showLogs(instanceId) {
   $("logs").hidden = false;
 }
 
+// ---------------------------------------------------------------- default apps
+async function loadDefaults() {
+  const defaults = await api("GET", "/api/intents/defaults");
+  const rows = defaults.map((d) => {
+    const app = apps.find((a) => a.id === d.appId);
+    const what = `${d.action}${d.type ? ` (${d.type})` : ""}`;
+    const forget = el("button", {
+      className: "ghost", type: "button", textContent: "Forget", ariaLabel: `Forget ${app?.name || d.appId} for ${what}`,
+      onclick: async () => {
+        const query = new URLSearchParams({ action: d.action, ...(d.type ? { type: d.type } : {}) });
+        await quietly(api("DELETE", `/api/intents/defaults?${query}`));
+        quietly(loadDefaults());
+      },
+    });
+    const row = el("li", {}, el("strong", { textContent: app?.name || d.appId }), el("span", { textContent: ` for ${what}` }), forget);
+    row.dataset.appId = d.appId;
+    return row;
+  });
+  $("default-rows").replaceChildren(...(rows.length ? rows : [el("li", { className: "status", textContent: "No default apps: every tie asks you." })]));
+}
+
 // ---------------------------------------------------------------- intents and the bridge
 async function startIntent(intent) {
   const result = await api("POST", "/api/intents/start", intent);
   if (result.status === "chooser") {
-    const target = await choose(intent, result.candidates);
-    if (target) await api("POST", "/api/intents/start", { ...intent, target });
+    const choice = await choose(intent, result.candidates);
+    if (choice) {
+      await api("POST", "/api/intents/start", { ...intent, target: choice.appId, remember: choice.remember });
+      if (choice.remember) quietly(loadDefaults());
+    }
   }
   // a started activity arrives as `activity:opened` and opens its tab there
 }
@@ -256,12 +280,13 @@ async function startIntent(intent) {
 function choose(intent, candidates) {
   const dialog = $("chooser");
   $("chooser-what").textContent = `${intent.action}${intent.type ? ` (${intent.type})` : ""}`;
+  $("chooser-remember").checked = false;
   return new Promise((resolve) => {
     $("chooser-list").replaceChildren(...candidates.map((c) => {
       const app = apps.find((a) => a.id === c.appId);
-      const button = el("button", { type: "button", className: "ghost", textContent: `${app?.name || c.appId} · score ${c.score}` });
+      const button = el("button", { type: "button", className: "ghost", textContent: app?.name || c.appId, title: c.appId });
       button.dataset.appId = c.appId;
-      button.onclick = () => { dialog.close("chosen"); resolve(c.appId); };
+      button.onclick = () => { dialog.close("chosen"); resolve({ appId: c.appId, remember: $("chooser-remember").checked }); };
       return button;
     }));
     dialog.onclose = () => { if (dialog.returnValue !== "chosen") resolve(null); };
@@ -397,8 +422,11 @@ function connectEvents() {
 
 // ---------------------------------------------------------------- start
 function panels() {
-  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"]]) {
-    $(button).onclick = () => { $(panel).hidden = !$(panel).hidden; };
+  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"]]) {
+    $(button).onclick = () => {
+      $(panel).hidden = !$(panel).hidden;
+      if (panel === "defaults" && !$(panel).hidden) quietly(loadDefaults());
+    };
   }
   for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };
   $("open-install").onclick = () => { hideDiff(); $("install-progress").replaceChildren(); $("install-result").textContent = ""; $("install").showModal(); };

@@ -364,3 +364,36 @@ def test_notes_shows_a_note_another_caller_wrote_without_a_reload(
         client.post("/api/data/notes/notes", json={"text": text}).raise_for_status()
     frame.wait_for_selector(f"#list li:has-text('{text}')", timeout=10_000)
     assert frame.evaluate("performance.getEntriesByType('navigation').length") == loads
+
+
+def test_always_use_this_remembers_and_the_defaults_panel_forgets(
+    page: Page, served: Served
+) -> None:
+    tie = "test.intent.TIE"
+    try:
+        page.evaluate(f"() => {{ window.atrium.startIntent({{action: '{tie}'}}); }}")
+        dialog = page.locator("#chooser")
+        dialog.wait_for(state="visible")
+        page.check("#chooser-remember")
+        dialog.locator('button[data-app-id="test.tie.app1"]').click()
+        app_frame(page, "test.tie.app1")
+        with api(served) as client:
+            remembered = [d["appId"] for d in client.get("/api/intents/defaults").json()]
+            assert remembered == ["test.tie.app1"]
+        # the next tie goes straight to it: no chooser
+        page.evaluate(f"() => {{ window.atrium.startIntent({{action: '{tie}'}}); }}")
+        page.wait_for_function("window.atrium.tabs.size >= 2")
+        assert not dialog.is_visible()
+        page.click("#open-defaults")
+        row = page.locator('#default-rows li[data-app-id="test.tie.app1"]')
+        row.wait_for(state="visible")
+        assert tie in row.inner_text()
+        row.get_by_role("button", name="Forget").click()
+        page.locator("#default-rows li.status").wait_for(state="visible")
+        page.evaluate(f"() => {{ window.atrium.startIntent({{action: '{tie}'}}); }}")
+        dialog.wait_for(state="visible")
+        assert not page.is_checked("#chooser-remember")  # never pre-ticked
+        page.keyboard.press("Escape")
+    finally:
+        with api(served) as client:
+            client.delete("/api/intents/defaults", params={"action": tie})
