@@ -54,7 +54,9 @@ def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any
     return instance.wire(
         for_app=isinstance(caller, AppCaller),
         pooled=lifecycle.is_pooled(instance),
-        wake=None if woken is None else woken.wire(),
+        wake=None
+        if woken is None
+        else {**woken.wire(), "wakes": lifecycle.headless.wakes.get(instance.app_id, 0)},
     )
 
 

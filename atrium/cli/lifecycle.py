@@ -29,7 +29,7 @@ def _role(instance: dict[str, Any]) -> str:
     wake = instance.get("wake")
     if wake is not None:
         took = "booting" if wake["wakeMs"] is None else f"woke in {wake['wakeMs']:.0f} ms"
-        return f"provider, {took}, {wake['requests']} req"
+        return f"provider (wake #{wake['wakes']}), {took}, {wake['requests']} req"
     return "warm pool" if instance.get("pooled") else ""
 
 

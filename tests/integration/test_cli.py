@@ -226,3 +226,14 @@ def test_intent_remember_defaults_and_forget(cli: CliRunner) -> None:
     again = cli.invoke(app, ["intent", "forget", *view])
     assert again.exit_code != 0
     assert "not_found" in again.output or "no intent default" in again.output.lower()
+
+
+def test_ps_shows_a_woken_provider_with_its_wake(cli: CliRunner, shell: RunningShell) -> None:
+    with shell.client() as api:
+        assert api.get("/api/data/notes/notes").status_code == 200  # wakes Notes
+    listed = cli.invoke(app, ["ps"])
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if "notes-provider" in line)
+    assert "provider (wake #1)" in row
+    assert "woke in" in row
+    assert "1 req" in row

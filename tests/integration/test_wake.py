@@ -90,6 +90,7 @@ def test_a_data_request_wakes_a_headless_instance_and_idle_stops_it(
         assert woken["wake"]["wakeMs"] > 0
         assert woken["wake"]["requests"] == 1
         assert woken["wake"]["idleTimeoutMs"] == 1000
+        assert woken["wake"]["wakes"] == 1
         # a second request goes to the same instance, no second wake
         assert api.get("/api/data/wakeplain/items").status_code == 200
         assert instances(api, APP)[0]["wake"]["requests"] == 2
