@@ -30,6 +30,9 @@ from atrium.lifecycle.states import InstanceState
 _LOGGER = logging.getLogger(__name__)
 #: the headless instance's id is the app id plus this
 SUFFIX: Final = "-provider"
+#: after a failed wake, requests within this many seconds get its error without a new spawn
+#: (anyone who may read an open entry can wake an app: a broken one must not cost a spawn each)
+RETRY_AFTER: Final = 5.0
 
 
 class WakeHost(Protocol):
@@ -88,6 +91,7 @@ class HeadlessProviders:
         self._host = host
         self._woken: dict[str, Woken] = {}
         self._booting: dict[str, asyncio.Task[Instance]] = {}
+        self._failed: dict[str, tuple[float, AtriumError]] = {}
         #: wakes started per app since the shell started
         self.wakes: dict[str, int] = {}
 
@@ -105,6 +109,9 @@ class HeadlessProviders:
         caller). TimeoutError after ``wait`` s (the boot goes on); the boot's AtriumError when
         it failed."""
         task = self._booting.get(app_id)
+        failed = self._failed.get(app_id)
+        if task is None and failed is not None and time.monotonic() - failed[0] < RETRY_AFTER:
+            raise failed[1]
         if task is None:
             task = self._host.spawn_task(self._boot(app_id, idle_timeout), f"wake {app_id}")
             self._booting[app_id] = task
@@ -131,7 +138,9 @@ class HeadlessProviders:
             await self._host.boot_resumed(instance)
         except AtriumError as err:
             _LOGGER.warning("%s: the provider did not wake: %s", app_id, err.message)
+            self._failed[app_id] = (time.monotonic(), err)
             raise
+        self._failed.pop(app_id, None)
         woken.wake_ms = (time.monotonic() - woken.asked_at) * 1000
         woken.last_used = time.monotonic()
         _LOGGER.info("%s %s: woke in %.0f ms", app_id, instance.id, woken.wake_ms)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from atrium.lifecycle.headless import RETRY_AFTER
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
 
@@ -174,9 +175,19 @@ def test_a_provider_that_cannot_start_is_503_with_the_reason(wake_shell: Running
         assert error["code"] == "provider_unavailable"
         assert "waking it failed" in error["message"]
         assert error["state"] == "error"
-        # the next request tries again (one new spawn), it does not stick on the failed one
+        # requests right after get the same answer without a spawn each (anyone who may read an
+        # open entry can ask)...
+        for _ in range(5):
+            again = api.get("/api/data/wakebroken/items")
+            assert again.status_code == 503
+            assert "waking it failed" in again.json()["error"]["message"]
+        assert wake_shell.shell.lifecycle.headless.wakes == {BROKEN: 1}
+        # ...and once the 5 s have passed, the next request tries again: it does not stick
+        headless = wake_shell.shell.lifecycle.headless
+        failed_at, error = headless._failed[BROKEN]
+        headless._failed[BROKEN] = (failed_at - RETRY_AFTER, error)
         assert api.get("/api/data/wakebroken/items").status_code == 503
-        assert wake_shell.shell.lifecycle.headless.wakes == {BROKEN: 2}
+        assert headless.wakes == {BROKEN: 2}
         assert [i["instanceId"] for i in instances(api, BROKEN)] == [f"{BROKEN}-provider"]
 
 
