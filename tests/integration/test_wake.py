@@ -238,3 +238,27 @@ def test_notes_in_a_background_tab_still_answers_with_the_notes_the_user_wrote(
         assert api.post(f"/api/instances/{mine}/resumed").status_code == 200
         texts = sorted(n["text"] for n in api.get("/api/data/notes/notes").json())
         assert texts == ["from the visible tab", "while paused"]
+
+
+def test_an_update_stops_the_headless_instance_and_the_next_request_wakes_the_new_version(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    source = tmp_path / "source"
+    provider(source, "test.wake.installed", "wakeinst")
+    shell = start_shell()
+    with shell.client(timeout=60) as api:
+        ref = f"local:{source / 'test.wake.installed'}"
+        installed = api.post("/api/dist/install", json={"ref": ref, "autoApprove": True})
+        assert installed.status_code == 200, installed.text
+        assert api.get("/api/data/wakeinst/items").status_code == 200
+        assert [i["headless"] for i in instances(api, "test.wake.installed")] == [True]
+        manifest_file = source / "test.wake.installed" / "app.manifest.json"
+        manifest = json.loads(manifest_file.read_text())
+        manifest_file.write_text(json.dumps({**manifest, "version": "2.0.0"}))
+        updated = api.post("/api/dist/update/test.wake.installed", json={"autoApprove": True})
+        assert updated.status_code == 200, updated.text
+        assert instances(api, "test.wake.installed") == []  # stopped, not brought back
+        assert api.get("/api/data/wakeinst/items").status_code == 200
+        [woken] = instances(api, "test.wake.installed")
+        assert woken["headless"] is True
+        assert shell.shell.lifecycle.get(woken["instanceId"]).manifest.version == "2.0.0"
