@@ -83,39 +83,44 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShell:
+    """Start a shell on ``home`` with ``system_apps`` in a background thread (stop it yourself)."""
+    options: dict[str, Any] = {
+        "home": home,
+        "system_apps": system_apps,
+        "host": "127.0.0.1",
+        "port": 0,
+        "heartbeat_seconds": 15.0,
+    }
+    options.update(overrides)
+    token = new_token()
+    server = ShellServer(Settings(**options), token)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            uvloop.run(server.serve())
+        except BaseException as err:  # noqa: BLE001 - reported by the fixture, not swallowed
+            errors.append(err)
+
+    thread = threading.Thread(target=run, name="atrium-shell", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + DEADLINE
+    while not server.started:
+        if errors or not thread.is_alive():
+            raise RuntimeError(f"the shell failed to start: {errors}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("the shell did not start in time")
+        time.sleep(0.01)
+    return RunningShell(server, token, thread, errors)
+
+
 @pytest.fixture
 def start_shell(home: Path, system_apps: Path) -> Iterator[StartShell]:
     running: list[RunningShell] = []
 
     def start(**overrides: Any) -> RunningShell:
-        options: dict[str, Any] = {
-            "home": home,
-            "system_apps": system_apps,
-            "host": "127.0.0.1",
-            "port": 0,
-            "heartbeat_seconds": 15.0,
-        }
-        options.update(overrides)
-        token = new_token()
-        server = ShellServer(Settings(**options), token)
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                uvloop.run(server.serve())
-            except BaseException as err:  # noqa: BLE001 - reported by the fixture, not swallowed
-                errors.append(err)
-
-        thread = threading.Thread(target=run, name="atrium-shell", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + DEADLINE
-        while not server.started:
-            if errors or not thread.is_alive():
-                raise RuntimeError(f"the shell failed to start: {errors}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("the shell did not start in time")
-            time.sleep(0.01)
-        shell = RunningShell(server, token, thread, errors)
+        shell = launch_shell(home, system_apps, **overrides)
         running.append(shell)
         return shell
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, StartShell, wait_for
+from tests.conftest import REPO_DIR, TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell, launch_shell, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +42,14 @@ def caller_app(system_apps: Path, app_id: str, permissions: list[str]) -> None:
     )
 
 
-@pytest.fixture
-def proxy_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+def provider_apps(system_apps: Path) -> None:
     for name in ("test.sdk.echo", "test.plain.stdlib", "test.fault.crashes"):
         shutil.copytree(TESTS_DIR / "apps" / name, system_apps / name)
     for app_id, permissions in CALLERS.items():
         caller_app(system_apps, app_id, permissions)
-    shell = start_shell()
+
+
+def ready(shell: RunningShell) -> RunningShell:
     with shell.client() as api:
         wait_for(lambda: shell.shell.dataproxy.registered("test.sdk.echo"), "the echo provider")
         plain = api.post("/api/instances", json={"appId": "test.plain.stdlib"}).json()
@@ -56,9 +57,37 @@ def proxy_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
     return shell
 
 
+@pytest.fixture(scope="module")
+def proxy_shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningShell]:
+    """One shell for the tests that leave the instances as they found them (starting a shell
+    and its providers was 39 of this module's 43 s when each test had its own)."""
+    root = tmp_path_factory.mktemp("dataproxy")
+    system = root / "system-apps"
+    shutil.copytree(REPO_DIR / "apps", system)
+    provider_apps(system)
+    shell = launch_shell(root / "home", system)
+    try:
+        yield ready(shell)
+    finally:
+        shell.stop()
+
+
+@pytest.fixture
+def fresh_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    """A shell of its own, for a test that pauses, stops or crashes a provider."""
+    provider_apps(system_apps)
+    return ready(start_shell())
+
+
 @pytest.fixture
 def api(proxy_shell: RunningShell) -> Iterator[httpx.Client]:
     with proxy_shell.client(timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def fresh_api(fresh_shell: RunningShell) -> Iterator[httpx.Client]:
+    with fresh_shell.client(timeout=60) as client:
         yield client
 
 
@@ -329,35 +358,37 @@ def test_browser_code_is_identified_by_its_origin(
 
 @pytest.mark.parametrize("action", ["pause", "stop"])
 def test_a_provider_that_is_not_resumed_is_503_then_recovers(
-    proxy_shell: RunningShell, api: httpx.Client, action: str
+    fresh_shell: RunningShell, fresh_api: httpx.Client, action: str
 ) -> None:
-    iid = proxy_shell.shell.dataproxy.registered("test.plain.stdlib")
+    iid = fresh_shell.shell.dataproxy.registered("test.plain.stdlib")
     assert iid is not None
-    api.post(f"/api/instances/{iid}/{action}")
-    response = api.get("/api/data/plain/items")
+    fresh_api.post(f"/api/instances/{iid}/{action}")
+    response = fresh_api.get("/api/data/plain/items")
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     assert response.json()["error"]["code"] == "provider_unavailable"
     if action == "stop":
-        api.post(f"/api/instances/{iid}/start")
-    api.post(f"/api/instances/{iid}/resumed")
-    assert api.get("/api/data/plain/items").status_code == 200
+        fresh_api.post(f"/api/instances/{iid}/start")
+    fresh_api.post(f"/api/instances/{iid}/resumed")
+    assert fresh_api.get("/api/data/plain/items").status_code == 200
 
 
-def test_a_provider_not_running_is_503(proxy_shell: RunningShell, api: httpx.Client) -> None:
-    response = api.get("/api/data/crashes/crash")
+def test_a_provider_not_running_is_503(fresh_shell: RunningShell, fresh_api: httpx.Client) -> None:
+    response = fresh_api.get("/api/data/crashes/crash")
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "provider_unavailable"
 
 
-def test_an_upstream_crash_is_502(proxy_shell: RunningShell, api: httpx.Client) -> None:
-    iid = api.post("/api/instances", json={"appId": "test.fault.crashes"}).json()["instanceId"]
-    api.post(f"/api/instances/{iid}/resumed")
-    response = api.get("/api/data/crashes/crash/abort")
+def test_an_upstream_crash_is_502(fresh_shell: RunningShell, fresh_api: httpx.Client) -> None:
+    iid = fresh_api.post("/api/instances", json={"appId": "test.fault.crashes"}).json()[
+        "instanceId"
+    ]
+    fresh_api.post(f"/api/instances/{iid}/resumed")
+    response = fresh_api.get("/api/data/crashes/crash/abort")
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_failed"
-    wait_for(lambda: api.get(f"/api/instances/{iid}").json()["state"] == "error", "the crash")
-    assert api.get("/api/data/crashes/crash").status_code == 503
+    wait_for(lambda: fresh_api.get(f"/api/instances/{iid}").json()["state"] == "error", "the crash")
+    assert fresh_api.get("/api/data/crashes/crash").status_code == 503
 
 
 def test_a_large_body_streams_both_ways(api: httpx.Client) -> None:
