@@ -26,6 +26,7 @@ DATA_CHANGED: Final = "data:changed"
 THEME_CHANGED: Final = "theme:changed"
 DIST_INSTALL_COMPLETE: Final = "dist:install.complete"
 DIST_UPDATE_COMPLETE: Final = "dist:update.complete"
+DIST_ROLLBACK_COMPLETE: Final = "dist:rollback.complete"
 DIST_UNINSTALL_COMPLETE: Final = "dist:uninstall.complete"
 DIST_PUBLISH_COMPLETE: Final = "dist:publish.complete"
 DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
@@ -153,6 +154,15 @@ class DistInstallComplete(Payload):
 
 
 @dataclass(frozen=True, slots=True)
+class DistRollbackComplete(Payload):
+    """A rollback finished (`POST /api/dist/rollback/{appId}`)."""
+
+    TOPIC: ClassVar[str] = DIST_ROLLBACK_COMPLETE
+    id: str
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class DistUpdateComplete(Payload):
     """An update finished; ``record`` None when the source had not changed."""
 
@@ -216,6 +226,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         ThemeChanged,
         DistInstallComplete,
         DistUpdateComplete,
+        DistRollbackComplete,
         DistUninstallComplete,
         DistPublishProgress,
         DistPublishDone,
@@ -305,6 +316,7 @@ def matches_any(topic: str, globs: tuple[str, ...] | None) -> bool:
 # progress events streamed by the install, update, preview and publish endpoints, with `result` and
 # `error` (docs/api.md "Progress events" and "Publishing")
 RESOLVE_START: Final = "resolve.start"
+ROLLBACK_START: Final = "rollback.start"
 RESOLVE_DONE: Final = "resolve.done"
 FETCH_START: Final = "fetch.start"
 FETCH_PROGRESS: Final = "fetch.progress"

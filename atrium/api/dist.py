@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Final
 
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute
@@ -53,6 +54,14 @@ class InstallBody(UpdateBody):
 
     ref: str
     scope: str = Scope.GLOBAL.value
+
+
+class RollbackBody(WireModel):
+    """`POST /api/dist/rollback/{id}` (the body may be empty)."""
+
+    scope: str | None = None
+    #: an earlier version, or a scope commit (7-40 hex digits); default: the previous version
+    to: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class PreviewBody(WireModel):
@@ -139,6 +148,30 @@ async def update(request: Request, caller: Caller) -> Response:
     return await _answer(request, shell_of(request).dist.update(app_id, body.approval()))
 
 
+async def rollback(request: Request, caller: Caller) -> Response:
+    app_id = app_id_of(request)
+    raw = await request.body()
+    body = await read_model(request, RollbackBody) if raw.strip() else RollbackBody()
+    events = shell_of(request).dist.rollback(app_id, scope_named(body.scope), body.to)
+    return await _answer(request, events)
+
+
+async def history(request: Request, caller: Caller) -> Response:
+    app_id = app_id_of(request)
+    dist = shell_of(request).dist
+    scope = scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+    entries = await dist.history(app_id, scope)
+    record = dist.record(scope, app_id)
+    return JSONResponse(
+        {
+            "id": app_id,
+            "scope": scope.value,
+            "current": record.version if record else None,
+            "entries": [e.wire() for e in entries],
+        }
+    )
+
+
 async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
     if "text/event-stream" in request.headers.get("accept", ""):
         return StreamingResponse(
@@ -178,6 +211,21 @@ routes: list[BaseRoute] = [
         access=Access.USER,
         body=UpdateBody,
         body_required=False,
+    ),
+    endpoint(
+        "/api/dist/rollback/{app_id}",
+        rollback,
+        methods=["POST"],
+        access=Access.USER,
+        body=RollbackBody,
+        body_required=False,
+    ),
+    endpoint(
+        "/api/dist/history/{app_id}",
+        history,
+        methods=["GET"],
+        access=Access.USER,
+        query={"scope": "global or user (default: the winning changeable scope)"},
     ),
     endpoint(
         "/api/dist/uninstall/{app_id}",

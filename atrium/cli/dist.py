@@ -64,6 +64,8 @@ class _Board:
             update(self._stage, description=f"validated {event['appId']} {event['version']}")
         elif kind == "install.start":
             update(self._stage, description=f"installing into {event['scope']}")
+        elif kind == "rollback.start":
+            update(self._stage, description=f"rolling back {event['from']} → {event['to']}")
         elif kind == "install.done":
             update(self._stage, description="installed", total=1, completed=1)
 
@@ -158,6 +160,58 @@ def update(
         )
         return
     console.print(f"Updated {record['id']} to {record['version']} in the {record['scope']} scope")
+
+
+def history(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """The app's versions in a scope: one line per install, update, rollback or uninstall."""
+    params = {"scope": scope} if scope else {}
+    with ShellClient() as client:
+        answer = client.request("GET", f"/api/dist/history/{app_id}", params=params)
+    if as_json:
+        print_json(answer)
+        return
+    rows = [
+        (
+            e["commit"][:12],
+            e["when"],
+            e["operation"],
+            e["version"] or "",
+            f"from {e['rollbackOf']}" if e["rollbackOf"] else "",
+            e["ref"] or "",
+        )
+        for e in answer["entries"]
+    ]
+    columns = ["commit", "when", "operation", "version", "rollback", "ref"]
+    print_table(f"{app_id} in the {answer['scope']} scope (now {answer['current']})", columns, rows)
+
+
+def rollback(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    to: Annotated[
+        str | None, typer.Option("--to", help="an earlier version or commit [the previous one]")
+    ] = None,
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Put an earlier version back from the scope's history (see `atrium history`)."""
+    body = {k: v for k, v in {"to": to, "scope": scope}.items() if v is not None}
+    path = f"/api/dist/rollback/{app_id}"
+    with ShellClient() as client:
+        if as_json:
+            print_json(client.request("POST", path, json=body))
+            return
+        result = run_pipeline(client, path, body)
+    record = result["record"]
+    console.print(
+        f"Rolled {record['id']} back to {record['version']} (from {record['rollbackOf']}) "
+        f"in the {record['scope']} scope"
+    )
+    if result["stopped"]:
+        console.print("Restarted on the old version: " + ", ".join(result["stopped"]))
 
 
 def uninstall(

@@ -28,6 +28,8 @@ for dist_command in (
     dist.preview,
     dist.update,
     dist.uninstall,
+    dist.history,
+    dist.rollback,
     dist.installed,
     dist.index,
 ):

@@ -42,7 +42,7 @@ _LOGGER = logging.getLogger(__name__)
 class InstallPlan:
     """What the install stage does: put ``staged`` in place as ``record`` describes."""
 
-    op: Literal["install", "update"]
+    op: Literal["install", "update", "rollback"]
     staged: Path
     record: InstallRecord
     message: str

@@ -100,7 +100,7 @@ class Journal(BaseModel):
         alias_generator=to_camel, validate_by_name=True, validate_by_alias=True
     )
 
-    op: Literal["install", "update", "uninstall"]
+    op: Literal["install", "update", "rollback", "uninstall"]
     op_id: str
     app_id: str
     scope: Scope

@@ -21,6 +21,7 @@ from typing import Any, Literal, cast
 from atrium.bus import EventBus
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
+from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.journal import JournalStore
@@ -49,9 +50,11 @@ from atrium.events import (
     RESOLVE_DONE,
     RESOLVE_START,
     RESULT,
+    ROLLBACK_START,
     VALIDATE_DONE,
     AppRemoved,
     DistInstallComplete,
+    DistRollbackComplete,
     DistUninstallComplete,
     DistUpdateComplete,
 )
@@ -321,7 +324,8 @@ class Distribution:
             path=str(self._layout.app_dir(scope, manifest.id)),
         )
 
-    async def _install_stage(self, plan: InstallPlan) -> None:
+    async def _install_stage(self, plan: InstallPlan) -> list[str]:
+        """Swap the staged tree in; returns the instances stopped for it (and started again)."""
         app_id, scope = plan.record.id, plan.scope
         visible = self._registry.get(app_id)
         affected = visible is None or visible.scope.priority <= scope.priority
@@ -331,8 +335,75 @@ class Distribution:
         finally:
             await self._registry.rescan([scope])
             await self._restart(app_id, stopped)
-        done = DistUpdateComplete if plan.op == "update" else DistInstallComplete
+        done = {
+            "install": DistInstallComplete,
+            "update": DistUpdateComplete,
+            "rollback": DistRollbackComplete,
+        }[plan.op]
         self._bus.emit(done(app_id, plan.record.wire()))
+        return stopped
+
+    # -- history and rollback -------------------------------------------------------------------
+
+    async def history(self, app_id: str, scope: Scope | None = None) -> list[HistoryEntry]:
+        """The app's commits in ``scope`` (default: its winning changeable scope), newest first."""
+        scope = mutable(scope or self.mutable_scope_of(app_id), "keep a history")
+        return await app_history(self.installer.repos[scope], app_id)
+
+    async def rollback(
+        self, app_id: str, scope: Scope | None = None, to: str | None = None
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        """Put an earlier version back from the scope's git history, through the install journal
+        (docs/api.md "Rollback")."""
+        scope = mutable(
+            scope or self.mutable_scope_of(app_id), "roll back in it", self.installer.journals
+        )
+        current = self.records.get(scope, app_id)
+        if current is None:
+            raise NotFound(
+                "install record",
+                app_id,
+                f"{app_id!r} in the {scope} scope has no install record (it was placed by hand): "
+                "there is no history to roll back",
+            )
+        with self.locks.hold(app_id, "rollback"):
+            repo = self.installer.repos[scope]
+            target = pick_target(await app_history(repo, app_id), current, to)
+            old = target.record
+            if old is None:  # pragma: no cover - pick_target returns entries with a record
+                raise NotFound("earlier version", to or app_id)
+            yield event(
+                ROLLBACK_START,
+                appId=app_id,
+                scope=scope.value,
+                to=old.version,
+                commit=target.commit,
+                **{"from": current.version},
+            )
+            async with staging(self._layout, self.installer.journals, scope) as path:
+                staged = await extract_app(repo, target.commit, app_id, path)
+                manifest = await asyncio.to_thread(validate_staged, staged, scope)
+                yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
+                yield event(INSTALL_START, appId=app_id, scope=scope.value)
+                record = old.model_copy(
+                    update={
+                        "scope": scope.value,
+                        "installed_at": current.installed_at,
+                        "updated_at": now(),
+                        "path": str(self._layout.app_dir(scope, app_id)),
+                        "rollback_of": current.version,
+                    }
+                )
+                message = (
+                    f"rollback {app_id} {old.version} (from {current.version}, "
+                    f"{target.commit[:12]})"
+                )
+                plan = InstallPlan("rollback", staged, record, message)
+                stopped = await run_to_completion(self._install_stage(plan))
+            yield event(INSTALL_DONE, record=record.wire())
+            yield event(
+                RESULT, ok=True, record=record.wire(), commit=target.commit, stopped=stopped
+            )
 
     # -- uninstall ------------------------------------------------------------------------------
 

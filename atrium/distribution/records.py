@@ -12,7 +12,7 @@ import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
@@ -39,6 +39,15 @@ class InstallRecord(WireModel):
     installed_at: datetime
     updated_at: datetime
     path: str
+    #: set by a rollback: the version it rolled back from
+    rollback_of: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The wire form; ``rollbackOf`` only on a rollback's record."""
+        data = super().wire()
+        if data["rollbackOf"] is None:
+            del data["rollbackOf"]
+        return data
 
 
 def now() -> datetime:

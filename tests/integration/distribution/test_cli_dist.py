@@ -126,3 +126,23 @@ def test_index_lists_entries_and_refreshes(
     index.write_text(json.dumps({"schema": 1, "apps": [entry, {"id": "bad"}]}))
     refreshed = cli.invoke(app, ["index", "--refresh"])
     assert "skipped entry 1 (bad)" in refreshed.output
+
+
+def test_history_and_rollback(cli: CliRunner, make_app: MakeApp) -> None:
+    source = make_app("com.example.back")
+    assert cli.invoke(app, ["install", f"local:{source}", "--yes"]).exit_code == 0
+    write_manifest(source, version="2.0.0")
+    assert cli.invoke(app, ["update", "com.example.back", "--yes"]).exit_code == 0
+    rolled = cli.invoke(app, ["rollback", "com.example.back"])
+    assert rolled.exit_code == 0, rolled.output
+    assert "Rolled com.example.back back to 1.0.0 (from 2.0.0)" in rolled.output
+    listed = cli.invoke(app, ["history", "com.example.back"])
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if "│ rollback" in line)
+    assert "1.0.0" in row
+    assert "from 2.0.0" in row
+    as_json = json.loads(cli.invoke(app, ["history", "com.example.back", "--json"]).output)
+    assert [e["operation"] for e in as_json["entries"]] == ["rollback", "update", "install"]
+    none_left = cli.invoke(app, ["rollback", "com.example.back", "--to", "7.7.7"])
+    assert none_left.exit_code != 0
+    assert "7.7.7" in none_left.output

@@ -255,3 +255,38 @@ def test_a_commit_killed_after_git_wrote_its_index_is_finished(
             assert git(home, "log", "-1", "--format=%s").strip() == (
                 f"update {APP} 2.0.0 (local:{source})"
             )
+
+
+@pytest.mark.parametrize("step", FAULTPOINTS["install"])
+def test_a_rollback_killed_at_each_step_recovers_to_old_or_new(
+    step: str,
+    start_shell: StartShell,
+    make_app: MakeApp,
+    home: Path,
+    system_apps: Path,
+    crash: list[Served],
+) -> None:
+    """A rollback runs through the install journal: the same points, the same recovery."""
+    source = make_app(APP)
+    setup = start_shell(runner="process")
+    with setup.client(timeout=DEADLINE) as api:
+        installed_ok(api, f"local:{source}")
+        write_manifest(source, version="2.0.0")
+        assert api.post(f"/api/dist/update/{APP}", json={}).json()["ok"] is True
+    setup.stop()
+    data = home / "scopes/global/apps" / APP / f"{APP}-1"
+    data.mkdir()
+    (data / "data.txt").write_text("precious")
+    installed_commit = git(home, "log", "--format=%H", "--", f"apps/{APP}").split()[-1]
+
+    crash.append(Served(home, system_apps, step))
+    killed_during(crash[-1], "POST", f"/api/dist/rollback/{APP}", json={})
+
+    recovered = start_shell(runner="process")
+    with recovered.client(timeout=DEADLINE) as api:
+        if is_finished("install", step):
+            message = f"rollback {APP} 1.0.0 (from 2.0.0, {installed_commit[:12]})"
+            assert_installed(home, api, "1.0.0", message)
+        else:
+            assert_installed(home, api, "2.0.0", f"update {APP} 2.0.0 (local:{source})")
+        assert_clean(home)
