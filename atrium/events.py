@@ -317,6 +317,8 @@ def matches_any(topic: str, globs: tuple[str, ...] | None) -> bool:
 # `error` (docs/api.md "Progress events" and "Publishing")
 RESOLVE_START: Final = "resolve.start"
 ROLLBACK_START: Final = "rollback.start"
+CHECK_START: Final = "check.start"
+CHECK_DONE: Final = "check.done"
 RESOLVE_DONE: Final = "resolve.done"
 FETCH_START: Final = "fetch.start"
 FETCH_PROGRESS: Final = "fetch.progress"

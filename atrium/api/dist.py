@@ -38,8 +38,8 @@ SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 INTERNAL: Final = {"code": "internal", "message": "internal error; the shell's log has the details"}
 
 
-class UpdateBody(WireModel):
-    """`POST /api/dist/update/{id}` (the body may be empty)."""
+class ApprovalBody(WireModel):
+    """The approval fields of install and update."""
 
     auto_approve: bool = False
     approve: bool | None = None
@@ -49,7 +49,14 @@ class UpdateBody(WireModel):
         return Approval(self.auto_approve, self.approve, self.approved_digest)
 
 
-class InstallBody(UpdateBody):
+class UpdateBody(ApprovalBody):
+    """`POST /api/dist/update/{id}` (the body may be empty)."""
+
+    #: boot the new version before switching: true always, false never, null when running
+    check: bool | None = None
+
+
+class InstallBody(ApprovalBody):
     """`POST /api/dist/install`."""
 
     ref: str
@@ -145,7 +152,8 @@ async def update(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     raw = await request.body()
     body = await read_model(request, UpdateBody) if raw.strip() else UpdateBody()
-    return await _answer(request, shell_of(request).dist.update(app_id, body.approval()))
+    events = shell_of(request).dist.update(app_id, body.approval(), body.check)
+    return await _answer(request, events)
 
 
 async def rollback(request: Request, caller: Caller) -> Response:

@@ -64,6 +64,8 @@ class _Board:
             update(self._stage, description=f"validated {event['appId']} {event['version']}")
         elif kind == "install.start":
             update(self._stage, description=f"installing into {event['scope']}")
+        elif kind == "check.start":
+            update(self._stage, description=f"trying {event['appId']} {event['version']}")
         elif kind == "rollback.start":
             update(self._stage, description=f"rolling back {event['from']} → {event['to']}")
         elif kind == "install.done":
@@ -140,15 +142,24 @@ def preview(
 def update(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
     yes: bool = YES_OPT,
+    check: Annotated[
+        bool | None,
+        typer.Option(
+            "--check/--no-check",
+            help="start the new version once before switching [only when the app is running]",
+        ),
+    ] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Re-resolve an installed app's ref and install it again if the source changed."""
+    """Re-resolve an installed app's ref and install it again if the source changed; a running
+    app's new version must start before it replaces the old one."""
     path = f"/api/dist/update/{app_id}"
+    body = {} if check is None else {"check": check}
     with ShellClient() as client:
         if as_json:
-            print_json(client.request("POST", path, json={"autoApprove": yes}))
+            print_json(client.request("POST", path, json={**body, "autoApprove": yes}))
             return
-        result = approve_and_run(client, path, {}, yes)
+        result = approve_and_run(client, path, body, yes)
     if result.get("upToDate"):
         console.print(f"{app_id} is up to date")
         return

@@ -40,6 +40,8 @@ from atrium.errors import (
     SystemScopeImmutable,
 )
 from atrium.events import (
+    CHECK_DONE,
+    CHECK_START,
     FETCH_DONE,
     FETCH_START,
     INSTALL_DONE,
@@ -62,7 +64,7 @@ from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
 from atrium.manifest import Manifest
-from atrium.registry import AppRegistry
+from atrium.registry import AppCopy, AppRegistry
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -190,8 +192,11 @@ class Distribution:
                 resolved=resolved.wire(),
             )
 
-    async def update(self, app_id: str, approval: Approval) -> AsyncGenerator[ProgressEvent, None]:
-        """Re-resolve the recorded ref; the same digest is a no-op (docs/api.md "Requests")."""
+    async def update(
+        self, app_id: str, approval: Approval, check: bool | None = None
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        """Re-resolve the recorded ref; the same digest is a no-op (docs/api.md "Requests").
+        ``check``: try the new version before switching (None: when the app is running)."""
         scope = mutable(self.mutable_scope_of(app_id), "update in it", self.installer.journals)
         record = self.records.get(scope, app_id)
         if record is None:
@@ -224,7 +229,14 @@ class Distribution:
                     ", ".join(restored[:5]) + (" …" if len(restored) > 5 else ""),
                 )
             run_update = self._run(
-                "update", record.ref, resolved, scope, approval, app_id, restored=restored
+                "update",
+                record.ref,
+                resolved,
+                scope,
+                approval,
+                app_id,
+                restored=restored,
+                check=check,
             )
             async with aclosing(run_update) as run:
                 async for item in run:
@@ -240,9 +252,11 @@ class Distribution:
         expected_id: str | None = None,
         *,
         restored: list[str] | None = None,
+        check: bool | None = False,
     ) -> AsyncGenerator[ProgressEvent, None]:
         """``expected_id``: an update's app; a fetched app of another id changes nothing.
-        ``restored``: an update of the same digest over a changed tree, and what had changed."""
+        ``restored``: an update of the same digest over a changed tree, and what had changed.
+        ``check``: boot the staged version before the switch (None: when the app is running)."""
         async with staging(self._layout, self.installer.journals, scope) as path:
             async with aclosing(self._fetch(resolved, path)) as fetching:
                 async for item in fetching:
@@ -266,6 +280,11 @@ class Distribution:
                     )
                     return
                 yield event(PERMISSION_APPROVED, digest=resolved.digest)
+            if check or (check is None and self._is_running(manifest.id)):
+                yield event(CHECK_START, appId=manifest.id, version=manifest.version)
+                staged = AppCopy(manifest.id, scope, path / resolved.dir_name, manifest)
+                took = await self._lifecycle.trial(staged, path / ".check-data")
+                yield event(CHECK_DONE, appId=manifest.id, ms=round(took * 1000, 1))
             yield event(INSTALL_START, appId=manifest.id, scope=scope.value)
             record = self._new_record(manifest, scope, resolved, ref_text)
             plan = InstallPlan(
@@ -278,6 +297,10 @@ class Distribution:
             yield event(INSTALL_DONE, record=record.wire())
             extra = {} if restored is None else {"restored": restored}
             yield event(RESULT, ok=True, record=record.wire(), **extra)
+
+    def _is_running(self, app_id: str) -> bool:
+        """Whether any instance of the app has a live child (warm-pool ones included)."""
+        return any(i.child is not None for i in self._lifecycle.of_app(app_id))
 
     async def _fetch(
         self, resolved: ResolvedRef, path: Path

@@ -21,6 +21,7 @@ from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.runners import RunningApp
 from atrium.lifecycle.states import InstanceState, is_allowed
 from atrium.manifest import Manifest
+from atrium.registry import AppCopy
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class Instance:
     bus: EventBus
     #: set when ``data_dir`` is another instance's (a headless provider's): what it locks instead
     lock_dir: Path | None = None
+    #: the app copy it runs from when that is not the registry's (a staged version on trial)
+    source: AppCopy | None = None
     _state: InstanceState = S.INSTALLED
     secret: str = ""
     token: str | None = None

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -24,10 +26,12 @@ from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
     HookFailed,
+    InstallFailed,
     InvalidRequest,
     LifecycleTransitionError,
     NotFound,
     NotServing,
+    SpawnFailed,
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
@@ -37,10 +41,11 @@ from atrium.lifecycle.headless import HeadlessProviders
 from atrium.lifecycle.instance import Activity, Instance, View
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import Runner
+from atrium.lifecycle.spawning import log_tail
 from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
-from atrium.registry import AppRegistry
+from atrium.registry import AppCopy, AppRegistry
 from atrium.upstream import UpstreamClient
 
 __all__ = ["STOP_GRACE", "LifecycleConfig", "LifecycleManager"]
@@ -90,6 +95,8 @@ class LifecycleManager:
         self._activities = Activities(upstream, bus)
         self.pool = WarmPool(self, registry, bus)
         self.headless = HeadlessProviders(self)
+        #: instances of a staged version on trial before an update switches (`trial`)
+        self._trials: set[str] = set()
 
     async def __aenter__(self) -> Self:
         return self
@@ -192,7 +199,10 @@ class LifecycleManager:
             live = [
                 i
                 for i in self.of_app(app_id)
-                if not self.is_pooled(i) and not self.is_headless(i) and i.state is not S.ERROR
+                if not self.is_pooled(i)
+                and not self.is_headless(i)
+                and i.id not in self._trials
+                and i.state is not S.ERROR
             ]
             if live:
                 instance = live[0]
@@ -221,6 +231,49 @@ class LifecycleManager:
         await self._move(instance, S.CREATED, failure_state=S.ERROR)
         await self._move(instance, S.STARTING)
         instance.enter(S.STARTED)
+
+    async def trial(self, copy: AppCopy, data_dir: Path) -> float:
+        """Boot the staged version ``copy`` to `started` on an empty ``data_dir`` (its health
+        identity, `onCreate`, `onStart`), then stop and destroy it; returns how long it took (s).
+        Raises InstallFailed with the reason and the app's last log lines when it does not start
+        (docs/api.md "Health-gated update")."""
+        if copy.manifest is None:  # pragma: no cover - the pipeline validated it
+            raise InvalidRequest(f"{copy.id}: no valid manifest to try")
+        instance_id = f"{copy.id}-check"
+        old = self.find(instance_id)
+        if old is not None:
+            await self.force(old)
+        instance = Instance(
+            id=instance_id,
+            app_id=copy.id,
+            scope=copy.scope,
+            app_dir=copy.path,
+            data_dir=data_dir,
+            manifest=copy.manifest,
+            slug=new_slug(),
+            bus=self._bus,
+            source=copy,
+        )
+        self._instances[instance.id] = instance
+        self._by_slug[instance.slug] = instance
+        self._trials.add(instance.id)
+        started = time.monotonic()
+        try:
+            async with instance.lock:
+                await self._boot(instance)
+            return time.monotonic() - started
+        except (SpawnFailed, HookFailed, LifecycleTransitionError) as err:
+            raise InstallFailed(
+                copy.id,
+                f"version {copy.manifest.version} did not start, the old version stays: "
+                f"{err.message} ({log_tail(instance.log_path, 10)})",
+            ) from err
+        finally:
+            self._trials.discard(instance.id)
+            if self.holds(instance):
+                reason = await self.remove(instance.id)
+                if reason is not None:
+                    _LOGGER.info("%s: the trial instance was forced out: %s", copy.id, reason)
 
     # -- moves ----------------------------------------------------------------------------------
 
