@@ -69,6 +69,21 @@ class RollbackBody(WireModel):
     scope: str | None = None
     #: an earlier version, or a scope commit (7-40 hex digits); default: the previous version
     to: str | None = Field(default=None, min_length=1, max_length=200)
+    #: keep the current runtime data instead of restoring the target version's backup
+    keep_data: bool = False
+
+
+class BackupBody(WireModel):
+    """`POST /api/dist/backups/{id}` (the body may be empty)."""
+
+    scope: str | None = None
+
+
+class RestoreBody(WireModel):
+    """`POST /api/dist/restore/{id}`."""
+
+    backup: str = Field(min_length=1, max_length=200)
+    scope: str | None = None
 
 
 class PreviewBody(WireModel):
@@ -160,7 +175,9 @@ async def rollback(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     raw = await request.body()
     body = await read_model(request, RollbackBody) if raw.strip() else RollbackBody()
-    events = shell_of(request).dist.rollback(app_id, scope_named(body.scope), body.to)
+    events = shell_of(request).dist.rollback(
+        app_id, scope_named(body.scope), body.to, body.keep_data
+    )
     return await _answer(request, events)
 
 
@@ -170,14 +187,42 @@ async def history(request: Request, caller: Caller) -> Response:
     scope = scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
+    backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
     return JSONResponse(
         {
             "id": app_id,
             "scope": scope.value,
             "current": record.version if record else None,
             "entries": [e.wire() for e in entries],
+            "backups": [b.wire() for b in backups],
         }
     )
+
+
+async def list_backups(request: Request, caller: Caller) -> Response:
+    """The app's data backups in a scope, newest first."""
+    app_id = app_id_of(request)
+    dist = shell_of(request).dist
+    scope = scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+    backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
+    return JSONResponse([b.wire() for b in backups])
+
+
+async def backup(request: Request, caller: Caller) -> Response:
+    """Back up the app's runtime data now."""
+    app_id = app_id_of(request)
+    raw = await request.body()
+    body = await read_model(request, BackupBody) if raw.strip() else BackupBody()
+    taken = await shell_of(request).dist.backup(app_id, scope_named(body.scope))
+    return JSONResponse(taken.wire())
+
+
+async def restore(request: Request, caller: Caller) -> Response:
+    """Put a backup's data back."""
+    app_id = app_id_of(request)
+    body = await read_model(request, RestoreBody)
+    answer = await shell_of(request).dist.restore(app_id, body.backup, scope_named(body.scope))
+    return JSONResponse(answer)
 
 
 async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
@@ -234,6 +279,28 @@ routes: list[BaseRoute] = [
         methods=["GET"],
         access=Access.USER,
         query={"scope": "global or user (default: the winning changeable scope)"},
+    ),
+    endpoint(
+        "/api/dist/backups/{app_id}",
+        list_backups,
+        methods=["GET"],
+        access=Access.USER,
+        query={"scope": "global or user (default: the winning changeable scope)"},
+    ),
+    endpoint(
+        "/api/dist/backups/{app_id}",
+        backup,
+        methods=["POST"],
+        access=Access.USER,
+        body=BackupBody,
+        body_required=False,
+    ),
+    endpoint(
+        "/api/dist/restore/{app_id}",
+        restore,
+        methods=["POST"],
+        access=Access.USER,
+        body=RestoreBody,
     ),
     endpoint(
         "/api/dist/uninstall/{app_id}",

@@ -206,10 +206,16 @@ def rollback(
         str | None, typer.Option("--to", help="an earlier version or commit [the previous one]")
     ] = None,
     scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    keep_data: Annotated[
+        bool, typer.Option("--keep-data", help="keep today's data, not the old version's backup")
+    ] = False,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Put an earlier version back from the scope's history (see `atrium history`)."""
-    body = {k: v for k, v in {"to": to, "scope": scope}.items() if v is not None}
+    """Put an earlier version back from the scope's history (see `atrium history`), with the data
+    it had (its newest backup) unless --keep-data."""
+    body: dict[str, Any] = {k: v for k, v in {"to": to, "scope": scope}.items() if v is not None}
+    if keep_data:
+        body["keepData"] = True
     path = f"/api/dist/rollback/{app_id}"
     with ShellClient() as client:
         if as_json:
@@ -223,6 +229,64 @@ def rollback(
     )
     if result["stopped"]:
         console.print("Restarted on the old version: " + ", ".join(result["stopped"]))
+    if result["dataRestored"]:
+        console.print(f"Its data is back as of backup {result['dataRestored']}")
+    if result["backup"]:
+        console.print(f"Today's data is kept in backup {result['backup']}")
+
+
+def _backup_rows(backups: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [
+        (b["id"], b["version"], b["reason"], b["files"], b["bytes"], b["method"]) for b in backups
+    ]
+
+
+def backup(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Back up the app's runtime data now (its instances stop for the copy)."""
+    with ShellClient() as client:
+        taken = client.request("POST", f"/api/dist/backups/{app_id}", json={"scope": scope})
+    if as_json:
+        print_json(taken)
+        return
+    console.print(f"Backed up {taken['files']} files ({taken['bytes']} bytes) as {taken['id']}")
+
+
+def backups(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """The app's data backups, newest first."""
+    params = {"scope": scope} if scope else {}
+    with ShellClient() as client:
+        items = client.request("GET", f"/api/dist/backups/{app_id}", params=params)
+    if as_json:
+        print_json(items)
+        return
+    columns = ["backup", "version", "reason", "files", "bytes", "method"]
+    print_table(f"Backups of {app_id}", columns, _backup_rows(items))
+
+
+def restore(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    backup_id: Annotated[str, typer.Argument(metavar="BACKUP", help="see `atrium backups`")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Put a backup's data back (today's data is backed up first)."""
+    body = {"backup": backup_id, **({"scope": scope} if scope else {})}
+    with ShellClient() as client:
+        answer = client.request("POST", f"/api/dist/restore/{app_id}", json=body)
+    if as_json:
+        print_json(answer)
+        return
+    console.print(f"Restored {app_id}'s data from {answer['restored']['id']}")
+    if answer["backup"]:
+        console.print(f"The data it replaced is kept in backup {answer['backup']}")
 
 
 def uninstall(

@@ -30,6 +30,9 @@ for dist_command in (
     dist.uninstall,
     dist.history,
     dist.rollback,
+    dist.backup,
+    dist.backups,
+    dist.restore,
     dist.installed,
     dist.index,
 ):

@@ -46,6 +46,9 @@ class InstallPlan:
     staged: Path
     record: InstallRecord
     message: str
+    #: move the live runtime data into the new tree (False: the staged tree already holds the
+    #: data restored from a backup; the live data goes with the old tree, after its snapshot)
+    move_data: bool = True
 
     @property
     def scope(self) -> Scope:
@@ -143,7 +146,7 @@ class Installer:
             message=plan.message,
         )
         try:
-            await asyncio.to_thread(self._swap_in, journal)
+            await asyncio.to_thread(self._swap_in, journal, plan.move_data)
             await asyncio.to_thread(self._keep_old_record, journal)
             await asyncio.to_thread(self._records.put, plan.record)
             faultpoint("record")
@@ -155,12 +158,12 @@ class Installer:
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 
-    def _swap_in(self, journal: Journal) -> None:
+    def _swap_in(self, journal: Journal, move_data: bool = True) -> None:
         target, staged = journal.target, journal.staged
         journal.replaces = inode(target) is not None
         self.journals.write(journal, Step.BEGIN)
         faultpoint("begin")
-        if journal.replaces:
+        if journal.replaces and move_data:
             reserved = runtime_dir_re(journal.app_id)
             journal.data_dirs = sorted(
                 p.name for p in target.iterdir() if p.is_dir() and reserved.fullmatch(p.name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from atrium.bus import EventBus
+from atrium.distribution.backups import Backup, BackupStore, place, swap_data
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
@@ -29,7 +32,7 @@ from atrium.distribution.operations import AppLocks, run_to_completion, staging
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
 from atrium.distribution.resolve import Resolver
-from atrium.distribution.validate import check_authority, validate_staged
+from atrium.distribution.validate import check_authority, runtime_folders, validate_staged
 from atrium.errors import (
     ApprovalDenied,
     ApprovalStale,
@@ -37,6 +40,8 @@ from atrium.errors import (
     FetchFailed,
     NotFound,
     ScopeNeedsRepair,
+    StorageFailed,
+    StorageFull,
     SystemScopeImmutable,
 )
 from atrium.events import (
@@ -138,6 +143,7 @@ class Distribution:
         self.installer = Installer(layout, repos, self.records)
         self.resolver = Resolver(index, docker_config)
         self.locks = AppLocks()
+        self.backups = BackupStore(layout.home / "backups")
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -293,9 +299,11 @@ class Distribution:
                 record,
                 f"{op} {record.id} {record.version} ({ref_text})",
             )
-            await run_to_completion(self._install_stage(plan))
+            _, taken = await run_to_completion(self._install_stage(plan))
             yield event(INSTALL_DONE, record=record.wire())
-            extra = {} if restored is None else {"restored": restored}
+            extra: dict[str, Any] = {} if restored is None else {"restored": restored}
+            if op == "update":
+                extra["backup"] = taken.id if taken else None
             yield event(RESULT, ok=True, record=record.wire(), **extra)
 
     def _is_running(self, app_id: str) -> bool:
@@ -347,24 +355,55 @@ class Distribution:
             path=str(self._layout.app_dir(scope, manifest.id)),
         )
 
-    async def _install_stage(self, plan: InstallPlan) -> list[str]:
-        """Swap the staged tree in; returns the instances stopped for it (and started again)."""
+    async def _install_stage(
+        self, plan: InstallPlan, restore: Backup | None = None
+    ) -> tuple[list[str], Backup | None]:
+        """Swap the staged tree in; returns the instances stopped for it (and started again) and
+        the backup of the runtime data taken before an update or rollback (once they stopped).
+        ``restore``: put that backup's data in the new tree instead of the live data."""
         app_id, scope = plan.record.id, plan.scope
         visible = self._registry.get(app_id)
         affected = visible is None or visible.scope.priority <= scope.priority
         stopped = await self._stop_instances(app_id) if affected else []
+        taken: Backup | None = None
         try:
+            if plan.op != "install":
+                taken = await self._snapshot(scope, app_id, plan.op)
+            if restore is not None:
+                await asyncio.to_thread(place, restore, plan.staged)
+                plan = dataclasses.replace(plan, move_data=False)
             await self.installer.install(plan)
         finally:
             await self._registry.rescan([scope])
             await self._restart(app_id, stopped)
+        # only a finished operation drops old backups: a failed one never deletes any
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
         done = {
             "install": DistInstallComplete,
             "update": DistUpdateComplete,
             "rollback": DistRollbackComplete,
         }[plan.op]
         self._bus.emit(done(app_id, plan.record.wire()))
-        return stopped
+        return stopped, taken
+
+    async def _snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
+        """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
+        record = self.records.get(scope, app_id)
+        folders = runtime_folders(self._layout.app_dir(scope, app_id), app_id)
+        if not folders:
+            return None
+        version = record.version if record else "unknown"
+        try:
+            return await asyncio.to_thread(
+                self.backups.snapshot, scope, app_id, version, folders, reason
+            )
+        except OSError as err:
+            error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
+            raise error(
+                f"backing up the data of {app_id} into {self.backups.root} failed, nothing was "
+                f"changed: {err}",
+                path=str(self.backups.root),
+            ) from err
 
     # -- history and rollback -------------------------------------------------------------------
 
@@ -374,7 +413,11 @@ class Distribution:
         return await app_history(self.installer.repos[scope], app_id)
 
     async def rollback(
-        self, app_id: str, scope: Scope | None = None, to: str | None = None
+        self,
+        app_id: str,
+        scope: Scope | None = None,
+        to: str | None = None,
+        keep_data: bool = False,
     ) -> AsyncGenerator[ProgressEvent, None]:
         """Put an earlier version back from the scope's git history, through the install journal
         (docs/api.md "Rollback")."""
@@ -422,11 +465,76 @@ class Distribution:
                     f"{target.commit[:12]})"
                 )
                 plan = InstallPlan("rollback", staged, record, message)
-                stopped = await run_to_completion(self._install_stage(plan))
+                restore = None if keep_data else self._backup_of(scope, app_id, old.version)
+                stopped, taken = await run_to_completion(self._install_stage(plan, restore))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
-                RESULT, ok=True, record=record.wire(), commit=target.commit, stopped=stopped
+                RESULT,
+                ok=True,
+                record=record.wire(),
+                commit=target.commit,
+                stopped=stopped,
+                backup=taken.id if taken else None,
+                dataRestored=restore.id if restore else None,
             )
+
+    # -- backups --------------------------------------------------------------------------------
+
+    async def backup(self, app_id: str, scope: Scope | None = None) -> Backup:
+        """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
+        scope = mutable(scope or self.mutable_scope_of(app_id), "back up in it")
+        with self.locks.hold(app_id, "backup"):
+            stopped = await self._stop_if_visible(app_id, scope)
+            try:
+                taken = await self._snapshot(scope, app_id, "manual")
+            finally:
+                await self._restart(app_id, stopped)
+        if taken is None:
+            raise NotFound(
+                "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
+            )
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        return taken
+
+    async def restore(
+        self, app_id: str, backup_id: str, scope: Scope | None = None
+    ) -> dict[str, Any]:
+        """Put a backup's data folders back (the current data is backed up first)."""
+        scope = mutable(
+            scope or self.mutable_scope_of(app_id), "restore in it", self.installer.journals
+        )
+        backup = self.backups.get(scope, app_id, backup_id)
+        if backup is None:
+            raise NotFound("backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}")
+        with self.locks.hold(app_id, "restore"):
+            stopped = await self._stop_if_visible(app_id, scope)
+            try:
+                safety = await self._snapshot(scope, app_id, "restore")
+                async with staging(self._layout, self.installer.journals, scope) as path:
+                    app_dir = self._layout.app_dir(scope, app_id)
+                    await asyncio.to_thread(swap_data, backup, app_dir, path)
+            finally:
+                await self._restart(app_id, stopped)
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
+        return {
+            "ok": True,
+            "id": app_id,
+            "scope": scope.value,
+            "restored": backup.wire(),
+            "backup": safety.id if safety else None,
+            "stopped": stopped,
+        }
+
+    async def _stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
+        visible = self._registry.get(app_id)
+        if visible is not None and visible.scope.priority > scope.priority:
+            return []  # a masked copy runs nothing
+        return await self._stop_instances(app_id)
+
+    def _backup_of(self, scope: Scope, app_id: str, version: str) -> Backup | None:
+        """The newest backup taken while ``version`` was installed (its data as it was)."""
+        return next((b for b in self.backups.all(scope, app_id) if b.version == version), None)
 
     # -- uninstall ------------------------------------------------------------------------------
 

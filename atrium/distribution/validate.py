@@ -23,6 +23,14 @@ def runtime_dir_re(app_id: str) -> re.Pattern[str]:
     return re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
 
 
+def runtime_folders(app_dir: Path, app_id: str) -> list[Path]:
+    """The instances' runtime data folders of an installed app (`<appId>-<n>`), by name."""
+    data = re.compile(rf"{re.escape(app_id)}-[0-9]+")
+    if not app_dir.is_dir():
+        return []
+    return sorted(p for p in app_dir.iterdir() if p.is_dir() and data.fullmatch(p.name))
+
+
 def validate_staged(app_dir: Path, scope: Scope) -> Manifest:
     """The staged app's manifest; ``app_dir``'s name is the directory name the id must equal."""
     copy = read_copy(scope, app_dir)
