@@ -13,6 +13,7 @@ from bench import (
     install,
     intents,
     lifecycle,
+    rollback,
     soak,
     streaming,
     theme,
@@ -32,6 +33,7 @@ BENCHES = {
     "events": events.main,
     "crash": crash.main,
     "wake": wake.main,
+    "rollback": rollback.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}
