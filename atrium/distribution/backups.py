@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
 from atrium.files import sync_dir
 from atrium.scopes import Scope
@@ -235,8 +236,10 @@ def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:
     in the staging folder, which goes when the operation ends)."""
     for name in backup.folders:
         copy_tree(backup.path / "data" / name, staging_dir / name)
+        faultpoint("restore-copied")
         if (app_dir / name).exists():
             exchange(staging_dir / name, app_dir / name)
         else:
             move_new(staging_dir / name, app_dir / name)
-    sync_dir(app_dir)
+        sync_dir(app_dir)
+        faultpoint("restore-exchanged")

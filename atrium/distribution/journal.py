@@ -82,6 +82,8 @@ class Step(StrEnum):
 FAULTPOINTS: Final = {
     "install": ("begin", "data", "swap", "swapped", "record", "commit", "cleanup"),
     "uninstall": ("begin", "remove", "removed", "record", "commit", "cleanup"),
+    # a data restore (distribution/backups.py): no journal, each folder one exchange
+    "restore": ("restore-snapshot", "restore-copied", "restore-exchanged"),
 }
 
 

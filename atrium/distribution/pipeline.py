@@ -27,7 +27,7 @@ from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
-from atrium.distribution.journal import JournalStore
+from atrium.distribution.journal import JournalStore, faultpoint
 from atrium.distribution.operations import AppLocks, run_to_completion, staging
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
@@ -510,6 +510,7 @@ class Distribution:
             stopped = await self._stop_if_visible(app_id, scope)
             try:
                 safety = await self._snapshot(scope, app_id, "restore")
+                faultpoint("restore-snapshot")
                 async with staging(self._layout, self.installer.journals, scope) as path:
                     app_dir = self._layout.app_dir(scope, app_id)
                     await asyncio.to_thread(swap_data, backup, app_dir, path)

@@ -290,3 +290,90 @@ def test_a_rollback_killed_at_each_step_recovers_to_old_or_new(
         else:
             assert_installed(home, api, "2.0.0", f"update {APP} 2.0.0 (local:{source})")
         assert_clean(home)
+
+
+def backups_of(home: Path) -> dict[str, str]:
+    """Each complete backup of APP and the content of its data.txt."""
+    folder = home / "backups/global" / APP
+    return {
+        b.name: (b / "data" / f"{APP}-1" / "data.txt").read_text()
+        for b in sorted(folder.iterdir())
+        if (b / "backup.json").is_file()
+    }
+
+
+@pytest.mark.parametrize("step", FAULTPOINTS["restore"])
+def test_a_restore_killed_at_each_point_leaves_old_or_restored_data_and_every_backup(
+    step: str,
+    start_shell: StartShell,
+    make_app: MakeApp,
+    home: Path,
+    system_apps: Path,
+    crash: list[Served],
+) -> None:
+    source = make_app(APP)
+    setup = start_shell(runner="process")
+    data = home / "scopes/global/apps" / APP / f"{APP}-1"
+    with setup.client(timeout=DEADLINE) as api:
+        installed_ok(api, f"local:{source}")
+        data.mkdir()
+        (data / "data.txt").write_text("backed up")
+        kept = api.post(f"/api/dist/backups/{APP}").json()["id"]
+    setup.stop()
+    (data / "data.txt").write_text("current")
+
+    crash.append(Served(home, system_apps, step))
+    killed_during(crash[-1], "POST", f"/api/dist/restore/{APP}", json={"backup": kept})
+
+    recovered = start_shell(runner="process")
+    with recovered.client(timeout=DEADLINE) as api:
+        expected = "backed up" if step == "restore-exchanged" else "current"
+        assert (data / "data.txt").read_text() == expected
+        backups = backups_of(home)
+        assert backups[kept] == "backed up"  # never lost
+        assert set(backups.values()) == {"backed up", "current"}  # and the safety copy
+        assert_clean(home)
+        # a restore after recovery works
+        answer = api.post(f"/api/dist/restore/{APP}", json={"backup": kept})
+        assert answer.status_code == 200, answer.text
+        assert (data / "data.txt").read_text() == "backed up"
+
+
+# no `data` step: the restored data is in the staged tree already, the live data is not moved
+@pytest.mark.parametrize("step", [s for s in FAULTPOINTS["install"] if s != "data"])
+def test_a_rollback_restoring_data_killed_at_each_step_keeps_data_and_backups(
+    step: str,
+    start_shell: StartShell,
+    make_app: MakeApp,
+    home: Path,
+    system_apps: Path,
+    crash: list[Served],
+) -> None:
+    source = make_app(APP)
+    setup = start_shell(runner="process")
+    data = home / "scopes/global/apps" / APP / f"{APP}-1"
+    with setup.client(timeout=DEADLINE) as api:
+        installed_ok(api, f"local:{source}")
+        data.mkdir()
+        (data / "data.txt").write_text("precious")
+        write_manifest(source, version="2.0.0")
+        assert api.post(f"/api/dist/update/{APP}", json={}).json()["ok"] is True
+    setup.stop()
+    (data / "data.txt").write_text("migrated")
+    before = backups_of(home)
+    assert list(before.values()) == ["precious"]
+
+    crash.append(Served(home, system_apps, step))
+    killed_during(crash[-1], "POST", f"/api/dist/rollback/{APP}", json={})
+
+    recovered = start_shell(runner="process")
+    with recovered.client(timeout=DEADLINE):
+        manifest = json.loads((data.parent / "app.manifest.json").read_text())
+        if is_finished("install", step):
+            assert (manifest["version"], (data / "data.txt").read_text()) == ("1.0.0", "precious")
+        else:
+            assert (manifest["version"], (data / "data.txt").read_text()) == ("2.0.0", "migrated")
+        after = backups_of(home)
+        assert all(after[name] == text for name, text in before.items())  # none lost
+        assert "migrated" in after.values()  # today's data was backed up before the switch
+        assert_clean(home)
