@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Final
 
 from pydantic import Field
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
+from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval
 from atrium.distribution.refs import parse_ref
@@ -225,6 +228,62 @@ async def restore(request: Request, caller: Caller) -> Response:
     return JSONResponse(answer)
 
 
+async def export(request: Request, caller: Caller) -> Response:
+    """The app's archive: tree, record and runtime data (zstd-compressed tar)."""
+    app_id = app_id_of(request)
+    shell = shell_of(request)
+    scope = scope_named(request.query_params.get("scope"))
+    folder = shell.settings.home / "cache" / "exports"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target = folder / f"{app_id}-{secrets.token_hex(6)}.tar.zst"
+    try:
+        await shell.dist.export(app_id, target, scope)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return FileResponse(
+        target,
+        media_type="application/zstd",
+        filename=f"{app_id}.tar.zst",
+        background=BackgroundTask(target.unlink, missing_ok=True),
+    )
+
+
+async def import_app(request: Request, caller: Caller) -> Response:
+    """Install an exported app with its data; the body is the archive."""
+    shell = shell_of(request)
+    params = request.query_params
+    scope = scope_named(params.get("scope")) or Scope.GLOBAL
+    auto = params.get("autoApprove", "").lower() in {"1", "true", "yes"}
+    folder = shell.settings.home / "cache" / "imports"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    archive = folder / f"{secrets.token_hex(8)}.tar.zst"
+    size = 0
+    try:
+        with archive.open("wb") as file:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_ARCHIVE:
+                    raise InvalidRequest(f"the archive is larger than {MAX_ARCHIVE} bytes")
+                await asyncio.to_thread(file.write, chunk)
+        if size == 0:
+            raise InvalidRequest("the body must be the archive that `atrium export` wrote")
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
+
+    async def events() -> AsyncGenerator[ProgressEvent, None]:
+        try:
+            run = shell.dist.import_archive(archive, scope, Approval(auto_approve=auto))
+            async with aclosing(run) as steps:
+                async for item in steps:
+                    yield item
+        finally:
+            archive.unlink(missing_ok=True)
+
+    return await _answer(request, events())
+
+
 async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
     if "text/event-stream" in request.headers.get("accept", ""):
         return StreamingResponse(
@@ -301,6 +360,23 @@ routes: list[BaseRoute] = [
         methods=["POST"],
         access=Access.USER,
         body=RestoreBody,
+    ),
+    endpoint(
+        "/api/dist/export/{app_id}",
+        export,
+        methods=["GET"],
+        access=Access.USER,
+        query={"scope": "global or user (default: the winning changeable scope)"},
+    ),
+    endpoint(
+        "/api/dist/import",
+        import_app,
+        methods=["POST"],
+        access=Access.USER,
+        query={
+            "scope": "global (default) or user",
+            "autoApprove": "1, true or yes: approve the permission diff",
+        },
     ),
     endpoint(
         "/api/dist/uninstall/{app_id}",

@@ -96,6 +96,25 @@ class ShellClient:
             fail(describe_error(response))
         return response.text
 
+    def download(self, path: str, target: Path, **kwargs: Any) -> int:
+        """GET ``path`` into ``target`` (written beside it, then renamed); returns its size."""
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            with self._http.stream(
+                "GET", path, timeout=httpx.Timeout(30.0, read=None), **kwargs
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    fail(describe_error(response))
+                with partial.open("wb") as file:
+                    for chunk in response.iter_bytes():
+                        file.write(chunk)
+        except httpx.TransportError as err:
+            partial.unlink(missing_ok=True)
+            fail(f"lost the shell at {self.url} ({err})", 2)
+        partial.replace(target)
+        return target.stat().st_size
+
     def stream_progress(self, method: str, path: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """Yield the JSON data of each server-sent event of one request (install, update): a
         request error fails at once; an `error` event is yielded like the others."""

@@ -354,3 +354,48 @@ def index(
             f"skipped entry {problem['position']} ({problem['id']}): "
             f"{problem['field']}: {problem['message']}"
         )
+
+
+def export(
+    app_id: Annotated[str, typer.Argument(help="the installed app's id")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the archive to write (.tar.zst)")],
+    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+) -> None:
+    """Write one app (tree, install record, runtime data) to a portable archive."""
+    params = {"scope": scope} if scope else {}
+    with ShellClient() as client:
+        size = client.download(f"/api/dist/export/{app_id}", output, params=params)
+    console.print(f"Exported {app_id} to {output} ({size} bytes)")
+
+
+def _import_run(client: ShellClient, archive: Path, params: dict[str, str]) -> dict[str, Any]:
+    with archive.open("rb") as body:
+        for event in client.stream_progress(
+            "POST", "/api/dist/import", params=params, content=body
+        ):
+            if event["type"] == "error":
+                fail(_error_line(event))
+            if event["type"] == "result":
+                return event
+    return fail("the shell ended the stream without a result")
+
+
+def import_app(
+    archive: Annotated[Path, typer.Argument(help="an archive `atrium export` wrote")],
+    scope: Annotated[str, typer.Option(help=SCOPE_HELP)] = "global",
+    yes: bool = YES_OPT,
+) -> None:
+    """Install an exported app with its data (on this or another machine)."""
+    if not archive.is_file():
+        fail(f"{archive} is not a file")
+    params = {"scope": scope, **({"autoApprove": "1"} if yes else {})}
+    with ShellClient() as client:
+        result = _import_run(client, archive, params)
+        if result.get("needsApproval"):
+            print_diff(result["diff"])
+            if not typer.confirm("Grant these permissions and import?", default=False):
+                console.print("Not imported: the permissions were not approved.")
+                raise typer.Exit(1)
+            result = _import_run(client, archive, {**params, "autoApprove": "1"})
+    record = result["record"]
+    console.print(f"Imported {record['id']} {record['version']} into the {record['scope']} scope")

@@ -33,10 +33,12 @@ for dist_command in (
     dist.backup,
     dist.backups,
     dist.restore,
+    dist.export,
     dist.installed,
     dist.index,
 ):
     app.command()(dist_command)
+app.command("import")(dist.import_app)
 app.add_typer(commands.scopes_app, name="scopes")
 app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")

@@ -54,6 +54,10 @@ class Backup:
     method: str
     reason: str
 
+    @property
+    def data_dirs(self) -> list[Path]:
+        return [self.path / "data" / name for name in self.folders]
+
     def wire(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -225,10 +229,10 @@ def _read(path: Path) -> Backup | None:
         return None
 
 
-def place(backup: Backup, staged: Path) -> None:
-    """Copy a backup's data folders into the staged tree (before its install)."""
-    for name in backup.folders:
-        copy_tree(backup.path / "data" / name, staged / name)
+def place(folders: list[Path], staged: Path) -> None:
+    """Copy runtime data folders (a backup's, an export's) into the staged tree, by name."""
+    for folder in folders:
+        copy_tree(folder, staged / folder.name)
 
 
 def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:

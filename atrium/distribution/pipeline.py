@@ -23,6 +23,7 @@ from typing import Any, Literal, cast
 from atrium.bus import EventBus
 from atrium.distribution.backups import Backup, BackupStore, place, swap_data
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
+from atrium.distribution.exports import pack, unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
 from atrium.distribution.index import IndexClient
@@ -49,6 +50,7 @@ from atrium.events import (
     CHECK_START,
     FETCH_DONE,
     FETCH_START,
+    IMPORT_CHECKED,
     INSTALL_DONE,
     INSTALL_START,
     PERMISSION_APPROVED,
@@ -259,6 +261,7 @@ class Distribution:
         *,
         restored: list[str] | None = None,
         check: bool | None = False,
+        data: list[Path] | None = None,
     ) -> AsyncGenerator[ProgressEvent, None]:
         """``expected_id``: an update's app; a fetched app of another id changes nothing.
         ``restored``: an update of the same digest over a changed tree, and what had changed.
@@ -299,7 +302,7 @@ class Distribution:
                 record,
                 f"{op} {record.id} {record.version} ({ref_text})",
             )
-            _, taken = await run_to_completion(self._install_stage(plan))
+            _, taken = await run_to_completion(self._install_stage(plan, data))
             yield event(INSTALL_DONE, record=record.wire())
             extra: dict[str, Any] = {} if restored is None else {"restored": restored}
             if op == "update":
@@ -356,11 +359,12 @@ class Distribution:
         )
 
     async def _install_stage(
-        self, plan: InstallPlan, restore: Backup | None = None
+        self, plan: InstallPlan, data: list[Path] | None = None
     ) -> tuple[list[str], Backup | None]:
         """Swap the staged tree in; returns the instances stopped for it (and started again) and
         the backup of the runtime data taken before an update or rollback (once they stopped).
-        ``restore``: put that backup's data in the new tree instead of the live data."""
+        ``data``: runtime data folders (a backup's, an export's) to put in the new tree instead
+        of the live data."""
         app_id, scope = plan.record.id, plan.scope
         visible = self._registry.get(app_id)
         affected = visible is None or visible.scope.priority <= scope.priority
@@ -369,8 +373,8 @@ class Distribution:
         try:
             if plan.op != "install":
                 taken = await self._snapshot(scope, app_id, plan.op)
-            if restore is not None:
-                await asyncio.to_thread(place, restore, plan.staged)
+            if data is not None:
+                await asyncio.to_thread(place, data, plan.staged)
                 plan = dataclasses.replace(plan, move_data=False)
             await self.installer.install(plan)
         finally:
@@ -466,7 +470,8 @@ class Distribution:
                 )
                 plan = InstallPlan("rollback", staged, record, message)
                 restore = None if keep_data else self._backup_of(scope, app_id, old.version)
-                stopped, taken = await run_to_completion(self._install_stage(plan, restore))
+                data = None if restore is None else restore.data_dirs
+                stopped, taken = await run_to_completion(self._install_stage(plan, data))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
                 RESULT,
@@ -526,6 +531,53 @@ class Distribution:
             "backup": safety.id if safety else None,
             "stopped": stopped,
         }
+
+    # -- export and import ----------------------------------------------------------------------
+
+    async def export(self, app_id: str, target: Path, scope: Scope | None = None) -> Path:
+        """Write the app's archive to ``target``: its tree, record and runtime data (a backup
+        taken for it, the instances stopped for the copy)."""
+        scope = mutable(scope or self.mutable_scope_of(app_id), "export from it")
+        record = self.records.get(scope, app_id)
+        if record is None:
+            raise NotFound(
+                "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
+            )
+        with self.locks.hold(app_id, "export"):
+            stopped = await self._stop_if_visible(app_id, scope)
+            try:
+                taken = await self._snapshot(scope, app_id, "export")
+            finally:
+                await self._restart(app_id, stopped)
+            app_dir = self._layout.app_dir(scope, app_id)
+            data = taken.data_dirs if taken else []
+            await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        return target
+
+    async def import_archive(
+        self, archive: Path, scope: Scope, approval: Approval
+    ) -> AsyncGenerator[ProgressEvent, None]:
+        """Install an exported app with its data (docs/api.md "Export and import"): the archive
+        is checked whole before anything is installed; the record keeps the exported ref."""
+        mutable(scope, "import into it", self.installer.journals)
+        async with staging(self._layout, self.installer.journals, scope) as path:
+            unpacked = await asyncio.to_thread(unpack, archive, path / "import")
+            yield event(IMPORT_CHECKED, appId=unpacked.record.id, version=unpacked.record.version)
+            resolved = await self.resolver.resolve(parse_ref(f"local:{unpacked.app_dir}"))
+            with self.locks.hold(unpacked.record.id, "import"):
+                run = self._run(
+                    "install",
+                    unpacked.record.ref,
+                    resolved,
+                    scope,
+                    approval,
+                    unpacked.record.id,
+                    data=unpacked.data_dirs,
+                )
+                async with aclosing(run) as steps:
+                    async for item in steps:
+                        yield item
 
     async def _stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
         visible = self._registry.get(app_id)

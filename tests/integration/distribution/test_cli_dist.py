@@ -146,3 +146,24 @@ def test_history_and_rollback(cli: CliRunner, make_app: MakeApp) -> None:
     none_left = cli.invoke(app, ["rollback", "com.example.back", "--to", "7.7.7"])
     assert none_left.exit_code != 0
     assert "7.7.7" in none_left.output
+
+
+def test_export_and_import_through_the_cli(
+    cli: CliRunner, make_app: MakeApp, tmp_path: Path, dist_shell: RunningShell
+) -> None:
+    source = make_app("com.example.boxed")
+    assert cli.invoke(app, ["install", f"local:{source}", "--yes"]).exit_code == 0
+    archive = tmp_path / "boxed.tar.zst"
+    exported = cli.invoke(app, ["export", "com.example.boxed", "-o", str(archive)])
+    assert exported.exit_code == 0, exported.output
+    assert archive.stat().st_size > 0
+    assert not list(tmp_path.glob(".*.partial"))
+    # into the user scope of the same shell: a second copy, masking the global one
+    imported = cli.invoke(app, ["import", str(archive), "--scope", "user", "--yes"])
+    assert imported.exit_code == 0, imported.output
+    assert "Imported com.example.boxed 1.0.0 into the user scope" in imported.output
+    broken = tmp_path / "broken.tar.zst"
+    broken.write_bytes(archive.read_bytes()[:100])
+    refused = cli.invoke(app, ["import", str(broken), "--yes"])
+    assert refused.exit_code != 0
+    assert "nothing was changed" in refused.output

@@ -1,0 +1,185 @@
+"""One app as a portable archive: its tree, its install record and its runtime data
+(docs/api.md "Export and import").
+
+The archive is a tar stream compressed with zstd. Every member sits under `atrium-export/`:
+`app/…` (the installed tree as committed), `data/<appId>-<n>/…` (the runtime data, from a
+backup taken for the export, so it is consistent) and, last, `export.json`:
+`{format, formatVersion, appId, version, record, exportedAt, files}` where `files` maps every
+other member to its SHA-256. `unpack` refuses anything it does not recognise — another format
+name or version, a member outside those folders, a link, a missing, extra or changed file —
+before anything is installed, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import zstandard
+from pydantic import ValidationError
+
+from atrium.distribution.records import InstallRecord
+from atrium.errors import InvalidRequest
+
+FORMAT: Final = "atrium-app-export"
+FORMAT_VERSION: Final = 1
+ROOT: Final = "atrium-export"
+MANIFEST: Final = "export.json"
+#: the largest archive `import` accepts, compressed
+MAX_ARCHIVE: Final = 4 * 1024**3
+CHUNK: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Unpacked:
+    """A checked archive, unpacked: the app tree, the data folders and the exported record."""
+
+    app_dir: Path
+    data_dirs: list[Path]
+    record: InstallRecord
+    manifest: dict[str, Any]
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(CHUNK):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            yield path
+
+
+def pack(
+    target: Path, app_dir: Path, data_dirs: list[Path], record: InstallRecord, app_id: str
+) -> None:
+    """Write the archive of ``app_dir`` (without its runtime folders) and ``data_dirs``."""
+    runtime = re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
+    members: list[tuple[str, Path]] = []
+    for path in _files(app_dir):
+        relative = path.relative_to(app_dir)
+        if runtime.fullmatch(relative.parts[0]):
+            continue
+        members.append((f"app/{relative.as_posix()}", path))
+    for folder in data_dirs:
+        for path in _files(folder):
+            members.append((f"data/{folder.name}/{path.relative_to(folder).as_posix()}", path))
+    files = {name: _digest(path) for name, path in members}
+    manifest = {
+        "format": FORMAT,
+        "formatVersion": FORMAT_VERSION,
+        "appId": app_id,
+        "version": record.version,
+        "record": record.wire(),
+        "exportedAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "files": files,
+    }
+    compressor = zstandard.ZstdCompressor(level=3)
+    with (
+        target.open("wb") as raw,
+        compressor.stream_writer(raw) as zstd,
+        tarfile.open(fileobj=zstd, mode="w|") as tar,
+    ):
+        for name, path in members:
+            info = tar.gettarinfo(str(path), arcname=f"{ROOT}/{name}")
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with path.open("rb") as file:
+                tar.addfile(info, file)
+        body = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo(f"{ROOT}/{MANIFEST}")
+        info.size = len(body)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(body))
+
+
+def unpack(archive: Path, into: Path) -> Unpacked:
+    """Check and unpack an archive into ``into`` (an empty staging folder); InvalidRequest
+    naming the first problem otherwise."""
+    try:
+        with archive.open("rb") as raw:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw)
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    _check_member(member)
+                    tar.extract(member, into, filter="data")
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as err:
+        raise _refused(f"it is not a readable zstd-compressed tar archive ({err})") from err
+    root = into / ROOT
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise _refused(f"it has no readable {ROOT}/{MANIFEST}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _refused(f"it is not an Atrium app export (format {FORMAT!r} expected)")
+    if manifest.get("formatVersion") != FORMAT_VERSION:
+        raise _refused(
+            f"its format version is {manifest.get('formatVersion')!r}; this shell reads "
+            f"version {FORMAT_VERSION}"
+        )
+    try:
+        record = InstallRecord.model_validate(manifest["record"])
+    except (KeyError, ValidationError) as err:
+        raise _refused("its install record is missing or malformed") from err
+    app_id = record.id
+    if manifest.get("appId") != app_id:
+        raise _refused("its appId and its record disagree")
+    _check_files(root, manifest.get("files"))
+    data_root = root / "data"
+    folder = re.compile(rf"{re.escape(app_id)}-[0-9]+")
+    data_dirs = sorted(data_root.iterdir()) if data_root.is_dir() else []
+    for data in data_dirs:
+        if not folder.fullmatch(data.name):
+            raise _refused(f"data/{data.name} is not a runtime data folder of {app_id}")
+    app_dir = root / "app"
+    if not (app_dir / "app.manifest.json").is_file():
+        raise _refused("it holds no app tree (app/app.manifest.json)")
+    named = root / app_id
+    app_dir.rename(named)
+    return Unpacked(named, data_dirs, record, manifest)
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    inside = name == f"{ROOT}/{MANIFEST}" or name.startswith((f"{ROOT}/app/", f"{ROOT}/data/"))
+    top = member.isdir() and name in {ROOT, f"{ROOT}/app", f"{ROOT}/data"}
+    if not (inside or top):
+        raise _refused(f"it holds {name[:120]!r}, outside what an export contains")
+    if ".." in name.split("/") or name.startswith("/"):
+        raise _refused(f"it holds the path {name[:120]!r}")
+    if not (member.isfile() or member.isdir()):
+        raise _refused(f"{name[:120]!r} is a link or a special file")
+
+
+def _check_files(root: Path, files: object) -> None:
+    if not isinstance(files, dict):
+        raise _refused("its file list is missing")
+    found = {
+        path.relative_to(root).as_posix()
+        for path in _files(root)
+        if path.relative_to(root).as_posix() != MANIFEST
+    }
+    missing = sorted(set(files) - found)
+    extra = sorted(found - set(files))
+    if missing or extra:
+        what = f"missing {missing[:3]}" if missing else f"not listed {extra[:3]}"
+        raise _refused(f"its files do not match its list ({what})")
+    for name, digest in files.items():
+        if _digest(root / name) != digest:
+            raise _refused(f"{name} is damaged (its SHA-256 does not match)")
+
+
+def _refused(reason: str) -> InvalidRequest:
+    return InvalidRequest(f"cannot import this archive, nothing was changed: {reason}")
