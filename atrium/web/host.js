@@ -264,6 +264,76 @@ async function loadDefaults() {
   $("default-rows").replaceChildren(...(rows.length ? rows : [el("li", { className: "status", textContent: "No default apps: every tie asks you." })]));
 }
 
+// ---------------------------------------------------------------- versions and backups
+let versionsOf = [];   // the install records, {id, scope, version}
+
+async function loadVersions() {
+  versionsOf = (await api("GET", "/api/dist/installed")).filter((r) => !r.damaged);
+  const select = $("versions-app");
+  const keep = select.value;
+  select.replaceChildren(...versionsOf.map((r, n) => {
+    const option = el("option", { value: String(n), textContent: `${r.id} (${r.scope}, ${r.version})` });
+    option.dataset.appId = r.id;
+    return option;
+  }));
+  if (keep && Number(keep) < versionsOf.length) select.value = keep;
+  select.onchange = () => quietly(loadHistory());
+  await loadHistory();
+}
+
+async function loadHistory() {
+  const record = versionsOf[Number($("versions-app").value)];
+  if (!record) {
+    $("history-rows").replaceChildren();
+    $("backup-rows").replaceChildren(el("li", { className: "status", textContent: "Nothing installed from a source yet." }));
+    return;
+  }
+  const query = `scope=${encodeURIComponent(record.scope)}`;
+  const history = await api("GET", `/api/dist/history/${record.id}?${query}`);
+  $("history-rows").replaceChildren(...history.entries.map((e) => {
+    const back = e.version && e.version !== history.current && e.operation !== "uninstall"
+      ? el("button", {
+        className: "ghost", type: "button", textContent: "Roll back to this",
+        ariaLabel: `Roll back ${record.id} to ${e.version}`,
+        onclick: () => quietly(versionAction(`Roll ${record.id} back to ${e.version}?`,
+          "Its running instances restart on that version, with the data it had then (today's is backed up first).",
+          `/api/dist/rollback/${record.id}`, { scope: record.scope, to: e.commit },
+          (r) => `Rolled back to ${r.record.version}${r.dataRestored ? " with its data" : ""}.`)),
+      })
+      : "";
+    const row = el("tr", {}, el("td", { textContent: e.when.replace("T", " ").slice(0, 19) }),
+      el("td", { textContent: e.rollbackOf ? `rollback from ${e.rollbackOf}` : e.operation }),
+      el("td", { textContent: e.version || "—" }), el("td", {}, back));
+    row.dataset.version = e.version || "";
+    return row;
+  }));
+  const backups = history.backups.map((b) => {
+    const restore = el("button", {
+      className: "ghost", type: "button", textContent: "Restore", ariaLabel: `Restore backup ${b.id}`,
+      onclick: () => quietly(versionAction(`Restore ${record.id}'s data from ${b.createdAt.slice(0, 19)}?`,
+        "Its running instances stop for the restore; today's data is backed up first.",
+        `/api/dist/restore/${record.id}`, { scope: record.scope, backup: b.id },
+        (r) => `Restored the data of ${r.restored.createdAt.slice(0, 19)}.`)),
+    });
+    const row = el("li", {}, el("span", { textContent: `${b.createdAt.slice(0, 19).replace("T", " ")} · ${b.version} · ${b.reason} · ${b.files} files` }), restore);
+    row.dataset.backupId = b.id;
+    return row;
+  });
+  $("backup-rows").replaceChildren(...(backups.length ? backups : [el("li", { className: "status", textContent: "No backups yet: one is taken before every update and rollback." })]));
+}
+
+async function versionAction(title, text, path, body, done) {
+  if (!(await confirmRequest(title, text))) return;
+  $("versions-result").textContent = "Working…";
+  try {
+    const result = await api("POST", path, body);
+    $("versions-result").textContent = done(result);
+  } catch (err) {
+    $("versions-result").textContent = err.message;
+  }
+  await loadVersions();
+}
+
 // ---------------------------------------------------------------- intents and the bridge
 async function startIntent(intent) {
   const result = await api("POST", "/api/intents/start", intent);
@@ -422,10 +492,11 @@ function connectEvents() {
 
 // ---------------------------------------------------------------- start
 function panels() {
-  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"]]) {
+  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"]]) {
     $(button).onclick = () => {
       $(panel).hidden = !$(panel).hidden;
       if (panel === "defaults" && !$(panel).hidden) quietly(loadDefaults());
+      if (panel === "versions" && !$(panel).hidden) quietly(loadVersions());
     };
   }
   for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };

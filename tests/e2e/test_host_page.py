@@ -397,3 +397,51 @@ def test_always_use_this_remembers_and_the_defaults_panel_forgets(
     finally:
         with api(served) as client:
             client.delete("/api/intents/defaults", params={"action": tie})
+
+
+def test_the_versions_panel_rolls_back_and_restores_a_backup(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    app_id = "test.versions.viaui"
+    source = tmp_path / app_id
+    source.mkdir()
+    shutil.copy(REPO_DIR / "tests" / "apps" / "test.plain.stdlib" / "server.py", source)
+
+    def version(number: str) -> None:
+        manifest = {"id": app_id, "name": "Versioned", "version": number,
+                    "entrypoint": ["python3", "server.py"]}  # fmt: skip
+        (source / "app.manifest.json").write_text(json.dumps(manifest))
+
+    version("1.0.0")
+    data = served.home / "scopes/global/apps" / app_id / f"{app_id}-1"
+    try:
+        with api(served) as client:
+            body = {"ref": f"local:{source}", "autoApprove": True}
+            client.post("/api/dist/install", json=body).raise_for_status()
+            data.mkdir()
+            (data / "notes.txt").write_text("written under 1.0.0")
+            version("2.0.0")
+            client.post(f"/api/dist/update/{app_id}", json={}).raise_for_status()
+        (data / "notes.txt").write_text("migrated by 2.0.0")
+        page.click("#open-versions")
+        page.locator(f'#versions-app option[data-app-id="{app_id}"]').wait_for(state="attached")
+        page.select_option("#versions-app", label=f"{app_id} (global, 2.0.0)")
+        row = page.locator('#history-rows tr[data-version="1.0.0"]')
+        row.get_by_role("button", name="Roll back").click()
+        page.locator("#confirm").wait_for(state="visible")
+        page.click('#confirm button[value="yes"]')
+        page.locator("#versions-result", has_text="Rolled back to 1.0.0 with its data").wait_for()
+        assert (data / "notes.txt").read_text() == "written under 1.0.0"
+        # the list follows: 1.0.0 is current now, so only 2.0.0 offers a rollback
+        page.locator("#history-rows tr", has_text="rollback from 2.0.0").wait_for()
+        offered = page.locator("#history-rows tr", has=page.get_by_role("button", name="Roll back"))
+        assert offered.evaluate_all("rows => rows.map(r => r.dataset.version)") == ["2.0.0"]
+        # today's data went into a backup first: restore it from the list
+        backup = page.locator("#backup-rows li", has_text="2.0.0 · rollback")
+        backup.get_by_role("button", name="Restore").click()
+        page.click('#confirm button[value="yes"]')
+        page.locator("#versions-result", has_text="Restored the data").wait_for()
+        assert (data / "notes.txt").read_text() == "migrated by 2.0.0"
+    finally:
+        with api(served) as client:
+            client.delete(f"/api/dist/uninstall/{app_id}")
