@@ -5,7 +5,7 @@ A backup is `$ATRIUM_HOME/backups/<scope>/<appId>/<stamp>-<version>/` holding `b
 and renamed when complete, so a listed backup is always whole. Files are cloned (reflink, the
 `FICLONE` ioctl) where the filesystem shares blocks copy-on-write, and copied otherwise; never
 hard-linked: an app that writes a file in place (SQLite does) would change its "backup" with it
-(decisions.md "Backups"). Owners and modes are kept, so a restored folder is the app's again.
+(decisions.md "Backups of runtime data"). Owners and modes are kept, so a restored folder is the app's again.
 """
 
 from __future__ import annotations
