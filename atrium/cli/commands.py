@@ -139,7 +139,9 @@ def events(
                 print(json.dumps({"id": event_id, **payload}), flush=True)
             else:
                 body = {k: v for k, v in payload.items() if k != "type"}
-                console.print(f"[bold]{topic}[/bold] {json.dumps(body, ensure_ascii=False)}")
+                line = json.dumps(body, ensure_ascii=False)
+                # one event, one line: the terminal may wrap it, rich must not break it up
+                console.print(f"[bold]{topic}[/bold] {line}", soft_wrap=True, markup=True)
             seen += 1
             if limit and seen >= limit:
                 return

@@ -360,12 +360,16 @@ def export(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
     output: Annotated[Path, typer.Option("--output", "-o", help="the archive to write (.tar.zst)")],
     scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Write one app (tree, install record, runtime data) to a portable archive."""
     params = {"scope": scope} if scope else {}
     with ShellClient() as client:
         size = client.download(f"/api/dist/export/{app_id}", output, params=params)
-    console.print(f"Exported {app_id} to {output} ({size} bytes)")
+    if as_json:
+        print_json({"appId": app_id, "path": str(output.absolute()), "bytes": size})
+        return
+    console.print(f"Exported {app_id} to {output} ({size} bytes)", soft_wrap=True)
 
 
 def _import_run(client: ShellClient, archive: Path, params: dict[str, str]) -> dict[str, Any]:
@@ -384,6 +388,7 @@ def import_app(
     archive: Annotated[Path, typer.Argument(help="an archive `atrium export` wrote")],
     scope: Annotated[str, typer.Option(help=SCOPE_HELP)] = "global",
     yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Install an exported app with its data (on this or another machine)."""
     if not archive.is_file():
@@ -397,5 +402,8 @@ def import_app(
                 console.print("Not imported: the permissions were not approved.")
                 raise typer.Exit(1)
             result = _import_run(client, archive, {**params, "autoApprove": "1"})
+    if as_json:
+        print_json(result)
+        return
     record = result["record"]
     console.print(f"Imported {record['id']} {record['version']} into the {record['scope']} scope")

@@ -18,6 +18,7 @@ original beside it. Then it reports again.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 from datetime import UTC, datetime
@@ -177,6 +178,9 @@ def doctor(
             help="repair what can be repaired safely (no shell may run; nothing is deleted)",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='print {"home", "problems"} (exit 1 when any)')
+    ] = False,
 ) -> None:
     """Report what needs the operator in a home (read-only; safe while a shell runs)."""
     try:
@@ -192,6 +196,9 @@ def doctor(
     problems += [kv_problem] if kv_problem else []
     if settings.home.is_dir() and not _lock_held(settings.lock_path):
         problems += _home_processes(settings.home)
+    if as_json:
+        typer.echo(json.dumps({"home": str(settings.home), "problems": problems}))
+        raise typer.Exit(1 if problems else 0)
     for problem in problems:
         typer.echo(problem)
     if problems:

@@ -112,7 +112,8 @@ def start(
     ] = False,
     as_json: AS_JSON = False,
 ) -> None:
-    """Start the best handler's activity (a tie lists the candidates; pick one with --target)."""
+    """Start the best handler's activity. A tie starts nothing: it lists the candidates and exits
+    with status 3; pick one with --target."""
     body = _intent(action, mime, uri, category, extra)
     if remember and not target:
         fail("--remember needs --target: the app to use from now on")
@@ -124,9 +125,13 @@ def start(
         answer = client.request("POST", "/api/intents/start", json=body)
     if as_json:
         print_json(answer)
+        if answer["status"] == "chooser":
+            raise typer.Exit(3)
     elif answer["status"] == "chooser":
-        console.print("several apps tie; choose one with --target:")
-        _table(answer["candidates"])
+        console.print("Nothing was started: several apps tie. Choose one with --target:")
+        for candidate in answer["candidates"]:
+            console.print(f"  {candidate['appId']}  (score {candidate['score']})", soft_wrap=True)
+        raise typer.Exit(3)
     else:
         console.print(
             f"{answer['appId']} {answer['instanceId']} activity {answer['activityId']}"

@@ -113,17 +113,34 @@ def destroy(
     if as_json:
         print_json(answer)
     else:
-        console.print(f"{answer['instanceId']} {answer['state']}")
+        app_id = str(answer["instanceId"]).rsplit("-", 1)[0]
+        console.print(
+            f"{answer['instanceId']} stopped and destroyed; its runtime data is kept "
+            f"(`atrium launch {app_id}` starts it again)",
+            soft_wrap=True,
+        )
+        if answer.get("problem"):
+            console.print(f"(without its hooks: {answer['problem']})", soft_wrap=True)
 
 
 def logs(
     instance_id: str,
     lines: Annotated[int, typer.Option("--lines", "-n", help="how many lines")] = 200,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Print the end of an instance's log (its stdout and stderr)."""
     with ShellClient() as client:
         text = client.request_text(
             "GET", f"/api/instances/{instance_id}/logs", params={"lines": str(lines)}
+        )
+    if as_json:
+        print_json({"instanceId": instance_id, "lines": text.splitlines()})
+        return
+    if not text:
+        typer.echo(
+            f"(the log of {instance_id} is empty: the app has written nothing to stdout or "
+            "stderr yet)",
+            err=True,
         )
     print(text, end="")
 
@@ -146,16 +163,23 @@ def tools_list(as_json: bool = JSON_OPT) -> None:
 def tools_add(
     name: str,
     path: Annotated[str | None, typer.Option(help="the binary (default: NAME on PATH)")] = None,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Expose a host binary to apps that declare it."""
     with ShellClient() as client:
         entry = client.request("PUT", f"/api/tools/{name}", json={"path": path} if path else None)
-    console.print(f"{entry['name']} → {entry['path']}")
+    if as_json:
+        print_json(entry)
+        return
+    console.print(f"{entry['name']} → {entry['path']}", soft_wrap=True)
 
 
 @tools_app.command("rm")
-def tools_rm(name: str) -> None:
+def tools_rm(name: str, as_json: bool = JSON_OPT) -> None:
     """Remove a tool from the toolchain."""
     with ShellClient() as client:
-        client.request("DELETE", f"/api/tools/{name}")
-    console.print(f"{name} removed")
+        answer = client.request("DELETE", f"/api/tools/{name}")
+    if as_json:
+        print_json(answer)
+        return
+    console.print(f"{name} removed from the toolchain")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 
 from atrium import __version__
@@ -49,9 +51,11 @@ app.command()(doctor)
 
 
 @app.command()
-def version() -> None:
+def version(
+    as_json: bool = typer.Option(False, "--json", help='print {"version": …}'),
+) -> None:
     """Print the CLI's version."""
-    typer.echo(__version__)
+    typer.echo(json.dumps({"version": __version__}) if as_json else __version__)
 
 
 def main() -> None:

@@ -18,8 +18,16 @@ def print_json(data: Any) -> None:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     table = Table(title=title, show_lines=False, header_style="bold")
-    for column in columns:
-        table.add_column(column)
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    # the first column holds the ids: kept whole on one line (a cut id cannot be pasted into the
+    # next command); the other columns fold onto more lines when the terminal is narrow
+    first = max((len(c[0]) for c in cells if c), default=0)
+    for n, column in enumerate(columns):
+        if n == 0:
+            width = min(max(first, len(column)), max(console.width - 8, 12))
+            table.add_column(column, no_wrap=True, min_width=width, overflow="fold")
+        else:
+            table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)

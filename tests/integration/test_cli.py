@@ -143,7 +143,10 @@ def test_launch_prints_a_view_url_and_ps_shows_the_instance(cli: CliRunner) -> N
     )
     assert cli.invoke(app, ["logs", "com.atrium.notes-1"]).exit_code == 0
     destroyed = cli.invoke(app, ["destroy", "com.atrium.notes-1"])
-    assert destroyed.output.strip() == "com.atrium.notes-1 installed"
+    assert destroyed.output.strip() == (
+        "com.atrium.notes-1 stopped and destroyed; its runtime data is kept "
+        "(`atrium launch com.atrium.notes` starts it again)"
+    )
     gone = cli.invoke(app, ["stop", "com.atrium.notes-1"])
     assert gone.exit_code == 1
     assert gone.output.startswith("error: not_found:")
@@ -237,3 +240,36 @@ def test_ps_shows_a_woken_provider_with_its_wake(cli: CliRunner, shell: RunningS
     assert "provider (wake #1)" in row
     assert "woke in" in row
     assert "1 req" in row
+
+
+def test_narrow_terminals_fold_ids_instead_of_cutting_them(
+    cli: CliRunner, shell: RunningShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    with shell.client() as api:
+        api.post("/api/instances", json={"appId": "com.atrium.notes"}).raise_for_status()
+    for command in (
+        ["ps"],
+        ["theme", "list"],
+        ["intent", "resolve", "-a", "os.intent.action.VIEW", "-t", "text/plain"],
+    ):
+        shown = cli.invoke(app, command)
+        assert shown.exit_code == 0, shown.output
+        assert "…" not in shown.output, (command, shown.output)
+
+
+def test_logs_json_and_an_empty_log_says_so(cli: CliRunner, shell: RunningShell) -> None:
+    with shell.client() as api:
+        instance = api.post("/api/instances", json={"appId": "com.atrium.notes"}).json()[
+            "instanceId"
+        ]
+    log = shell.settings.home / "run" / "logs" / f"{instance}.log"
+    log.write_text("")
+    empty = cli.invoke(app, ["logs", instance])
+    assert empty.exit_code == 0
+    assert "is empty" in empty.output
+    log.write_text("one\ntwo\n")
+    as_json = json.loads(cli.invoke(app, ["logs", instance, "--json"]).output)
+    assert as_json == {"instanceId": instance, "lines": ["one", "two"]}
+    destroyed = cli.invoke(app, ["destroy", instance])
+    assert "stopped and destroyed; its runtime data is kept" in destroyed.output

@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from atrium.cli.main import app
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, StartShell, wait_for
 
@@ -168,3 +170,20 @@ def test_the_index_follows_installs_and_removals_without_a_restart(
     wait_for(lambda: ranked()[:1] == ["test.share.new"], "the new handler to win")
     shutil.rmtree(added)
     wait_for(lambda: "test.share.new" not in ranked(), "the handler to go")
+
+
+def test_the_cli_exits_3_on_a_tie_and_starts_nothing(
+    intent_shell: RunningShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATRIUM_URL", intent_shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", intent_shell.token)
+    monkeypatch.setenv("COLUMNS", "60")
+    before = len(intent_shell.shell.lifecycle.all())
+    tie = CliRunner().invoke(app, ["intent", "start", "-a", "os.intent.action.TIE"])
+    assert tie.exit_code == 3, tie.output
+    assert "Nothing was started" in tie.output
+    assert "test.share.tie1" in tie.output.replace("\n", "").replace("│", "").replace(" ", "")
+    as_json = CliRunner().invoke(app, ["intent", "start", "-a", "os.intent.action.TIE", "--json"])
+    assert as_json.exit_code == 3
+    assert json.loads(as_json.output)["status"] == "chooser"
+    assert len(intent_shell.shell.lifecycle.all()) == before
