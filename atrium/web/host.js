@@ -124,11 +124,32 @@ async function loadApps() {
 }
 
 function showError(err) {
-  $("status").textContent = err.message;
+  if (err.status === 401) {
+    banner("Your session has ended: open the login link that `atrium serve` printed.");
+  } else {
+    toast(err.message);
+  }
   console.error(err);
 }
 
+function toast(message) {
+  const note = el("div", { className: "toast", role: "status", textContent: message });
+  $("toasts").append(note);
+  setTimeout(() => note.remove(), 8000);
+}
+
+function banner(message) {
+  $("banner").textContent = message || "";
+  $("banner").hidden = !message;
+}
+
+// failures of actions the user asked for are shown, not swallowed
+const loudly = (promise) => promise.catch(showError);
+
 async function launch(appId) {
+  // one tab per instance: the app's own view already open is brought to the front
+  const open = [...tabs.values()].find((t) => t.appId === appId && !t.activityId);
+  if (open) return activate(open.key);
   const instance = await api("POST", "/api/instances", { appId });
   instances.set(instance.instanceId, instance);
   await openView(instance, "/", instance.name);
@@ -143,14 +164,25 @@ async function openView(instance, path, title, activityId = null) {
   iframe.dataset.instanceId = instance.instanceId;
   iframe.dataset.appId = instance.appId;
   iframe.setAttribute("sandbox", "allow-scripts allow-forms allow-same-origin allow-popups allow-downloads");
-  const close = el("button", { className: "close", type: "button", textContent: "×", title: "Close" });
-  const label = el("span", { textContent: title || instance.appId });
-  const tabEl = el("span", { className: "tab" }, label, close);
+  const name = title || instance.appId;
+  // a tablist holds tabs only: the × inside a tab is a mouse shortcut (hidden from assistive
+  // technology); the keyboard closes the focused tab with Delete, or the active one with the
+  // "Close tab" button beside the tablist
+  const close = el("span", { className: "close", textContent: "×", title: `Close ${name}` });
+  close.setAttribute("aria-hidden", "true");
+  const tabEl = el("button", { className: "tab", type: "button", role: "tab", id: `tab-${key}` }, el("span", { textContent: name }), close);
+  tabEl.setAttribute("aria-controls", `view-${key}`);
+  tabEl.setAttribute("aria-selected", "false");
+  tabEl.setAttribute("aria-keyshortcuts", "Delete");
+  iframe.id = `view-${key}`;
+  iframe.setAttribute("role", "tabpanel");
+  iframe.setAttribute("aria-labelledby", `tab-${key}`);
   tabEl.dataset.key = key;
   const tab = { key, instanceId: instance.instanceId, appId: instance.appId, viewId: view.viewId, iframe, el: tabEl, origin, activityId, loaded: false };
   tabs.set(key, tab);
-  label.onclick = () => activate(key);
-  close.onclick = () => closeTab(key);
+  tabEl.onclick = () => activate(key);
+  close.onclick = (event) => { event.stopPropagation(); quietly(closeTab(key)); };
+  tabEl.onkeydown = (event) => { if (event.key === "Delete") quietly(closeTab(key)); };
   iframe.addEventListener("load", () => {
     tab.loaded = true;
     if (active === key) quietly(markResumed(tab));
@@ -171,7 +203,9 @@ async function activate(key) {
   for (const tab of tabs.values()) {
     tab.iframe.hidden = tab.key !== key;
     tab.el.classList.toggle("active", tab.key === key);
+    tab.el.setAttribute("aria-selected", String(tab.key === key));
   }
+  syncCloseButton();
   const tab = tabs.get(key);
   if (previous && previous.instanceId !== tab?.instanceId) quietly(api("POST", `/api/instances/${previous.instanceId}/pause`));
   if (!tab) return;
@@ -187,12 +221,20 @@ async function markResumed(tab) {
   instances.set(instance.instanceId, instance);
 }
 
+function syncCloseButton() {
+  const tab = active ? tabs.get(active) : null;
+  const button = $("close-tab");
+  button.hidden = !tab;
+  if (tab) button.setAttribute("aria-label", `Close ${tab.el.textContent.replace(/×$/, "")}`);
+}
+
 async function closeTab(key) {
   const tab = tabs.get(key);
   if (!tab) return;
   tabs.delete(key);
   tab.el.remove();
   tab.iframe.remove();
+  syncCloseButton();
   if (active === key) {
     active = null;
     const next = [...tabs.keys()].pop();
@@ -226,9 +268,9 @@ function renderProcs() {
     const chip = i.themeStrategy && i.themeStrategy !== "inherit" ? el("span", { className: "chip", textContent: i.themeStrategy.toUpperCase() }) : "";
     const state = el("td", { className: `state state-${i.state}`, textContent: i.state, title: i.error || "" });
     const buttons = el("td", {},
-      el("button", { className: "ghost", type: "button", textContent: "stop", onclick: () => quietly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
-      el("button", { className: "ghost", type: "button", textContent: "destroy", onclick: () => quietly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
-      el("button", { className: "ghost", type: "button", textContent: "logs", onclick: () => quietly(showLogs(i.instanceId)) }));
+      el("button", { className: "ghost", type: "button", textContent: "stop", ariaLabel: `Stop ${i.instanceId}`, onclick: () => loudly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "destroy", ariaLabel: `Destroy ${i.instanceId}`, onclick: () => loudly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "logs", ariaLabel: `Logs of ${i.instanceId}`, onclick: () => loudly(showLogs(i.instanceId)) }));
     const row = el("tr", {}, el("td", { textContent: i.instanceId }), state,
       el("td", { textContent: i.port ?? "" }), el("td", { textContent: i.scope }), el("td", {}, chip), buttons);
     row.dataset.instanceId = i.instanceId;
@@ -466,6 +508,18 @@ function hideDiff() {
 // ---------------------------------------------------------------- the event stream
 function connectEvents() {
   const source = new EventSource(`/api/events?client=${clientId}`);
+  let lost = false;
+  source.onerror = () => {
+    lost = true;
+    banner("Lost the connection to the shell: reconnecting…");
+  };
+  source.onopen = () => {
+    if (!lost) return;
+    lost = false;
+    banner("");
+    quietly(loadApps());
+    quietly(refreshProcs());
+  };
   source.addEventListener("theme:changed", (e) => quietly(onThemeChanged(JSON.parse(e.data))));
   for (const topic of ["app:state", "app:crashed", "app:lifecycle.error"]) {
     source.addEventListener(topic, (e) => {
@@ -505,8 +559,21 @@ function panels() {
   $("install-form").onsubmit = (event) => { event.preventDefault(); $("install-progress").replaceChildren(); quietly(runInstall({})); };
 }
 
+function escCloses() {
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;   // dialogs close themselves on Esc
+    const open = [...document.querySelectorAll("aside.panel")].filter((p) => !p.hidden);
+    if (open.length) {
+      open[open.length - 1].hidden = true;
+      event.preventDefault();
+    }
+  });
+}
+
 async function start() {
   panels();
+  escCloses();
+  $("close-tab").onclick = () => { if (active) quietly(closeTab(active)); };
   await loadThemeCss();
   try {
     await loadApps();
