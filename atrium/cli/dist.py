@@ -119,6 +119,8 @@ def install(
         result = approve_and_run(client, "/api/dist/install", body, yes)
     record = result["record"]
     console.print(f"Installed {record['id']} {record['version']} into the {record['scope']} scope")
+    if result.get("note"):
+        console.print(f"Note: {result['note']}", soft_wrap=True)
 
 
 def preview(
@@ -135,6 +137,8 @@ def preview(
         print_json(answer)
         return
     print_diff(answer["diff"])
+    if answer.get("note"):
+        console.print(f"Note: {answer['note']}", soft_wrap=True)
     needed = "needs your approval" if answer["requiresApproval"] else "needs no approval"
     console.print(f"{answer['resolved']['source']} {answer['resolved']['digest']}: {needed}")
 

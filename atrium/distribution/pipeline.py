@@ -192,12 +192,14 @@ class Distribution:
                     yield item
             manifest, diff = await self._check(resolved, path, scope)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
+            note = self.data_note(manifest.id, scope)
             yield event(
                 RESULT,
                 ok=True,
                 diff=diff.wire(),
                 requiresApproval=requires_approval(diff),
                 resolved=resolved.wire(),
+                **({"note": note} if note else {}),
             )
 
     async def update(
@@ -280,12 +282,14 @@ class Distribution:
                     yield event(PERMISSION_DENIED, diff=diff.wire())
                     raise ApprovalDenied(manifest.id, diff.wire())
                 if not approval.approved:
+                    note = self.data_note(manifest.id, scope) if op == "install" else None
                     yield event(
                         RESULT,
                         ok=False,
                         needsApproval=True,
                         diff=diff.wire(),
                         resolved=resolved.wire(),
+                        **({"note": note} if note else {}),
                     )
                     return
                 yield event(PERMISSION_APPROVED, digest=resolved.digest)
@@ -307,6 +311,8 @@ class Distribution:
             extra: dict[str, Any] = {} if restored is None else {"restored": restored}
             if op == "update":
                 extra["backup"] = taken.id if taken else None
+            if op == "install" and (note := self.data_note(manifest.id, scope)):
+                extra["note"] = note
             yield event(RESULT, ok=True, record=record.wire(), **extra)
 
     def _is_running(self, app_id: str) -> bool:
@@ -333,12 +339,33 @@ class Distribution:
         return manifest, diff_manifests(self._installed_manifest(manifest.id, scope), manifest)
 
     def _installed_manifest(self, app_id: str, scope: Scope) -> Manifest | None:
-        """What the diff compares against: the copy being replaced, else the visible one."""
-        for copy in self._registry.copies(app_id):
-            if copy.scope is scope and copy.manifest is not None:
+        """What the diff compares against: the copy being replaced, else the highest copy in a
+        lower scope (the one the new copy will hide), never a copy in a higher scope: a global
+        install is shared by every user and must ask for its permissions even when one user's
+        copy already holds them (decisions.md "Distribution")."""
+        lower = sorted(
+            (c for c in self._registry.copies(app_id) if c.manifest is not None),
+            key=lambda c: -c.scope.priority,
+        )
+        for copy in lower:
+            if copy.scope.priority <= scope.priority:
                 return copy.manifest
-        visible = self._registry.get(app_id)
-        return visible.manifest if visible else None
+        return None
+
+    def data_note(self, app_id: str, scope: Scope) -> str | None:
+        """When another scope's copy of the app holds runtime data, say that the new copy will
+        not see it (a user copy of Notes starts without the notes)."""
+        for copy in self._registry.copies(app_id):
+            if copy.scope is scope:
+                continue
+            folders = runtime_folders(self._layout.data_dir(copy.scope) / app_id, app_id)
+            if folders:
+                return (
+                    f"{app_id} also exists in the {copy.scope} scope with data "
+                    f"({len(folders)} instance folder{'s' if len(folders) > 1 else ''}); that data "
+                    f"stays with that copy: the {scope} copy starts with its own"
+                )
+        return None
 
     def _new_record(
         self, manifest: Manifest, scope: Scope, resolved: ResolvedRef, ref_text: str

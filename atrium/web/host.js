@@ -474,6 +474,9 @@ async function runInstall(extra) {
       else { const item = el("li", { textContent: text }); item.dataset.kind = "progress"; log.append(item); }
     } else if (event.type === "result" && event.needsApproval) {
       showDiff(event.diff, event.resolved);
+      if (event.note) $("install-result").textContent = `Note: ${event.note}`;
+    } else if (event.type === "result" && event.note) {
+      $("install-result").textContent = `installed. Note: ${event.note}`;
     } else if (event.type === "error") {
       $("install-result").textContent = `${event.code}: ${event.message}`;
     } else {

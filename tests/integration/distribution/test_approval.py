@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.conftest import REPO_DIR
 from tests.integration.distribution.conftest import (
     MakeApp,
     app_listing,
     install,
+    installed_ok,
     sse,
     write_manifest,
 )
@@ -190,3 +193,37 @@ def test_an_answer_posted_the_moment_the_result_arrives_finds_the_app_unlocked(
             )
         assert denied.status_code == 403
         assert denied.json()["error"]["code"] == "approval_denied"
+
+
+def test_a_global_install_under_a_user_copy_still_asks(
+    api: httpx.Client, make_app: MakeApp, home: Path
+) -> None:
+    """The diff's baseline is never a copy in a higher scope: the user's copy holding a
+    permission does not grant it to a global copy every user will get."""
+    source = make_app("com.example.shared", permissions=["com.example.camera"])
+    installed_ok(api, f"local:{source}", scope="user")
+    answer = api.post("/api/dist/install", json={"ref": f"local:{source}", "scope": "global"})
+    result = answer.json()
+    assert result["needsApproval"] is True, result
+    assert result["diff"]["versionFrom"] is None
+    assert result["diff"]["permissionsAdded"] == ["com.example.camera"]
+    # into the user scope over a global copy, only what is new is asked for (unchanged)
+    installed_ok(api, f"local:{source}", scope="global")
+    again = api.post("/api/dist/install/preview", json={"ref": f"local:{source}", "scope": "user"})
+    assert again.json()["requiresApproval"] is False
+
+
+def test_a_copy_in_another_scope_keeps_its_data_and_the_answer_says_so(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    notes = "com.atrium.notes"
+    assert api.post("/api/data/notes/notes", json={"text": "mine"}).status_code == 201
+    source = tmp_path / "src" / notes
+    shutil.copytree(REPO_DIR / "apps" / notes, source)
+    preview = api.post(
+        "/api/dist/install/preview", json={"ref": f"local:{source}", "scope": "user"}
+    ).json()
+    assert "stays with that copy" in preview["note"]
+    assert "system scope" in preview["note"]
+    installed = installed_ok(api, f"local:{source}", scope="user")
+    assert "stays with that copy" in installed["note"]
