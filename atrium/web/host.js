@@ -406,6 +406,23 @@ function choose(intent, candidates) {
   });
 }
 
+const VERBS = {
+  "os.intent.action.SEND": "share",
+  "os.intent.action.VIEW": "open",
+  "os.intent.action.EDIT": "edit",
+  "os.intent.action.CREATE_NOTE": "make a note of",
+};
+
+/** An app's intent in plain words: who asks, to do what, with what. */
+function describeIntent(tab, intent) {
+  const who = apps.find((a) => a.id === tab.appId)?.name || tab.appId;
+  const verb = VERBS[intent.action] || `start "${intent.action}" with`;
+  const kind = intent.type ? (intent.type.startsWith("text/") ? "some text" : `a ${intent.type} item`) : "something";
+  const text = typeof intent.extras?.text === "string" ? intent.extras.text : "";
+  const preview = text ? `“${text.length > 120 ? `${text.slice(0, 120)}…` : text}”` : intent.uri || "";
+  return [`${who} wants to ${verb} ${kind}`, preview ? `${preview}\nYou choose the app next.` : "You choose the app next."];
+}
+
 function confirmRequest(title, text) {
   const dialog = $("confirm");
   $("confirm-title").textContent = title;
@@ -421,8 +438,9 @@ window.addEventListener("message", async (event) => {
   if (!tab || event.origin !== tab.origin) return;   // only our iframes, each from its own origin
   const data = event.data || {};
   if (data.type === "os.intent.start" && data.intent && typeof data.intent.action === "string") {
-    const ok = await confirmRequest(`${tab.appId} asks to start an intent`, JSON.stringify(data.intent));
-    if (ok) quietly(startIntent(data.intent));
+    const [title, text] = describeIntent(tab, data.intent);
+    const ok = await confirmRequest(title, text);
+    if (ok) loudly(startIntent(data.intent));
   } else if (data.type === "os.activity.open" && typeof data.path === "string" && data.path.startsWith("/")) {
     const instance = instances.get(tab.instanceId) || { instanceId: tab.instanceId, appId: tab.appId };
     quietly(openView(instance, data.path, String(data.title || tab.appId)));

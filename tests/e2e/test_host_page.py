@@ -200,7 +200,7 @@ def test_an_app_asks_the_host_to_start_an_intent_and_the_user_allows_it(page: Pa
     )
     confirm = page.locator("#confirm")
     confirm.wait_for(state="visible")
-    assert "com.atrium.notes asks to start an intent" in confirm.inner_text()
+    assert 'Notes wants to start "test.intent.TIE" with something' in confirm.inner_text()
     confirm.locator("button[value=yes]").click()
     page.locator("#chooser").wait_for(state="visible")
     page.locator('#chooser button[data-app-id="test.tie.app1"]').click()
@@ -445,3 +445,27 @@ def test_the_versions_panel_rolls_back_and_restores_a_backup(
     finally:
         with api(served) as client:
             client.delete(f"/api/dist/uninstall/{app_id}")
+
+
+def test_notes_shares_a_note_through_the_chooser(page: Page, served: Served) -> None:
+    """The bundled apps reach the chooser: Notes and Viewer both take shared text."""
+    text = f"shared {time.time_ns()}"
+    with api(served) as client:
+        client.post("/api/data/notes/notes", json={"text": text}).raise_for_status()
+    frame = launch(page, "com.atrium.notes")
+    share = frame.locator("#list li", has_text=text).get_by_role("button", name="Share")
+    share.click()
+    confirm = page.locator("#confirm")
+    confirm.wait_for(state="visible")
+    assert "Notes wants to share some text" in confirm.inner_text()
+    assert text in confirm.inner_text()
+    confirm.locator("button[value=yes]").click()
+    chooser = page.locator("#chooser")
+    chooser.wait_for(state="visible")
+    offered = chooser.locator("button[data-app-id]").evaluate_all(
+        "bs => bs.map(b => b.dataset.appId)"
+    )
+    assert offered == ["com.atrium.notes", "com.atrium.viewer"]
+    chooser.locator('button[data-app-id="com.atrium.viewer"]').click()
+    viewer = app_frame(page, "com.atrium.viewer")
+    viewer.wait_for_selector(f"text={text}")
