@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
@@ -50,7 +51,42 @@ async def get_app(request: Request, caller: Caller) -> Response:
     raise NotFound("app", app_id)
 
 
+#: icon files the host page shows, by extension
+ICON_TYPES: Final = {
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".webp": "image/webp",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+}
+#: an icon is an image, never a document: an SVG opened directly runs no script, loads nothing
+ICON_HEADERS: Final = {
+    "Content-Security-Policy": "sandbox; default-src 'none'; style-src 'unsafe-inline'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+MAX_ICON: Final = 512 * 1024
+
+
+async def app_icon(request: Request, caller: Caller) -> Response:
+    """The visible copy's icon file (an SVG, PNG, WebP, JPEG or GIF in the app directory)."""
+    app_id = request.path_params["app_id"]
+    copy = shell_of(request).registry.get(app_id)
+    icon = copy.manifest.icon if copy and copy.manifest else None
+    if copy is None or icon is None or len(icon) <= 3:
+        raise NotFound("icon", app_id, f"{app_id} has no icon file (a glyph or none)")
+    media = ICON_TYPES.get(Path(icon).suffix.lower())
+    path = (copy.path / icon).resolve()
+    if media is None or not path.is_relative_to(copy.path.resolve()) or not path.is_file():
+        raise NotFound("icon", app_id, f"{app_id}'s icon {icon!r} is not an image file in the app")
+    if path.stat().st_size > MAX_ICON:
+        raise NotFound("icon", app_id, f"{app_id}'s icon is larger than {MAX_ICON} bytes")
+    return FileResponse(path, media_type=media, headers=ICON_HEADERS)
+
+
 routes: list[BaseRoute] = [
     endpoint("/api/apps", list_apps, methods=["GET"], access=Access.USER_OR_APP),
     endpoint("/api/apps/{app_id}", get_app, methods=["GET"], access=Access.USER_OR_APP),
+    endpoint("/api/apps/{app_id}/icon", app_icon, methods=["GET"], access=Access.USER_OR_APP),
 ]

@@ -11,7 +11,7 @@ from atrium.cli.client import ShellClient
 from atrium.cli.render import console, print_json, print_table
 
 JSON_OPT = typer.Option(False, "--json", help="print the shell's JSON answer")
-CHIPS = {"themed": "THEMED", "override": "OVERRIDE"}
+CHIPS = {"themed": "own palette", "override": "own look"}
 
 
 def _uptime(started: str | None) -> str:

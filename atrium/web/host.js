@@ -105,6 +105,60 @@ function syncPicker() {
 }
 
 // ---------------------------------------------------------------- launcher
+/** What the theme strategy means for the user, as a chip and its explanation. */
+const CHIPS = {
+  themed: ["OWN PALETTE", "Uses its own colours; follows light and dark mode"],
+  override: ["OWN LOOK", "Ignores the shell's theme"],
+};
+
+/** The app's icon: its image file, its glyph when the fonts can draw it, else a monogram. */
+function appIcon(app) {
+  if (app.icon && app.icon.length > 3) {
+    const img = el("img", { className: "icon", src: `/api/apps/${encodeURIComponent(app.id)}/icon`, alt: "" });
+    img.onerror = () => img.replaceWith(monogram(app));
+    return img;
+  }
+  if (app.icon && glyphDraws(app.icon)) {
+    const glyph = el("span", { className: "icon", textContent: app.icon });
+    glyph.setAttribute("aria-hidden", "true");
+    return glyph;
+  }
+  return monogram(app);
+}
+
+function monogram(app) {
+  const words = (app.name || app.id).split(/[\s._-]+/).filter(Boolean);
+  const letters = words.slice(0, 2).map((w) => w[0].toUpperCase()).join("");
+  let hash = 0;
+  for (const c of app.id) hash = (hash * 31 + c.charCodeAt(0)) % 360;
+  const mark = el("span", { className: "icon monogram", textContent: letters });
+  mark.style.background = `hsl(${hash} 50% 30%)`;   // dark enough for white text (WCAG AA) at every hue
+  mark.setAttribute("aria-hidden", "true");
+  return mark;
+}
+
+const drawn = new Map();
+/** Whether the browser's fonts draw ``glyph``: compared with a code point no font has (which
+ * draws the "missing glyph" box), pixel for pixel. */
+function glyphDraws(glyph) {
+  if (drawn.has(glyph)) return drawn.get(glyph);
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 32;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const pixels = (text) => {
+    ctx.clearRect(0, 0, 32, 32);
+    ctx.font = "24px sans-serif";
+    ctx.textBaseline = "top";
+    ctx.fillStyle = "#000";
+    ctx.fillText(text, 2, 2);
+    return ctx.getImageData(0, 0, 32, 32).data.join(",");
+  };
+  const missing = pixels("\u{10FFFD}");
+  const mine = pixels(glyph);
+  const ok = mine !== missing && /[1-9]/.test(mine);
+  drawn.set(glyph, ok);
+  return ok;
+}
 async function loadApps() {
   apps = await api("GET", "/api/apps");
   const visible = apps.filter((a) => !a.problems.length);
@@ -112,9 +166,10 @@ async function loadApps() {
   $("apps").replaceChildren(...apps.map((app) => {
     const button = el("button", { className: "app", type: "button", disabled: app.problems.length > 0 });
     button.dataset.appId = app.id;
-    const icon = el("span", { className: "icon", textContent: app.icon && app.icon.length <= 3 ? app.icon : "▢" });
+    const icon = appIcon(app);
     const name = el("span", { textContent: app.name || app.id });
-    if (app.themeStrategy && app.themeStrategy !== "inherit") name.append(el("span", { className: "chip", textContent: app.themeStrategy.toUpperCase() }));
+    const chip = CHIPS[app.themeStrategy];
+    if (chip) name.append(el("span", { className: "chip", textContent: chip[0], title: chip[1] }));
     const meta = el("span", { className: "meta", textContent: `${app.id} · ${app.scope}` });
     button.append(icon, name, meta);
     for (const p of app.problems) button.append(el("span", { className: "problem", textContent: `${p.field}: ${p.message}` }));
@@ -265,7 +320,8 @@ async function refreshProcs() {
 
 function renderProcs() {
   const rows = [...instances.values()].map((i) => {
-    const chip = i.themeStrategy && i.themeStrategy !== "inherit" ? el("span", { className: "chip", textContent: i.themeStrategy.toUpperCase() }) : "";
+    const meaning = CHIPS[i.themeStrategy];
+    const chip = meaning ? el("span", { className: "chip", textContent: meaning[0], title: meaning[1] }) : "";
     const state = el("td", { className: `state state-${i.state}`, textContent: i.state, title: i.error || "" });
     const buttons = el("td", {},
       el("button", { className: "ghost", type: "button", textContent: "stop", ariaLabel: `Stop ${i.instanceId}`, onclick: () => loudly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),

@@ -38,6 +38,13 @@ CHROMIUM_ARGS = [
 ]
 
 
+#: an app icon file: a red square (the host page must show it as an image)
+SVG_ICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" width="32" height="32">'
+    '<rect width="32" height="32" fill="#c00"/></svg>'
+)
+
+
 @dataclass
 class Served:
     """A running `atrium serve`."""
@@ -72,6 +79,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     e2e_app(system, "test.theme.override", themeStrategy="override")
     for n in (1, 2):
         e2e_app(system, f"test.tie.app{n}", intentFilters=[{"action": "test.intent.TIE"}])
+    e2e_app(system, "test.icon.svg", name="Drawn Icon", icon="icon.svg")
+    (system / "test.icon.svg" / "icon.svg").write_text(SVG_ICON)
+    e2e_app(system, "test.icon.nofont", name="Private Glyph", icon="\ue000")
     home = root / "home"
     env = {
         **os.environ,

@@ -63,7 +63,7 @@ def launch(page: Page, app_id: str) -> Frame:
 def test_the_host_page_lists_the_apps(page: Page) -> None:
     names = page.locator("button.app").all_inner_texts()
     assert any("Notes" in n for n in names)
-    assert any("THEMED" in n for n in names)
+    assert any("OWN PALETTE" in n for n in names)
 
 
 def test_a_theme_change_reaches_the_app_iframe_without_a_reload(page: Page, served: Served) -> None:
@@ -469,3 +469,22 @@ def test_notes_shares_a_note_through_the_chooser(page: Page, served: Served) -> 
     chooser.locator('button[data-app-id="com.atrium.viewer"]').click()
     viewer = app_frame(page, "com.atrium.viewer")
     viewer.wait_for_selector(f"text={text}")
+
+
+def test_app_icons_are_images_glyphs_or_drawn_monograms(page: Page) -> None:
+    svg = page.locator('button.app[data-app-id="test.icon.svg"] img.icon')
+    svg.wait_for()
+    page.wait_for_function(
+        "document.querySelector('button.app[data-app-id=\\'test.icon.svg\\'] img').naturalWidth > 0"
+    )
+    # a private-use code point no font draws: a monogram of the name, never an empty box
+    private = page.locator('button.app[data-app-id="test.icon.nofont"] .icon')
+    assert private.get_attribute("class") == "icon monogram"
+    assert private.inner_text() == "PG"
+    # every card shows an image, a monogram, or a glyph the page's fonts can draw
+    kinds = page.locator("button.app .icon").evaluate_all(
+        "icons => icons.map(i => i.tagName === 'IMG' || i.classList.contains('monogram') || "
+        "i.textContent.length > 0)"
+    )
+    assert kinds
+    assert all(kinds)
