@@ -92,7 +92,12 @@ async function preview(slot, id) {
   if (!id) return;
   const theme = await api("GET", `/api/os/themes/${encodeURIComponent(id)}`);
   const keys = ["bg", "surface", "surface2", "text", "primary", "secondary", "danger", "success"];
-  $(`preview-${slot}`).replaceChildren(...keys.map((k) => el("span", { title: k, style: `background:${theme.palette[k]}` })));
+  $(`preview-${slot}`).replaceChildren(...keys.map((k) => {
+    const swatch = el("span", { title: `${k}: ${theme.palette[k]}`, style: `background:${theme.palette[k]}` });
+    swatch.setAttribute("role", "img");
+    swatch.setAttribute("aria-label", `${k} ${theme.palette[k]}`);
+    return swatch;
+  }));
 }
 
 function syncPicker() {
@@ -277,6 +282,7 @@ async function markResumed(tab) {
 }
 
 function syncCloseButton() {
+  $("welcome").hidden = tabs.size > 0;
   const tab = active ? tabs.get(active) : null;
   const button = $("close-tab");
   button.hidden = !tab;
@@ -603,6 +609,10 @@ function connectEvents() {
       const data = JSON.parse(e.data);
       const known = instances.get(data.instanceId);
       if (known && topic === "app:state") known.state = data.to;
+      // a destroyed instance's tabs go: reloading them would show the shell's error page
+      if (topic === "app:state" && data.to === "installed") {
+        for (const tab of tabsOf(data.instanceId)) quietly(closeTab(tab.key));
+      }
       if (known && topic === "app:crashed") {
         known.state = "error";
         known.error = `crashed with exit status ${data.exitCode} in state ${data.state}`;

@@ -488,3 +488,19 @@ def test_app_icons_are_images_glyphs_or_drawn_monograms(page: Page) -> None:
     )
     assert kinds
     assert all(kinds)
+
+
+def test_a_destroyed_instance_loses_its_tab_and_the_welcome_comes_back(
+    page: Page, served: Served
+) -> None:
+    assert page.locator("#welcome").is_visible()
+    launch(page, "com.atrium.viewer")
+    assert page.locator("#welcome").is_hidden()
+    instance = page.locator('iframe[data-app-id="com.atrium.viewer"]').get_attribute(
+        "data-instance-id"
+    )
+    with api(served) as client:
+        client.delete(f"/api/instances/{instance}").raise_for_status()
+    page.wait_for_selector('iframe[data-app-id="com.atrium.viewer"]', state="detached")
+    assert page.get_by_role("tab").count() == 0
+    page.locator("#welcome").wait_for(state="visible")
