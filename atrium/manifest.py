@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -161,6 +162,13 @@ class IntentFilter(_ManifestPart):
         return value
 
 
+class PermissionInfo(_ManifestPart):
+    """How a permission an app defines reads to a person (`permissionInfo` in the manifest)."""
+
+    label: str = Field(min_length=1, max_length=80)
+    description: str = Field(default="", max_length=300)
+
+
 class Manifest(_ManifestPart):
     """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest")."""
 
@@ -173,6 +181,8 @@ class Manifest(_ManifestPart):
     data_provider: DataProvider | None = None
     intent_filters: list[IntentFilter] = Field(default_factory=list)
     permissions: list[str] = Field(default_factory=list)
+    #: labels for the permissions this app defines (names starting with its id)
+    permission_info: dict[str, PermissionInfo] = Field(default_factory=dict)
     theme_strategy: ThemeStrategy = ThemeStrategy.INHERIT
     warm_pool: bool | int = False
     background_service: bool = False
@@ -188,6 +198,19 @@ class Manifest(_ManifestPart):
             return ThemeStrategy(value)
         if isinstance(value, str):
             raise ValueError(f"{value!r} is not one of inherit, themed, override")
+        return value
+
+    @field_validator("permission_info")
+    @classmethod
+    def _own_permissions(
+        cls, value: dict[str, PermissionInfo], info: ValidationInfo
+    ) -> dict[str, PermissionInfo]:
+        # an app labels only its own permissions: a friendly label on another app's (or the
+        # system's) permission would make the install dialog lie about what is granted
+        app_id = info.data.get("id")
+        foreign = [name for name in value if app_id is None or not name.startswith(f"{app_id}.")]
+        if foreign:
+            raise ValueError(f"may only describe permissions named {app_id}.…, not {foreign[0]!r}")
         return value
 
     @field_validator("warm_pool", mode="before")

@@ -170,6 +170,15 @@ class AppRegistry:
         """Every copy of ``app_id``, highest priority first."""
         return [self._copies[s][app_id] for s in BY_PRIORITY if app_id in self._copies[s]]
 
+    def permission_labels(self) -> dict[str, tuple[str, str, str]]:
+        """The `permissionInfo` of the visible apps: name → (label, description, app id)."""
+        return {
+            name: (info.label, info.description, copy.id)
+            for copy in self.visible()
+            if copy.manifest is not None
+            for name, info in copy.manifest.permission_info.items()
+        }
+
     def count(self, scope: Scope) -> int:
         return sum(1 for c in self._copies[scope].values() if c.is_valid)
 

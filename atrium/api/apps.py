@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.errors import NotFound
 from atrium.identity import Caller
+from atrium.permissions import describe
 from atrium.registry import AppView
 from atrium.shell import Shell
 
@@ -47,6 +48,10 @@ async def get_app(request: Request, caller: Caller) -> Response:
             body = app_wire(shell, view)
             if view.copy.manifest is not None:
                 body["manifest"] = view.copy.manifest.wire()
+                labels = shell.registry.permission_labels()
+                body["permissions"] = [
+                    describe(name, labels) for name in view.copy.manifest.permissions
+                ]
             return JSONResponse(body)
     raise NotFound("app", app_id)
 

@@ -71,6 +71,7 @@ from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
 from atrium.manifest import Manifest
+from atrium.permissions import describe
 from atrium.registry import AppCopy, AppRegistry
 from atrium.scopes import Scope, ScopeLayout
 
@@ -277,7 +278,16 @@ class Distribution:
                 same_app(expected_id, ref_text, manifest.id)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             if requires_approval(diff) or approval.approve is False:
-                yield event(PERMISSION_NEEDED, diff=diff.wire(), resolved=resolved.wire())
+                described = [
+                    describe(name, self._registry.permission_labels())
+                    for name in diff.permissions_added
+                ]
+                yield event(
+                    PERMISSION_NEEDED,
+                    diff=diff.wire(),
+                    resolved=resolved.wire(),
+                    permissions=described,
+                )
                 if approval.approve is False:
                     yield event(PERMISSION_DENIED, diff=diff.wire())
                     raise ApprovalDenied(manifest.id, diff.wire())
@@ -289,6 +299,7 @@ class Distribution:
                         needsApproval=True,
                         diff=diff.wire(),
                         resolved=resolved.wire(),
+                        permissions=described,
                         **({"note": note} if note else {}),
                     )
                     return

@@ -532,10 +532,30 @@ async function* sse(response) {
   }
 }
 
+function installStep(step) {
+  for (const item of document.querySelectorAll("#install .steps li")) {
+    if (item.dataset.step === step) item.setAttribute("aria-current", "step");
+    else item.removeAttribute("aria-current");
+  }
+  $("install-source").hidden = step !== "source";
+  $("install-go").hidden = step !== "source";
+  $("install-bar").hidden = step !== "fetch";
+  $("install-open").hidden = step !== "done";
+  if (step !== "review") hideDiff();
+}
+
+const STAGES = {
+  "resolve.start": "Finding the app…", "resolve.done": "Found it.", "fetch.start": "Downloading…",
+  "fetch.done": "Downloaded.", "validate.done": "Checked.", "check.start": "Trying the new version…",
+  "install.start": "Installing…", "permission.approved": "Approved.",
+};
+
 async function runInstall(extra) {
   const body = { ref: $("install-ref").value.trim(), scope: $("install-scope").value, ...extra };
-  const log = $("install-progress");
   $("install-result").textContent = "";
+  installStep("fetch");
+  const bar = $("install-bar");
+  bar.removeAttribute("value");
   const response = await fetch("/api/dist/install", {
     method: "POST", credentials: "same-origin",
     headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
@@ -543,43 +563,54 @@ async function runInstall(extra) {
   });
   if (!response.ok) {
     const error = await response.json().catch(() => null);
+    installStep("source");
     $("install-result").textContent = error?.error?.message || `HTTP ${response.status}`;
     return;
   }
   for await (const event of sse(response)) {
-    if (event.type === "fetch.progress") {
-      const last = log.lastElementChild;
-      const text = `fetch ${event.done ?? 0} / ${event.total ?? "?"} bytes`;
-      if (last?.dataset.kind === "progress") last.textContent = text;
-      else { const item = el("li", { textContent: text }); item.dataset.kind = "progress"; log.append(item); }
+    if (event.type === "fetch.progress" && event.total) {
+      bar.max = event.total;
+      bar.value = event.done ?? 0;
     } else if (event.type === "result" && event.needsApproval) {
-      showDiff(event.diff, event.resolved);
+      showDiff(event.diff, event.resolved, event.permissions || []);
       if (event.note) $("install-result").textContent = `Note: ${event.note}`;
-    } else if (event.type === "result" && event.note) {
-      $("install-result").textContent = `installed. Note: ${event.note}`;
     } else if (event.type === "error") {
+      installStep("source");
+      $("install-stage").textContent = "";
       $("install-result").textContent = `${event.code}: ${event.message}`;
-    } else {
-      log.append(el("li", { textContent: event.type }));
-      if (event.type === "install.done") $("install-result").textContent = "installed";
+    } else if (event.type === "result" && event.ok) {
+      const record = event.record;
+      const app = apps.find((a) => a.id === record.id);
+      installStep("done");
+      $("install-stage").textContent = "";
+      $("install-result").textContent = `Installed ${app?.name || record.id} ${record.version}.` + (event.note ? ` Note: ${event.note}` : "");
+      $("install-open").onclick = () => { $("install").close(); loudly(launch(record.id)); };
+    } else if (STAGES[event.type]) {
+      $("install-stage").textContent = STAGES[event.type];
     }
   }
 }
 
-function showDiff(diff, resolved) {
-  const rows = [
-    ["App", `${diff.appId} ${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`],
-    ["Permissions added", (diff.permissionsAdded || []).join(", ") || "—"],
-    ["Tools added", (diff.toolsAdded || []).join(", ") || "—"],
-    ["Data provider added", diff.dataProviderAdded ? "yes" : "no"],
-    ["Intent filters added", (diff.intentFiltersAdded || []).map((f) => f.action).join(", ") || "—"],
-  ];
-  $("install-diff-rows").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("td", { textContent: k }), el("td", { textContent: v }))));
+function showDiff(diff, resolved, permissions) {
+  installStep("review");
+  $("install-stage").textContent = "";
+  $("install-app").textContent = `${diff.appId} ${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`;
+  const asks = permissions.map((p) => {
+    const item = el("li", {}, el("strong", { textContent: p.label }));
+    if (p.description) item.append(el("span", { className: "hint", textContent: ` — ${p.description}` }));
+    if (p.label !== p.name) item.append(el("code", { className: "raw", textContent: p.name }));
+    item.dataset.permission = p.name;
+    return item;
+  });
+  if (diff.toolsAdded?.length) asks.push(el("li", { textContent: `Run these programs of this machine: ${diff.toolsAdded.join(", ")}` }));
+  if (diff.dataProviderAdded) asks.push(el("li", { textContent: "Share its own data with other apps (a data provider)" }));
+  if (diff.intentFiltersAdded?.length) asks.push(el("li", { textContent: `Handle requests to ${[...new Set(diff.intentFiltersAdded.map((f) => (VERBS[f.action] || f.action)))].join(", ")}` }));
+  $("install-asks").replaceChildren(...asks);
   $("install-diff").hidden = false;
   $("install-approve").hidden = false;
   $("install-deny").hidden = false;
-  $("install-approve").onclick = () => { hideDiff(); quietly(runInstall({ autoApprove: true, approvedDigest: resolved?.digest })); };
-  $("install-deny").onclick = () => { hideDiff(); quietly(runInstall({ approve: false })); };
+  $("install-approve").onclick = () => { hideDiff(); loudly(runInstall({ autoApprove: true, approvedDigest: resolved?.digest })); };
+  $("install-deny").onclick = () => { hideDiff(); loudly(runInstall({ approve: false })); };
 }
 
 function hideDiff() {
@@ -641,9 +672,9 @@ function panels() {
     };
   }
   for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };
-  $("open-install").onclick = () => { hideDiff(); $("install-progress").replaceChildren(); $("install-result").textContent = ""; $("install").showModal(); };
+  $("open-install").onclick = () => { installStep("source"); $("install-result").textContent = ""; $("install-stage").textContent = ""; $("install").showModal(); };
   $("install-close").onclick = () => $("install").close();
-  $("install-form").onsubmit = (event) => { event.preventDefault(); $("install-progress").replaceChildren(); quietly(runInstall({})); };
+  $("install-form").onsubmit = (event) => { event.preventDefault(); loudly(runInstall({})); };
 }
 
 function escCloses() {

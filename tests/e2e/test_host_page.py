@@ -504,3 +504,38 @@ def test_a_destroyed_instance_loses_its_tab_and_the_welcome_comes_back(
     page.wait_for_selector('iframe[data-app-id="com.atrium.viewer"]', state="detached")
     assert page.get_by_role("tab").count() == 0
     page.locator("#welcome").wait_for(state="visible")
+
+
+def test_install_walks_its_steps_in_plain_words_and_ends_with_open(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    app_id = "test.reader.viaui"
+    app_dir = tmp_path / app_id
+    shutil.copytree(REPO_DIR / "tests" / "apps" / "test.sdk.echo", app_dir)
+    manifest = json.loads((app_dir / "app.manifest.json").read_text())
+    manifest.update({"id": app_id, "name": "Reader", "permissions": ["com.atrium.notes.read"]})
+    manifest.pop("dataProvider")
+    manifest["warmPool"] = False
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    (app_dir / "index.html").write_text("<!doctype html><title>r</title><h1>Reader</h1>")
+    try:
+        page.click("#open-install")
+        assert page.locator('#install .steps li[aria-current="step"]').inner_text() == "Source"
+        page.fill("#install-ref", f"local:{app_dir}")
+        page.click("#install-go")
+        asks = page.locator('#install-asks li[data-permission="com.atrium.notes.read"]')
+        asks.wait_for()
+        assert "Read your notes" in asks.inner_text()  # Notes' own words for its permission
+        assert "See the text of every note" in asks.inner_text()
+        assert page.locator('#install .steps li[aria-current="step"]').inner_text() == "Review"
+        primaries = page.locator("#install menu button.primary:visible")
+        assert primaries.count() == 1  # one primary action per step
+        page.click("#install-approve")
+        page.locator("#install-open").wait_for(state="visible")
+        assert "Installed" in page.locator("#install-result").inner_text()
+        assert page.locator("#install menu button.primary:visible").count() == 1
+        page.click("#install-open")
+        app_frame(page, app_id)
+    finally:
+        with api(served) as client:
+            client.delete(f"/api/dist/uninstall/{app_id}")
