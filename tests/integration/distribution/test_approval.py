@@ -36,9 +36,18 @@ def test_json_answers_needs_approval_with_the_diff_and_installs_nothing(
     response = install(api, f"local:{asking}")
     assert response.status_code == 200
     answer = response.json()
-    assert set(answer) == {"ok", "needsApproval", "diff", "resolved"}
+    assert set(answer) == {"ok", "needsApproval", "diff", "resolved", "permissions"}
     assert (answer["ok"], answer["needsApproval"]) == (False, True)
     assert answer["diff"]["permissionsAdded"] == [PERMISSION]
+    # in the words of the app that defines it (Notes' permissionInfo)
+    assert answer["permissions"] == [
+        {
+            "name": PERMISSION,
+            "label": "Read your notes",
+            "description": "See the text of every note in Notes.",
+            "declaredBy": "com.atrium.notes",
+        }
+    ]
     assert answer["diff"]["versionFrom"] is None
     assert answer["resolved"]["source"] == "local"
     assert answer["resolved"]["manifestPreview"]["id"] == "com.example.asking"
