@@ -179,8 +179,61 @@ async function loadApps() {
     button.append(icon, name, meta);
     for (const p of app.problems) button.append(el("span", { className: "problem", textContent: `${p.field}: ${p.message}` }));
     button.onclick = () => launch(app.id).catch(showError);
-    return button;
+    const more = el("button", { className: "ghost more", type: "button", textContent: "⋯", title: "Details", ariaLabel: `Details of ${app.name || app.id}` });
+    more.dataset.appId = app.id;
+    more.onclick = () => loudly(showDetail(app.id));
+    return el("div", { className: "card" }, button, more);
   }));
+}
+
+// ---------------------------------------------------------------- app detail
+async function showDetail(appId) {
+  const app = await api("GET", `/api/apps/${encodeURIComponent(appId)}`);
+  const record = app.record;
+  const manifest = app.manifest || {};
+  $("detail-title").textContent = `${app.name || app.id} ${app.version || ""}`;
+  const facts = [
+    ["App id", app.id],
+    ["Scope", `${app.scope}${app.masks?.length ? ` (hides the ${app.masks.join(", ")} copy)` : ""}`],
+    ["Source", record ? `${record.ref} (${record.source})` : app.scope === "system" ? "bundled with Atrium" : "placed by hand"],
+    ["Installed", record ? record.installedAt.replace("T", " ").replace("Z", " UTC") : "—"],
+    ["Shares data as", manifest.dataProvider ? `“${manifest.dataProvider.authority}”` : "—"],
+    ["Handles", [...new Set((manifest.intentFilters || []).map((f) => VERBS[f.action] || f.action))].join(", ") || "—"],
+  ];
+  $("detail-facts").replaceChildren(...facts.map(([k, v]) => el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }))));
+  const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : ""));
+  $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
+  const changeable = record && app.scope !== "system";
+  $("detail-open").onclick = () => { $("detail").close(); loudly(launch(app.id)); };
+  $("detail-update").hidden = !changeable;
+  $("detail-update").onclick = () => loudly(detailAction(`/api/dist/update/${app.id}`, "POST", {}, (r) => r.upToDate ? "Already up to date." : `Updated to ${r.record.version}.`));
+  $("detail-versions").hidden = !changeable;
+  $("detail-versions").onclick = () => { $("detail").close(); $("versions").hidden = false; loudly(loadVersions().then(() => selectVersionsOf(app.id))); };
+  $("detail-uninstall").hidden = !changeable;
+  $("detail-uninstall").onclick = async () => {
+    if (!(await confirmRequest(`Uninstall ${app.name || app.id}?`, `Its code and its data in the ${app.scope} scope are removed.`))) return;
+    await loudly(detailAction(`/api/dist/uninstall/${app.id}`, "DELETE", undefined, () => "Uninstalled."));
+    $("detail").close();
+  };
+  $("detail-result").textContent = "";
+  $("detail").showModal();
+}
+
+async function detailAction(path, method, body, done) {
+  $("detail-result").textContent = "Working…";
+  try {
+    $("detail-result").textContent = done(await api(method, path, body));
+  } catch (err) {
+    $("detail-result").textContent = err.message;
+  }
+}
+
+function selectVersionsOf(appId) {
+  const index = versionsOf.findIndex((r) => r.id === appId);
+  if (index >= 0) {
+    $("versions-app").value = String(index);
+    quietly(loadHistory());
+  }
 }
 
 function showError(err) {

@@ -539,3 +539,36 @@ def test_install_walks_its_steps_in_plain_words_and_ends_with_open(
     finally:
         with api(served) as client:
             client.delete(f"/api/dist/uninstall/{app_id}")
+
+
+def test_app_detail_shows_what_an_app_is_and_may_do_and_uninstalls_it(
+    page: Page, served: Served, tmp_path: Path
+) -> None:
+    app_id = "test.detail.viaui"
+    app_dir = tmp_path / app_id
+    shutil.copytree(REPO_DIR / "tests" / "apps" / "test.sdk.echo", app_dir)
+    manifest = json.loads((app_dir / "app.manifest.json").read_text())
+    manifest.update({"id": app_id, "name": "Detailed", "permissions": ["com.atrium.notes.write"]})
+    manifest.pop("dataProvider")
+    manifest["warmPool"] = False
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    with api(served) as client:
+        body = {"ref": f"local:{app_dir}", "autoApprove": True}
+        client.post("/api/dist/install", json=body).raise_for_status()
+    page.get_by_role("button", name="Details of Detailed").click()
+    detail = page.locator("#detail")
+    detail.wait_for(state="visible")
+    text = detail.inner_text()
+    assert "Detailed 1.0.0" in text
+    assert f"local:{app_dir}" in text
+    assert "Change your notes" in text  # its permission, in Notes' words
+    page.click("#detail-uninstall")
+    page.click('#confirm button[value="yes"]')
+    detail.wait_for(state="hidden")
+    page.locator(f'button.app[data-app-id="{app_id}"]').wait_for(state="detached")
+    # a bundled app shows no update or uninstall
+    page.get_by_role("button", name="Details of Notes").click()
+    detail.wait_for(state="visible")
+    assert page.locator("#detail-uninstall").is_hidden()
+    assert "bundled with Atrium" in detail.inner_text()
+    page.keyboard.press("Escape")

@@ -75,6 +75,13 @@ def test_every_screen_fits_and_passes_axe(sized: tuple[Page, str]) -> None:
         shot(page, f"{size}-{panel[1:]}")
         page.keyboard.press("Escape")  # every overlay closes on Esc
         page.locator(panel).wait_for(state="hidden")
+    page.get_by_role("button", name="Details of Notes").click()
+    page.locator("#detail").wait_for(state="visible")
+    fits(page, f"{size} app detail")
+    assert serious(page) == [], "app detail"
+    shot(page, f"{size}-detail")
+    page.keyboard.press("Escape")
+    page.locator("#detail").wait_for(state="hidden")
     page.click("#open-install")
     page.locator("#install").wait_for(state="visible")
     fits(page, f"{size} install dialog")
