@@ -186,6 +186,45 @@ async function loadApps() {
   }));
 }
 
+// ---------------------------------------------------------------- catalogue
+async function loadCatalogue() {
+  $("catalogue-status").textContent = "Loading…";
+  let snapshot;
+  try {
+    snapshot = await api("GET", "/api/dist/index");
+  } catch (err) {
+    $("catalogue-status").textContent = err.message;
+    $("catalogue-rows").replaceChildren();
+    return;
+  }
+  const entries = snapshot.index?.apps || [];
+  $("catalogue-status").textContent = entries.length
+    ? `${entries.length} app${entries.length > 1 ? "s" : ""} from ${snapshot.url}${snapshot.stale ? " (offline copy)" : ""}`
+    : `The catalogue at ${snapshot.url} lists no app.`;
+  $("catalogue-rows").replaceChildren(...entries.map((entry) => {
+    const installed = apps.some((a) => a.id === entry.id);
+    const action = installed
+      ? el("span", { className: "chip ok", textContent: "INSTALLED" })
+      : el("button", {
+        className: "primary", type: "button", textContent: "Install", ariaLabel: `Install ${entry.name}`,
+        onclick: () => {
+          $("catalogue").hidden = true;
+          installStep("source");
+          $("install-ref").value = entry.id;
+          $("install-result").textContent = "";
+          $("install").showModal();
+          loudly(runInstall({}));
+        },
+      });
+    const row = el("li", {},
+      el("div", {}, el("strong", { textContent: entry.name }), el("span", { className: "hint", textContent: entry.publisher ? ` · ${entry.publisher}` : "" }),
+        el("div", { className: "hint", textContent: entry.description || entry.id })),
+      action);
+    row.dataset.appId = entry.id;
+    return row;
+  }));
+}
+
 // ---------------------------------------------------------------- app detail
 async function showDetail(appId) {
   const app = await api("GET", `/api/apps/${encodeURIComponent(appId)}`);
@@ -717,11 +756,12 @@ function connectEvents() {
 
 // ---------------------------------------------------------------- start
 function panels() {
-  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"]]) {
+  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"], ["open-catalogue", "catalogue"]]) {
     $(button).onclick = () => {
       $(panel).hidden = !$(panel).hidden;
       if (panel === "defaults" && !$(panel).hidden) quietly(loadDefaults());
       if (panel === "versions" && !$(panel).hidden) quietly(loadVersions());
+      if (panel === "catalogue" && !$(panel).hidden) quietly(loadCatalogue());
     };
   }
   for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };
@@ -741,7 +781,16 @@ function escCloses() {
   });
 }
 
+function trackBarHeight() {
+  // panels open below the header, which wraps to two lines on a phone
+  const bar = document.querySelector("header.bar");
+  const set = () => document.documentElement.style.setProperty("--bar-height", `${bar.offsetHeight}px`);
+  new ResizeObserver(set).observe(bar);
+  set();
+}
+
 async function start() {
+  trackBarHeight();
   panels();
   escCloses();
   $("close-tab").onclick = () => { if (active) quietly(closeTab(active)); };

@@ -68,6 +68,31 @@ def e2e_app(apps_dir: Path, app_id: str, **manifest: object) -> None:
     )
 
 
+CATALOGUED = "test.catalogue.app"
+
+
+def catalogue(root: Path) -> str:
+    """A file:// index listing one app, tagged v1.0.0 in a bare git repository."""
+    work = root / "catalogue" / CATALOGUED
+    e2e_app(work.parent, CATALOGUED, name="Catalogued")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "v1"], ["tag", "v1.0.0"]):
+        subprocess.run([*git, *args], cwd=work, check=True, timeout=60)
+    bare = root / "catalogue" / f"{CATALOGUED}.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True, timeout=60)
+    entry = {
+        "id": CATALOGUED,
+        "name": "Catalogued",
+        "description": "An app from the catalogue",
+        "publisher": "Tests",
+        "sources": {"git": {"ref": f"git+{bare.as_uri()}", "default-branch": "main"}},
+        "channels": {"stable": {"git-tag": "v1.0.0"}},
+    }
+    index = root / "catalogue" / "index.json"
+    index.write_text(json.dumps({"schema": 1, "apps": [entry]}))
+    return index.as_uri()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("e2e")
@@ -88,6 +113,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "ATRIUM_HOME": str(home),
         "ATRIUM_PORT": "0",
         "ATRIUM_SYSTEM_APPS": str(system),
+        "ATRIUM_INDEX_URL": catalogue(root),
     }
     log = (root / "shell.log").open("wb")
     proc = subprocess.Popen(

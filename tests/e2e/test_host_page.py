@@ -14,7 +14,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Frame, Page
 
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import Served
+from tests.e2e.conftest import CATALOGUED, Served
 
 pytestmark = pytest.mark.e2e
 
@@ -572,3 +572,21 @@ def test_app_detail_shows_what_an_app_is_and_may_do_and_uninstalls_it(
     assert page.locator("#detail-uninstall").is_hidden()
     assert "bundled with Atrium" in detail.inner_text()
     page.keyboard.press("Escape")
+
+
+def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Served) -> None:
+    try:
+        page.click("#open-catalogue")
+        row = page.locator(f'#catalogue-rows li[data-app-id="{CATALOGUED}"]')
+        row.wait_for()
+        assert "An app from the catalogue" in row.inner_text()
+        row.get_by_role("button", name="Install Catalogued").click()
+        page.locator("#install").wait_for(state="visible")
+        page.locator("#install-open").wait_for(state="visible", timeout=30_000)
+        page.click("#install-open")
+        app_frame(page, CATALOGUED)
+        page.click("#open-catalogue")
+        page.locator(f'#catalogue-rows li[data-app-id="{CATALOGUED}"] .chip.ok').wait_for()
+    finally:
+        with api(served) as client:
+            client.delete(f"/api/dist/uninstall/{CATALOGUED}")

@@ -67,9 +67,11 @@ def test_every_screen_fits_and_passes_axe(sized: tuple[Page, str]) -> None:
         ("#open-theme", "#theme"),
         ("#open-defaults", "#defaults"),
         ("#open-versions", "#versions"),
+        ("#open-catalogue", "#catalogue"),
     ]:
         page.click(button)
         page.locator(panel).wait_for(state="visible")
+        page.wait_for_timeout(200)  # its content loads
         fits(page, f"{size} {panel}")
         assert serious(page) == [], panel
         shot(page, f"{size}-{panel[1:]}")
