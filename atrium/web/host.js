@@ -686,7 +686,10 @@ async function runInstall(extra) {
 function showDiff(diff, resolved, permissions) {
   installStep("review");
   $("install-stage").textContent = "";
-  $("install-app").textContent = `${diff.appId} ${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`;
+  const preview = resolved?.manifestPreview || {};
+  const version = `${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`;
+  $("install-app").textContent = `${preview.name || diff.appId} ${version}`;
+  $("install-app").title = diff.appId;
   const asks = permissions.map((p) => {
     const item = el("li", {}, el("strong", { textContent: p.label }));
     if (p.description) item.append(el("span", { className: "hint", textContent: ` — ${p.description}` }));

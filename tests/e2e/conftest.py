@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
@@ -156,9 +157,23 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
-@pytest.fixture
+#: every flow runs on a desktop and on a phone
+VIEWPORTS: Final = {"desktop": (1280, 800), "phone": (390, 844)}
+#: what lies outside the viewport: the page's scroll width and the controls off the sides
+OFF_SCREEN: Final = """() => {
+  const width = window.innerWidth;
+  const out = [...document.querySelectorAll("button, select, input")]
+    .filter((b) => b.offsetParent !== null && b.getClientRects().length)
+    .filter((b) => { const r = b.getBoundingClientRect(); return r.left < -1 || r.right > width + 1; })
+    .map((b) => b.getAttribute("aria-label") || b.textContent.trim() || b.id);
+  return {scroll: document.documentElement.scrollWidth, width, out};
+}"""
+
+
+@pytest.fixture(params=list(VIEWPORTS))
 def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    width, height = VIEWPORTS[request.param]
+    context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(15_000)
     page.goto(f"{served.url}/login?token={served.token}")
@@ -166,4 +181,8 @@ def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> It
     yield page
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+    found = page.evaluate(OFF_SCREEN)
     context.close()
+    # whatever the flow left on screen fits it: no sideways scroll, no control off the edge
+    assert found["scroll"] <= found["width"], f"the page scrolls sideways: {found}"
+    assert found["out"] == [], f"controls outside the viewport: {found['out']}"

@@ -247,7 +247,9 @@ def test_the_install_dialog_shows_the_diff_and_installs_on_approval(
     page.locator('button.app[data-app-id="test.installed.viaui"]').wait_for()
     with api(served) as client:
         records = client.get("/api/dist/installed").json()
-    assert [r["id"] for r in records] == ["test.installed.viaui"]
+        assert [r["id"] for r in records] == ["test.installed.viaui"]
+        # the next viewport's run starts from nothing again
+        client.delete("/api/dist/uninstall/test.installed.viaui").raise_for_status()
 
 
 def test_the_install_dialog_reports_a_denial(page: Page, tmp_path: Path) -> None:
@@ -426,18 +428,23 @@ def test_the_versions_panel_rolls_back_and_restores_a_backup(
         page.click("#open-versions")
         page.locator(f'#versions-app option[data-app-id="{app_id}"]').wait_for(state="attached")
         page.select_option("#versions-app", label=f"{app_id} (global, 2.0.0)")
-        row = page.locator('#history-rows tr[data-version="1.0.0"]')
+        # newest first: the install of this run (an earlier run's history stays in the repository)
+        row = page.locator('#history-rows tr[data-version="1.0.0"]').first
         row.get_by_role("button", name="Roll back").click()
         page.locator("#confirm").wait_for(state="visible")
         page.click('#confirm button[value="yes"]')
         page.locator("#versions-result", has_text="Rolled back to 1.0.0 with its data").wait_for()
         assert (data / "notes.txt").read_text() == "written under 1.0.0"
         # the list follows: 1.0.0 is current now, so only 2.0.0 offers a rollback
-        page.locator("#history-rows tr", has_text="rollback from 2.0.0").wait_for()
+        page.wait_for_function(
+            "document.querySelector('#history-rows tr')?.textContent.includes('rollback from')"
+        )
         offered = page.locator("#history-rows tr", has=page.get_by_role("button", name="Roll back"))
-        assert offered.evaluate_all("rows => rows.map(r => r.dataset.version)") == ["2.0.0"]
+        versions = offered.evaluate_all("rows => rows.map(r => r.dataset.version)")
+        assert versions
+        assert set(versions) == {"2.0.0"}
         # today's data went into a backup first: restore it from the list
-        backup = page.locator("#backup-rows li", has_text="2.0.0 · rollback")
+        backup = page.locator("#backup-rows li", has_text="2.0.0 · rollback").first  # newest
         backup.get_by_role("button", name="Restore").click()
         page.click('#confirm button[value="yes"]')
         page.locator("#versions-result", has_text="Restored the data").wait_for()

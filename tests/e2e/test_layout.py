@@ -10,17 +10,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Browser, Page
 
-from tests.e2e.conftest import ARTIFACTS, Served
-
-VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
-OFF_SCREEN = """() => {
-  const width = window.innerWidth;
-  const out = [...document.querySelectorAll("button, select, input")]
-    .filter((b) => b.offsetParent !== null && b.getClientRects().length)
-    .filter((b) => { const r = b.getBoundingClientRect(); return r.left < -1 || r.right > width + 1; })
-    .map((b) => b.getAttribute("aria-label") || b.textContent.trim() || b.id);
-  return {scroll: document.documentElement.scrollWidth, width, out};
-}"""
+from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served
 
 
 @pytest.fixture(params=list(VIEWPORTS))
