@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.conftest import REPO_DIR, TESTS_DIR
@@ -186,3 +187,13 @@ def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> It
     # whatever the flow left on screen fits it: no sideways scroll, no control off the edge
     assert found["scroll"] <= found["width"], f"the page scrolls sideways: {found}"
     assert found["out"] == [], f"controls outside the viewport: {found['out']}"
+
+
+def axe_serious(page: Page) -> list[str]:
+    """axe-core's serious and critical violations on what the page shows now."""
+    results = Axe().run(page)
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+        for v in results.response["violations"]
+        if v["impact"] in {"serious", "critical"}
+    ]

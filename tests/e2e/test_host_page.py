@@ -14,7 +14,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Frame, Page
 
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import CATALOGUED, Served
+from tests.e2e.conftest import CATALOGUED, Served, axe_serious
 
 pytestmark = pytest.mark.e2e
 
@@ -466,9 +466,11 @@ def test_notes_shares_a_note_through_the_chooser(page: Page, served: Served) -> 
     confirm.wait_for(state="visible")
     assert "Notes wants to share some text" in confirm.inner_text()
     assert text in confirm.inner_text()
+    assert axe_serious(page) == [], "the confirmation"
     confirm.locator("button[value=yes]").click()
     chooser = page.locator("#chooser")
     chooser.wait_for(state="visible")
+    assert axe_serious(page) == [], "the chooser"
     offered = chooser.locator("button[data-app-id]").evaluate_all(
         "bs => bs.map(b => b.dataset.appId)"
     )
@@ -537,10 +539,12 @@ def test_install_walks_its_steps_in_plain_words_and_ends_with_open(
         assert page.locator('#install .steps li[aria-current="step"]').inner_text() == "Review"
         primaries = page.locator("#install menu button.primary:visible")
         assert primaries.count() == 1  # one primary action per step
+        assert axe_serious(page) == [], "install review"
         page.click("#install-approve")
         page.locator("#install-open").wait_for(state="visible")
         assert "Installed" in page.locator("#install-result").inner_text()
         assert page.locator("#install menu button.primary:visible").count() == 1
+        assert axe_serious(page) == [], "install done"
         page.click("#install-open")
         app_frame(page, app_id)
     finally:

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Browser, Page
 
-from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served
+from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious
 
 
 @pytest.fixture(params=list(VIEWPORTS))
@@ -39,12 +38,7 @@ def fits(page: Page, where: str) -> None:
 
 
 def serious(page: Page) -> list[str]:
-    results = Axe().run(page)
-    return [
-        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
-        for v in results.response["violations"]
-        if v["impact"] in {"serious", "critical"}
-    ]
+    return axe_serious(page)
 
 
 def test_every_screen_fits_and_passes_axe(sized: tuple[Page, str]) -> None:

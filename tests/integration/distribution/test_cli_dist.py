@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from atrium.cli.main import app
+from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, StartShell
 from tests.integration.distribution.conftest import MakeApp, write_manifest
 
@@ -167,3 +169,16 @@ def test_export_and_import_through_the_cli(
     refused = cli.invoke(app, ["import", str(broken), "--yes"])
     assert refused.exit_code != 0
     assert "nothing was changed" in refused.output
+
+
+def test_installing_a_second_copy_says_where_the_data_stays(
+    cli: CliRunner, dist_shell: RunningShell, tmp_path: Path
+) -> None:
+    with dist_shell.client() as api:
+        assert api.post("/api/data/notes/notes", json={"text": "mine"}).status_code == 201
+    source = tmp_path / "com.atrium.notes"
+    shutil.copytree(REPO_DIR / "apps" / "com.atrium.notes", source)
+    installed = cli.invoke(app, ["install", f"local:{source}", "--scope", "user", "--yes"])
+    assert installed.exit_code == 0, installed.output
+    assert "Note: com.atrium.notes also exists in the system scope with data" in installed.output
+    assert "stays with that copy" in installed.output
