@@ -11,12 +11,15 @@ from playwright.sync_api import Browser, Page
 
 from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious
 
+#: the screens are also checked at the narrowest width the page supports
+SIZES = {**VIEWPORTS, "narrow": (360, 740)}
 
-@pytest.fixture(params=list(VIEWPORTS))
+
+@pytest.fixture(params=list(SIZES))
 def sized(
     browser: Browser, served: Served, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Page, str]]:
-    width, height = VIEWPORTS[request.param]
+    width, height = SIZES[request.param]
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(15_000)
