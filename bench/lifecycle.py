@@ -34,6 +34,7 @@ def system_apps(root: Path) -> Path:
     manifest = json.loads((pooled / "app.manifest.json").read_text())
     manifest.update({"id": POOLED, "warmPool": True})
     manifest.pop("dataProvider")
+    manifest.pop("permissionInfo")  # labels Notes' own permissions, not this copy's
     (pooled / "app.manifest.json").write_text(json.dumps(manifest))
     return target
 

@@ -110,6 +110,7 @@ def _app_with_permissions(system_apps: Path, app_id: str, permissions: list[str]
     manifest = json.loads((target / "app.manifest.json").read_text())
     manifest.update({"id": app_id, "permissions": permissions})
     manifest.pop("dataProvider")
+    manifest.pop("permissionInfo")  # Notes labels its own permissions, not this copy's
     (target / "app.manifest.json").write_text(json.dumps(manifest))
 
 
