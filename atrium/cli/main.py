@@ -7,7 +7,7 @@ import json
 import typer
 
 from atrium import __version__
-from atrium.cli import commands, dist, intents, lifecycle
+from atrium.cli import authoring, commands, dist, intents, lifecycle
 from atrium.cli.doctor import doctor
 from atrium.cli.publish import publish
 from atrium.cli.serve import serve
@@ -41,6 +41,8 @@ for dist_command in (
 ):
     app.command()(dist_command)
 app.command("import")(dist.import_app)
+app.command()(authoring.validate)
+app.command()(authoring.pack)
 app.add_typer(commands.scopes_app, name="scopes")
 app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")

@@ -1,0 +1,61 @@
+"""CLI commands for app authors that need no running shell: validate and pack an app folder."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from atrium.cli.render import console, print_json, print_table
+from atrium.distribution.artifact import write_layer
+from atrium.distribution.check import problems_of
+
+JSON_OPT = typer.Option(False, "--json", help="print the result as JSON")
+FOLDER = Annotated[Path, typer.Argument(help="the app folder (named after the app id)")]
+
+
+def validate(folder: FOLDER, as_json: bool = JSON_OPT) -> None:
+    """Every problem an install of FOLDER would refuse, in one list (exit 1 when any)."""
+    folder = folder.absolute()
+    problems = problems_of(folder)
+    if as_json:
+        print_json({"folder": str(folder), "ok": not problems, "problems": problems})
+        raise typer.Exit(1 if problems else 0)
+    if problems:
+        print_table(
+            f"{folder.name}: {len(problems)} problem{'s' if len(problems) > 1 else ''}",
+            ["field", "problem"],
+            [(p["field"], p["message"]) for p in problems],
+        )
+        raise typer.Exit(1)
+    console.print(f"{folder.name}: nothing an install would refuse", soft_wrap=True)
+
+
+def pack(
+    folder: FOLDER,
+    output: Annotated[Path, typer.Option("--output", "-o", help="the archive (.tar.gz)")],
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Validate FOLDER, then write it as the app layer `atrium publish` pushes (tar+gzip rooted
+    at <appId>/, reproducible: fixed times, sorted names)."""
+    folder = folder.absolute()
+    problems = problems_of(folder)
+    if problems:
+        for p in problems:
+            typer.echo(f"{p['field']}: {p['message']}", err=True)
+        typer.echo(f"{folder.name}: not packed ({len(problems)} problems)", err=True)
+        raise typer.Exit(1)
+    partial = output.with_name(f".{output.name}.partial")
+    with partial.open("wb") as out:
+        write_layer(folder, folder.name, out)
+    partial.replace(output)
+    digest = "sha256:" + hashlib.sha256(output.read_bytes()).hexdigest()
+    size = output.stat().st_size
+    if as_json:
+        print_json(
+            {"appId": folder.name, "path": str(output.absolute()), "bytes": size, "digest": digest}
+        )
+        return
+    console.print(f"Packed {folder.name} into {output} ({size} bytes, {digest})", soft_wrap=True)

@@ -1,0 +1,64 @@
+"""`atrium validate` and `atrium pack` (issue 18): every problem at once, and the layer publish
+pushes, without a running shell."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from atrium.cli.main import app
+from tests.conftest import REPO_DIR
+
+pytestmark = pytest.mark.integration
+
+
+def notes_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "com.atrium.notes"
+    shutil.copytree(REPO_DIR / "apps" / "com.atrium.notes", target)
+    return target
+
+
+def test_a_good_folder_validates_and_packs_reproducibly(tmp_path: Path) -> None:
+    folder = notes_copy(tmp_path)
+    (folder / ".git").mkdir()  # the author's own repository is not part of the app
+    (folder / ".git" / "config").write_text("[core]\n")
+    ok = CliRunner().invoke(app, ["validate", str(folder)])
+    assert ok.exit_code == 0, ok.output
+    assert "nothing an install would refuse" in ok.output
+    first, second = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    packed = CliRunner().invoke(app, ["pack", str(folder), "-o", str(first), "--json"])
+    assert packed.exit_code == 0, packed.output
+    assert CliRunner().invoke(app, ["pack", str(folder), "-o", str(second)]).exit_code == 0
+    assert first.read_bytes() == second.read_bytes()  # reproducible
+    with tarfile.open(first) as tar:
+        names = tar.getnames()
+    assert "com.atrium.notes/app.manifest.json" in names
+    assert not any(".git" in n for n in names)
+    assert json.loads(packed.output)["digest"].startswith("sha256:")
+
+
+def test_every_problem_is_listed_at_once_and_nothing_is_packed(tmp_path: Path) -> None:
+    folder = notes_copy(tmp_path)
+    manifest = json.loads((folder / "app.manifest.json").read_text())
+    manifest.update({"version": "one", "entrypoint": "missing.sh", "icon": "nope.svg"})
+    (folder / "app.manifest.json").write_text(json.dumps(manifest))
+    (folder / "com.atrium.notes-1").mkdir()
+    (folder / "escape").symlink_to("/etc/passwd")
+    answer = CliRunner().invoke(app, ["validate", str(folder), "--json"])
+    assert answer.exit_code == 1
+    problems = json.loads(answer.output)["problems"]
+    text = json.dumps(problems)
+    assert "semver" in text  # the version
+    assert "reserved for an instance's runtime data" in text
+    assert "escape" in text  # the link leaving the folder
+    assert len(problems) >= 3
+    archive = tmp_path / "x.tar.gz"
+    refused = CliRunner().invoke(app, ["pack", str(folder), "-o", str(archive)])
+    assert refused.exit_code == 1
+    assert "not packed" in refused.output
+    assert not archive.exists()
