@@ -93,12 +93,20 @@ def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     manifest.update({"id": "bench.caller", "permissions": CALLER_PERMISSIONS})
     manifest.pop("dataProvider")
     (caller / "app.manifest.json").write_text(json.dumps(manifest))
+    return serve(home, system)
+
+
+def serve(
+    home: Path, system: Path, runner: str = "process"
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`atrium serve` on ``home`` with ``system`` as its system apps, on a free port; (process,
+    base URL, the user's token) once it has written its URL."""
     env = {
         **os.environ,
         "ATRIUM_HOME": str(home),
         "ATRIUM_PORT": "0",
         "ATRIUM_SYSTEM_APPS": str(system),
-        "ATRIUM_RUNNER": "process",
+        "ATRIUM_RUNNER": runner,
         "ATRIUM_LOG_LEVEL": "warning",
     }
     proc = subprocess.Popen(

@@ -17,11 +17,9 @@ within the proxy's current p50.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from bench.report import table
-from bench.shell import stop
+from bench.shell import serve, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "apps" / "test.plain.stdlib"
@@ -63,29 +61,7 @@ def start(root: Path, runner: str) -> tuple[subprocess.Popen[bytes], str, str]:
     system = root / "system-apps"
     provider(system, "bench.wake", "wakeb", True)
     provider(system, "bench.plain", "plainb", False)
-    home = root / "home"
-    env = {
-        **os.environ,
-        "ATRIUM_HOME": str(home),
-        "ATRIUM_PORT": "0",
-        "ATRIUM_SYSTEM_APPS": str(system),
-        "ATRIUM_RUNNER": runner,
-        "ATRIUM_LOG_LEVEL": "warning",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url_file = home / "run" / "url"
-    deadline = time.monotonic() + 30
-    while not url_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the shell did not start")
-        time.sleep(0.05)
-    url = url_file.read_text().strip().replace("localhost", "127.0.0.1")
-    return proc, url, (home / "run" / "token").read_text().strip()
+    return serve(root / "home", system, runner)
 
 
 def first_byte(api: httpx.Client, path: str) -> float:

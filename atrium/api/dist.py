@@ -15,7 +15,7 @@ import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pydantic import Field
 from starlette.background import BackgroundTask
@@ -37,7 +37,10 @@ from atrium.scopes import Scope, parse_scope
 from atrium.wire import WireModel
 
 _LOGGER = logging.getLogger(__name__)
+B = TypeVar("B", bound=WireModel)
 SSE_HEADERS: Final = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: the `scope` query parameter of the per-app endpoints
+SCOPE_QUERY: Final = {"scope": "global or user (default: the winning changeable scope)"}
 INTERNAL: Final = {"code": "internal", "message": "internal error; the shell's log has the details"}
 
 
@@ -105,6 +108,18 @@ def scope_named(raw: str | None) -> Scope | None:
     return scope
 
 
+async def optional_body(request: Request, model: type[B]) -> B:
+    """The body as ``model``; an empty body means the model's defaults."""
+    raw = await request.body()
+    return await read_model(request, model) if raw.strip() else model()
+
+
+def scope_or_winning(request: Request, app_id: str) -> Scope:
+    """The `scope` query parameter, else the winning changeable scope holding the app."""
+    dist = shell_of(request).dist
+    return scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+
+
 def app_id_of(request: Request) -> str:
     app_id: str = request.path_params["app_id"]
     if not APP_ID_RE.fullmatch(app_id):
@@ -168,16 +183,14 @@ async def preview(request: Request, caller: Caller) -> Response:
 
 async def update(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
-    raw = await request.body()
-    body = await read_model(request, UpdateBody) if raw.strip() else UpdateBody()
+    body = await optional_body(request, UpdateBody)
     events = shell_of(request).dist.update(app_id, body.approval(), body.check)
     return await _answer(request, events)
 
 
 async def rollback(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
-    raw = await request.body()
-    body = await read_model(request, RollbackBody) if raw.strip() else RollbackBody()
+    body = await optional_body(request, RollbackBody)
     events = shell_of(request).dist.rollback(
         app_id, scope_named(body.scope), body.to, body.keep_data
     )
@@ -187,7 +200,7 @@ async def rollback(request: Request, caller: Caller) -> Response:
 async def history(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     dist = shell_of(request).dist
-    scope = scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+    scope = scope_or_winning(request, app_id)
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
     backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
@@ -206,7 +219,7 @@ async def list_backups(request: Request, caller: Caller) -> Response:
     """The app's data backups in a scope, newest first."""
     app_id = app_id_of(request)
     dist = shell_of(request).dist
-    scope = scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+    scope = scope_or_winning(request, app_id)
     backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
     return JSONResponse([b.wire() for b in backups])
 
@@ -214,8 +227,7 @@ async def list_backups(request: Request, caller: Caller) -> Response:
 async def backup(request: Request, caller: Caller) -> Response:
     """Back up the app's runtime data now."""
     app_id = app_id_of(request)
-    raw = await request.body()
-    body = await read_model(request, BackupBody) if raw.strip() else BackupBody()
+    body = await optional_body(request, BackupBody)
     taken = await shell_of(request).dist.backup(app_id, scope_named(body.scope))
     return JSONResponse(taken.wire())
 
@@ -337,14 +349,14 @@ routes: list[BaseRoute] = [
         history,
         methods=["GET"],
         access=Access.USER,
-        query={"scope": "global or user (default: the winning changeable scope)"},
+        query=SCOPE_QUERY,
     ),
     endpoint(
         "/api/dist/backups/{app_id}",
         list_backups,
         methods=["GET"],
         access=Access.USER,
-        query={"scope": "global or user (default: the winning changeable scope)"},
+        query=SCOPE_QUERY,
     ),
     endpoint(
         "/api/dist/backups/{app_id}",
@@ -366,7 +378,7 @@ routes: list[BaseRoute] = [
         export,
         methods=["GET"],
         access=Access.USER,
-        query={"scope": "global or user (default: the winning changeable scope)"},
+        query=SCOPE_QUERY,
     ),
     endpoint(
         "/api/dist/import",
@@ -383,7 +395,7 @@ routes: list[BaseRoute] = [
         uninstall,
         methods=["DELETE"],
         access=Access.USER,
-        query={"scope": "global or user (default: the winning changeable scope)"},
+        query=SCOPE_QUERY,
     ),
     endpoint(
         "/api/dist/index",

@@ -20,6 +20,8 @@ from atrium.cli.render import console, print_diff, print_json, print_table
 JSON_OPT = typer.Option(False, "--json", help="print the shell's JSON answer")
 YES_OPT = typer.Option(False, "--yes", "-y", help="approve the permission diff without asking")
 SCOPE_HELP = "global (default) or user"
+#: a per-app command's scope: the app's copy there; by default the visible one
+VisibleScope = Annotated[str | None, typer.Option(help="global or user [the visible one]")]
 
 
 def absolute_ref(ref: str) -> str:
@@ -179,7 +181,7 @@ def update(
 
 def history(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """The app's versions in a scope: one line per install, update, rollback or uninstall."""
@@ -209,7 +211,7 @@ def rollback(
     to: Annotated[
         str | None, typer.Option("--to", help="an earlier version or commit [the previous one]")
     ] = None,
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     keep_data: Annotated[
         bool, typer.Option("--keep-data", help="keep today's data, not the old version's backup")
     ] = False,
@@ -247,7 +249,7 @@ def _backup_rows(backups: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 def backup(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Back up the app's runtime data now (its instances stop for the copy)."""
@@ -261,7 +263,7 @@ def backup(
 
 def backups(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """The app's data backups, newest first."""
@@ -278,7 +280,7 @@ def backups(
 def restore(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
     backup_id: Annotated[str, typer.Argument(metavar="BACKUP", help="see `atrium backups`")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Put a backup's data back (today's data is backed up first)."""
@@ -295,7 +297,7 @@ def restore(
 
 def uninstall(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Remove an app (with its runtime data) from a scope."""
@@ -363,7 +365,7 @@ def index(
 def export(
     app_id: Annotated[str, typer.Argument(help="the installed app's id")],
     output: Annotated[Path, typer.Option("--output", "-o", help="the archive to write (.tar.zst)")],
-    scope: Annotated[str | None, typer.Option(help="global or user [the visible one]")] = None,
+    scope: VisibleScope = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write one app (tree, install record, runtime data) to a portable archive."""

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,10 +278,8 @@ class Distribution:
                 same_app(expected_id, ref_text, manifest.id)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             if requires_approval(diff) or approval.approve is False:
-                described = [
-                    describe(name, self._registry.permission_labels())
-                    for name in diff.permissions_added
-                ]
+                labels = self._registry.permission_labels()
+                described = [describe(name, labels) for name in diff.permissions_added]
                 yield event(
                     PERMISSION_NEEDED,
                     diff=diff.wire(),
@@ -404,9 +402,7 @@ class Distribution:
         ``data``: runtime data folders (a backup's, an export's) to put in the new tree instead
         of the live data."""
         app_id, scope = plan.record.id, plan.scope
-        visible = self._registry.get(app_id)
-        affected = visible is None or visible.scope.priority <= scope.priority
-        stopped = await self._stop_instances(app_id) if affected else []
+        stopped = await self._stop_if_visible(app_id, scope)
         taken: Backup | None = None
         try:
             if plan.op != "install":
@@ -527,11 +523,8 @@ class Distribution:
         """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
         scope = mutable(scope or self.mutable_scope_of(app_id), "back up in it")
         with self.locks.hold(app_id, "backup"):
-            stopped = await self._stop_if_visible(app_id, scope)
-            try:
+            async with self._stopped(app_id, scope):
                 taken = await self._snapshot(scope, app_id, "manual")
-            finally:
-                await self._restart(app_id, stopped)
         if taken is None:
             raise NotFound(
                 "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
@@ -550,15 +543,12 @@ class Distribution:
         if backup is None:
             raise NotFound("backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}")
         with self.locks.hold(app_id, "restore"):
-            stopped = await self._stop_if_visible(app_id, scope)
-            try:
+            async with self._stopped(app_id, scope) as stopped:
                 safety = await self._snapshot(scope, app_id, "restore")
                 faultpoint("restore-snapshot")
                 async with staging(self._layout, self.installer.journals, scope) as path:
                     app_dir = self._layout.app_dir(scope, app_id)
                     await asyncio.to_thread(swap_data, backup, app_dir, path)
-            finally:
-                await self._restart(app_id, stopped)
         await asyncio.to_thread(self.backups.prune, scope, app_id)
         _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
         return {
@@ -582,11 +572,8 @@ class Distribution:
                 "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
             )
         with self.locks.hold(app_id, "export"):
-            stopped = await self._stop_if_visible(app_id, scope)
-            try:
+            async with self._stopped(app_id, scope):
                 taken = await self._snapshot(scope, app_id, "export")
-            finally:
-                await self._restart(app_id, stopped)
             app_dir = self._layout.app_dir(scope, app_id)
             data = taken.data_dirs if taken else []
             await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
@@ -618,10 +605,22 @@ class Distribution:
                         yield item
 
     async def _stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
+        """Stop the app's instances when ``scope`` holds its visible copy (a masked copy runs
+        nothing); the ids of those that were running."""
         visible = self._registry.get(app_id)
         if visible is not None and visible.scope.priority > scope.priority:
-            return []  # a masked copy runs nothing
+            return []
         return await self._stop_instances(app_id)
+
+    @contextlib.asynccontextmanager
+    async def _stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:
+        """The app's instances stopped for the block (for a consistent copy of its data), started
+        again after it, whatever happened; yields the ids of those that were running."""
+        stopped = await self._stop_if_visible(app_id, scope)
+        try:
+            yield stopped
+        finally:
+            await self._restart(app_id, stopped)
 
     def _backup_of(self, scope: Scope, app_id: str, version: str) -> Backup | None:
         """The newest backup taken while ``version`` was installed (its data as it was)."""
