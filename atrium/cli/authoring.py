@@ -1,4 +1,4 @@
-"""CLI commands for app authors that need no running shell: validate and pack an app folder."""
+"""CLI commands for app authors that need no running shell: new, validate and pack."""
 
 from __future__ import annotations
 
@@ -8,12 +8,47 @@ from typing import Annotated
 
 import typer
 
+from atrium.authoring.scaffold import TEMPLATES, ScaffoldError, create
 from atrium.cli.render import console, print_json, print_table
 from atrium.distribution.artifact import write_layer
 from atrium.distribution.check import problems_of
 
 JSON_OPT = typer.Option(False, "--json", help="print the result as JSON")
 FOLDER = Annotated[Path, typer.Argument(help="the app folder (named after the app id)")]
+
+
+def new(
+    app_id: Annotated[str, typer.Argument(help="the new app's id, such as com.example.hello")],
+    template: Annotated[
+        str,
+        typer.Option(
+            "--template",
+            "-t",
+            help="; ".join(f"{t.name}: {t.summary}" for t in TEMPLATES.values()),
+        ),
+    ] = "python",
+    directory: Annotated[
+        Path, typer.Option("--dir", help="where to create the folder <app-id>/")
+    ] = Path(),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write a working app folder APP_ID/: manifest, server, a themed page, a content provider,
+    an intent filter and a test that runs the app against a real shell."""
+    try:
+        folder = create(directory.absolute(), app_id, template)
+    except ScaffoldError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    if as_json:
+        print_json({"appId": app_id, "template": template, "path": str(folder), "files": files})
+        return
+    console.print(f"Created {folder} ({template}): {', '.join(files)}", soft_wrap=True)
+    console.print(
+        f"Next: atrium dev {folder.name}   (or: atrium validate {folder.name}; "
+        f"cd {folder.name} && python -m pytest tests)",
+        soft_wrap=True,
+    )
 
 
 def validate(folder: FOLDER, as_json: bool = JSON_OPT) -> None:

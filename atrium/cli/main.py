@@ -41,6 +41,7 @@ for dist_command in (
 ):
     app.command()(dist_command)
 app.command("import")(dist.import_app)
+app.command()(authoring.new)
 app.command()(authoring.validate)
 app.command()(authoring.pack)
 app.add_typer(commands.scopes_app, name="scopes")

@@ -1,0 +1,149 @@
+"""`atrium new` (issue 18): three templates, one contract, each app's own test passing against a
+real shell, and the contract check failing where an app breaks a promise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from atrium.authoring.scaffold import TEMPLATES
+from atrium.cli.main import app
+from atrium.testing import RunningShell, check_contract
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[RunningShell]:
+    with RunningShell() as running:
+        yield running
+
+
+def new(parent: Path, app_id: str, template: str) -> Path:
+    answer = CliRunner().invoke(
+        app, ["new", app_id, "-t", template, "--dir", str(parent), "--json"]
+    )
+    assert answer.exit_code == 0, answer.output
+    created = json.loads(answer.output)
+    assert created["path"] == str(parent / app_id)
+    return Path(created["path"])
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_each_template_passes_its_own_tests_against_a_real_shell(
+    tmp_path: Path, template: str
+) -> None:
+    """What the author runs first: `python -m pytest tests` in the new folder, as its own
+    process (its own shell, the machine's best sandbox), with the app's behaviour checked too
+    (provider, change notice, intent, data kept across a restart)."""
+    folder = new(tmp_path, f"com.example.first-{template}", template)
+    manifest = json.loads((folder / "app.manifest.json").read_text())
+    assert manifest["name"] == f"First {template.title()}"
+    assert manifest["entrypoint"] == list(TEMPLATES[template].entrypoint)
+    assert manifest["dataProvider"]["authority"] == folder.name
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATRIUM_", "COV_", "PYTEST_"))}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 passed" in run.stdout
+
+
+def break_app(folder: Path, old: str, new: str) -> None:
+    server = folder / "server.py"
+    text = server.read_text()
+    assert old in text
+    server.write_text(text.replace(old, new))
+
+
+def test_an_app_that_answers_without_the_secret_fails_that_check(
+    tmp_path: Path, shell: RunningShell
+) -> None:
+    folder = new(tmp_path, "com.example.open", "stdlib")
+    break_app(
+        folder,
+        "if not SECRET or len(given) != 1 or not hmac.compare_digest(given[0].encode(), SECRET):",
+        "if False:",
+    )
+    report = check_contract(folder, shell)
+    assert not report.ok
+    failed = [c for c in report.checks if not c.ok]
+    assert [c.name for c in failed] == ["checks the secret"]
+    assert "200" in failed[0].detail
+    assert "FAIL checks the secret" in report.text()
+
+
+def test_an_app_naming_another_identity_fails_to_start_and_the_log_is_in_the_report(
+    tmp_path: Path, shell: RunningShell
+) -> None:
+    folder = new(tmp_path, "com.example.other", "stdlib")
+    break_app(
+        folder,
+        '{"appId": APP_ID, "instanceId": INSTANCE_ID, "ok": True}',
+        '{"appId": "com.example.someone", "instanceId": INSTANCE_ID, "ok": True}',
+    )
+    break_app(
+        folder,
+        "    server.serve_forever()",
+        '    print("about to serve")\n    server.serve_forever()',
+    )
+    report = check_contract(folder, shell)
+    assert not report.ok
+    assert report.checks[-1].name == "starts"
+    assert "identity" in report.checks[-1].detail
+    assert "about to serve" in report.log
+
+
+def test_a_hook_that_fails_and_an_invalid_folder_are_reported(
+    tmp_path: Path, shell: RunningShell
+) -> None:
+    folder = new(tmp_path, "com.example.nopause", "python")
+    break_app(
+        folder,
+        '@app.hook("onActivityCreate")',
+        '@app.hook("onPause")\ndef no(body):\n    raise RuntimeError("no pause today")\n\n\n'
+        '@app.hook("onActivityCreate")',
+    )
+    report = check_contract(folder, shell)
+    failed = {c.name: c.detail for c in report.checks if not c.ok}
+    assert "stop → stopped" in failed
+    assert "hook_failed" in failed["stop → stopped"]
+    assert "no pause today" in report.log  # the traceback, from the app's log
+    invalid = new(tmp_path, "com.example.invalid", "node")
+    (invalid / "app.manifest.json").write_text('{"id": "com.example.invalid", "version": "x"}')
+    report = check_contract(invalid, shell)
+    assert [c.name for c in report.checks] == ["valid"]
+    assert "semver" in report.checks[0].detail
+
+
+def test_new_refuses_a_bad_id_template_or_an_existing_folder_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    runner = CliRunner()
+    bad_id = runner.invoke(app, ["new", "Hello", "--dir", str(tmp_path)])
+    assert bad_id.exit_code == 1
+    assert "not an app id" in bad_id.output
+    bad_template = runner.invoke(
+        app, ["new", "com.example.x", "-t", "ruby", "--dir", str(tmp_path)]
+    )
+    assert bad_template.exit_code == 1
+    assert "no template 'ruby': one of python, stdlib, node" in bad_template.output
+    (tmp_path / "com.example.taken").mkdir()
+    (tmp_path / "com.example.taken" / "mine.txt").write_text("keep me")
+    taken = runner.invoke(app, ["new", "com.example.taken", "--dir", str(tmp_path)])
+    assert taken.exit_code == 1
+    assert "already exists" in taken.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["com.example.taken"]
+    assert (tmp_path / "com.example.taken" / "mine.txt").read_text() == "keep me"
