@@ -44,7 +44,7 @@ class ThemeStrategy(StrEnum):
     OVERRIDE = "override"
 
 
-def _check_app_id(value: str) -> str:
+def check_app_id(value: str) -> str:
     if not APP_ID_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a reverse-domain app id (lowercase, at least two dot-separated parts, "
@@ -65,7 +65,7 @@ def _check_relative_file(value: str) -> str:
     return value
 
 
-AppId = Annotated[str, AfterValidator(_check_app_id)]
+AppId = Annotated[str, AfterValidator(check_app_id)]
 Version = Annotated[str, AfterValidator(_check_semver)]
 
 

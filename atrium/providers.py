@@ -23,9 +23,11 @@ def canonical_path(value: str) -> str:
     trailing `/`; ValueError naming the problem otherwise."""
     if not value.startswith("/"):
         raise ValueError(f"path {value[:80]!r} must start with '/'")
-    segments = value.split("/")[1:]
-    if any(s in {".", ".."} for s in segments) or "\x00" in value or "\\" in value:
-        raise ValueError(f"path {value[:80]!r} must be canonical (no '.', '..', '\\' or NUL)")
+    segments = value.rstrip("/").split("/")[1:]
+    if any(s in {".", "..", ""} for s in segments) or "\x00" in value or "\\" in value:
+        raise ValueError(
+            f"path {value[:80]!r} must be canonical (no '.', '..' or empty segment, '\\' or NUL)"
+        )
     return value.rstrip("/") or "/"
 
 

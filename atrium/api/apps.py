@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import stat
 from pathlib import Path
 from typing import Any, Final
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
@@ -82,12 +85,43 @@ async def app_icon(request: Request, caller: Caller) -> Response:
     if copy is None or icon is None or len(icon) <= 3:
         raise NotFound("icon", app_id, f"{app_id} has no icon file (a glyph or none)")
     media = ICON_TYPES.get(Path(icon).suffix.lower())
-    path = (copy.path / icon).resolve()
-    if media is None or not path.is_relative_to(copy.path.resolve()) or not path.is_file():
+    data = None if media is None else await asyncio.to_thread(read_icon, copy.path, icon, app_id)
+    if media is None or data is None:
         raise NotFound("icon", app_id, f"{app_id}'s icon {icon!r} is not an image file in the app")
-    if path.stat().st_size > MAX_ICON:
-        raise NotFound("icon", app_id, f"{app_id}'s icon is larger than {MAX_ICON} bytes")
-    return FileResponse(path, media_type=media, headers=ICON_HEADERS)
+    return Response(data, media_type=media, headers=ICON_HEADERS)
+
+
+def read_icon(app_dir: Path, icon: str, app_id: str) -> bytes | None:
+    """The icon's bytes, or None when it is not a regular file of the app's own tree.
+
+    The file is opened first and judged by what was opened (``/proc/self/fd``), never by a path
+    checked earlier: an app that can write below its folder (its runtime data) could otherwise
+    swap the checked file for a link between the check and the read. Files in a runtime data
+    folder (``<appId>-…``) are never an icon. A file larger than ``MAX_ICON`` is refused.
+    """
+    root = app_dir.resolve()
+    try:
+        # links inside the tree are followed here; one swapped in after is not (O_NOFOLLOW), and
+        # a swapped directory shows in what was opened
+        path = (root / icon).resolve()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        opened = Path(f"/proc/self/fd/{fd}").readlink()
+        info = os.fstat(fd)
+        inside = opened.is_relative_to(root) and opened != root
+        if not inside or opened.relative_to(root).parts[0].startswith(f"{app_id}-"):
+            return None
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ICON:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(MAX_ICON + 1)
+        return data if len(data) <= MAX_ICON else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 routes: list[BaseRoute] = [

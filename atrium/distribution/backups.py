@@ -146,7 +146,7 @@ class BackupStore:
         folder = self.folder(scope, app_id)
         found = []
         for path in sorted(folder.iterdir(), reverse=True) if folder.is_dir() else []:
-            backup = _read(path)
+            backup = _read(path, scope, app_id)
             if backup is not None:
                 found.append(backup)
         return found
@@ -154,7 +154,7 @@ class BackupStore:
     def get(self, scope: Scope, app_id: str, backup_id: str) -> Backup | None:
         if "/" in backup_id or backup_id.startswith("."):
             return None
-        return _read(self.folder(scope, app_id) / backup_id)
+        return _read(self.folder(scope, app_id) / backup_id, scope, app_id)
 
     def snapshot(
         self, scope: Scope, app_id: str, version: str, data_dirs: list[Path], reason: str
@@ -190,7 +190,7 @@ class BackupStore:
         sync_dir(partial)
         partial.rename(folder / name)
         sync_dir(folder)
-        backup = _read(folder / name)
+        backup = _read(folder / name, scope, app_id)
         if backup is None:  # pragma: no cover - just written
             raise OSError(f"the backup {folder / name} cannot be read back")
         return backup
@@ -206,9 +206,13 @@ class BackupStore:
         return gone
 
 
-def _read(path: Path) -> Backup | None:
+def _read(path: Path, scope: Scope, app_id: str) -> Backup | None:
+    """The backup in ``path``, when it is one of ``app_id`` in ``scope`` (its own record says
+    so): a folder placed there by other means is not taken for one."""
     try:
         data = json.loads((path / MANIFEST).read_text())
+        if (data["appId"], data["scope"]) != (app_id, scope.value):
+            return None
         folder = re.compile(rf"{re.escape(str(data['appId']))}-[0-9]+")
         if not all(isinstance(f, str) and folder.fullmatch(f) for f in data["folders"]):
             return None  # only runtime data folders, never a path elsewhere

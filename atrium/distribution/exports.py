@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ ROOT: Final = "atrium-export"
 MANIFEST: Final = "export.json"
 #: the largest archive `import` accepts, compressed
 MAX_ARCHIVE: Final = 4 * 1024**3
+#: what an archive may expand to: members, and bytes (also never more than the disk has free,
+#: less ``DISK_RESERVE``): a few KiB of zstd can hold GiBs of zeros
+MAX_MEMBERS: Final = 200_000
+MAX_EXPANDED: Final = 64 * 1024**3
+DISK_RESERVE: Final = 512 * 1024**2
 CHUNK: Final = 1024 * 1024
 
 
@@ -109,12 +115,7 @@ def unpack(archive: Path, into: Path) -> Unpacked:
     """Check and unpack an archive into ``into`` (an empty staging folder); InvalidRequest
     naming the first problem otherwise."""
     try:
-        with archive.open("rb") as raw:
-            reader = zstandard.ZstdDecompressor().stream_reader(raw)
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    _check_member(member)
-                    tar.extract(member, into, filter="data")
+        _extract(archive, into)
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as err:
         raise _refused(f"it is not a readable zstd-compressed tar archive ({err})") from err
     root = into / ROOT
@@ -131,8 +132,12 @@ def unpack(archive: Path, into: Path) -> Unpacked:
         )
     try:
         record = InstallRecord.model_validate(manifest["record"])
-    except (KeyError, ValidationError) as err:
-        raise _refused("its install record is missing or malformed") from err
+    except KeyError as err:
+        raise _refused("its install record is missing") from err
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise _refused(f"its install record is malformed ({where}: {first['msg'][:200]})") from err
     app_id = record.id
     if manifest.get("appId") != app_id:
         raise _refused("its appId and its record disagree")
@@ -144,11 +149,36 @@ def unpack(archive: Path, into: Path) -> Unpacked:
         if not folder.fullmatch(data.name):
             raise _refused(f"data/{data.name} is not a runtime data folder of {app_id}")
     app_dir = root / "app"
-    if not (app_dir / "app.manifest.json").is_file():
-        raise _refused("it holds no app tree (app/app.manifest.json)")
+    try:
+        app_manifest = json.loads((app_dir / "app.manifest.json").read_bytes())
+    except (OSError, ValueError) as err:
+        raise _refused("it holds no readable app tree (app/app.manifest.json)") from err
+    named_id = app_manifest.get("id") if isinstance(app_manifest, dict) else None
+    if named_id != app_id:
+        raise _refused(f"it is the export of {app_id}, but its app tree is {str(named_id)[:120]!r}")
     named = root / app_id
     app_dir.rename(named)
     return Unpacked(named, data_dirs, record, manifest)
+
+
+def _extract(archive: Path, into: Path) -> None:
+    """Every member into ``into``, each checked before it is written, within the budget."""
+    into.mkdir(parents=True, exist_ok=True)
+    budget = min(MAX_EXPANDED, shutil.disk_usage(into).free - DISK_RESERVE)
+    expanded = members = 0
+    with archive.open("rb") as raw:
+        reader = zstandard.ZstdDecompressor().stream_reader(raw)
+        with tarfile.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                _check_member(member)
+                expanded += member.size
+                members += 1
+                if expanded > budget or members > MAX_MEMBERS:
+                    raise _refused(
+                        f"it expands to more than {max(budget, 0) // 1024**2} MiB or "
+                        f"{MAX_MEMBERS} members (the limit, or the free disk space)"
+                    )
+                tar.extract(member, into, filter="data")
 
 
 def _check_member(member: tarfile.TarInfo) -> None:

@@ -398,15 +398,18 @@ class Distribution:
         self, plan: InstallPlan, data: list[Path] | None = None
     ) -> tuple[list[str], Backup | None]:
         """Swap the staged tree in; returns the instances stopped for it (and started again) and
-        the backup of the runtime data taken before an update or rollback (once they stopped).
+        the backup of the runtime data taken before an update, a rollback or an import over an
+        installed copy (once they stopped).
         ``data``: runtime data folders (a backup's, an export's) to put in the new tree instead
         of the live data."""
         app_id, scope = plan.record.id, plan.scope
         stopped = await self._stop_if_visible(app_id, scope)
         taken: Backup | None = None
         try:
-            if plan.op != "install":
-                taken = await self._snapshot(scope, app_id, plan.op)
+            if plan.op != "install" or data is not None:
+                # an import over an installed copy replaces its data too: kept first
+                reason = plan.op if plan.op != "install" else "import"
+                taken = await self._snapshot(scope, app_id, reason)
             if data is not None:
                 await asyncio.to_thread(place, data, plan.staged)
                 plan = dataclasses.replace(plan, move_data=False)

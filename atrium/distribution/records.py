@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from pydantic import ValidationError
 
 from atrium.files import sync_dir, write_atomic
+from atrium.manifest import AppId
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
 from atrium.wire import WireModel
 
@@ -29,7 +30,8 @@ class InstallRecord(WireModel):
     installed list. ``ref`` is the ref as given (a bare id stays a bare id, so an update goes
     through the index again); ``installed_at`` survives updates."""
 
-    id: str
+    #: an app id (it names folders: a record from an archive is input like any other)
+    id: AppId
     version: str
     scope: Literal["global", "user"]
     source: Literal["oci", "git", "local"]

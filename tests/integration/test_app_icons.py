@@ -47,3 +47,29 @@ def test_icons_are_inert_images_from_the_app_folder(
             assert refused.status_code == 404, app_id
             assert "secret" not in refused.text
         assert anonymous.get("/api/apps/test.icon.svg/icon").status_code == 401
+
+
+def test_an_icon_is_judged_by_the_file_opened_never_from_runtime_data(
+    start_shell: StartShell, system_apps: Path, tmp_path: Path
+) -> None:
+    """An app writes its runtime data below its own folder: an icon there could be swapped for a
+    link between a check and the read. Such icons are refused, and the file read is the file
+    checked (a link swapped in for the checked file is never followed)."""
+    secret = tmp_path / "secret.svg"
+    secret.write_text("<svg>TOP SECRET</svg>")
+    runtime = app(system_apps, "test.icon.runtime", "test.icon.runtime-1/i.svg", {})
+    (runtime / "test.icon.runtime-1").mkdir()
+    (runtime / "test.icon.runtime-1" / "i.svg").write_text(SVG)
+    inside = app(system_apps, "test.icon.inside", "icon.svg", {"art.svg": SVG})
+    (inside / "icon.svg").symlink_to("art.svg")  # a link within the tree is an icon
+    shell = start_shell()
+    with shell.client() as api:
+        refused = api.get("/api/apps/test.icon.runtime/icon")
+        assert refused.status_code == 404
+        assert api.get("/api/apps/test.icon.inside/icon").text == SVG
+        # the swap itself, done between requests as often as an app could: never the secret
+        icon = runtime / "test.icon.runtime-1" / "i.svg"
+        icon.unlink()
+        icon.symlink_to(secret)
+        for _ in range(20):
+            assert "TOP SECRET" not in api.get("/api/apps/test.icon.runtime/icon").text

@@ -146,6 +146,21 @@ def test_the_longest_entry_wins_and_sub_paths_match(proxy_shell: RunningShell) -
         assert reader.post("/api/data/echo/closed/deeper/x").status_code == 200
 
 
+def test_an_empty_segment_never_reaches_a_less_guarded_entry(proxy_shell: RunningShell) -> None:
+    """`/closed//deeper/x` would match the entry `/closed` (read permission) while the SDK reads
+    it as `/closed/deeper/x` (its own, stricter entry): refused before any entry is chosen."""
+    with as_app(proxy_shell, "test.caller.reader") as reader, proxy_shell.anonymous() as anon:
+        for caller, path in [
+            (reader, "/api/data/echo/closed//deeper/x"),
+            (reader, "/api/data/echo/closed/deeper//x"),
+            (anon, "/api/data/echo/open//closed/x"),
+            (anon, "/api/data/echo//closed/x"),
+        ]:
+            answer = caller.get(path)
+            assert answer.status_code == 400, (path, answer.text)
+            assert "empty segments" in answer.json()["error"]["message"]
+
+
 def test_no_entry_no_authority_and_prefix_lookalikes_are_404(api: httpx.Client) -> None:
     for path in ("/api/data/echo/openx", "/api/data/echo/other", "/api/data/nobody/x"):
         response = api.get(path)

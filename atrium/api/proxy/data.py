@@ -34,9 +34,10 @@ from atrium.shell import Shell
 
 _LOGGER = logging.getLogger(__name__)
 PREFIX: Final = b"/api/data/"
-#: `.`/`..` segments (raw or encoded), encoded `/` `\` or NUL, raw `\` or NUL
+#: `.`/`..` segments (raw or encoded), empty segments (`//`: the SDK and many servers read
+#: `/a//b` as `/a/b`, which the provider table would not), encoded `/` `\` or NUL, raw `\` or NUL
 NON_CANONICAL: Final = re.compile(
-    rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|%2f|%5c|%00|\\|\x00", re.IGNORECASE
+    rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|//|%2f|%5c|%00|\\|\x00", re.IGNORECASE
 )
 SECRET: Final = SECRET_HEADER.encode()
 KIND_DATA: Final = (KIND_HEADER.encode(), b"data")
@@ -49,8 +50,8 @@ def split_path(raw: bytes) -> tuple[str, bytes, str]:
     if NON_CANONICAL.search(raw):
         shown = raw.decode("latin-1")[:200]
         raise InvalidRequest(
-            f"data path {shown!r} is not canonical: no '.' or '..' segments, no encoded '/', "
-            "'\\' or NUL"
+            f"data path {shown!r} is not canonical: no '.', '..' or empty segments, no encoded "
+            "'/', '\\' or NUL"
         )
     authority_raw, slash, rest = raw.partition(b"/")
     authority = unquote(authority_raw.decode("latin-1"))

@@ -3,8 +3,10 @@ with its data; damaged and foreign archives refused with nothing changed."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,3 +129,99 @@ def test_a_damaged_or_foreign_archive_is_refused_and_changes_nothing(
         assert list((tmp_path / "second-home/cache/imports").iterdir()) == []
         empty = other.post("/api/dist/import", content=b"")
         assert empty.status_code == 400
+
+
+def resealed(files: dict[str, bytes], **changes: object) -> bytes:
+    """The archive with its export.json changed and its file list recomputed, as an attacker
+    would build one (the digests only prove the archive is whole, not who made it)."""
+    manifest = json.loads(files["atrium-export/export.json"])
+    manifest.update(changes)
+    body = {k: v for k, v in files.items() if k != "atrium-export/export.json"}
+    manifest["files"] = {
+        k.removeprefix("atrium-export/"): hashlib.sha256(v).hexdigest() for k, v in body.items()
+    }
+    return repack({**body, "atrium-export/export.json": json.dumps(manifest).encode()})
+
+
+def test_an_archive_naming_a_path_for_its_app_plants_nothing(
+    api: httpx.Client, make_app: MakeApp, home: Path, second: RunningShell, tmp_path: Path
+) -> None:
+    """The record's id names folders: a path there (or an app tree of another id) is refused
+    before anything is moved, however well the archive is sealed."""
+    archive, _ = exported(api, make_app, home)
+    files = members(archive)
+    record = json.loads(files["atrium-export/export.json"])["record"]
+    planted = tmp_path / "planted"
+    other_home = tmp_path / "second-home"
+    for app_id, words in [
+        ("../../../../apps/com.evil.app", "malformed"),
+        (str(planted), "malformed"),
+        ("com.example.else", "its app tree is 'com.example.moved'"),
+    ]:
+        kept = {k: v for k, v in files.items() if "/data/" not in k}  # no data folder to trip on
+        body = resealed(kept, appId=app_id, record={**record, "id": app_id})
+        with second.client(timeout=60) as other:
+            answer = other.post("/api/dist/import", params={"autoApprove": "1"}, content=body)
+            assert answer.status_code == 400, (app_id, answer.text)
+            assert words in answer.json()["error"]["message"], answer.text
+            assert other.get("/api/apps/com.evil.app").status_code == 404
+            assert other.get(f"/api/apps/{APP}").status_code == 404
+        assert not planted.exists()
+        assert not (other_home / "scopes/global/apps/com.evil.app").exists()
+        assert not (other_home / "scopes/global/apps" / APP).exists()
+
+
+def test_an_archive_that_expands_past_the_disk_is_refused_before_it_is_written(
+    second: RunningShell, tmp_path: Path
+) -> None:
+    """A member's header announces its size: one that would not fit is refused before a byte of
+    it is written (a few KiB of zstd can announce terabytes)."""
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as zstd:
+        info = tarfile.TarInfo("atrium-export/data/com.example.big-1/zeros")
+        info.size = 2**40  # 1 TiB announced; only the header is sent
+        zstd.write(info.tobuf(format=tarfile.PAX_FORMAT))
+        zstd.write(b"\0" * 4096)
+    with second.client(timeout=60) as other:
+        answer = other.post("/api/dist/import", content=out.getvalue())
+    assert answer.status_code == 400, answer.text
+    assert "it expands to more than" in answer.json()["error"]["message"]
+    staging = tmp_path / "second-home/scopes/global/.staging"
+    assert not any(staging.rglob("zeros")) if staging.exists() else True
+
+
+def test_an_import_over_an_installed_copy_backs_its_data_up_first(
+    api: httpx.Client, make_app: MakeApp, home: Path
+) -> None:
+    archive, _ = exported(api, make_app, home)
+    live = home / "scopes/global/apps" / APP / f"{APP}-1" / "notes.txt"
+    live.write_text("written after the export")
+    api.post(f"/api/instances/{APP}-1/stop")
+    answer = api.post("/api/dist/import", params={"autoApprove": "1"}, content=archive)
+    assert answer.status_code == 200, answer.text
+    assert live.read_text() == "carried over"  # the archive's data
+    backups = api.get(f"/api/dist/backups/{APP}").json()
+    kept = next(b for b in backups if b["reason"] == "import")
+    restored = api.post(f"/api/dist/restore/{APP}", json={"backup": kept["id"]})
+    assert restored.status_code == 200, restored.text
+    assert live.read_text() == "written after the export"
+
+
+def test_a_folder_among_the_backups_that_names_another_app_is_not_a_backup(
+    api: httpx.Client, make_app: MakeApp, home: Path
+) -> None:
+    exported(api, make_app, home)  # installed, with runtime data
+    made = api.post(f"/api/dist/backups/{APP}")
+    assert made.status_code == 200, made.text
+    real = home / "backups/global" / APP / made.json()["id"]
+    foreign = home / "backups/global" / APP / "99991231T000000000000Z-1.0.0"
+    shutil.copytree(real, foreign)
+    meta = json.loads((foreign / "backup.json").read_text())
+    (foreign / "data" / f"{APP}-1").rename(foreign / "data" / "com.example.else-1")
+    meta.update(appId="com.example.else", folders=["com.example.else-1"])
+    (foreign / "backup.json").write_text(json.dumps(meta))
+    listed = [b["id"] for b in api.get(f"/api/dist/backups/{APP}").json()]
+    assert made.json()["id"] in listed
+    assert foreign.name not in listed
+    refused = api.post(f"/api/dist/restore/{APP}", json={"backup": foreign.name})
+    assert refused.status_code == 404
