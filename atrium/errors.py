@@ -283,6 +283,20 @@ class AuthorityConflict(Conflict):
         )
 
 
+class NotADevCopy(Conflict):
+    """`atrium dev` would replace an app installed (or placed by hand) in the user scope."""
+
+    code = "not_a_dev_copy"
+
+    def __init__(self, app_id: str, scope: str) -> None:
+        super().__init__(
+            f"{app_id} is installed in the {scope} scope and is not a dev copy: uninstall it "
+            "first, or develop under another app id",
+            appId=app_id,
+            scope=scope,
+        )
+
+
 class ScopeNeedsRepair(Conflict):
     """Recovery found an install journal it could not read: it cannot prove what in the scope's
     staging is garbage, so it kept it all and the scope takes no install, update or uninstall

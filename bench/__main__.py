@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 from bench import (
+    authoring,
     chaos,
     crash,
     dataproxy,
@@ -34,6 +35,7 @@ BENCHES = {
     "crash": crash.main,
     "wake": wake.main,
     "rollback": rollback.main,
+    "authoring": authoring.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

@@ -67,6 +67,8 @@ class InstallBody(ApprovalBody):
 
     ref: str
     scope: str = Scope.GLOBAL.value
+    #: a dev copy (`atrium dev`; user scope only)
+    dev: bool = False
 
 
 class RollbackBody(WireModel):
@@ -171,7 +173,9 @@ async def collect(events: AsyncGenerator[ProgressEvent, None]) -> Response:
 async def install(request: Request, caller: Caller) -> Response:
     body = await read_model(request, InstallBody)
     scope = scope_named(body.scope) or Scope.GLOBAL
-    events = shell_of(request).dist.install(parse_ref(body.ref), scope, body.approval())
+    events = shell_of(request).dist.install(
+        parse_ref(body.ref), scope, body.approval(), dev=body.dev
+    )
     return await _answer(request, events)
 
 

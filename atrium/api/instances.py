@@ -21,6 +21,8 @@ from atrium.theme.prefs import html_transform_for
 from atrium.wire import WireModel
 
 MAX_LOG_LINES: Final = 5000
+#: the most of a log one answer reads (its end)
+MAX_LOG_READ: Final = 256 * 1024
 
 
 class CreateBody(WireModel):
@@ -97,18 +99,32 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
 
 
 async def instance_logs(request: Request, caller: Caller) -> Response:
+    """The last ``lines`` of the log; with ``after=<byte offset>``, what was written since
+    (``X-Log-End`` is the offset to ask after next: how ``atrium dev`` follows a log)."""
     instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
     raw = request.query_params.get("lines", "200")
     if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
-    text = ""
+    after = request.query_params.get("after")
+    if after is not None and not (after.isdigit() and len(after) <= 18):
+        raise InvalidRequest("after must be a byte offset (a whole number from 0)")
+    text, end = "", 0
     if instance.log_path is not None and instance.log_path.exists():
         with instance.log_path.open("rb") as log:
-            log.seek(0, 2)
-            log.seek(max(0, log.tell() - 256 * 1024))
-            text = log.read().decode(errors="replace")
+            end = log.seek(0, 2)
+            start = max(0, end - MAX_LOG_READ)
+            if after is not None and int(after) <= end:  # beyond the end: a new log, from 0
+                start = max(start, int(after))
+            log.seek(start)
+            data = log.read(end - start)
+        if after is not None and start > 0 and start != int(after):
+            data = data.partition(b"\n")[2]  # a cut line is not shown
+        text = data.decode(errors="replace")
+    headers = {"X-Log-End": str(end)}
+    if after is not None:
+        return PlainTextResponse(text, headers=headers)
     lines = text.splitlines()[-int(raw) :]
-    return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
+    return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""), headers=headers)
 
 
 async def create_activity(request: Request, caller: Caller) -> Response:

@@ -78,6 +78,13 @@ class ShellClient:
     def __exit__(self, *exc: object) -> None:
         self._http.close()
 
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer as it is, error statuses included (the caller reads them)."""
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)

@@ -25,7 +25,7 @@ def apps(as_json: bool = JSON_OPT) -> None:
             a["id"],
             a["name"],
             a["version"],
-            a["scope"],
+            a["scope"] + (" (dev copy)" if (a.get("record") or {}).get("dev") else ""),
             ", ".join(a["masks"]),
             "; ".join(f"{p['field']}: {p['message']}" for p in a["problems"]) or "ok",
         )

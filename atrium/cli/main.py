@@ -7,7 +7,7 @@ import json
 import typer
 
 from atrium import __version__
-from atrium.cli import authoring, commands, dist, intents, lifecycle
+from atrium.cli import authoring, commands, dev, dist, intents, lifecycle
 from atrium.cli.doctor import doctor
 from atrium.cli.publish import publish
 from atrium.cli.serve import serve
@@ -42,6 +42,7 @@ for dist_command in (
     app.command()(dist_command)
 app.command("import")(dist.import_app)
 app.command()(authoring.new)
+app.command()(dev.dev)
 app.command()(authoring.validate)
 app.command()(authoring.pack)
 app.add_typer(commands.scopes_app, name="scopes")

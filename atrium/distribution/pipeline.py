@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import shutil
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from atrium.errors import (
     ApprovalStale,
     AtriumError,
     FetchFailed,
+    InvalidRequest,
+    NotADevCopy,
     NotFound,
     ScopeNeedsRepair,
     StorageFailed,
@@ -169,17 +172,31 @@ class Distribution:
     # -- install, preview, update ---------------------------------------------------------------
 
     async def install(
-        self, ref: Ref, scope: Scope, approval: Approval
+        self, ref: Ref, scope: Scope, approval: Approval, *, dev: bool = False
     ) -> AsyncGenerator[ProgressEvent, None]:
+        """``dev``: a dev copy (`atrium dev`), only in the user scope and never over an install."""
         mutable(scope, "install into it", self.installer.journals)
+        if dev and scope is not Scope.USER:
+            raise InvalidRequest("a dev copy lives in the user scope only")
         yield event(RESOLVE_START, ref=str(ref))
         resolved = await self.resolver.resolve(ref)
         yield event(RESOLVE_DONE, resolved=resolved.wire())
         approval.check(resolved)
         with self.locks.hold(resolved.dir_name, "install"):
-            async with aclosing(self._run("install", str(ref), resolved, scope, approval)) as run:
-                async for item in run:
+            if dev:
+                self._no_install_under(resolved.dir_name, scope)
+            run = self._run("install", str(ref), resolved, scope, approval, dev=dev)
+            async with aclosing(run) as steps:
+                async for item in steps:
                     yield item
+
+    def _no_install_under(self, app_id: str, scope: Scope) -> None:
+        """A dev copy replaces only a dev copy: an app installed (or placed by hand) in ``scope``
+        stays untouched."""
+        record = self.records.get(scope, app_id)
+        placed = any(c.scope is scope for c in self._registry.copies(app_id))
+        if placed and (record is None or not record.dev):
+            raise NotADevCopy(app_id, scope.value)
 
     async def preview(self, ref: Ref, scope: Scope) -> AsyncGenerator[ProgressEvent, None]:
         """Resolve, fetch and validate only; the result carries the permission diff."""
@@ -265,6 +282,7 @@ class Distribution:
         restored: list[str] | None = None,
         check: bool | None = False,
         data: list[Path] | None = None,
+        dev: bool | None = None,
     ) -> AsyncGenerator[ProgressEvent, None]:
         """``expected_id``: an update's app; a fetched app of another id changes nothing.
         ``restored``: an update of the same digest over a changed tree, and what had changed.
@@ -308,7 +326,7 @@ class Distribution:
                 took = await self._lifecycle.trial(staged, path / ".check-data")
                 yield event(CHECK_DONE, appId=manifest.id, ms=round(took * 1000, 1))
             yield event(INSTALL_START, appId=manifest.id, scope=scope.value)
-            record = self._new_record(manifest, scope, resolved, ref_text)
+            record = self._new_record(manifest, scope, resolved, ref_text, dev)
             plan = InstallPlan(
                 op,
                 path / resolved.dir_name,
@@ -377,8 +395,14 @@ class Distribution:
         return None
 
     def _new_record(
-        self, manifest: Manifest, scope: Scope, resolved: ResolvedRef, ref_text: str
+        self,
+        manifest: Manifest,
+        scope: Scope,
+        resolved: ResolvedRef,
+        ref_text: str,
+        dev: bool | None = None,
     ) -> InstallRecord:
+        """``dev`` None: what the replaced record said (an update of a dev copy stays one)."""
         previous = self.records.get(scope, manifest.id)
         stamp = now()
         return InstallRecord(
@@ -392,6 +416,7 @@ class Distribution:
             installed_at=previous.installed_at if previous else stamp,
             updated_at=stamp,
             path=str(self._layout.app_dir(scope, manifest.id)),
+            dev=dev if dev is not None else bool(previous and previous.dev),
         )
 
     async def _install_stage(
@@ -645,6 +670,7 @@ class Distribution:
         copies = self._registry.copies(app_id)
         copy = next(c for c in copies if c.scope is scope)
         version = copy.manifest.version if copy.manifest else "(invalid)"
+        record = self.records.get(scope, app_id)
         was_visible = self._registry.get(app_id) is copy
         unmasks = was_visible and any(c.is_valid and c.scope is not scope for c in copies)
         stopped = await self._stop_instances(app_id) if was_visible else []
@@ -654,6 +680,9 @@ class Distribution:
         except AtriumError:
             await self._restart(app_id, stopped)
             raise
+        if record is not None and record.dev:
+            # a dev copy leaves nothing behind: its backups go with it (an install's stay)
+            await asyncio.to_thread(shutil.rmtree, self.backups.folder(scope, app_id), True)
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
             self._bus.emit(AppRemoved(app_id, scope.value))

@@ -43,12 +43,17 @@ class InstallRecord(WireModel):
     path: str
     #: set by a rollback: the version it rolled back from
     rollback_of: str | None = None
+    #: a dev copy (`atrium dev`): an author's folder run in place of an install, removed with
+    #: its backups when the author stops
+    dev: bool = False
 
     def wire(self) -> dict[str, Any]:
-        """The wire form; ``rollbackOf`` only on a rollback's record."""
+        """The wire form; ``rollbackOf`` only on a rollback's record, ``dev`` only when true."""
         data = super().wire()
         if data["rollbackOf"] is None:
             del data["rollbackOf"]
+        if not data["dev"]:
+            del data["dev"]
         return data
 
 

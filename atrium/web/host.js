@@ -175,6 +175,10 @@ async function loadApps() {
     const name = el("span", { textContent: app.name || app.id });
     const chip = CHIPS[app.themeStrategy];
     if (chip) name.append(el("span", { className: "chip", textContent: chip[0], title: chip[1] }));
+    if (app.record?.dev) {
+      name.append(el("span", { className: "chip dev", textContent: "DEV",
+        title: "A dev copy: an author's folder run by `atrium dev`, reloaded on every save" }));
+    }
     const meta = el("span", { className: "meta", textContent: `${app.id} · ${app.scope}` });
     button.append(icon, name, meta);
     for (const p of app.problems) button.append(el("span", { className: "problem", textContent: `${p.field}: ${p.message}` }));

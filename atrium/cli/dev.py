@@ -1,0 +1,181 @@
+"""`atrium dev <folder>`: run an app folder against the running shell while it is edited.
+
+The folder becomes a dev copy in the user scope (`POST /api/dist/install` with `dev: true`):
+installed as it is on disk, marked as a dev copy wherever apps are listed, its permissions
+granted without asking (the author's own app). Every save is validated first; a valid folder is
+installed again, which restarts the app's running instance on the new files under the same id; a
+folder with problems keeps the last good version running and lists what is wrong. The instance's
+log is followed throughout. Ctrl-C uninstalls the dev copy, its data and its backups.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import watchfiles
+
+from atrium.cli.client import ShellClient, describe_error
+from atrium.cli.render import console
+from atrium.distribution.check import problems_of
+
+#: quiet time after the last change before a sync (an editor writes a file in several steps)
+STEP_MS = 30
+#: how often the log is read when nothing changes
+LOG_POLL_MS = 250
+
+
+class DevSession:
+    """One `atrium dev` run: the dev copy, its instance, and the log read so far."""
+
+    def __init__(self, client: ShellClient, folder: Path) -> None:
+        self.client = client
+        self.folder = folder
+        self.app_id = folder.name
+        self.instance_id: str | None = None
+        self.installed = False
+        self.log_offset = 0
+        self.shown_problems: list[dict[str, str]] | None = None
+
+    def sync(self) -> bool:
+        """Validate, then install and (re)start; False when the folder has problems or the
+        shell refused it (the last good version keeps running)."""
+        problems = problems_of(self.folder)
+        if problems:
+            if problems != self.shown_problems:
+                console.print(f"[yellow]{self.app_id}: {len(problems)} problem(s), not reloaded:")
+                for p in problems:
+                    console.print(f"  [yellow]{p['field']}: {p['message']}", soft_wrap=True)
+            self.shown_problems = problems
+            return False
+        self.shown_problems = None
+        started = time.monotonic()
+        body = {
+            "ref": f"local:{self.folder}",
+            "scope": "user",
+            "autoApprove": True,
+            "dev": True,
+        }
+        answer = self.client.send("POST", "/api/dist/install", json=body)
+        if answer.status_code >= 400:
+            console.print(f"[red]{self.app_id}: not installed: {describe_error(answer)}")
+            if answer.json().get("error", {}).get("code") == "not_a_dev_copy":
+                raise typer.Exit(1)
+            return False
+        result = answer.json()
+        if not result.get("ok"):
+            console.print(f"[red]{self.app_id}: not installed: {result}")
+            return False
+        first = not self.installed
+        self.installed = True
+        instance = self.ensure_running()
+        took = (time.monotonic() - started) * 1000
+        verb = "installed as a dev copy" if first else "reloaded"
+        if instance is not None:
+            console.print(
+                f"[green]{self.app_id} {result['record']['version']} {verb} in {took:.0f} ms: "
+                f"{instance['instanceId']} {instance['state']}",
+                soft_wrap=True,
+            )
+        return instance is not None
+
+    def ensure_running(self) -> dict[str, Any] | None:
+        """The app's instance, started (or retried after a failed start); None when it failed."""
+        if self.instance_id is not None:
+            current = self.client.send("GET", f"/api/instances/{self.instance_id}")
+            if current.status_code == 200 and current.json()["state"] == "error":
+                retried = self.client.send("POST", f"/api/instances/{self.instance_id}/retry")
+                return self._started(retried)
+            if current.status_code == 200 and current.json()["state"] in {
+                "started",
+                "resuming",
+                "resumed",
+                "pausing",
+                "paused",
+            }:
+                return dict(current.json())
+        return self._started(
+            self.client.send("POST", "/api/instances", json={"appId": self.app_id})
+        )
+
+    def _started(self, answer: httpx.Response) -> dict[str, Any] | None:
+        if answer.status_code >= 400:
+            self.follow_log()
+            console.print(f"[red]{self.app_id} did not start: {describe_error(answer)}")
+            return None
+        instance: dict[str, Any] = answer.json()
+        if instance["instanceId"] != self.instance_id:
+            self.instance_id = instance["instanceId"]
+            self.log_offset = 0
+        return instance
+
+    def follow_log(self) -> None:
+        """Print what the instance wrote since the last call."""
+        if self.instance_id is None:
+            return
+        answer = self.client.send(
+            "GET", f"/api/instances/{self.instance_id}/logs", params={"after": self.log_offset}
+        )
+        if answer.status_code != 200:
+            return
+        self.log_offset = int(answer.headers.get("X-Log-End", self.log_offset))
+        for line in answer.text.splitlines():
+            console.print(
+                f"{self.instance_id} | {line}", soft_wrap=True, markup=False, highlight=False
+            )
+
+    def remove(self) -> None:
+        """Uninstall the dev copy (its instances, data and backups go with it)."""
+        if not self.installed:
+            return
+        answer = self.client.send(
+            "DELETE", f"/api/dist/uninstall/{self.app_id}", params={"scope": "user"}
+        )
+        if answer.status_code >= 400:
+            console.print(
+                f"[red]{self.app_id}: the dev copy was not removed: {describe_error(answer)}"
+            )
+            return
+        console.print(f"{self.app_id}: the dev copy was removed")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def dev(
+    folder: Annotated[Path, typer.Argument(help="the app folder (named after the app id)")],
+) -> None:
+    """Run FOLDER as a dev copy in the user scope of the running shell: reload on every save,
+    follow its log, show validation problems; Ctrl-C removes it and leaves nothing behind."""
+    folder = folder.absolute()
+    if not (folder / "app.manifest.json").is_file():
+        typer.echo(f"error: {folder} has no app.manifest.json", err=True)
+        raise typer.Exit(1)
+    with ShellClient() as client:
+        client.request("GET", "/api/version")  # fails with a clear line when no shell runs
+        session = DevSession(client, folder)
+        # a terminal closed or a `kill` ends the session like Ctrl-C: the dev copy goes
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        try:
+            session.sync()
+            console.print(f"Watching {folder} (Ctrl-C stops and removes the dev copy)")
+            for changes in watchfiles.watch(
+                folder,
+                step=STEP_MS,
+                rust_timeout=LOG_POLL_MS,
+                yield_on_timeout=True,
+                raise_interrupt=True,
+            ):
+                if changes:
+                    session.sync()
+                session.follow_log()
+        except KeyboardInterrupt:
+            console.print("")
+        finally:
+            session.remove()

@@ -1,0 +1,158 @@
+"""`atrium dev` (issue 18): an author's folder as a dev copy in the user scope, reloaded on every
+save, problems shown, the log followed, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+
+from atrium.authoring.scaffold import create
+from atrium.cli.client import ShellClient
+from atrium.cli.dev import DevSession
+from tests.integration.conftest import RunningShell, wait_for
+
+pytestmark = pytest.mark.integration
+APP = "com.example.devloop"
+
+
+def page_of(api: httpx.Client, instance_id: str) -> str:
+    return api.get(f"/api/proxy/{instance_id}/").text
+
+
+def test_a_dev_copy_reloads_keeps_the_last_good_version_and_leaves_nothing(
+    shell: RunningShell,
+    api: httpx.Client,
+    home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = create(tmp_path, APP, "python")
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        assert session.sync()
+        listed = api.get(f"/api/apps/{APP}").json()
+        assert (listed["scope"], listed["record"]["dev"]) == ("user", True)
+        instance = session.instance_id
+        assert instance == f"{APP}-1"
+        assert "<h1>Devloop</h1>" in page_of(api, instance)
+        added = api.post(f"/api/data/{APP}/items", json={"text": "kept across reloads"})
+        assert added.status_code == 201
+
+        # a save: the same instance serves the new files, with its data
+        index = folder / "index.html"
+        index.write_text(index.read_text().replace("<h1>Devloop</h1>", "<h1>Devloop 2</h1>"))
+        server = folder / "server.py"
+        server.write_text(server.read_text().replace("app = App()", 'app = App()\nprint("v2 up")'))
+        assert session.sync()
+        assert session.instance_id == instance
+        assert "<h1>Devloop 2</h1>" in page_of(api, instance)
+        assert [i["text"] for i in api.get(f"/api/data/{APP}/items").json()] == [
+            "kept across reloads"
+        ]
+        session.follow_log()
+        assert f"{instance} | v2 up" in capsys.readouterr().out
+
+        # a broken save: listed, not installed; the last good version keeps answering
+        manifest = folder / "app.manifest.json"
+        good = manifest.read_text()
+        manifest.write_text(good.replace('"version": "0.1.0"', '"version": "zero"'))
+        assert not session.sync()
+        out = capsys.readouterr().out
+        assert "not reloaded" in out
+        assert "version: 'zero' is not a semver" in out
+        assert "<h1>Devloop 2</h1>" in page_of(api, instance)
+
+        # a save that does not start: said so, with the log; the next good save recovers
+        manifest.write_text(good)
+        server.write_text(server.read_text().replace('print("v2 up")', "raise SystemExit(3)"))
+        assert not session.sync()
+        assert "did not start" in capsys.readouterr().out
+        server.write_text(server.read_text().replace("raise SystemExit(3)", 'print("v3 up")'))
+        assert session.sync()
+        assert "<h1>Devloop 2</h1>" in page_of(api, session.instance_id or "")
+
+        backups = home / "backups/user" / APP
+        made = api.post(f"/api/dist/backups/{APP}", json={"scope": "user"})
+        assert made.status_code == 200, made.text
+        assert backups.is_dir()
+        assert (home / "scopes/users/default/apps" / APP).is_dir()
+        session.remove()
+    assert api.get(f"/api/apps/{APP}").status_code == 404
+    assert not (home / "scopes/users/default/apps" / APP).exists()
+    assert not backups.exists()
+
+
+def test_a_dev_copy_never_replaces_an_installed_app(
+    shell: RunningShell, api: httpx.Client, home: Path, tmp_path: Path
+) -> None:
+    folder = create(tmp_path, APP, "stdlib")
+    installed = api.post(
+        "/api/dist/install", json={"ref": f"local:{folder}", "scope": "user", "autoApprove": True}
+    )
+    assert installed.status_code == 200, installed.text
+    before = (home / "scopes/users/default/apps" / APP / "server.py").read_bytes()
+    (folder / "server.py").write_text(
+        "# the author's new work\n" + (folder / "server.py").read_text()
+    )
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        with pytest.raises(typer.Exit):
+            session.sync()
+        session.remove()  # nothing of its own to remove: the install stays
+    assert (home / "scopes/users/default/apps" / APP / "server.py").read_bytes() == before
+    assert "dev" not in api.get(f"/api/apps/{APP}").json()["record"]
+    refused = api.post(
+        "/api/dist/install",
+        json={"ref": f"local:{folder}", "scope": "global", "autoApprove": True, "dev": True},
+    )
+    assert refused.status_code == 400
+    assert "user scope only" in refused.json()["error"]["message"]
+
+
+def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    """The command itself: watchfiles sees the save, and SIGINT ends it cleanly."""
+    folder = create(tmp_path, APP, "node")
+    env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atrium", "dev", str(folder)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    def printed(words: str) -> bool:
+        while words not in "".join(lines):
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                return False
+            lines.append(line)
+        return True
+
+    try:
+        assert printed("Watching"), "".join(lines)
+        page = folder / "index.html"
+        time.sleep(0.2)  # the watcher has started once it printed; let it settle
+        page.write_text(page.read_text().replace("<h1>Devloop</h1>", "<h1>Saved</h1>"))
+        assert printed("reloaded"), "".join(lines)
+        assert "<h1>Saved</h1>" in page_of(api, f"{APP}-1")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert "the dev copy was removed" in "".join(lines) + out
+    assert proc.returncode == 0
+    wait_for(lambda: api.get(f"/api/apps/{APP}").status_code == 404, "the dev copy gone")
+    assert json.loads(api.get("/api/dist/installed").text) == []
