@@ -137,6 +137,14 @@ class Request:
         except ValueError as err:
             raise HttpError(400, f"the request body is not JSON: {err}") from None
 
+    def json_object(self) -> dict[str, Any]:
+        """The body as a JSON object; anything else (empty, an array, malformed) answers 400
+        naming what was expected."""
+        body = self.json()
+        if not isinstance(body, dict):
+            raise HttpError(400, f"the request body must be a JSON object, not {_kind_of(body)}")
+        return body
+
     @property
     def kind(self) -> str | None:
         """What the shell says this request is (``X-Os-Request-Kind``): ``page`` (a browser
@@ -378,6 +386,20 @@ class App:
             sys.stderr.write(f"{self.name}: notify_change{paths!r} refused: {status} {answer}\n")
             return False
         return True
+
+    def theme(self) -> dict[str, Any] | None:
+        """The user's theme selection, as ``GET /api/os/theme`` answers it (the shape of the
+        ``theme:changed`` event: the light and dark themes, the color mode); None when the shell
+        cannot say (a line on stderr). For ``themed`` apps that draw with their own colours."""
+        try:
+            status, answer = self.call_shell("GET", "/api/os/theme", timeout=5.0)
+        except (OSError, RuntimeError) as err:
+            sys.stderr.write(f"{self.name}: theme() failed: {err}\n")
+            return None
+        if status != 200 or not isinstance(answer, dict):
+            sys.stderr.write(f"{self.name}: theme() refused: {status} {answer}\n")
+            return None
+        return answer
 
     # -- serving ------------------------------------------------------------------------------
 
@@ -631,6 +653,12 @@ def _content_type(filename: str) -> str:
 
 
 _TEXT_TYPES = {"application/javascript", "application/json", "image/svg+xml"}
+
+
+def _kind_of(value: object) -> str:
+    if value is None:
+        return "empty"
+    return {list: "an array", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
 def _dumps(data: object) -> bytes:

@@ -182,7 +182,12 @@ class RunningShell:
         """The JSON answer of a call that must succeed (else ``ShellFailed`` with the error)."""
         answer = self.http.request(method, path, **kwargs)
         if answer.status_code >= 400:
-            raise ShellFailed(f"{method} {path}: {answer.status_code} {answer.text[:500]}")
+            try:
+                error = answer.json()["error"]
+                said = f"{error['code']}: {error['message']}"
+            except (ValueError, KeyError, TypeError):
+                said = answer.text[:500]
+            raise ShellFailed(f"{method} {path}: {answer.status_code} {said}")
         return answer.json()
 
     def install(self, folder: Path, scope: str = "user") -> dict[str, Any]:

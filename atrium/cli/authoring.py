@@ -1,14 +1,19 @@
-"""CLI commands for app authors that need no running shell: new, validate and pack."""
+"""CLI commands for app authors: new, validate and pack (no shell needed), publish-examples."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import httpx
 import typer
 
+from atrium.authoring.catalogue import publish_examples as publish_examples_to
 from atrium.authoring.scaffold import TEMPLATES, ScaffoldError, create
+from atrium.cli.client import ShellClient
 from atrium.cli.render import console, print_json, print_table
 from atrium.distribution.artifact import write_layer
 from atrium.distribution.check import problems_of
@@ -94,3 +99,45 @@ def pack(
         )
         return
     console.print(f"Packed {folder.name} into {output} ({size} bytes, {digest})", soft_wrap=True)
+
+
+def publish_examples(
+    output: Annotated[Path, typer.Option("--output", "-o", help="the index file to write")],
+    oci: Annotated[
+        str | None, typer.Option(help="registry and path prefix, such as 127.0.0.1:5000/examples")
+    ] = None,
+    git_dir: Annotated[
+        Path | None, typer.Option(help="a folder for the bare git repositories (made if missing)")
+    ] = None,
+    git_url: Annotated[
+        str | None, typer.Option(help="where installs fetch that folder, such as git://host/")
+    ] = None,
+) -> None:
+    """Publish the example catalogue (three apps, one per template) through the running shell
+    and write the index listing them: point ATRIUM_INDEX_URL at it."""
+    with ShellClient() as client, tempfile.TemporaryDirectory() as tmp:
+
+        def publish(folder: Path, target: str, tag: str) -> dict[str, Any]:
+            body = {"path": str(folder), "to": target, "tag": tag}
+            answer: dict[str, Any] = client.request(
+                "POST", "/api/dist/publish", json=body, timeout=httpx.Timeout(30.0, read=None)
+            )
+            console.print(f"published {folder.name} to {target} as {tag}", soft_wrap=True)
+            return answer
+
+        try:
+            index = publish_examples_to(
+                publish,
+                Path(tmp),
+                oci=oci,
+                git_dir=git_dir.absolute() if git_dir else None,
+                git_url=git_url,
+            )
+        except ValueError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+    output.write_text(json.dumps(index, indent=2) + "\n")
+    console.print(
+        f"Wrote {output} ({len(index['apps'])} apps): ATRIUM_INDEX_URL=file://{output.absolute()}",
+        soft_wrap=True,
+    )

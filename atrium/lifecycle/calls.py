@@ -161,8 +161,12 @@ async def call_hook(
     except aiohttp.ClientError as err:
         raise HookFailed(f"{address.app_id} {hook} failed: {err}", hook=hook) from err
     if status >= 300:
+        said = _said(raw)
         raise HookFailed(
-            f"{address.app_id} {hook} answered HTTP {status}", hook=hook, status=status
+            f"{address.app_id} {hook} answered HTTP {status}"
+            + (f"; the app said {said}" if said else ""),
+            hook=hook,
+            status=status,
         )
     try:
         data = json.loads(raw)
@@ -187,3 +191,16 @@ async def call_hook(
             f"{address.app_id} {hook} answered {status} without ok: true", hook=hook, status=status
         )
     return data
+
+
+def _said(raw: bytes) -> str | None:
+    """The ``error.message`` of an app's error answer, quoted, on one line and at most 200
+    characters (it is the app's text, shown to the user as the app's)."""
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(message, str) or not message.strip():
+        return None
+    flat = " ".join("".join(c if c.isprintable() else " " for c in message).split())
+    return json.dumps(flat[:200], ensure_ascii=False)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from atrium.authoring.scaffold import TEMPLATES
 from atrium.cli.main import app
 from atrium.testing import RunningShell, check_contract
+from tests.conftest import REPO_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +123,7 @@ def test_a_hook_that_fails_and_an_invalid_folder_are_reported(
     failed = {c.name: c.detail for c in report.checks if not c.ok}
     assert "stop → stopped" in failed
     assert "hook_failed" in failed["stop → stopped"]
+    assert 'the app said "onPause failed: RuntimeError: no pause today"' in failed["stop → stopped"]
     assert "no pause today" in report.log  # the traceback, from the app's log
     invalid = new(tmp_path, "com.example.invalid", "node")
     (invalid / "app.manifest.json").write_text('{"id": "com.example.invalid", "version": "x"}')
@@ -147,3 +151,88 @@ def test_new_refuses_a_bad_id_template_or_an_existing_folder_and_writes_nothing(
     assert "already exists" in taken.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["com.example.taken"]
     assert (tmp_path / "com.example.taken" / "mine.txt").read_text() == "keep me"
+
+
+def test_the_sdk_reads_the_theme_and_types_a_json_object_body(
+    tmp_path: Path, shell: RunningShell
+) -> None:
+    """`App.theme()` answers what the user's shell says; `Request.json_object()` answers 400
+    naming what came instead of an object."""
+    folder = new(tmp_path, "com.example.themed", "python")
+    break_app(
+        folder,
+        "@app.provider(",
+        '@app.route("GET", "/theme")\ndef theme(request: Request) -> object:\n'
+        "    return app.theme()\n\n\n@app.provider(",
+    )
+    shell.install(folder)
+    instance = shell.launch("com.example.themed")["instanceId"]
+    assert shell.call("GET", f"/api/proxy/{instance}/theme") == shell.call("GET", "/api/os/theme")
+    items = "/api/data/com.example.themed/items"
+    for body, named in [(b"[1]", "not an array"), (b"", "not empty"), (b'"x"', "not a string")]:
+        answer = shell.request("POST", items, content=body)
+        assert answer.status_code == 400
+        assert f"must be a JSON object, {named}" in answer.json()["error"]["message"]
+
+
+def documented_errors() -> list[re.Pattern[str]]:
+    """The first column of docs/authoring.md "The first errors you will meet", as patterns."""
+    guide = (REPO_DIR / "docs" / "authoring.md").read_text()
+    table = guide.split("## The first errors you will meet", 1)[1]
+    patterns = []
+    for row in table.splitlines():
+        if row.startswith("| ") and "`" in row:
+            quoted = row.split("`")[1]
+            parts = [re.escape(p) for p in quoted.split("…")]
+            patterns.append(re.compile(".*".join(parts), re.DOTALL))
+    return patterns
+
+
+def as_printed(answer: httpx.Response) -> str:
+    error = answer.json()["error"]
+    return f"{error['code']}: {error['message']}"
+
+
+def test_the_first_errors_read_as_the_authors_guide_quotes_them(
+    tmp_path: Path, shell: RunningShell
+) -> None:
+    patterns = documented_errors()
+    assert len(patterns) >= 10
+
+    def quoted(line: str) -> bool:
+        return any(p.fullmatch(line) for p in patterns)
+
+    seen = []
+    identity = new(tmp_path, "com.example.errident", "stdlib")
+    break_app(identity, '{"appId": APP_ID,', '{"appId": "com.example.someone",')
+    exits = new(tmp_path, "com.example.errexit", "python")
+    break_app(exits, "app = App()", 'app = App()\nraise SystemExit("no config file")')
+    for folder in (identity, exits):
+        shell.install(folder)
+        seen.append(
+            as_printed(shell.request("POST", "/api/instances", json={"appId": folder.name}))
+        )
+    hook = new(tmp_path, "com.example.errhook", "python")
+    break_app(
+        hook,
+        '@app.hook("onActivityCreate")',
+        '@app.hook("onPause")\ndef no(body):\n    raise RuntimeError("no pause today")\n\n\n'
+        '@app.hook("onActivityCreate")',
+    )
+    shell.install(hook)
+    instance = shell.launch(hook.name)["instanceId"]
+    shell.act(instance, "resumed")
+    seen.append(as_printed(shell.request("POST", f"/api/instances/{instance}/pause")))
+    invalid = new(tmp_path, "com.example.errversion", "node")
+    manifest = json.loads((invalid / "app.manifest.json").read_text())
+    (invalid / "app.manifest.json").write_text(json.dumps({**manifest, "version": "zero"}))
+    answer = shell.request(
+        "POST", "/api/dist/install", json={"ref": f"local:{invalid}", "autoApprove": True}
+    )
+    assert answer.json()["error"]["code"] == "invalid_manifest"
+    problem = answer.json()["error"]["problems"][0]
+    assert (
+        f"{problem['field']}: {problem['message']}" in (REPO_DIR / "docs/authoring.md").read_text()
+    )
+    for line in seen:
+        assert quoted(line), f"not as docs/authoring.md quotes it: {line}"

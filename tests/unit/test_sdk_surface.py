@@ -17,8 +17,9 @@ PROMISED: dict[str, dict[str, str]] = {
         "route": "(self, method: 'str', path: 'str') -> 'Callable[[H], H]'",
         "run": "(self) -> 'None'",
         "static": "(self, url_prefix: 'str', directory: 'str | os.PathLike[str]') -> 'None'",
+        "theme": "(self) -> 'dict[str, Any] | None'",
     },
-    "Request": {"json": "(self) -> 'Any'"},
+    "Request": {"json": "(self) -> 'Any'", "json_object": "(self) -> 'dict[str, Any]'"},
     "Response": {
         "html": "(text: 'str', status: 'int' = 200) -> 'Response'",
         "json": "(data: 'object', status: 'int' = 200, headers: 'Mapping[str, str] | None' = None) -> 'Response'",

@@ -68,8 +68,7 @@ def items(request: Request) -> object:
     if request.method in ("GET", "HEAD"):
         return load()
     if request.method == "POST":
-        body = request.json()
-        text = body.get("text") if isinstance(body, dict) else None
+        text = request.json_object().get("text")  # not an object: 400, said so
         if not isinstance(text, str) or not text.strip():
             raise HttpError(400, 'the body must be a JSON object {"text": "..."} with some text')
         return 201, add(text)
