@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Frame, Page
 
+from atrium.authoring.scaffold import create
 from tests.conftest import REPO_DIR
 from tests.e2e.conftest import CATALOGUED, Served, axe_serious
 
@@ -601,3 +602,18 @@ def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Ser
     finally:
         with api(served) as client:
             client.delete(f"/api/dist/uninstall/{CATALOGUED}")
+
+
+def test_a_dev_copy_is_marked_in_the_launcher(page: Page, served: Served, tmp_path: Path) -> None:
+    folder = create(tmp_path, "com.example.devmark", "python")
+    body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True, "dev": True}
+    with api(served) as client:
+        client.post("/api/dist/install", json=body).raise_for_status()
+    launcher = page.locator('button.app[data-app-id="com.example.devmark"]')
+    chip = launcher.locator(".chip.dev")
+    chip.wait_for()
+    assert chip.inner_text() == "DEV"
+    assert "atrium dev" in (chip.get_attribute("title") or "")
+    with api(served) as client:
+        client.delete("/api/dist/uninstall/com.example.devmark", params={"scope": "user"})
+    launcher.wait_for(state="detached")
