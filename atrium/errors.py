@@ -22,6 +22,7 @@ unit test keeps the two together::
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
+    │   ├── NotADevCopy                 409 not_a_dev_copy         (appId, scope)
     │   └── ScopeNeedsRepair            409 scope_needs_repair     (scope, journals)
     ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)

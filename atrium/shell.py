@@ -120,8 +120,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 ),
             )
         )
-        stack.callback(lifecycle.follow_registry())
-        presence = Presence(settings.view_grace_seconds, lifecycle.release_client_views)
+        stack.callback(lifecycle.pool.follow_registry())
+        presence = Presence(settings.view_grace_seconds, lifecycle.views.release_client)
         stack.callback(presence.close)
         dataproxy = DataProxy(registry, lifecycle, bus)
         stack.callback(dataproxy.close)
@@ -135,7 +135,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             bus=bus,
             index=IndexClient(settings.index_url, settings.home / "cache" / "index.json"),
         )
-        await lifecycle.fill_pools()
+        await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
             settings.home,

@@ -155,7 +155,7 @@ async def create_view(request: Request, caller: Caller) -> Response:
     body = await read_model(request, ViewBody) if await request.body() else ViewBody()
     instance = shell.lifecycle.get(request.path_params["instance_id"])
     client = shell.presence.client_id(body.client)
-    view, ticket = shell.lifecycle.create_view(instance.id, body.path, client)
+    view, ticket = shell.lifecycle.views.create(instance.id, body.path, client)
     url = origin_url(shell, instance, "/_os/enter")
     return JSONResponse(
         {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}
@@ -164,7 +164,7 @@ async def create_view(request: Request, caller: Caller) -> Response:
 
 async def delete_view(request: Request, caller: Caller) -> Response:
     params = request.path_params
-    instance = await shell_of(request).lifecycle.release_view(
+    instance = await shell_of(request).lifecycle.views.release(
         params["instance_id"], params["view_id"]
     )
     return JSONResponse(_wire(request, instance, caller))

@@ -126,7 +126,7 @@ class AppOrigins:
             await self._enter(shell, instance, request)(scope, receive, send)
             return
         cookie = request.cookies.get(VIEW_COOKIE, "")
-        if not cookie or shell.lifecycle.view_for_cookie(instance, cookie) is None:
+        if not cookie or shell.lifecycle.views.for_cookie(instance, cookie) is None:
             raise Unauthenticated(
                 "this app origin needs a view: open it through the host page or "
                 "POST /api/instances/{id}/views"
@@ -190,7 +190,7 @@ class AppOrigins:
     @staticmethod
     def _enter(shell: Shell, instance: Instance, request: Request) -> Response:
         ticket = request.query_params.get("ticket", "")
-        view = shell.lifecycle.redeem_ticket(instance.slug, ticket)
+        view = shell.lifecycle.views.redeem(instance.slug, ticket)
         if view is None:
             raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
         path = request.query_params.get("path") or view.path

@@ -698,7 +698,7 @@ class Distribution:
         """Stop every instance of the app (a bind mount would keep the old tree) and drain its
         warm pool; returns the ids of those that were running, to bring them back afterwards
         with the same ids (and so the same runtime data)."""
-        await self._lifecycle.drain(app_id)
+        await self._lifecycle.pool.drain(app_id)
         instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
         # a headless provider is not brought back: the next data request wakes the new version
         running = [
@@ -729,4 +729,6 @@ class Distribution:
             except AtriumError as err:
                 _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
         if self._registry.get(app_id) is not None:
-            self._lifecycle.spawn_task(self._lifecycle.refill(app_id), f"warm-pool fill {app_id}")
+            self._lifecycle.spawn_task(
+                self._lifecycle.pool.refill(app_id), f"warm-pool fill {app_id}"
+            )

@@ -1,22 +1,19 @@
-"""The lifecycle manager: the instance index, and every move of every instance.
+"""The lifecycle manager: every move of every instance, over the instance index it extends.
 
 Each action takes the instance's lock, runs the hook that belongs to each move (decisions.md
 "Lifecycle": hooks run before the move is committed), then commits it through `Instance.enter`.
 Errors choose states: a failed spawn or `onCreate` goes to `error`; any other failed hook leaves the
 state the move started from. A child that dies while running is a crash (`mark_crashed`).
 
-The jobs around the moves live beside it: `booting` (spawn, health, crash watch, teardown),
-`activities`, `views` (tickets and cookies) and `warmpool`. An instance is live while the index
-holds it; one that was removed (or forced out) is no longer held, which every waiting action
-checks after its awaits instead of a flag on the instance.
-"""
+The jobs around the moves live beside it, each reaching back through a narrow protocol: `index`
+(the live instances), `booting` (spawn, health, crash watch, teardown), `activities`, `views`
+(tickets, cookies, the stop after the last view), `trials` (an update's check instance),
+`warmpool` and `headless`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -26,23 +23,22 @@ from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
     HookFailed,
-    InstallFailed,
     InvalidRequest,
     LifecycleTransitionError,
     NotFound,
     NotServing,
-    SpawnFailed,
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
 from atrium.lifecycle.headless import HeadlessProviders
-from atrium.lifecycle.instance import Activity, Instance, View
+from atrium.lifecycle.index import InstanceIndex, new_slug
+from atrium.lifecycle.instance import Activity, Instance
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import Runner
-from atrium.lifecycle.spawning import log_tail
-from atrium.lifecycle.states import HOOK_BEFORE, SERVING, TRANSITIONS, Hook, InstanceState
+from atrium.lifecycle.states import HOOK_BEFORE, TRANSITIONS, Hook, InstanceState
+from atrium.lifecycle.trials import Trials
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
 from atrium.registry import AppCopy, AppRegistry
@@ -52,17 +48,12 @@ __all__ = ["STOP_GRACE", "LifecycleConfig", "LifecycleManager"]
 
 _LOGGER = logging.getLogger(__name__)
 S = InstanceState
-SLUG_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
 #: states a view release stops the instance from (when it was the last view)
 STOPPABLE: Final = frozenset({S.STARTED, S.RESUMED, S.PAUSING, S.PAUSED})
 
 
-def new_slug() -> str:
-    return "".join(secrets.choice(SLUG_ALPHABET) for _ in range(12))
-
-
-class LifecycleManager:
-    """Owns every instance; all lifecycle actions go through it."""
+class LifecycleManager(InstanceIndex):
+    """Owns every instance (the index it extends); all lifecycle actions go through it."""
 
     def __init__(
         self,
@@ -75,12 +66,9 @@ class LifecycleManager:
         ports: PortAllocator,
         config: LifecycleConfig,
     ) -> None:
-        self._registry = registry
-        self._bus = bus
+        super().__init__(registry, bus, config.layout)
         self._upstream = upstream
         self._config = config
-        self._instances: dict[str, Instance] = {}
-        self._by_slug: dict[str, Instance] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._booter = Booter(
             runner=runner,
@@ -91,12 +79,11 @@ class LifecycleManager:
             config=config,
             spawn_task=self.spawn_task,
         )
-        self._views = ViewDesk()
         self._activities = Activities(upstream, bus)
+        self.views = ViewDesk(self)
         self.pool = WarmPool(self, registry, bus)
         self.headless = HeadlessProviders(self)
-        #: instances of a staged version on trial before an update switches (`trial`)
-        self._trials: set[str] = set()
+        self.trials = Trials(self)
 
     async def __aenter__(self) -> Self:
         return self
@@ -113,30 +100,6 @@ class LifecycleManager:
     def runner_name(self) -> str:
         return self._booter.runner.name
 
-    # -- the index ------------------------------------------------------------------------------
-
-    def all(self) -> list[Instance]:
-        return sorted(self._instances.values(), key=lambda i: i.id)
-
-    def find(self, instance_id: str) -> Instance | None:
-        return self._instances.get(instance_id)
-
-    def get(self, instance_id: str) -> Instance:
-        instance = self._instances.get(instance_id)
-        if instance is None:
-            raise NotFound("instance", instance_id)
-        return instance
-
-    def by_slug(self, slug: str) -> Instance | None:
-        return self._by_slug.get(slug)
-
-    def of_app(self, app_id: str) -> list[Instance]:
-        return [i for i in self.all() if i.app_id == app_id]
-
-    def holds(self, instance: Instance) -> bool:
-        """Whether ``instance`` is still live (not removed or forced out meanwhile)."""
-        return self._instances.get(instance.id) is instance
-
     def is_pooled(self, instance: Instance) -> bool:
         return self.pool.holds(instance)
 
@@ -146,46 +109,11 @@ class LifecycleManager:
     def ports_in_use(self) -> int:
         return self._booter.ports_in_use()
 
-    def new_instance(
-        self, app_id: str, wanted: str | None = None, data_of: str | None = None
-    ) -> Instance:
-        """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
-        instance id whose runtime data folder it uses (a headless provider's; default its own)."""
-        copy = self._registry.get(app_id)
-        if copy is None or copy.manifest is None:
-            raise NotFound("app", app_id)
-        taken = set(self._instances)
-        if wanted is not None and (wanted in taken or not wanted.startswith(f"{app_id}-")):
-            raise InvalidRequest(f"instance id {wanted!r} is taken or not one of {app_id}'s")
-        n = 1
-        while f"{app_id}-{n}" in taken:
-            n += 1
-        instance_id = wanted or f"{app_id}-{n}"
-        instance = Instance(
-            id=instance_id,
-            app_id=app_id,
-            scope=copy.scope,
-            app_dir=copy.path,
-            data_dir=self._config.layout.runtime_dir(copy.scope, app_id, data_of or instance_id),
-            lock_dir=None
-            if data_of is None
-            else self._config.layout.runtime_dir(copy.scope, app_id, instance_id),
-            manifest=copy.manifest,
-            slug=new_slug(),
-            bus=self._bus,
-        )
-        self._instances[instance.id] = instance
-        self._by_slug[instance.slug] = instance
-        return instance
-
     def _forget(self, instance: Instance) -> None:
         instance.views.clear()
         self.pool.forget(instance)
         self.headless.forget(instance)
-        if self.holds(instance):
-            del self._instances[instance.id]
-        if self._by_slug.get(instance.slug) is instance:
-            del self._by_slug[instance.slug]
+        self.drop(instance)
 
     # -- creating -------------------------------------------------------------------------------
 
@@ -201,7 +129,7 @@ class LifecycleManager:
                 for i in self.of_app(app_id)
                 if not self.is_pooled(i)
                 and not self.is_headless(i)
-                and i.id not in self._trials
+                and not self.trials.holds(i)
                 and i.state is not S.ERROR
             ]
             if live:
@@ -232,19 +160,18 @@ class LifecycleManager:
         await self._move(instance, S.STARTING)
         instance.enter(S.STARTED)
 
+    async def boot(self, instance: Instance) -> None:
+        """`installed → … → started` under the instance's lock (a trial's)."""
+        async with instance.lock:
+            await self._boot(instance)
+
     async def trial(self, copy: AppCopy, data_dir: Path) -> float:
-        """Boot the staged version ``copy`` to `started` on an empty ``data_dir`` (its health
-        identity, `onCreate`, `onStart`), then stop and destroy it; returns how long it took (s).
-        Raises InstallFailed with the reason and the app's last log lines when it does not start
-        (docs/api.md "Health-gated update")."""
+        """Boot the staged version ``copy`` as `<appId>-check` on the empty ``data_dir``, then
+        remove it; how long it took (s). InstallFailed when it does not start (`trials`)."""
         if copy.manifest is None:  # pragma: no cover - the pipeline validated it
             raise InvalidRequest(f"{copy.id}: no valid manifest to try")
-        instance_id = f"{copy.id}-check"
-        old = self.find(instance_id)
-        if old is not None:
-            await self.force(old)
         instance = Instance(
-            id=instance_id,
+            id=f"{copy.id}-check",
             app_id=copy.id,
             scope=copy.scope,
             app_dir=copy.path,
@@ -254,26 +181,7 @@ class LifecycleManager:
             bus=self._bus,
             source=copy,
         )
-        self._instances[instance.id] = instance
-        self._by_slug[instance.slug] = instance
-        self._trials.add(instance.id)
-        started = time.monotonic()
-        try:
-            async with instance.lock:
-                await self._boot(instance)
-            return time.monotonic() - started
-        except (SpawnFailed, HookFailed, LifecycleTransitionError) as err:
-            raise InstallFailed(
-                copy.id,
-                f"version {copy.manifest.version} did not start, the old version stays: "
-                f"{err.message} ({log_tail(instance.log_path, 10)})",
-            ) from err
-        finally:
-            self._trials.discard(instance.id)
-            if self.holds(instance):
-                reason = await self.remove(instance.id)
-                if reason is not None:
-                    _LOGGER.info("%s: the trial instance was forced out: %s", copy.id, reason)
+        return await self.trials.run(copy, instance)
 
     # -- moves ----------------------------------------------------------------------------------
 
@@ -453,72 +361,13 @@ class LifecycleManager:
         async with instance.lock:
             await self._activities.destroy(instance, activity_id)
 
-    # -- views ----------------------------------------------------------------------------------
-
-    def create_view(
-        self, instance_id: str, path: str = "/", client: str | None = None
-    ) -> tuple[View, str]:
-        """A view and its one-time ticket (decisions.md "Lifecycle"); the instance must be serving."""
-        instance = self.get(instance_id)
-        if not path.startswith("/") or path.startswith("//"):
-            raise InvalidRequest(f"view path {path!r} must start with a single '/'")
-        if instance.state not in SERVING:
-            raise NotServing(
-                instance.id,
-                instance.app_id,
-                instance.state,
-                "a view needs an instance in started, resuming, resumed, pausing or paused",
-            )
-        return self._views.issue(instance, path, client)
-
-    def redeem_ticket(self, slug: str, ticket: str) -> View | None:
-        return self._views.redeem(self._by_slug.get(slug), ticket)
-
-    def view_for_cookie(self, instance: Instance, cookie: str) -> View | None:
-        return self._views.for_cookie(instance, cookie)
-
-    async def release_client_views(self, client: str) -> None:
-        """Release every view held by a host page that has gone away."""
-        for instance in self.all():
-            for view in [v for v in instance.views.values() if v.client == client]:
-                try:
-                    await self.release_view(instance.id, view.id)
-                except AtriumError as err:
-                    _LOGGER.warning(
-                        "%s %s: releasing view %s failed: %s",
-                        instance.app_id,
-                        instance.id,
-                        view.id,
-                        err.message,
-                    )
-
-    async def release_view(self, instance_id: str, view_id: str) -> Instance:
-        """Drop a view; dropping the last one stops the instance unless it is a background
-        service (docs/api.md "Views": `paused → stopping` when the last view is dropped)."""
-        instance = self.get(instance_id)
-        if instance.views.pop(view_id, None) is None:
-            raise NotFound("view", view_id)
-        if instance.views or instance.manifest.background_service:
-            return instance
+    async def stop_unviewed(self, instance: Instance) -> None:
+        """Stop ``instance`` if it is still live, has no view and can stop (`views`)."""
         async with instance.lock:
             if self.holds(instance) and not instance.views and instance.state in STOPPABLE:
                 await self._stop(instance)
-        return instance
 
-    # -- the warm pool's wiring, background tasks, shutdown ---------------------------------
-
-    async def refill(self, app_id: str) -> None:
-        await self.pool.refill(app_id)
-
-    async def drain(self, app_id: str) -> None:
-        await self.pool.drain(app_id)
-
-    async def fill_pools(self) -> None:
-        await self.pool.fill_all()
-
-    def follow_registry(self) -> Callable[[], None]:
-        """Keep warm pools in step with the visible apps; returns the remover."""
-        return self.pool.follow_registry()
+    # -- background tasks, shutdown --------------------------------------------------------------
 
     def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

@@ -1,27 +1,61 @@
-"""Views and their one-time tickets (decisions.md "Lifecycle").
+"""Views: who may show an instance, through one-time tickets and cookies (decisions.md
+"Lifecycle"), and the stop that follows the last view's release.
 
 A view is entered through a ticket that works once and lives 60 s; entering sets the view's
 cookie on the app origin, and every later request there must carry a live view's cookie.
+Releasing the last view of an instance stops it unless it is a background service; the stop is
+the manager's move, reached through the narrow `ViewHost`.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
-from typing import Final
+from typing import Final, Protocol
 
+from atrium.errors import AtriumError, InvalidRequest, NotFound, NotServing
 from atrium.lifecycle.instance import Instance, View
+from atrium.lifecycle.states import SERVING
 
+_LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
 
 
-class ViewDesk:
-    """Issues views with tickets, redeems tickets, and recognises view cookies."""
+class ViewHost(Protocol):
+    """What views need of the lifecycle manager."""
 
-    def __init__(self) -> None:
+    def get(self, instance_id: str) -> Instance: ...
+
+    def all(self) -> list[Instance]: ...
+
+    def by_slug(self, slug: str) -> Instance | None: ...
+
+    async def stop_unviewed(self, instance: Instance) -> None:
+        """Under the instance's lock: stop it if it is still live, has no view and can stop."""
+
+
+class ViewDesk:
+    """Issues views with tickets, redeems tickets, recognises view cookies, releases views."""
+
+    def __init__(self, host: ViewHost) -> None:
+        self._host = host
         self._tickets: dict[str, tuple[str, str, float]] = {}
 
-    def issue(self, instance: Instance, path: str, client: str | None) -> tuple[View, str]:
+    def create(
+        self, instance_id: str, path: str = "/", client: str | None = None
+    ) -> tuple[View, str]:
+        """A view and its one-time ticket; the instance must be serving."""
+        instance = self._host.get(instance_id)
+        if not path.startswith("/") or path.startswith("//"):
+            raise InvalidRequest(f"view path {path!r} must start with a single '/'")
+        if instance.state not in SERVING:
+            raise NotServing(
+                instance.id,
+                instance.app_id,
+                instance.state,
+                "a view needs an instance in started, resuming, resumed, pausing or paused",
+            )
         view = View(
             id=secrets.token_hex(6), cookie=secrets.token_urlsafe(24), path=path, client=client
         )
@@ -30,9 +64,10 @@ class ViewDesk:
         self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
         return view, ticket
 
-    def redeem(self, instance: Instance | None, ticket: str) -> View | None:
+    def redeem(self, slug: str, ticket: str) -> View | None:
         """The ticket's view, once; None when unknown, used, expired or for another instance."""
         entry = self._tickets.pop(ticket, None)
+        instance = self._host.by_slug(slug)
         if entry is None or instance is None:
             return None
         instance_id, view_id, expires = entry
@@ -46,3 +81,28 @@ class ViewDesk:
             if secrets.compare_digest(view.cookie, cookie):
                 return view
         return None
+
+    async def release(self, instance_id: str, view_id: str) -> Instance:
+        """Drop a view; dropping the last one stops the instance unless it is a background
+        service (docs/api.md "Views": `paused → stopping` when the last view is dropped)."""
+        instance = self._host.get(instance_id)
+        if instance.views.pop(view_id, None) is None:
+            raise NotFound("view", view_id)
+        if not instance.views and not instance.manifest.background_service:
+            await self._host.stop_unviewed(instance)
+        return instance
+
+    async def release_client(self, client: str) -> None:
+        """Release every view held by a host page that has gone away."""
+        for instance in self._host.all():
+            for view in [v for v in instance.views.values() if v.client == client]:
+                try:
+                    await self.release(instance.id, view.id)
+                except AtriumError as err:
+                    _LOGGER.warning(
+                        "%s %s: releasing view %s failed: %s",
+                        instance.app_id,
+                        instance.id,
+                        view.id,
+                        err.message,
+                    )

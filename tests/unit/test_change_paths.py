@@ -27,13 +27,15 @@ def test_a_watcher_hears_its_path_what_is_below_and_what_is_above(
 
 
 @pytest.mark.parametrize(
-    ("raw", "canonical"), [("/a/b/", "/a/b"), ("/", "/"), ("/a//b", "/a//b"), ("///", "/")]
+    ("raw", "canonical"), [("/a/b/", "/a/b"), ("/", "/"), ("/a/b//", "/a/b"), ("///", "/")]
 )
 def test_canonical_paths(raw: str, canonical: str) -> None:
     assert canonical_path(raw) == canonical
 
 
-@pytest.mark.parametrize("raw", ["a", "", "/a/../b", "/./a", "/a/..", "/a\\b", "/a\x00"])
+@pytest.mark.parametrize(
+    "raw", ["a", "", "/a/../b", "/./a", "/a/..", "/a\\b", "/a\x00", "/a//b", "//a"]
+)
 def test_non_canonical_paths_name_the_problem(raw: str) -> None:
     with pytest.raises(ValueError, match="must"):
         canonical_path(raw)

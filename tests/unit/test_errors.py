@@ -252,6 +252,7 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
     errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
     errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),
+    errors.NotADevCopy: lambda: errors.NotADevCopy("com.example.a", "user"),
     errors.ScopeNeedsRepair: lambda: errors.ScopeNeedsRepair(
         "global", ["/h/.journal/x.unreadable"]
     ),

@@ -1,0 +1,100 @@
+"""The instance index: every live instance by id and by slug, and the making of new ones.
+
+An instance is live while the index holds it; one that was removed (or forced out) is no longer
+held, which every waiting action checks after its awaits (`holds`) instead of a flag on the
+instance. The lifecycle manager extends this with the moves.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Final
+
+from atrium.bus import EventBus
+from atrium.errors import InvalidRequest, NotFound
+from atrium.lifecycle.instance import Instance
+from atrium.registry import AppRegistry
+from atrium.scopes import ScopeLayout
+
+SLUG_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def new_slug() -> str:
+    return "".join(secrets.choice(SLUG_ALPHABET) for _ in range(12))
+
+
+class InstanceIndex:
+    """The live instances; `new_instance` adds one, `drop` takes one out."""
+
+    def __init__(self, registry: AppRegistry, bus: EventBus, layout: ScopeLayout) -> None:
+        self._registry = registry
+        self._bus = bus
+        self._layout = layout
+        self._instances: dict[str, Instance] = {}
+        self._by_slug: dict[str, Instance] = {}
+
+    def all(self) -> list[Instance]:
+        return sorted(self._instances.values(), key=lambda i: i.id)
+
+    def find(self, instance_id: str) -> Instance | None:
+        return self._instances.get(instance_id)
+
+    def get(self, instance_id: str) -> Instance:
+        instance = self._instances.get(instance_id)
+        if instance is None:
+            raise NotFound("instance", instance_id)
+        return instance
+
+    def by_slug(self, slug: str) -> Instance | None:
+        return self._by_slug.get(slug)
+
+    def of_app(self, app_id: str) -> list[Instance]:
+        return [i for i in self.all() if i.app_id == app_id]
+
+    def holds(self, instance: Instance) -> bool:
+        """Whether ``instance`` is still live (not removed or forced out meanwhile)."""
+        return self._instances.get(instance.id) is instance
+
+    def new_instance(
+        self, app_id: str, wanted: str | None = None, data_of: str | None = None
+    ) -> Instance:
+        """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
+        instance id whose runtime data folder it uses (a headless provider's; default its own)."""
+        copy = self._registry.get(app_id)
+        if copy is None or copy.manifest is None:
+            raise NotFound("app", app_id)
+        taken = set(self._instances)
+        if wanted is not None and (wanted in taken or not wanted.startswith(f"{app_id}-")):
+            raise InvalidRequest(f"instance id {wanted!r} is taken or not one of {app_id}'s")
+        n = 1
+        while f"{app_id}-{n}" in taken:
+            n += 1
+        instance_id = wanted or f"{app_id}-{n}"
+        instance = Instance(
+            id=instance_id,
+            app_id=app_id,
+            scope=copy.scope,
+            app_dir=copy.path,
+            data_dir=self._layout.runtime_dir(copy.scope, app_id, data_of or instance_id),
+            lock_dir=None
+            if data_of is None
+            else self._layout.runtime_dir(copy.scope, app_id, instance_id),
+            manifest=copy.manifest,
+            slug=new_slug(),
+            bus=self._bus,
+        )
+        self._instances[instance.id] = instance
+        self._by_slug[instance.slug] = instance
+        return instance
+
+    def adopt(self, instance: Instance) -> None:
+        """Put an instance built elsewhere (a trial's) into the index."""
+        self._instances[instance.id] = instance
+        self._by_slug[instance.slug] = instance
+
+    def drop(self, instance: Instance) -> None:
+        """Out of the index (if it is still this instance there)."""
+        if self.holds(instance):
+            del self._instances[instance.id]
+        if self._by_slug.get(instance.slug) is instance:
+            del self._by_slug[instance.slug]
