@@ -560,7 +560,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             return b""
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise HttpError(400, f"bad Content-Length {raw!r}")
         length = int(raw)
         if length > MAX_BODY:

@@ -103,10 +103,10 @@ async def instance_logs(request: Request, caller: Caller) -> Response:
     (``X-Log-End`` is the offset to ask after next: how ``atrium dev`` follows a log)."""
     instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
     raw = request.query_params.get("lines", "200")
-    if not raw.isdigit() or not 0 < int(raw) <= MAX_LOG_LINES:
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
     after = request.query_params.get("after")
-    if after is not None and not (after.isdigit() and len(after) <= 18):
+    if after is not None and not (after.isascii() and after.isdigit() and len(after) <= 18):
         raise InvalidRequest("after must be a byte offset (a whole number from 0)")
     text, end = "", 0
     if instance.log_path is not None and instance.log_path.exists():

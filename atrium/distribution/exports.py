@@ -39,6 +39,21 @@ MAX_ARCHIVE: Final = 4 * 1024**3
 #: what an archive may expand to: members, and bytes (also never more than the disk has free,
 #: less ``DISK_RESERVE``): a few KiB of zstd can hold GiBs of zeros
 MAX_MEMBERS: Final = 200_000
+#: the largest GNU long-name or pax header: tarfile reads such a header whole into memory and
+#: parses pax records with a regex that is quadratic in their length (CPython before 3.11.10)
+MAX_HEADER: Final = 16 * 1024
+#: a member's path: at most this many bytes, each component at most NAME_MAX
+MAX_PATH: Final = 4096
+NAME_MAX: Final = 255
+_HEADER_TYPES: Final = frozenset(
+    {
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+    }
+)
 MAX_EXPANDED: Final = 64 * 1024**3
 DISK_RESERVE: Final = 512 * 1024**2
 CHUNK: Final = 1024 * 1024
@@ -116,28 +131,12 @@ def unpack(archive: Path, into: Path) -> Unpacked:
     naming the first problem otherwise."""
     try:
         _extract(archive, into)
+    except _Oversized as err:  # from inside tarfile, which reads a header on open, too
+        raise _refused(f"it holds {err}") from None
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as err:
         raise _refused(f"it is not a readable zstd-compressed tar archive ({err})") from err
     root = into / ROOT
-    try:
-        manifest = json.loads((root / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
-        raise _refused(f"it has no readable {ROOT}/{MANIFEST}") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _refused(f"it is not an Atrium app export (format {FORMAT!r} expected)")
-    if manifest.get("formatVersion") != FORMAT_VERSION:
-        raise _refused(
-            f"its format version is {manifest.get('formatVersion')!r}; this shell reads "
-            f"version {FORMAT_VERSION}"
-        )
-    try:
-        record = InstallRecord.model_validate(manifest["record"])
-    except KeyError as err:
-        raise _refused("its install record is missing") from err
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise _refused(f"its install record is malformed ({where}: {first['msg'][:200]})") from err
+    manifest, record = _export_json(root)
     app_id = record.id
     if manifest.get("appId") != app_id:
         raise _refused("its appId and its record disagree")
@@ -161,6 +160,48 @@ def unpack(archive: Path, into: Path) -> Unpacked:
     return Unpacked(named, data_dirs, record, manifest)
 
 
+def _export_json(root: Path) -> tuple[dict[str, Any], InstallRecord]:
+    """`export.json` and the install record it holds, checked."""
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise _refused(f"it has no readable {ROOT}/{MANIFEST}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _refused(f"it is not an Atrium app export (format {FORMAT!r} expected)")
+    if manifest.get("formatVersion") != FORMAT_VERSION:
+        raise _refused(
+            f"its format version is {manifest.get('formatVersion')!r}; this shell reads "
+            f"version {FORMAT_VERSION}"
+        )
+    try:
+        record = InstallRecord.model_validate(manifest["record"])
+    except KeyError as err:
+        raise _refused("its install record is missing") from err
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise _refused(f"its install record is malformed ({where}: {first['msg'][:200]})") from err
+    return manifest, record
+
+
+class _Oversized(Exception):
+    """Raised from inside tarfile's header parsing; not a HeaderError, which tarfile would take
+    for the end of the archive."""
+
+
+class _CheckedInfo(tarfile.TarInfo):
+    """A member header that refuses, before tarfile reads it, an extended header longer than
+    MAX_HEADER or any negative size."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.size < 0:
+            raise _Oversized(f"a member announces a negative size ({self.size})")
+        if self.type in _HEADER_TYPES and self.size > MAX_HEADER:
+            raise _Oversized(f"an extended header of {self.size} bytes (at most {MAX_HEADER})")
+        processed: tarfile.TarInfo = super()._proc_member(tar)  # type: ignore[misc]
+        return processed
+
+
 def _extract(archive: Path, into: Path) -> None:
     """Every member into ``into``, each checked before it is written, within the budget."""
     into.mkdir(parents=True, exist_ok=True)
@@ -168,7 +209,7 @@ def _extract(archive: Path, into: Path) -> None:
     expanded = members = 0
     with archive.open("rb") as raw:
         reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:
+        with tarfile.open(fileobj=reader, mode="r|", tarinfo=_CheckedInfo) as tar:
             for member in tar:
                 _check_member(member)
                 expanded += member.size
@@ -191,6 +232,11 @@ def _check_member(member: tarfile.TarInfo) -> None:
         raise _refused(f"it holds the path {name[:120]!r}")
     if not (member.isfile() or member.isdir()):
         raise _refused(f"{name[:120]!r} is a link or a special file")
+    if member.size < 0 or (member.isdir() and member.size != 0):
+        raise _refused(f"{name[:120]!r} announces a size of {member.size}")
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_PATH or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise _refused(f"{name[:120]!r}… is a longer path or name than a disk takes")
 
 
 def _check_files(root: Path, files: object) -> None:

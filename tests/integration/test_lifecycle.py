@@ -363,6 +363,16 @@ def test_logs_tail_the_instance_output(api: httpx.Client) -> None:
     response = api.get(f"/api/instances/{iid}/logs", params={"lines": "50"})
     assert response.status_code == 200
     assert api.get(f"/api/instances/{iid}/logs", params={"lines": "x"}).status_code == 400
+    # digits Python's isdigit() takes but int() does not: still a bad request, never a 500
+    for bad in ({"lines": "²"}, {"after": "²"}, {"after": "-1"}, {"after": "1" * 19}):
+        assert api.get(f"/api/instances/{iid}/logs", params=bad).status_code == 400, bad
+    # following: what was written after an offset, and the offset to ask after next
+    first = api.get(f"/api/instances/{iid}/logs", params={"after": "0"})
+    end = int(first.headers["X-Log-End"])
+    again = api.get(f"/api/instances/{iid}/logs", params={"after": str(end)})
+    assert (again.status_code, again.text) == (200, "")
+    past = api.get(f"/api/instances/{iid}/logs", params={"after": str(end + 10**9)})
+    assert past.text == first.text  # a replaced log reads from its start
 
 
 def test_shutdown_destroys_every_instance(start_shell: StartShell, system_apps: Path) -> None:

@@ -40,7 +40,7 @@ async def request_body(request: Request) -> bytes | AsyncIterator[bytes] | None:
     length = request.headers.get("content-length")
     if length is None and "transfer-encoding" not in request.headers:
         return None
-    if length is not None and length.isdigit() and int(length) <= BUFFER_LIMIT:
+    if length is not None and length.isascii() and length.isdigit() and int(length) <= BUFFER_LIMIT:
         return await request.body()
 
     async def chunks() -> AsyncIterator[bytes]:

@@ -225,3 +225,43 @@ def test_a_folder_among_the_backups_that_names_another_app_is_not_a_backup(
     assert foreign.name not in listed
     refused = api.post(f"/api/dist/restore/{APP}", json={"backup": foreign.name})
     assert refused.status_code == 404
+
+
+def zstd_of(*blocks: bytes) -> bytes:
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as zstd:
+        for block in blocks:
+            zstd.write(block)
+        zstd.write(b"\0" * 1024)
+    return out.getvalue()
+
+
+def test_headers_that_lie_about_sizes_or_names_are_refused_at_once(
+    second: RunningShell, tmp_path: Path
+) -> None:
+    """Sizes the budget would add up wrong (negative), headers tarfile would read whole or parse
+    for minutes (a pax record of 100 KB, a GNU long name announcing 1 GiB), and names no disk
+    takes: each refused with its reason, quickly, with nothing left in staging."""
+    negative = tarfile.TarInfo("atrium-export/app/dir")
+    negative.type = tarfile.DIRTYPE
+    negative.pax_headers = {"size": str(-(2**62))}
+    pax = tarfile.TarInfo("atrium-export/app/x")
+    pax.pax_headers = {"comment": "1" * 100_000}
+    longname = tarfile.TarInfo("././@LongLink")
+    longname.type = tarfile.GNUTYPE_LONGNAME
+    longname.size = 2**30
+    long_file = tarfile.TarInfo("atrium-export/app/" + "a" * 300)
+    cases = {
+        "negative size": (negative.tobuf(format=tarfile.PAX_FORMAT), "announces a size of -"),
+        "pax bomb": (pax.tobuf(format=tarfile.PAX_FORMAT), "extended header of"),
+        "long name bomb": (longname.tobuf(format=tarfile.GNU_FORMAT), "extended header of"),
+        "long name": (long_file.tobuf(format=tarfile.PAX_FORMAT), "longer path or name"),
+    }
+    staging = tmp_path / "second-home/scopes/global/.staging"
+    with second.client(timeout=60) as other:
+        for case, (header, words) in cases.items():
+            answer = other.post("/api/dist/import", content=zstd_of(header))
+            assert answer.status_code == 400, (case, answer.text)
+            assert words in answer.json()["error"]["message"], (case, answer.text)
+            assert answer.elapsed.total_seconds() < 5, case
+    assert not any(staging.rglob("*")) if staging.exists() else True
