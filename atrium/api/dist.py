@@ -311,7 +311,8 @@ async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None])
 async def uninstall(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     scope = scope_named(request.query_params.get("scope"))
-    return JSONResponse(await shell_of(request).dist.uninstall(app_id, scope))
+    dev_only = request.query_params.get("devOnly", "").lower() in {"1", "true", "yes"}
+    return JSONResponse(await shell_of(request).dist.uninstall(app_id, scope, dev_only=dev_only))
 
 
 async def index(request: Request, caller: Caller) -> Response:

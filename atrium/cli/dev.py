@@ -64,6 +64,7 @@ class DevSession:
         if answer.status_code >= 400:
             console.print(f"[red]{self.app_id}: not installed: {describe_error(answer)}")
             if answer.json().get("error", {}).get("code") == "not_a_dev_copy":
+                self.installed = False  # what is there now is not ours to remove
                 raise typer.Exit(1)
             return False
         result = answer.json()
@@ -133,7 +134,9 @@ class DevSession:
         if not self.installed:
             return
         answer = self.client.send(
-            "DELETE", f"/api/dist/uninstall/{self.app_id}", params={"scope": "user"}
+            "DELETE",
+            f"/api/dist/uninstall/{self.app_id}",
+            params={"scope": "user", "devOnly": "1"},  # an install made over it meanwhile stays
         )
         if answer.status_code >= 400:
             console.print(

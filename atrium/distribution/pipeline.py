@@ -524,6 +524,10 @@ class Distribution:
                         "updated_at": now(),
                         "path": str(self._layout.app_dir(scope, app_id)),
                         "rollback_of": current.version,
+                        # what the copy is now, not what it was then: a rollback over an
+                        # install never turns it back into a dev copy (whose removal would
+                        # take the backups with it)
+                        "dev": current.dev,
                     }
                 )
                 message = (
@@ -627,6 +631,7 @@ class Distribution:
                     approval,
                     unpacked.record.id,
                     data=unpacked.data_dirs,
+                    dev=False,  # an imported app is an install, whatever it replaces
                 )
                 async with aclosing(run) as steps:
                     async for item in steps:
@@ -656,14 +661,20 @@ class Distribution:
 
     # -- uninstall ------------------------------------------------------------------------------
 
-    async def uninstall(self, app_id: str, scope: Scope | None = None) -> dict[str, Any]:
-        """decisions.md "Distribution": ``{ok, id, scope, unmasked}``."""
+    async def uninstall(
+        self, app_id: str, scope: Scope | None = None, *, dev_only: bool = False
+    ) -> dict[str, Any]:
+        """decisions.md "Distribution": ``{ok, id, scope, unmasked}``. ``dev_only``: remove it
+        only while it is a dev copy (`atrium dev` ending: an install made over its copy
+        meanwhile stays, `409 not_a_dev_copy`)."""
         if scope is None:
             scope = self.mutable_scope_of(app_id)
         mutable(scope, f"remove {app_id!r} from it", self.installer.journals)
         if not any(c.scope is scope for c in self._registry.copies(app_id)):
             raise NotFound("app", app_id, f"{app_id!r} is not installed in the {scope} scope")
         with self.locks.hold(app_id, "uninstall"):
+            if dev_only:
+                self._no_install_under(app_id, scope)
             return await run_to_completion(self._uninstall_stage(app_id, scope))
 
     async def _uninstall_stage(self, app_id: str, scope: Scope) -> dict[str, Any]:

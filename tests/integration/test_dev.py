@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,3 +157,39 @@ def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
     assert proc.returncode == 0
     wait_for(lambda: api.get(f"/api/apps/{APP}").status_code == 404, "the dev copy gone")
     assert json.loads(api.get("/api/dist/installed").text) == []
+
+
+def test_an_install_or_a_rollback_over_a_dev_copy_is_never_removed_as_one(
+    shell: RunningShell, api: httpx.Client, home: Path, tmp_path: Path
+) -> None:
+    """The author's session ends after someone installed the app over its dev copy: the install
+    stays, with its data and backups; a rollback of that install stays an install too."""
+    folder = create(tmp_path, APP, "python")
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        assert session.sync()
+        release = tmp_path / "release" / APP
+        release.parent.mkdir()
+        shutil.copytree(folder, release)
+        manifest = json.loads((release / "app.manifest.json").read_text())
+        (release / "app.manifest.json").write_text(json.dumps({**manifest, "version": "0.2.0"}))
+        body = {"ref": f"local:{release}", "scope": "user", "autoApprove": True}
+        assert api.post("/api/dist/install", json=body).status_code == 200
+        assert "dev" not in api.get(f"/api/apps/{APP}").json()["record"]
+        assert api.post(f"/api/data/{APP}/items", json={"text": "the user's"}).status_code == 201
+        made = api.post(f"/api/dist/backups/{APP}", json={"scope": "user"})
+        assert made.status_code == 200, made.text
+        rolled = api.post(f"/api/dist/rollback/{APP}", json={"scope": "user", "keepData": True})
+        assert rolled.status_code == 200, rolled.text
+        assert "dev" not in api.get(f"/api/apps/{APP}").json()["record"]
+        (folder / "index.html").write_text("<h1>the author's next save</h1>")
+        with pytest.raises(typer.Exit):
+            session.sync()
+        session.remove()
+    assert api.get(f"/api/apps/{APP}").status_code == 200
+    assert any(
+        b["id"] == made.json()["id"] for b in api.get(f"/api/dist/backups/{APP}?scope=user").json()
+    )
+    refused = api.delete(f"/api/dist/uninstall/{APP}", params={"scope": "user", "devOnly": "1"})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "not_a_dev_copy"
