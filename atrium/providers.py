@@ -49,6 +49,8 @@ class ProviderMatch:
 
     app_id: str
     entry: ProviderEntry
+    #: the entry's path in lower case: what a request path is matched against
+    key: str = ""
 
     def permission(self, method: str) -> str | None:
         """`readPerm` for GET and HEAD, `writePerm` for every other verb (None: open)."""
@@ -88,7 +90,8 @@ class ProviderTable:
                 clashes.append(AuthorityClash(provider.authority, app_id, served[0]))
                 continue
             entries = sorted(provider.providers, key=lambda e: len(e.path), reverse=True)
-            table[provider.authority] = (app_id, tuple(ProviderMatch(app_id, e) for e in entries))
+            matches = tuple(ProviderMatch(app_id, e, e.path.lower()) for e in entries)
+            table[provider.authority] = (app_id, matches)
         return cls(table, tuple(clashes))
 
     def app_for(self, authority: str) -> str | None:
@@ -96,12 +99,15 @@ class ProviderTable:
         return served[0] if served else None
 
     def match(self, authority: str, path: str) -> ProviderMatch | None:
-        """The longest entry equal to or a parent of ``path`` (which starts with `/`)."""
+        """The longest entry equal to or a parent of ``path`` (which starts with `/`), compared
+        without case: a provider whose server reads `/Deeper` as `/deeper` (many do) must not
+        be reached through the laxer parent entry."""
         served = self._by_authority.get(authority)
         if served is None:
             return None
+        path = path.lower()
         for match in served[1]:
-            base = match.entry.path
+            base = match.key
             if path == base or base == "/" or path.startswith(base + "/"):
                 return match
         return None

@@ -112,6 +112,7 @@ def publish_examples(
     git_url: Annotated[
         str | None, typer.Option(help="where installs fetch that folder, such as git://host/")
     ] = None,
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Publish the example catalogue (three apps, one per template) through the running shell
     and write the index listing them: point ATRIUM_INDEX_URL at it."""
@@ -122,7 +123,8 @@ def publish_examples(
             answer: dict[str, Any] = client.request(
                 "POST", "/api/dist/publish", json=body, timeout=httpx.Timeout(30.0, read=None)
             )
-            console.print(f"published {folder.name} to {target} as {tag}", soft_wrap=True)
+            if not as_json:
+                console.print(f"published {folder.name} to {target} as {tag}", soft_wrap=True)
             return answer
 
         try:
@@ -137,6 +139,9 @@ def publish_examples(
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1) from None
     output.write_text(json.dumps(index, indent=2) + "\n")
+    if as_json:
+        print_json({"path": str(output.absolute()), "index": index})
+        return
     console.print(
         f"Wrote {output} ({len(index['apps'])} apps): ATRIUM_INDEX_URL=file://{output.absolute()}",
         soft_wrap=True,

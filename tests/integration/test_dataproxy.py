@@ -146,6 +146,20 @@ def test_the_longest_entry_wins_and_sub_paths_match(proxy_shell: RunningShell) -
         assert reader.post("/api/data/echo/closed/deeper/x").status_code == 200
 
 
+def test_entries_match_without_case(proxy_shell: RunningShell) -> None:
+    """A server that reads `/closed/DEEPER` as `/closed/deeper` (many do) must not be reached
+    through the laxer `/closed`: the stricter entry applies, whatever the case."""
+    with as_app(proxy_shell, "test.caller.reader") as reader:
+        for path in ("/api/data/echo/closed/DEEPER/y", "/api/data/echo/Closed/Deeper"):
+            denied = reader.get(path)
+            assert denied.status_code == 403, (path, denied.text)
+            assert denied.json()["error"]["permission"] == "test.sdk.echo.deep"
+        # its own read entry: the shell lets it through, and the SDK's routes (exact) say 404
+        passed = reader.get("/api/data/echo/CLOSED/x")
+        assert passed.status_code == 404, passed.text
+        assert passed.headers["x-os-app-id"] == "test.sdk.echo"
+
+
 def test_an_empty_segment_never_reaches_a_less_guarded_entry(proxy_shell: RunningShell) -> None:
     """`/closed//deeper/x` would match the entry `/closed` (read permission) while the SDK reads
     it as `/closed/deeper/x` (its own, stricter entry): refused before any entry is chosen."""
@@ -183,6 +197,14 @@ def test_no_entry_no_authority_and_prefix_lookalikes_are_404(api: httpx.Client) 
         "/api/data/echo/open/%ff",
         "/api/data/x/y/%ff",
         "/api/data/echo/open/%c3%28",
+        # read as another path by some servers: path parameters, trailing dots and spaces,
+        # a second decoding
+        "/api/data/echo/closed/deeper;x/y",
+        "/api/data/echo/closed/deeper%3Bx/y",
+        "/api/data/echo/closed/deeper./y",
+        "/api/data/echo/closed/deeper%20/y",
+        "/api/data/echo/closed/%2564eeper/y",
+        "/api/data/echo/open.",
     ],
 )
 def test_non_canonical_paths_are_400(proxy_shell: RunningShell, target: str) -> None:

@@ -34,10 +34,13 @@ from atrium.shell import Shell
 
 _LOGGER = logging.getLogger(__name__)
 PREFIX: Final = b"/api/data/"
-#: `.`/`..` segments (raw or encoded), empty segments (`//`: the SDK and many servers read
-#: `/a//b` as `/a/b`, which the provider table would not), encoded `/` `\` or NUL, raw `\` or NUL
+#: what a provider's server may read as another path than the table matched: `.`/`..`
+#: segments (raw or encoded), empty segments (`/a//b` read as `/a/b`), a segment ending in a dot
+#: or a space (dropped by some servers), `;` (path parameters: `/a;x/b` read as `/a/b`), an
+#: encoded `%` (decoded twice), encoded `/` `\` or NUL, raw `\` or NUL
 NON_CANONICAL: Final = re.compile(
-    rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|//|%2f|%5c|%00|\\|\x00", re.IGNORECASE
+    rb"(?:^|/)(?:\.|%2e){1,2}(?:/|$)|//|(?:\.|%2e|%20)(?:/|$)|;|%3b|%25|%2f|%5c|%00|\\|\x00",
+    re.IGNORECASE,
 )
 SECRET: Final = SECRET_HEADER.encode()
 KIND_DATA: Final = (KIND_HEADER.encode(), b"data")
@@ -50,8 +53,8 @@ def split_path(raw: bytes) -> tuple[str, bytes, str]:
     if NON_CANONICAL.search(raw):
         shown = raw.decode("latin-1")[:200]
         raise InvalidRequest(
-            f"data path {shown!r} is not canonical: no '.', '..' or empty segments, no encoded "
-            "'/', '\\' or NUL"
+            f"data path {shown!r} is not canonical: no '.', '..' or empty segments, no segment "
+            "ending in '.' or a space, no ';', no encoded '%', '/', '\\' or NUL"
         )
     authority_raw, slash, rest = raw.partition(b"/")
     authority = unquote(authority_raw.decode("latin-1"))
