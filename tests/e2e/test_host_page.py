@@ -269,9 +269,10 @@ def test_the_install_dialog_reports_a_denial(page: Page, tmp_path: Path) -> None
 
 
 def _ran(page: Page | Frame) -> str | None:
-    """The hostile page's report in its title, or None when its script never ran."""
+    """The hostile page's report in its title, or None when its script never ran (a script that
+    may run has run by the load event: a second of grace is plenty)."""
     try:
-        page.wait_for_function("document.title.startsWith('ran')", timeout=3000)
+        page.wait_for_function("document.title.startsWith('ran')", timeout=1000)
     except PlaywrightError:
         return None
     return str(page.evaluate("() => document.title"))
