@@ -104,6 +104,19 @@ class Protocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self.watch_drain()
+
+    def watch_drain(self) -> None:
+        """Debian's uvloop 0.17 sometimes never calls resume_writing once a peer that paused
+        its reading resumes (seen through the shell's pool: the write buffer empty, every byte
+        acknowledged, the response stalled before its last chunk). Look again every 20 ms."""
+        transport = self.transport
+        if not self.paused or transport is None or transport.is_closing():
+            return
+        if transport.get_write_buffer_size() == 0:
+            self.resume_writing()
+        else:
+            asyncio.get_running_loop().call_later(0.02, self.watch_drain)
 
     def resume_writing(self) -> None:
         self.paused = False
