@@ -95,11 +95,20 @@ class _Protocol(HttpToolsProtocol):
         self._heads_read = 0
         self._head_bytes = 0
         self._refused = False
-        self._head_timer: asyncio.TimerHandle | None = None
+        #: the connection's one timer (`_reset_clock`), for the two deadlines below
+        self._clock: asyncio.TimerHandle | None = None
+        self._clock_at = 0.0
+        #: when the head being awaited must be complete
+        self._head_deadline: float | None = None
+        #: when a connection that has said nothing since its last answer is closed (uvicorn's
+        #: keep-alive, docs/api.md "Connections"); cleared by the first byte of the next request
+        self._idle_deadline: float | None = None
+        #: the same for every request of the connection (nothing writes to it)
+        self._extensions: dict[str, dict[object, object]] = {ABORT_EXTENSION: {"abort": self.abort}}
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
+        self._stop_clock()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -115,7 +124,7 @@ class _Protocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self.abort}}
+        self.scope["extensions"] = self._extensions
 
     def on_headers_complete(self) -> None:
         self._awaiting_head = False
@@ -130,9 +139,22 @@ class _Protocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self._awaiting_head:
-            self._arm_head_timer()  # the wait for the next head starts now
+        """uvicorn's, with its keep-alive timer on the connection's one clock (`_reset_clock`)
+        rather than a timer made and cancelled for every request."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request waits for this response: it starts now
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._awaiting_head:  # the wait for the next head starts now
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self._arm_head_timer()
+
+    def _unset_keepalive_if_required(self) -> None:
+        """A byte of the next request arrived: the connection is not idle (uvicorn's hook)."""
+        self._idle_deadline = None
 
     def abort(self) -> None:
         """Reset the connection now (RST), discarding what is buffered either way."""
@@ -145,22 +167,56 @@ class _Protocol(HttpToolsProtocol):
         self.transport.abort()
 
     def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+        """The next head is due ``head_timeout`` from now."""
+        self._head_deadline = self.loop.time() + self.head_timeout
+        self._reset_clock()
 
     def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_deadline = None
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if not self._awaiting_head or self.transport.is_closing():
+    def _reset_clock(self) -> None:
+        """Make the connection's one timer fire no later than its nearest deadline.
+
+        A deadline that moves later costs no timer: the timer, when it fires early, sleeps again
+        until the deadline then due. Only a deadline earlier than the timer makes a new one (the
+        first idle wait after a head deadline): in steady use a connection makes a timer every few
+        seconds, not two per request (measured on the data path)."""
+        idle, head = self._idle_deadline, self._head_deadline
+        when = head if idle is None else idle if head is None else min(idle, head)
+        if when is None:
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._arm_head_timer()  # still answering the previous request: its time is its own
+        if self._clock is not None:
+            if self._clock_at <= when:
+                return
+            self._clock.cancel()
+        self._clock_at = when
+        self._clock = self.loop.call_at(when, self._clock_fired)
+
+    def _stop_clock(self) -> None:
+        self._head_deadline = self._idle_deadline = None
+        if self._clock is not None:
+            self._clock.cancel()
+            self._clock = None
+
+    def _clock_fired(self) -> None:
+        self._clock = None
+        if self.transport.is_closing():
             return
-        self.transport.close()
+        now = self.loop.time()
+        if self._idle_deadline is not None and now >= self._idle_deadline:
+            self.transport.close()  # idle since its last answer for the keep-alive time
+            return
+        head = self._head_deadline
+        if head is not None and now >= head:
+            if not self._awaiting_head:
+                self._head_deadline = None
+            elif self.cycle is not None and not self.cycle.response_complete:
+                self._arm_head_timer()  # still answering the previous request: its time is its own
+                return
+            else:
+                self.transport.close()
+                return
+        self._reset_clock()
 
     def _refuse_head(self) -> None:
         err = HeadersTooLarge(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -194,6 +195,69 @@ def test_half_sent_headers_after_a_kept_alive_request_are_closed(start_shell: St
         assert first.startswith(b"HTTP/1.1 200")
         sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\nX-Slow: ".encode())
         assert read_until_closed(sock) == b""
+
+
+def test_a_busy_kept_alive_connection_outlives_its_first_deadline(start_shell: StartShell) -> None:
+    """The deadline moves with each request: the connection's one timer, set for the first head,
+    must not close a connection that has kept sending complete requests since."""
+    shell = start_shell(header_timeout_seconds=0.5)
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        for _ in range(8):  # 8 x 0.2 s: well past the first deadline
+            sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(0.2)
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_five_seconds(
+    start_shell: StartShell,
+) -> None:
+    """docs/api.md "Connections": an idle connection is closed after 5 s, whatever the head
+    deadline (here longer), and one that keeps sending requests is not."""
+    shell = start_shell(header_timeout_seconds=30)
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        started = time.monotonic()
+        answer = read_until_closed(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert 4.5 < waited < 8, waited
+
+
+def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
+    start_shell: StartShell,
+) -> None:
+    """A connection that starts its next head (so it is no longer idle) and never ends it is
+    closed by the head deadline, even one shorter than the keep-alive time."""
+    shell = start_shell(header_timeout_seconds=1)
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /api/version HTTP/1.1\r\n")
+        started = time.monotonic()
+        assert read_until_closed(sock) == b""
+        assert time.monotonic() - started < 3
+
+
+def test_pipelined_requests_are_answered_in_order(shell: RunningShell) -> None:
+    """Requests sent back to back before any answer (HTTP/1.1 pipelining) are each answered, in
+    the order sent: the next one starts when the previous answer is complete."""
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        heads = [
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"
+            for path in ("/api/version", "/api/nope", "/api/version")
+        ]
+        sock.sendall(
+            "".join(heads).encode()
+            + b"GET /api/version HTTP/1.1\r\n"
+            + f"Host: {host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        answers = read_until_closed(sock)
+    # each body runs straight into the next status line: find the status lines by pattern
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answers) == [b"200", b"404", b"200", b"200"]
 
 
 def test_an_open_event_stream_outlives_the_head_deadline(start_shell: StartShell) -> None:
