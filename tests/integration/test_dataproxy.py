@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import shutil
@@ -449,6 +450,32 @@ def test_a_large_body_streams_both_ways(api: httpx.Client) -> None:
     assert sized.json()["bodySize"] == 3 * 1024 * 1024
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 64 * 1024, f"the shell's peak memory grew by {grown_kib} KiB"
+
+
+@pytest.mark.parametrize("size", [200_000, 3 * 1024 * 1024])
+def test_a_body_sent_in_many_small_pieces_arrives_byte_for_byte(
+    proxy_shell: RunningShell, size: int
+) -> None:
+    """A body dribbled in 1,000-byte writes piles up in the shell between reads: the pieces
+    reach the provider in order, whole, once (buffered under 256 KiB, streamed above)."""
+    body = hashlib.sha256(b"seed").digest() * (size // 32) + b"!" * (size % 32)
+    with socket.create_connection(("127.0.0.1", proxy_shell.settings.port), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(
+            f"POST /api/data/echo/open/upload HTTP/1.1\r\nHost: localhost\r\n"
+            f"Authorization: Bearer {proxy_shell.token}\r\nContent-Length: {size}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        for start in range(0, size, 1000):
+            sock.sendall(body[start : start + 1000])
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, answer = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    echoed = json.loads(answer)
+    assert echoed["bodySize"] == size
+    assert echoed["bodySha256"] == hashlib.sha256(body).hexdigest()
 
 
 def test_two_visible_apps_declaring_one_authority_are_reported(

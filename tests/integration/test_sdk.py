@@ -7,6 +7,7 @@ Each app is started the way a runner starts it: `python server.py` in its direct
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -279,6 +280,7 @@ def test_a_provider_gets_every_verb_with_subpath_query_body_and_caller(
         "subpath": "deeper/x",
         "query": {"q": "1", "empty": ""},
         "bodySize": 5 if method != "GET" else 0,
+        "bodySha256": hashlib.sha256(b"12345" if method != "GET" else b"").hexdigest(),
         "callerAppId": "com.example.caller",
         "permission": "test.sdk.echo.deep",
         "headers": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def echo(request: Request) -> dict[str, object]:
         "subpath": request.subpath,
         "query": request.query,
         "bodySize": len(request.body),
+        "bodySha256": hashlib.sha256(request.body).hexdigest(),
         "callerAppId": request.caller_app_id,
         "permission": request.permission,
         "headers": os_headers,
