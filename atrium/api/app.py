@@ -94,6 +94,8 @@ class AtriumApp:
             if host is None or not self._hosts.allows(host):
                 await error_response(misdirected(host))(scope, receive, send)
                 return
+            await self._dispatch.dispatch(scope, receive, send, host)
+            return
         await self._dispatch(scope, receive, send)
 
 

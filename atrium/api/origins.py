@@ -89,13 +89,23 @@ class AppOrigins:
         self.app = app
         self._shell = shell
         self._transform_html = transform_html
+        self._open_shell: Shell | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        shell = self._shell() if scope["type"] == "http" else None
-        if shell is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        await self.dispatch(scope, receive, send, host)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send, host: str) -> None:
+        """An HTTP request whose ``Host`` header the caller has read already (the edge's host
+        check: the data path reads its headers once)."""
+        shell = self._open_shell or self._shell()
+        if shell is None:
+            await self.app(scope, receive, send)
+            return
+        self._open_shell = shell  # set once, before the first request, for the server's life
         slug = slug_of(host, shell.settings.app_domain)
         if slug is None:
             raw_path: bytes = scope.get("raw_path") or scope["path"].encode()

@@ -63,6 +63,9 @@ class _HeldWrites:
         self.flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:  # asked several times per request: not through __getattr__
+        return self._transport.is_closing()
+
     def write_eof(self) -> None:
         self.flush()
         self._transport.write_eof()
@@ -129,7 +132,7 @@ class _Protocol(HttpToolsProtocol):
         #: when the head being awaited must be complete
         self._head_deadline: float | None = None
         #: when a connection that has said nothing since its last answer is closed (uvicorn's
-        #: keep-alive, docs/api.md "Connections"); cleared by the first byte of the next request
+        #: keep-alive, docs/api.md "Conventions"); cleared by the first byte of the next request
         self._idle_deadline: float | None = None
         #: the same for every request of the connection (nothing writes to it)
         self._extensions: dict[str, dict[object, object]] = {ABORT_EXTENSION: {"abort": self.abort}}

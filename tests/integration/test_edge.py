@@ -212,7 +212,7 @@ def test_a_busy_kept_alive_connection_outlives_its_first_deadline(start_shell: S
 def test_an_idle_kept_alive_connection_is_closed_after_five_seconds(
     start_shell: StartShell,
 ) -> None:
-    """docs/api.md "Connections": an idle connection is closed after 5 s, whatever the head
+    """docs/api.md "Conventions": an idle connection is closed after 5 s, whatever the head
     deadline (here longer), and one that keeps sending requests is not."""
     shell = start_shell(header_timeout_seconds=30)
     host = f"127.0.0.1:{shell.settings.port}"
