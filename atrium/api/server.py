@@ -27,6 +27,8 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: the most bytes of request line and headers one request may send (httptools sets no limit)
 MAX_HEAD_BYTES: Final = 64 << 10
 _RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
+#: request body pieces shorter than this are gathered into one buffer (`BodyPieces`)
+SMALL_PIECE: Final = 4096
 
 
 class _HeldWrites:
@@ -74,32 +76,49 @@ class _HeldWrites:
         return getattr(self._transport, name)
 
 
-class _BodyPieces:
+class BodyPieces:
     """A request body as the pieces the parser gave, standing in for uvicorn's `bytearray`.
 
     uvicorn appends each piece to a `bytearray` (a copy) and hands the app `bytes(...)` of it (a
     second copy). Kept as pieces, the usual case, one piece per read, reaches the app as the very
-    `bytes` object the parser made: an upload crosses the shell with two copies fewer. It offers
-    what uvicorn does with the body: `+=`, `len` and `bytes`.
+    `bytes` object the parser made: an upload crosses the shell with two copies fewer. Pieces
+    under `SMALL_PIECE` (a body sent in tiny chunks) are gathered in one `bytearray` as uvicorn
+    did, so a body waiting to be read is held in a few dozen objects at most, never one per
+    chunk (a 1-byte chunk as a `bytes` of its own would cost ~35 bytes). It offers what uvicorn
+    does with the body: `+=`, `len` and `bytes`.
     """
 
-    __slots__ = ("_pieces", "_size")
+    __slots__ = ("_pieces", "_size", "_small")
 
     def __init__(self) -> None:
         self._pieces: list[bytes] = []
+        self._small = bytearray()
         self._size = 0
 
-    def __iadd__(self, piece: bytes) -> _BodyPieces:
-        self._pieces.append(piece)
+    def __iadd__(self, piece: bytes) -> BodyPieces:
+        if len(piece) < SMALL_PIECE:
+            self._small += piece
+        else:
+            if self._small:
+                self._pieces.append(bytes(self._small))
+                self._small = bytearray()
+            self._pieces.append(piece)
         self._size += len(piece)
         return self
 
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def held(self) -> int:
+        """How many objects hold the body (the bound the class keeps)."""
+        return len(self._pieces) + (1 if self._small else 0)
+
     def __bytes__(self) -> bytes:
-        pieces = self._pieces
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        pieces = [*self._pieces, bytes(self._small)] if self._small else self._pieces
+        if len(pieces) == 1:
+            return pieces[0]
+        return b"".join(pieces)
 
 
 class _Protocol(HttpToolsProtocol):
@@ -161,8 +180,8 @@ class _Protocol(HttpToolsProtocol):
         cycle = self.cycle
         if (
             cycle is not None and type(cycle.body) is bytearray
-        ):  # uvicorn's fresh, empty body (see _BodyPieces)
-            cycle.body = _BodyPieces()  # type: ignore[assignment]
+        ):  # uvicorn's fresh, empty body (see BodyPieces)
+            cycle.body = BodyPieces()  # type: ignore[assignment]
         super().on_body(body)
 
     def on_headers_complete(self) -> None:
