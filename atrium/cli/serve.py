@@ -15,7 +15,7 @@ from typing import Annotated, NoReturn
 import typer
 import uvloop
 
-from atrium.api.server import ShellServer
+from atrium.api.server import ShellServer, settle_heap
 from atrium.files import write_atomic
 from atrium.identity import new_token
 from atrium.settings import ConfigError, HomeLock, Settings, prepare_home
@@ -74,6 +74,7 @@ def serve(
         write_atomic(url_path, server.url + "\n")
         typer.echo(f"Atrium {server.url} (home {settings.home})")
         typer.echo(f"Open the host page: {server.url}/login?token={token}")
+        settle_heap()
 
     try:
         uvloop.run(server.serve(ready))
