@@ -207,9 +207,14 @@ class _Protocol(HttpToolsProtocol):
         if self.pipeline:  # a pipelined request waits for this response: it starts now
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
-        elif self._awaiting_head:  # the wait for the next head starts now
+        else:
+            # idle from now until its next byte, whatever state the request was in (an answer
+            # given before the body arrived, e.g. a 401 to an `Expect: 100-continue` upload)
             self._idle_deadline = self.loop.time() + self.timeout_keep_alive
-            self._arm_head_timer()
+            if self._awaiting_head:
+                self._arm_head_timer()  # the wait for the next head starts now
+            else:
+                self._reset_clock()
 
     def _unset_keepalive_if_required(self) -> None:
         """A byte of the next request arrived: the connection is not idle (uvicorn's hook)."""

@@ -225,6 +225,26 @@ def test_an_idle_kept_alive_connection_is_closed_after_five_seconds(
     assert 4.5 < waited < 8, waited
 
 
+def test_a_connection_answered_before_its_body_arrived_is_closed_when_idle(
+    start_shell: StartShell,
+) -> None:
+    """An early answer (here 401, before the announced body came; curl's `Expect:
+    100-continue` uploads meet this) followed by silence: closed 5 s after the answer like any
+    idle connection, not held open for ever (found by an attack on the one-clock change)."""
+    shell = start_shell(header_timeout_seconds=30)
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        sock.sendall(
+            f"PUT /api/kv/os/early HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+            '\r\nContent-Length: 100000\r\n\r\n{"value": '.encode()
+        )
+        started = time.monotonic()
+        answer = read_until_closed(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 401")
+    assert waited < 8, waited
+
+
 def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
     start_shell: StartShell,
 ) -> None:
