@@ -30,10 +30,41 @@ def problems_of(err: ValidationError) -> list[dict[str, str]]:
     ]
 
 
+def _too_large() -> InvalidRequest:
+    return InvalidRequest(f"the request body is larger than {MAX_BODY} bytes")
+
+
+async def bounded_body(request: Request) -> bytes:
+    """The whole body of a request to the shell's own API, refused past `MAX_BODY` as soon as
+    that is known: a declared length is checked before anything is read, and a chunked body is
+    counted while it arrives. (Starlette's `request.body()` read all of it first: any caller with
+    a token could make the shell hold a body of any size.) The body is kept on the request, so
+    `request.body()` afterwards answers the same bytes."""
+    if hasattr(request, "_body"):
+        cached: bytes = request._body
+        return cached
+    declared = request.headers.get("content-length")
+    if (
+        declared is not None
+        and declared.isascii()
+        and declared.isdigit()
+        and int(declared) > MAX_BODY
+    ):
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _too_large()
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # what Starlette's own `body()` caches and answers from
+    return body
+
+
 async def read_json(request: Request) -> object:
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise InvalidRequest(f"the request body is larger than {MAX_BODY} bytes")
+    body = await bounded_body(request)
     if not body:
         raise InvalidRequest("the request needs a JSON body")
     try:

@@ -24,7 +24,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
-from atrium.api.bodies import read_model
+from atrium.api.bodies import bounded_body, read_model
 from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval
@@ -112,7 +112,7 @@ def scope_named(raw: str | None) -> Scope | None:
 
 async def optional_body(request: Request, model: type[B]) -> B:
     """The body as ``model``; an empty body means the model's defaults."""
-    raw = await request.body()
+    raw = await bounded_body(request)
     return await read_model(request, model) if raw.strip() else model()
 
 

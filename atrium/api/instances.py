@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
-from atrium.api.bodies import read_model
+from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import proxy_page
 from atrium.errors import InvalidRequest, PermissionDenied
 from atrium.identity import AppCaller, Caller, UserCaller
@@ -129,7 +129,9 @@ async def instance_logs(request: Request, caller: Caller) -> Response:
 
 async def create_activity(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    body = await read_model(request, ActivityBody) if await request.body() else ActivityBody()
+    body = (
+        await read_model(request, ActivityBody) if await bounded_body(request) else ActivityBody()
+    )
     instance = shell.lifecycle.get(request.path_params["instance_id"])
     activity = await shell.lifecycle.create_activity(instance.id, body.extras)
     return JSONResponse(
@@ -152,7 +154,7 @@ async def delete_activity(request: Request, caller: Caller) -> Response:
 
 async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    body = await read_model(request, ViewBody) if await request.body() else ViewBody()
+    body = await read_model(request, ViewBody) if await bounded_body(request) else ViewBody()
     instance = shell.lifecycle.get(request.path_params["instance_id"])
     client = shell.presence.client_id(body.client)
     view, ticket = shell.lifecycle.views.create(instance.id, body.path, client)

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
-from atrium.api.bodies import read_model
+from atrium.api.bodies import bounded_body, read_model
 from atrium.errors import InvalidRequest, NotFound
 from atrium.identity import Caller
 from atrium.manifest import TOOL_RE
@@ -55,7 +55,7 @@ async def list_tools(request: Request, caller: Caller) -> Response:
 
 async def add_tool(request: Request, caller: Caller) -> Response:
     name = _name(request)
-    body = await read_model(request, ToolBody) if await request.body() else ToolBody()
+    body = await read_model(request, ToolBody) if await bounded_body(request) else ToolBody()
     return JSONResponse(link_tool(toolchain(request), name, body.path or shutil.which(name)))
 
 

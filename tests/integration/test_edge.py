@@ -321,6 +321,52 @@ def test_a_large_complete_request_is_still_served(shell: RunningShell, api: http
     assert response.status_code == 200
 
 
+def read_answer(sock: socket.socket) -> bytes:
+    """The first answer's head (fails on the socket's timeout when none comes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(shell: RunningShell) -> None:
+    """A JSON route refuses a body declared over 2 MiB at once, without reading (or waiting
+    for) a byte of it: the shell never holds a body of the caller's choosing."""
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        sock.sendall(
+            f"PUT /api/kv/os/huge HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+            f"{shell.token}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000000000\r\n\r\n".encode()
+        )
+        answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"larger than 2097152 bytes" in answer
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(shell: RunningShell) -> None:
+    """A chunked body has no declared length: it is counted as it arrives and refused once past
+    2 MiB, while the caller is still sending (before: read whole, of any size, then refused)."""
+    host = f"127.0.0.1:{shell.settings.port}"
+    chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+    with connect(shell) as sock:
+        sock.sendall(
+            f"PUT /api/kv/os/huge HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+            f"{shell.token}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for _ in range(40):  # 2.5 MiB, and the body never ends
+            sock.sendall(chunk)
+        answer = read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"larger than 2097152 bytes" in answer
+    with shell.client() as api:
+        assert api.get("/api/kv/os/huge").status_code == 404  # nothing was stored
+
+
 # --- Host allow-list ---------------------------------------------------------------------------
 
 
