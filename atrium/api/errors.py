@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -72,6 +72,14 @@ async def guard(handler: Handler, scope: Scope, receive: Receive, send: Send) ->
         if started:
             raise
         await error_response(err)(scope, receive, send)
+    except ClientDisconnect:
+        # nobody is left to answer, and it is the caller's doing: a line, not a traceback
+        # (any caller could otherwise fill the log with them)
+        _LOGGER.info(
+            "%s %s: the client went away before its request was read",
+            scope.get("method"),
+            scope.get("path"),
+        )
     except Exception:
         _LOGGER.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
         if started:

@@ -5,6 +5,7 @@ a slow event subscriber that the bus drops."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import select
@@ -365,6 +366,28 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(shell: Runnin
     assert b"larger than 2097152 bytes" in answer
     with shell.client() as api:
         assert api.get("/api/kv/os/huge").status_code == 404  # nothing was stored
+
+
+def test_a_client_leaving_mid_body_is_not_an_internal_error(
+    shell: RunningShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller that goes away while sending a JSON body is an everyday event, not a fault of
+    the shell: no traceback for it in the log (any caller could fill the log with them)."""
+    host = f"127.0.0.1:{shell.settings.port}"
+    with caplog.at_level(logging.INFO, logger="atrium"):
+        for _ in range(3):
+            with connect(shell) as sock:
+                sock.sendall(
+                    f"PUT /api/kv/os/left HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+                    f"{shell.token}\r\nContent-Type: application/json\r\n"
+                    'Content-Length: 1000\r\n\r\n{"value": '.encode()
+                )
+                time.sleep(0.2)
+        with shell.client() as api:  # the shell has seen each leave by the time it answers
+            wait_for(lambda: caplog.text.count("/api/kv/os/left") >= 3, "the departures logged")
+            assert api.get("/api/kv/os/left").status_code == 404
+    assert "unexpected error" not in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 # --- Host allow-list ---------------------------------------------------------------------------
