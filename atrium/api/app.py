@@ -29,7 +29,7 @@ from atrium.api.errors import (
     http_error_handler,
 )
 from atrium.api.origins import SLUG_RE, AppOrigins
-from atrium.errors import AtriumError, MisdirectedRequest
+from atrium.errors import AtriumError, InvalidRequest, MisdirectedRequest
 from atrium.lifecycle.instance import Instance
 from atrium.settings import Settings
 from atrium.shell import Shell
@@ -68,10 +68,15 @@ class HostNames:
 
 
 def host_of(scope: Scope) -> str | None:
+    """The request's one ``Host``; None without one. More than one is a bad request (RFC 9112
+    3.2): something beside the shell could read the other."""
+    found: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"host":
-            return str(value.decode("latin-1"))
-    return None
+            if found is not None:
+                raise InvalidRequest("the request has more than one Host header")
+            found = value
+    return None if found is None else found.decode("latin-1")
 
 
 class AtriumApp:
@@ -90,7 +95,11 @@ class AtriumApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            host = host_of(scope)
+            try:
+                host = host_of(scope)
+            except InvalidRequest as err:
+                await error_response(err)(scope, receive, send)
+                return
             if host is None or not self._hosts.allows(host):
                 await error_response(misdirected(host))(scope, receive, send)
                 return

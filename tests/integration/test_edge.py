@@ -442,6 +442,21 @@ def test_a_request_without_host_is_misdirected(shell: RunningShell) -> None:
     assert b'"misdirected_request"' in answer
 
 
+@pytest.mark.parametrize("second", ["attacker.example", "localhost"])
+def test_two_host_headers_are_a_bad_request(shell: RunningShell, second: str) -> None:
+    """RFC 9112 3.2: a request with more than one Host is 400, whichever comes first (a server
+    or proxy beside the shell could read the other one)."""
+    host = f"127.0.0.1:{shell.settings.port}"
+    with connect(shell) as sock:
+        sock.sendall(
+            f"GET /api/version HTTP/1.1\r\nHost: {host}\r\nHost: {second}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert b"more than one Host" in answer
+
+
 def test_app_origins_pass_the_host_check(shell: RunningShell) -> None:
     """`<slug>.localhost:<port>` reaches the app-origin dispatcher (no view cookie here: 404/401,
     not 421)."""
