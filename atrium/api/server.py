@@ -179,9 +179,8 @@ class _Protocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if (
-            cycle is not None and type(cycle.body) is bytearray
-        ):  # uvicorn's fresh, empty body (see BodyPieces)
+        # a `bytearray` is uvicorn's fresh, empty body: the pieces stand in for it (BodyPieces)
+        if cycle is not None and type(cycle.body) is bytearray:
             cycle.body = BodyPieces()  # type: ignore[assignment]
         super().on_body(body)
 

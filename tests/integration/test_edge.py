@@ -170,6 +170,15 @@ def connect(shell: RunningShell) -> socket.socket:
     return socket.create_connection(("127.0.0.1", shell.settings.port), timeout=DEADLINE)
 
 
+def head(shell: RunningShell, line: str, *headers: str, token: bool = False) -> bytes:
+    """A complete request head for ``shell``: ``line``, its Host, the user's token when asked,
+    then ``headers``."""
+    lines = [line, f"Host: 127.0.0.1:{shell.settings.port}"]
+    if token:
+        lines.append(f"Authorization: Bearer {shell.token}")
+    return ("\r\n".join([*lines, *headers]) + "\r\n\r\n").encode()
+
+
 def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the shell sends until it closes the connection (fails on the timeout)."""
     chunks = []
@@ -190,10 +199,10 @@ def test_a_half_sent_request_line_is_closed_after_the_head_deadline(
 def test_half_sent_headers_after_a_kept_alive_request_are_closed(start_shell: StartShell) -> None:
     shell = start_shell(header_timeout_seconds=0.5)
     with connect(shell) as sock:
-        host = f"127.0.0.1:{shell.settings.port}"
-        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        sock.sendall(head(shell, "GET /api/version HTTP/1.1"))
         first = sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200")
+        host = f"127.0.0.1:{shell.settings.port}"
         sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\nX-Slow: ".encode())
         assert read_until_closed(sock) == b""
 
@@ -202,10 +211,9 @@ def test_a_busy_kept_alive_connection_outlives_its_first_deadline(start_shell: S
     """The deadline moves with each request: the connection's one timer, set for the first head,
     must not close a connection that has kept sending complete requests since."""
     shell = start_shell(header_timeout_seconds=0.5)
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
         for _ in range(8):  # 8 x 0.2 s: well past the first deadline
-            sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            sock.sendall(head(shell, "GET /api/version HTTP/1.1"))
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
             time.sleep(0.2)
 
@@ -216,9 +224,8 @@ def test_an_idle_kept_alive_connection_is_closed_after_five_seconds(
     """docs/api.md "Conventions": an idle connection is closed after 5 s, whatever the head
     deadline (here longer), and one that keeps sending requests is not."""
     shell = start_shell(header_timeout_seconds=30)
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
-        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        sock.sendall(head(shell, "GET /api/version HTTP/1.1"))
         started = time.monotonic()
         answer = read_until_closed(sock)
         waited = time.monotonic() - started
@@ -233,11 +240,15 @@ def test_a_connection_answered_before_its_body_arrived_is_closed_when_idle(
     100-continue` uploads meet this) followed by silence: closed 5 s after the answer like any
     idle connection, not held open for ever (found by an attack on the one-clock change)."""
     shell = start_shell(header_timeout_seconds=30)
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
         sock.sendall(
-            f"PUT /api/kv/os/early HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
-            '\r\nContent-Length: 100000\r\n\r\n{"value": '.encode()
+            head(
+                shell,
+                "PUT /api/kv/os/early HTTP/1.1",
+                "Content-Type: application/json",
+                "Content-Length: 100000",
+            )
+            + b'{"value": '
         )
         started = time.monotonic()
         answer = read_until_closed(sock)
@@ -252,9 +263,8 @@ def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
     """A connection that starts its next head (so it is no longer idle) and never ends it is
     closed by the head deadline, even one shorter than the keep-alive time."""
     shell = start_shell(header_timeout_seconds=1)
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
-        sock.sendall(f"GET /api/version HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        sock.sendall(head(shell, "GET /api/version HTTP/1.1"))
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /api/version HTTP/1.1\r\n")
         started = time.monotonic()
@@ -265,16 +275,13 @@ def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
 def test_pipelined_requests_are_answered_in_order(shell: RunningShell) -> None:
     """Requests sent back to back before any answer (HTTP/1.1 pipelining) are each answered, in
     the order sent: the next one starts when the previous answer is complete."""
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
-        heads = [
-            f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n"
-            for path in ("/api/version", "/api/nope", "/api/version")
-        ]
         sock.sendall(
-            "".join(heads).encode()
-            + b"GET /api/version HTTP/1.1\r\n"
-            + f"Host: {host}\r\nConnection: close\r\n\r\n".encode()
+            b"".join(
+                head(shell, f"GET {path} HTTP/1.1")
+                for path in ("/api/version", "/api/nope", "/api/version")
+            )
+            + head(shell, "GET /api/version HTTP/1.1", "Connection: close")
         )
         answers = read_until_closed(sock)
     # each body runs straight into the next status line: find the status lines by pattern
@@ -336,12 +343,15 @@ def read_answer(sock: socket.socket) -> bytes:
 def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(shell: RunningShell) -> None:
     """A JSON route refuses a body declared over 2 MiB at once, without reading (or waiting
     for) a byte of it: the shell never holds a body of the caller's choosing."""
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
         sock.sendall(
-            f"PUT /api/kv/os/huge HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-            f"{shell.token}\r\nContent-Type: application/json\r\n"
-            "Content-Length: 1000000000\r\n\r\n".encode()
+            head(
+                shell,
+                "PUT /api/kv/os/huge HTTP/1.1",
+                "Content-Type: application/json",
+                "Content-Length: 1000000000",
+                token=True,
+            )
         )
         answer = read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
@@ -351,13 +361,16 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(shell: Runn
 def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(shell: RunningShell) -> None:
     """A chunked body has no declared length: it is counted as it arrives and refused once past
     2 MiB, while the caller is still sending (before: read whole, of any size, then refused)."""
-    host = f"127.0.0.1:{shell.settings.port}"
     chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
     with connect(shell) as sock:
         sock.sendall(
-            f"PUT /api/kv/os/huge HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-            f"{shell.token}\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n".encode()
+            head(
+                shell,
+                "PUT /api/kv/os/huge HTTP/1.1",
+                "Content-Type: application/json",
+                "Transfer-Encoding: chunked",
+                token=True,
+            )
         )
         for _ in range(40):  # 2.5 MiB, and the body never ends
             sock.sendall(chunk)
@@ -373,14 +386,18 @@ def test_a_client_leaving_mid_body_is_not_an_internal_error(
 ) -> None:
     """A caller that goes away while sending a JSON body is an everyday event, not a fault of
     the shell: no traceback for it in the log (any caller could fill the log with them)."""
-    host = f"127.0.0.1:{shell.settings.port}"
     with caplog.at_level(logging.INFO, logger="atrium"):
         for _ in range(3):
             with connect(shell) as sock:
                 sock.sendall(
-                    f"PUT /api/kv/os/left HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-                    f"{shell.token}\r\nContent-Type: application/json\r\n"
-                    'Content-Length: 1000\r\n\r\n{"value": '.encode()
+                    head(
+                        shell,
+                        "PUT /api/kv/os/left HTTP/1.1",
+                        "Content-Type: application/json",
+                        "Content-Length: 1000",
+                        token=True,
+                    )
+                    + b'{"value": '
                 )
                 time.sleep(0.2)
         with shell.client() as api:  # the shell has seen each leave by the time it answers
@@ -446,11 +463,9 @@ def test_a_request_without_host_is_misdirected(shell: RunningShell) -> None:
 def test_two_host_headers_are_a_bad_request(shell: RunningShell, second: str) -> None:
     """RFC 9112 3.2: a request with more than one Host is 400, whichever comes first (a server
     or proxy beside the shell could read the other one)."""
-    host = f"127.0.0.1:{shell.settings.port}"
     with connect(shell) as sock:
         sock.sendall(
-            f"GET /api/version HTTP/1.1\r\nHost: {host}\r\nHost: {second}\r\n"
-            "Connection: close\r\n\r\n".encode()
+            head(shell, "GET /api/version HTTP/1.1", f"Host: {second}", "Connection: close")
         )
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
