@@ -207,7 +207,7 @@ async def history(request: Request, caller: Caller) -> Response:
     scope = scope_or_winning(request, app_id)
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
-    backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
+    backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
     return JSONResponse(
         {
             "id": app_id,
@@ -224,7 +224,7 @@ async def list_backups(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     dist = shell_of(request).dist
     scope = scope_or_winning(request, app_id)
-    backups = await asyncio.to_thread(dist.backups.all, scope, app_id)
+    backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
     return JSONResponse([b.wire() for b in backups])
 
 
@@ -232,7 +232,7 @@ async def backup(request: Request, caller: Caller) -> Response:
     """Back up the app's runtime data now."""
     app_id = app_id_of(request)
     body = await optional_body(request, BackupBody)
-    taken = await shell_of(request).dist.backup(app_id, scope_named(body.scope))
+    taken = await shell_of(request).dist.data.backup(app_id, scope_named(body.scope))
     return JSONResponse(taken.wire())
 
 
@@ -240,7 +240,7 @@ async def restore(request: Request, caller: Caller) -> Response:
     """Put a backup's data back."""
     app_id = app_id_of(request)
     body = await read_model(request, RestoreBody)
-    answer = await shell_of(request).dist.restore(app_id, body.backup, scope_named(body.scope))
+    answer = await shell_of(request).dist.data.restore(app_id, body.backup, scope_named(body.scope))
     return JSONResponse(answer)
 
 
@@ -253,7 +253,7 @@ async def export(request: Request, caller: Caller) -> Response:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = folder / f"{app_id}-{secrets.token_hex(6)}.tar.zst"
     try:
-        await shell.dist.export(app_id, target, scope)
+        await shell.dist.data.export(app_id, target, scope)
     except BaseException:
         target.unlink(missing_ok=True)
         raise

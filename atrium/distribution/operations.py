@@ -1,5 +1,6 @@
-"""What every distribution operation needs around it: the per-app lock, a staging directory that
-removes itself, and running the install stage to its end even when the client goes away."""
+"""What every distribution operation needs around it: a scope that may change, the per-app lock,
+a staging directory that removes itself, and running the install stage to its end even when the
+client goes away."""
 
 from __future__ import annotations
 
@@ -13,10 +14,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from atrium.distribution.journal import JournalStore
-from atrium.errors import Busy, StorageFailed, StorageFull
+from atrium.errors import (
+    Busy,
+    ScopeNeedsRepair,
+    StorageFailed,
+    StorageFull,
+    SystemScopeImmutable,
+)
 from atrium.scopes import Scope, ScopeLayout
 
 T = TypeVar("T")
+
+
+def mutable(scope: Scope, action: str, journals: JournalStore | None = None) -> Scope:
+    """``scope`` if it may change; with ``journals``, also refuses a scope that needs repair."""
+    if not scope.is_mutable:
+        raise SystemScopeImmutable(action)
+    if journals is not None and (unreadable := journals.unreadable(scope)):
+        raise ScopeNeedsRepair(scope.value, [str(p) for p in unreadable])
+    return scope
 
 
 class AppLocks:

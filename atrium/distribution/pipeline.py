@@ -10,30 +10,29 @@ generator, so it is removed on failure, denial or an early close — consume wit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import errno
 import logging
 import shutil
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from atrium.bus import EventBus
-from atrium.distribution.backups import Backup, BackupStore, place, swap_data
+from atrium.distribution.backups import Backup, place
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
-from atrium.distribution.exports import pack, unpack
+from atrium.distribution.exports import unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
-from atrium.distribution.journal import JournalStore, faultpoint
-from atrium.distribution.operations import AppLocks, run_to_completion, staging
+from atrium.distribution.keeping import DataKeeping
+from atrium.distribution.operations import AppLocks, mutable, run_to_completion, staging
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
 from atrium.distribution.resolve import Resolver
+from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import check_authority, runtime_folders, validate_staged
 from atrium.errors import (
     ApprovalDenied,
@@ -43,9 +42,6 @@ from atrium.errors import (
     InvalidRequest,
     NotADevCopy,
     NotFound,
-    ScopeNeedsRepair,
-    StorageFailed,
-    StorageFull,
     SystemScopeImmutable,
 )
 from atrium.events import (
@@ -72,7 +68,6 @@ from atrium.events import (
 )
 from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
-from atrium.lifecycle.states import InstanceState
 from atrium.manifest import Manifest
 from atrium.permissions import describe
 from atrium.registry import AppCopy, AppRegistry
@@ -116,15 +111,6 @@ def same_app(app_id: str, ref: str, found: str) -> None:
         )
 
 
-def mutable(scope: Scope, action: str, journals: JournalStore | None = None) -> Scope:
-    """``scope`` if it may change; with ``journals``, also refuses a scope that needs repair."""
-    if not scope.is_mutable:
-        raise SystemScopeImmutable(action)
-    if journals is not None and (unreadable := journals.unreadable(scope)):
-        raise ScopeNeedsRepair(scope.value, [str(p) for p in unreadable])
-    return scope
-
-
 class Distribution:
     """Resolve → fetch → validate → permission diff → install, update and uninstall."""
 
@@ -149,7 +135,15 @@ class Distribution:
         self.installer = Installer(layout, repos, self.records)
         self.resolver = Resolver(index, docker_config)
         self.locks = AppLocks()
-        self.backups = BackupStore(layout.home / "backups")
+        self.stops = InstanceStops(lifecycle, registry)
+        self.data = DataKeeping(
+            layout=layout,
+            records=self.records,
+            journals=self.installer.journals,
+            locks=self.locks,
+            stops=self.stops,
+            scope_of=self.mutable_scope_of,
+        )
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -428,22 +422,22 @@ class Distribution:
         ``data``: runtime data folders (a backup's, an export's) to put in the new tree instead
         of the live data."""
         app_id, scope = plan.record.id, plan.scope
-        stopped = await self._stop_if_visible(app_id, scope)
+        stopped = await self.stops.stop_if_visible(app_id, scope)
         taken: Backup | None = None
         try:
             if plan.op != "install" or data is not None:
                 # an import over an installed copy replaces its data too: kept first
                 reason = plan.op if plan.op != "install" else "import"
-                taken = await self._snapshot(scope, app_id, reason)
+                taken = await self.data.snapshot(scope, app_id, reason)
             if data is not None:
                 await asyncio.to_thread(place, data, plan.staged)
                 plan = dataclasses.replace(plan, move_data=False)
             await self.installer.install(plan)
         finally:
             await self._registry.rescan([scope])
-            await self._restart(app_id, stopped)
+            await self.stops.restart(app_id, stopped)
         # only a finished operation drops old backups: a failed one never deletes any
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        await asyncio.to_thread(self.data.backups.prune, scope, app_id)
         done = {
             "install": DistInstallComplete,
             "update": DistUpdateComplete,
@@ -451,25 +445,6 @@ class Distribution:
         }[plan.op]
         self._bus.emit(done(app_id, plan.record.wire()))
         return stopped, taken
-
-    async def _snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
-        """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
-        record = self.records.get(scope, app_id)
-        folders = runtime_folders(self._layout.app_dir(scope, app_id), app_id)
-        if not folders:
-            return None
-        version = record.version if record else "unknown"
-        try:
-            return await asyncio.to_thread(
-                self.backups.snapshot, scope, app_id, version, folders, reason
-            )
-        except OSError as err:
-            error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
-            raise error(
-                f"backing up the data of {app_id} into {self.backups.root} failed, nothing was "
-                f"changed: {err}",
-                path=str(self.backups.root),
-            ) from err
 
     # -- history and rollback -------------------------------------------------------------------
 
@@ -535,7 +510,7 @@ class Distribution:
                     f"{target.commit[:12]})"
                 )
                 plan = InstallPlan("rollback", staged, record, message)
-                restore = None if keep_data else self._backup_of(scope, app_id, old.version)
+                restore = None if keep_data else self.data.backup_of(scope, app_id, old.version)
                 data = None if restore is None else restore.data_dirs
                 stopped, taken = await run_to_completion(self._install_stage(plan, data))
             yield event(INSTALL_DONE, record=record.wire())
@@ -549,68 +524,7 @@ class Distribution:
                 dataRestored=restore.id if restore else None,
             )
 
-    # -- backups --------------------------------------------------------------------------------
-
-    async def backup(self, app_id: str, scope: Scope | None = None) -> Backup:
-        """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
-        scope = mutable(scope or self.mutable_scope_of(app_id), "back up in it")
-        with self.locks.hold(app_id, "backup"):
-            async with self._stopped(app_id, scope):
-                taken = await self._snapshot(scope, app_id, "manual")
-        if taken is None:
-            raise NotFound(
-                "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
-            )
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
-        return taken
-
-    async def restore(
-        self, app_id: str, backup_id: str, scope: Scope | None = None
-    ) -> dict[str, Any]:
-        """Put a backup's data folders back (the current data is backed up first)."""
-        scope = mutable(
-            scope or self.mutable_scope_of(app_id), "restore in it", self.installer.journals
-        )
-        backup = self.backups.get(scope, app_id, backup_id)
-        if backup is None:
-            raise NotFound("backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}")
-        with self.locks.hold(app_id, "restore"):
-            async with self._stopped(app_id, scope) as stopped:
-                safety = await self._snapshot(scope, app_id, "restore")
-                faultpoint("restore-snapshot")
-                async with staging(self._layout, self.installer.journals, scope) as path:
-                    app_dir = self._layout.app_dir(scope, app_id)
-                    await asyncio.to_thread(swap_data, backup, app_dir, path)
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
-        _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
-        return {
-            "ok": True,
-            "id": app_id,
-            "scope": scope.value,
-            "restored": backup.wire(),
-            "backup": safety.id if safety else None,
-            "stopped": stopped,
-        }
-
-    # -- export and import ----------------------------------------------------------------------
-
-    async def export(self, app_id: str, target: Path, scope: Scope | None = None) -> Path:
-        """Write the app's archive to ``target``: its tree, record and runtime data (a backup
-        taken for it, the instances stopped for the copy)."""
-        scope = mutable(scope or self.mutable_scope_of(app_id), "export from it")
-        record = self.records.get(scope, app_id)
-        if record is None:
-            raise NotFound(
-                "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
-            )
-        with self.locks.hold(app_id, "export"):
-            async with self._stopped(app_id, scope):
-                taken = await self._snapshot(scope, app_id, "export")
-            app_dir = self._layout.app_dir(scope, app_id)
-            data = taken.data_dirs if taken else []
-            await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
-        return target
+    # -- import ---------------------------------------------------------------------------------
 
     async def import_archive(
         self, archive: Path, scope: Scope, approval: Approval
@@ -637,28 +551,6 @@ class Distribution:
                     async for item in steps:
                         yield item
 
-    async def _stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
-        """Stop the app's instances when ``scope`` holds its visible copy (a masked copy runs
-        nothing); the ids of those that were running."""
-        visible = self._registry.get(app_id)
-        if visible is not None and visible.scope.priority > scope.priority:
-            return []
-        return await self._stop_instances(app_id)
-
-    @contextlib.asynccontextmanager
-    async def _stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:
-        """The app's instances stopped for the block (for a consistent copy of its data), started
-        again after it, whatever happened; yields the ids of those that were running."""
-        stopped = await self._stop_if_visible(app_id, scope)
-        try:
-            yield stopped
-        finally:
-            await self._restart(app_id, stopped)
-
-    def _backup_of(self, scope: Scope, app_id: str, version: str) -> Backup | None:
-        """The newest backup taken while ``version`` was installed (its data as it was)."""
-        return next((b for b in self.backups.all(scope, app_id) if b.version == version), None)
-
     # -- uninstall ------------------------------------------------------------------------------
 
     async def uninstall(
@@ -684,16 +576,16 @@ class Distribution:
         record = self.records.get(scope, app_id)
         was_visible = self._registry.get(app_id) is copy
         unmasks = was_visible and any(c.is_valid and c.scope is not scope for c in copies)
-        stopped = await self._stop_instances(app_id) if was_visible else []
+        stopped = await self.stops.stop_all(app_id) if was_visible else []
         try:
             async with staging(self._layout, self.installer.journals, scope) as path:
                 await self.installer.uninstall(scope, app_id, path, f"uninstall {app_id} {version}")
         except AtriumError:
-            await self._restart(app_id, stopped)
+            await self.stops.restart(app_id, stopped)
             raise
         if record is not None and record.dev:
             # a dev copy leaves nothing behind: its backups go with it (an install's stay)
-            await asyncio.to_thread(shutil.rmtree, self.backups.folder(scope, app_id), True)
+            await asyncio.to_thread(shutil.rmtree, self.data.backups.folder(scope, app_id), True)
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
             self._bus.emit(AppRemoved(app_id, scope.value))
@@ -702,44 +594,3 @@ class Distribution:
         unmasked = visible.scope.value if visible else None
         self._bus.emit(DistUninstallComplete(app_id, scope.value, unmasked))
         return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}
-
-    # -- instances ------------------------------------------------------------------------------
-
-    async def _stop_instances(self, app_id: str) -> list[str]:
-        """Stop every instance of the app (a bind mount would keep the old tree) and drain its
-        warm pool; returns the ids of those that were running, to bring them back afterwards
-        with the same ids (and so the same runtime data)."""
-        await self._lifecycle.pool.drain(app_id)
-        instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
-        # a headless provider is not brought back: the next data request wakes the new version
-        running = [
-            i.id
-            for i in instances
-            if i.state is not InstanceState.ERROR and not self._lifecycle.is_headless(i)
-        ]
-        for instance in instances:
-            try:
-                await self._lifecycle.remove(instance.id)
-            except NotFound:
-                continue  # gone meanwhile
-            except AtriumError as err:
-                _LOGGER.warning(
-                    "%s %s: stopping for the install failed (%s); killing it",
-                    app_id,
-                    instance.id,
-                    err.message,
-                )
-                with contextlib.suppress(NotFound):
-                    await self._lifecycle.remove(instance.id, force=True)
-        return running
-
-    async def _restart(self, app_id: str, instance_ids: list[str]) -> None:
-        for instance_id in instance_ids:
-            try:
-                await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
-            except AtriumError as err:
-                _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
-        if self._registry.get(app_id) is not None:
-            self._lifecycle.spawn_task(
-                self._lifecycle.pool.refill(app_id), f"warm-pool fill {app_id}"
-            )

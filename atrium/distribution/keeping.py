@@ -1,0 +1,129 @@
+"""An installed app's runtime data kept: a backup taken now, a backup put back, and the app
+exported whole (docs/api.md "Backups" and "Export and import"). Installing an archive is an
+install, so import stays with the pipeline; what the install stage backs up before it swaps goes
+through `DataKeeping.snapshot` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atrium.distribution.backups import Backup, BackupStore, swap_data
+from atrium.distribution.exports import pack
+from atrium.distribution.journal import JournalStore, faultpoint
+from atrium.distribution.operations import AppLocks, mutable, staging
+from atrium.distribution.records import RecordStore
+from atrium.distribution.stops import InstanceStops
+from atrium.distribution.validate import runtime_folders
+from atrium.errors import NotFound, StorageFailed, StorageFull
+from atrium.scopes import Scope, ScopeLayout
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class DataKeeping:
+    """Backups, restore and export of one shell's installed apps."""
+
+    def __init__(
+        self,
+        *,
+        layout: ScopeLayout,
+        records: RecordStore,
+        journals: JournalStore,
+        locks: AppLocks,
+        stops: InstanceStops,
+        scope_of: Callable[[str], Scope],
+    ) -> None:
+        self._layout = layout
+        self._records = records
+        self._journals = journals
+        self._locks = locks
+        self._stops = stops
+        #: the app's winning changeable scope, for a call that names none
+        self._scope_of = scope_of
+        self.backups = BackupStore(layout.home / "backups")
+
+    async def snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
+        """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
+        record = self._records.get(scope, app_id)
+        folders = runtime_folders(self._layout.app_dir(scope, app_id), app_id)
+        if not folders:
+            return None
+        version = record.version if record else "unknown"
+        try:
+            return await asyncio.to_thread(
+                self.backups.snapshot, scope, app_id, version, folders, reason
+            )
+        except OSError as err:
+            error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
+            raise error(
+                f"backing up the data of {app_id} into {self.backups.root} failed, nothing was "
+                f"changed: {err}",
+                path=str(self.backups.root),
+            ) from err
+
+    def backup_of(self, scope: Scope, app_id: str, version: str) -> Backup | None:
+        """The newest backup taken while ``version`` was installed (its data as it was)."""
+        return next((b for b in self.backups.all(scope, app_id) if b.version == version), None)
+
+    async def backup(self, app_id: str, scope: Scope | None = None) -> Backup:
+        """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
+        scope = mutable(scope or self._scope_of(app_id), "back up in it")
+        with self._locks.hold(app_id, "backup"):
+            async with self._stops.stopped(app_id, scope):
+                taken = await self.snapshot(scope, app_id, "manual")
+        if taken is None:
+            raise NotFound(
+                "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
+            )
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        return taken
+
+    async def restore(
+        self, app_id: str, backup_id: str, scope: Scope | None = None
+    ) -> dict[str, Any]:
+        """Put a backup's data folders back (the current data is backed up first)."""
+        scope = mutable(scope or self._scope_of(app_id), "restore in it", self._journals)
+        backup = self.backups.get(scope, app_id, backup_id)
+        if backup is None:
+            raise NotFound("backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}")
+        with self._locks.hold(app_id, "restore"):
+            async with self._stops.stopped(app_id, scope) as stopped:
+                safety = await self.snapshot(scope, app_id, "restore")
+                faultpoint("restore-snapshot")
+                async with staging(self._layout, self._journals, scope) as path:
+                    app_dir = self._layout.app_dir(scope, app_id)
+                    await asyncio.to_thread(swap_data, backup, app_dir, path)
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
+        return {
+            "ok": True,
+            "id": app_id,
+            "scope": scope.value,
+            "restored": backup.wire(),
+            "backup": safety.id if safety else None,
+            "stopped": stopped,
+        }
+
+    async def export(self, app_id: str, target: Path, scope: Scope | None = None) -> Path:
+        """Write the app's archive to ``target``: its tree, record and runtime data (a backup
+        taken for it, the instances stopped for the copy)."""
+        scope = mutable(scope or self._scope_of(app_id), "export from it")
+        record = self._records.get(scope, app_id)
+        if record is None:
+            raise NotFound(
+                "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
+            )
+        with self._locks.hold(app_id, "export"):
+            async with self._stops.stopped(app_id, scope):
+                taken = await self.snapshot(scope, app_id, "export")
+            app_dir = self._layout.app_dir(scope, app_id)
+            data = taken.data_dirs if taken else []
+            await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
+        await asyncio.to_thread(self.backups.prune, scope, app_id)
+        return target

@@ -1,0 +1,86 @@
+"""An app's instances stopped around a change of its tree or its data, and brought back after.
+
+A bind mount would keep serving the old tree, and a copy of runtime data taken while an instance
+writes is not one state: every change to an installed app (install, update, rollback, restore,
+export, uninstall) stops the app's instances first and starts the same ids again afterwards (so
+each comes back to the same runtime data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from atrium.errors import AtriumError, NotFound
+from atrium.lifecycle.manager import LifecycleManager
+from atrium.lifecycle.states import InstanceState
+from atrium.registry import AppRegistry
+from atrium.scopes import Scope
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class InstanceStops:
+    """Stop and restart an app's instances for the distribution service."""
+
+    def __init__(self, lifecycle: LifecycleManager, registry: AppRegistry) -> None:
+        self._lifecycle = lifecycle
+        self._registry = registry
+
+    async def stop_all(self, app_id: str) -> list[str]:
+        """Stop every instance of the app and drain its warm pool; the ids of those that were
+        running, to bring them back afterwards with the same ids."""
+        await self._lifecycle.pool.drain(app_id)
+        instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
+        # a headless provider is not brought back: the next data request wakes the new version
+        running = [
+            i.id
+            for i in instances
+            if i.state is not InstanceState.ERROR and not self._lifecycle.is_headless(i)
+        ]
+        for instance in instances:
+            try:
+                await self._lifecycle.remove(instance.id)
+            except NotFound:
+                continue  # gone meanwhile
+            except AtriumError as err:
+                _LOGGER.warning(
+                    "%s %s: stopping for the install failed (%s); killing it",
+                    app_id,
+                    instance.id,
+                    err.message,
+                )
+                with contextlib.suppress(NotFound):
+                    await self._lifecycle.remove(instance.id, force=True)
+        return running
+
+    async def stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
+        """`stop_all` when ``scope`` holds the app's visible copy (a masked copy runs nothing)."""
+        visible = self._registry.get(app_id)
+        if visible is not None and visible.scope.priority > scope.priority:
+            return []
+        return await self.stop_all(app_id)
+
+    @contextlib.asynccontextmanager
+    async def stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:
+        """The app's instances stopped for the block, started again after it whatever happened;
+        yields the ids of those that were running."""
+        stopped = await self.stop_if_visible(app_id, scope)
+        try:
+            yield stopped
+        finally:
+            await self.restart(app_id, stopped)
+
+    async def restart(self, app_id: str, instance_ids: list[str]) -> None:
+        """Start the given instances again (same ids) and refill the app's warm pool; a failure
+        is logged, never raised: the change that stopped them has happened."""
+        for instance_id in instance_ids:
+            try:
+                await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
+            except AtriumError as err:
+                _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
+        if self._registry.get(app_id) is not None:
+            self._lifecycle.spawn_task(
+                self._lifecycle.pool.refill(app_id), f"warm-pool fill {app_id}"
+            )
