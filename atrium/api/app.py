@@ -68,15 +68,16 @@ class HostNames:
 
 
 def host_of(scope: Scope) -> str | None:
-    """The request's one ``Host``; None without one. More than one is a bad request (RFC 9112
-    3.2): something beside the shell could read the other."""
+    """The request's one ``Host``, without the spaces and tabs around it (RFC 9110 5.5: not part
+    of the value; the parser keeps trailing ones); None without one. More than one is a bad
+    request (RFC 9112 3.2): something beside the shell could read the other."""
     found: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"host":
             if found is not None:
                 raise InvalidRequest("the request has more than one Host header")
             found = value
-    return None if found is None else found.decode("latin-1")
+    return None if found is None else found.strip(b" \t").decode("latin-1")
 
 
 class AtriumApp:

@@ -472,6 +472,22 @@ def test_two_host_headers_are_a_bad_request(shell: RunningShell, second: str) ->
     assert b"more than one Host" in answer
 
 
+@pytest.mark.parametrize("around", [("\t", ""), ("", "\t"), (" ", " \t"), ("\t", " ")])
+def test_whitespace_around_the_host_is_not_part_of_it(
+    shell: RunningShell, around: tuple[str, str]
+) -> None:
+    """RFC 9110 5.5: a field value's leading and trailing spaces and tabs are not part of it (a
+    client or proxy that keeps a tab after the name must not be misdirected)."""
+    before, after = around
+    with connect(shell) as sock:
+        sock.sendall(
+            f"GET /api/version HTTP/1.1\r\nHost:{before}127.0.0.1:{shell.settings.port}{after}"
+            "\r\nConnection: close\r\n\r\n".encode()
+        )
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
 def test_app_origins_pass_the_host_check(shell: RunningShell) -> None:
     """`<slug>.localhost:<port>` reaches the app-origin dispatcher (no view cookie here: 404/401,
     not 421)."""
