@@ -7,6 +7,7 @@ import contextlib
 import errno
 import gc
 import json
+import logging
 import signal
 import socket
 import struct
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from typing import Final
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atrium.api.app import AtriumApp, create_app
@@ -24,6 +26,7 @@ from atrium.errors import HeadersTooLarge
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell, open_shell
 
+_LOGGER = logging.getLogger(__name__)
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: the most bytes of request line and headers one request may send (httptools sets no limit)
 MAX_HEAD_BYTES: Final = 64 << 10
@@ -122,6 +125,20 @@ class BodyPieces:
         return b"".join(pieces)
 
 
+class _Flow(FlowControl):
+    """uvicorn's flow control, telling the connection when the shell reads again: a body the
+    shell stopped reading (its handler is not ready for more) is not the client's stall."""
+
+    def __init__(self, transport: asyncio.Transport, resumed: Callable[[], None]) -> None:
+        super().__init__(transport)
+        self._resumed = resumed
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            super().resume_reading()
+            self._resumed()
+
+
 class _Protocol(HttpToolsProtocol):
     """uvicorn's httptools protocol writing each response's head and body together, with limits
     on request heads that uvicorn lacks (issue 13, "also seen"):
@@ -131,6 +148,11 @@ class _Protocol(HttpToolsProtocol):
       or the previous request was read); otherwise it is closed without an answer. uvicorn's own
       keep-alive timer covers only an idle connection, and only after a first response: 1,500
       half-sent requests were all held open.
+    - **Body stall.** Once a request's head is read and while its body is not complete, a
+      connection that sends no byte for ``body_stall`` seconds is closed without an answer (its
+      handler sees the client gone). The time counts only while the client may send: not while
+      the shell has paused reading (flow control: the handler is not ready for more) nor while
+      an `Expect: 100-continue` client waits for the shell's go-ahead.
     - **Head size.** More than `MAX_HEAD_BYTES` of request head is `431 headers_too_large`, then
       the connection closes (httptools buffers a header of any length).
     - **Abort.** Each request's scope carries ``extensions["atrium.connection"]["abort"]``, which
@@ -139,9 +161,11 @@ class _Protocol(HttpToolsProtocol):
     """
 
     head_timeout: float = 10.0
+    body_stall: float = 30.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]
+        self.flow = _Flow(self.transport, self._body_progress)
         self._awaiting_head = True
         self._heads_read = 0
         self._head_bytes = 0
@@ -151,6 +175,8 @@ class _Protocol(HttpToolsProtocol):
         self._clock_at = 0.0
         #: when the head being awaited must be complete
         self._head_deadline: float | None = None
+        #: when a request body with no byte since is stalled (`body_stall`)
+        self._body_deadline: float | None = None
         #: when a connection that has said nothing since its last answer is closed (uvicorn's
         #: keep-alive, docs/api.md "Conventions"); cleared by the first byte of the next request
         self._idle_deadline: float | None = None
@@ -167,7 +193,9 @@ class _Protocol(HttpToolsProtocol):
             return  # the rest of a refused head: read and dropped until the deadline
         awaiting, heads_read = self._awaiting_head, self._heads_read
         super().data_received(data)
-        if awaiting and self._awaiting_head and heads_read == self._heads_read:
+        if not self._awaiting_head:  # this chunk ended inside a body: more is due in time
+            self._body_progress()
+        elif awaiting and heads_read == self._heads_read:
             # no head ended within this chunk: all of it belongs to the head being awaited
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
@@ -193,6 +221,7 @@ class _Protocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._awaiting_head = True
+        self._body_deadline = None
         self._arm_head_timer()
         super().on_message_complete()
 
@@ -237,6 +266,13 @@ class _Protocol(HttpToolsProtocol):
     def _cancel_head_timer(self) -> None:
         self._head_deadline = None
 
+    def _body_progress(self) -> None:
+        """The body being read may stall for `body_stall` from now (a byte came, or the shell
+        reads again after a pause)."""
+        if not self._awaiting_head:
+            self._body_deadline = self.loop.time() + self.body_stall
+            self._reset_clock()
+
     def _reset_clock(self) -> None:
         """Make the connection's one timer fire no later than its nearest deadline.
 
@@ -244,8 +280,10 @@ class _Protocol(HttpToolsProtocol):
         until the deadline then due. Only a deadline earlier than the timer makes a new one (the
         first idle wait after a head deadline): in steady use a connection makes a timer every few
         seconds, not two per request (measured on the data path)."""
-        idle, head = self._idle_deadline, self._head_deadline
-        when = head if idle is None else idle if head is None else min(idle, head)
+        when: float | None = None
+        for due in (self._idle_deadline, self._head_deadline, self._body_deadline):
+            if due is not None and (when is None or due < when):
+                when = due
         if when is None:
             return
         if self._clock is not None:
@@ -256,7 +294,7 @@ class _Protocol(HttpToolsProtocol):
         self._clock = self.loop.call_at(when, self._clock_fired)
 
     def _stop_clock(self) -> None:
-        self._head_deadline = self._idle_deadline = None
+        self._head_deadline = self._idle_deadline = self._body_deadline = None
         if self._clock is not None:
             self._clock.cancel()
             self._clock = None
@@ -269,6 +307,17 @@ class _Protocol(HttpToolsProtocol):
         if self._idle_deadline is not None and now >= self._idle_deadline:
             self.transport.close()  # idle since its last answer for the keep-alive time
             return
+        body = self._body_deadline
+        if body is not None and now >= body:
+            cycle = self.cycle
+            if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
+                self._body_deadline = now + self.body_stall  # the wait is the shell's
+            else:
+                _LOGGER.info(
+                    "closed a connection whose request body sent nothing for %g s", self.body_stall
+                )
+                self.transport.close()
+                return
         head = self._head_deadline
         if head is not None and now >= head:
             if not self._awaiting_head:
@@ -312,8 +361,15 @@ def settle_heap() -> None:
 
 
 def protocol_for(settings: Settings) -> type[_Protocol]:
-    """The protocol class with this shell's head deadline."""
-    return type("ShellProtocol", (_Protocol,), {"head_timeout": settings.header_timeout_seconds})
+    """The protocol class with this shell's head deadline and body stall time."""
+    return type(
+        "ShellProtocol",
+        (_Protocol,),
+        {
+            "head_timeout": settings.header_timeout_seconds,
+            "body_stall": settings.body_stall_seconds,
+        },
+    )
 
 
 class _Server(uvicorn.Server):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import shutil
 import socket
@@ -538,3 +539,18 @@ def test_every_answer_is_inert_for_a_browser(proxy_shell: RunningShell, api: htt
         assert reply.status_code == 200
         for name, value in INERT.items():
             assert reply.headers.get_list(name) == [value]
+
+
+def test_a_body_held_back_by_a_provider_that_reads_late_is_not_cut(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """The body stall deadline counts only the client's silences: here the provider reads
+    nothing for 2 s, the shell stops reading the client (flow control) and the client can send
+    nothing, for four times the stall time, and the upload still arrives whole."""
+    provider_apps(system_apps)
+    shell = ready(start_shell(body_stall_seconds=0.5))
+    body = os.urandom(16 << 20)  # more than the loopback socket buffers hold
+    with shell.client(timeout=60) as api:
+        response = api.post("/api/data/plain/items/lateread", params={"seconds": "2"}, content=body)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"bytes": len(body)}

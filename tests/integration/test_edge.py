@@ -272,6 +272,50 @@ def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
         assert time.monotonic() - started < 3
 
 
+def test_a_stalled_request_body_is_closed_after_the_stall_time(start_shell: StartShell) -> None:
+    """A client that sends a head and part of its body, then nothing: closed once no byte has
+    come for the stall time (it held a connection and a waiting request for ever)."""
+    shell = start_shell(body_stall_seconds=0.5)
+    with connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/stalled HTTP/1.1",
+                "Content-Type: application/json",
+                "Content-Length: 100",
+                token=True,
+            )
+            + b'{"value": '
+        )
+        started = time.monotonic()
+        assert read_until_closed(sock) == b""  # closed, no answer
+        assert time.monotonic() - started < 5
+    with shell.client() as api:
+        assert api.get("/api/kv/os/stalled").status_code == 404  # nothing half-written
+
+
+def test_a_slow_but_steady_body_is_not_cut(start_shell: StartShell) -> None:
+    """The stall time is between two pieces of a body, not a deadline for the whole of it."""
+    shell = start_shell(body_stall_seconds=0.5)
+    body = json.dumps({"value": "x" * 40}).encode()
+    with connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/steady HTTP/1.1",
+                "Content-Type: application/json",
+                f"Content-Length: {len(body)}",
+                "Connection: close",
+                token=True,
+            )
+        )
+        for start in range(0, len(body), 6):  # ~9 pieces, 0.25 s apart: ~2 s in all
+            time.sleep(0.25)
+            sock.sendall(body[start : start + 6])
+        answer = read_until_closed(sock)
+    assert re.match(rb"HTTP/1\.1 20[01] ", answer), answer[:200]
+
+
 def test_pipelined_requests_are_answered_in_order(shell: RunningShell) -> None:
     """Requests sent back to back before any answer (HTTP/1.1 pipelining) are each answered, in
     the order sent: the next one starts when the previous answer is complete."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,33 @@ def test_a_held_request_gives_up_after_the_wake_timeout_and_the_boot_goes_on(
         )
         assert api.get("/api/data/wakeslow/items").status_code == 200
         assert shell.shell.lifecycle.headless.wakes == {SLOW: 1}
+
+
+def test_an_upload_waiting_for_its_go_ahead_during_a_wake_is_not_a_stalled_body(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """An `Expect: 100-continue` client sends nothing until the shell says go, which it does
+    when the request is routed, here after a wake of over a second: that silence is the shell's,
+    not a body stall (0.3 s here), and the upload goes through."""
+    provider(system_apps, SLOW, "wakeslow", delay=1.0, wakeTimeoutMs=10_000)
+    shell = start_shell(body_stall_seconds=0.3)
+    body = b'{"note": "sent after the go-ahead"}'
+    with socket.create_connection(("127.0.0.1", shell.settings.port), timeout=30) as sock:
+        sock.sendall(
+            (
+                f"POST /api/data/wakeslow/items HTTP/1.1\r\nHost: 127.0.0.1:{shell.settings.port}"
+                f"\r\nAuthorization: Bearer {shell.token}\r\nExpect: 100-continue\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+        )
+        go_ahead = sock.recv(65536)
+        assert go_ahead.startswith(b"HTTP/1.1 100 "), go_ahead[:200]
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["body"] == body.decode()
 
 
 def test_a_provider_that_cannot_start_is_503_with_the_reason(wake_shell: RunningShell) -> None:

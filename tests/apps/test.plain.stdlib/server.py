@@ -20,8 +20,9 @@ SECRET = os.environ.get("OS_SHELL_SECRET", "").encode()
 PROVIDER_PREFIX = "/api/data/items"
 #: /api/data/items/<edge>: hop (hop-by-hop response headers), cut?bytes=N (announces N bytes, sends
 #: half, closes), slow?seconds=N (answers late), chunked?bytes=N (a chunked answer, also to HEAD),
-#: notmodified (304 with the Content-Length of a representation it does not send)
-EDGES = ("hop", "cut", "slow", "chunked", "notmodified")
+#: notmodified (304 with the Content-Length of a representation it does not send),
+#: lateread?seconds=N (reads the request body only after N seconds, answers its length)
+EDGES = ("hop", "cut", "slow", "chunked", "notmodified", "lateread")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -55,8 +56,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body is left unread
             self.send(403, {"error": {"code": "permission_denied", "message": "not the shell"}})
             return
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path, _, query = self.path.partition("?")
+        if path == PROVIDER_PREFIX + "/lateread":
+            time.sleep(float(dict(parse_qsl(query)).get("seconds", "1")))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if path == "/health" and self.command in {"GET", "HEAD"}:
             self.send(200, {"appId": APP_ID, "instanceId": INSTANCE_ID, "ok": True})
         elif path == "/api/lifecycle/onActivityCreate" and self.command == "POST":
@@ -64,7 +67,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path.startswith("/api/lifecycle/") and self.command == "POST":
             self.send(200, {"ok": True})
         elif path.removeprefix(PROVIDER_PREFIX + "/") in EDGES:
-            self.edge(path.removeprefix(PROVIDER_PREFIX + "/"), dict(parse_qsl(query)))
+            self.edge(path.removeprefix(PROVIDER_PREFIX + "/"), dict(parse_qsl(query)), body)
         elif path == PROVIDER_PREFIX or path.startswith(PROVIDER_PREFIX + "/"):
             self.send(
                 200,
@@ -82,7 +85,10 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send(404, {"error": {"code": "not_found", "message": f"no route {path}"}})
 
-    def edge(self, name: str, query: dict[str, str]) -> None:
+    def edge(self, name: str, query: dict[str, str], body: bytes) -> None:
+        if name == "lateread":
+            self.send(200, {"bytes": len(body)})
+            return
         if name == "slow":
             time.sleep(float(query.get("seconds", "1")))
             self.send(200, {"slow": True})
