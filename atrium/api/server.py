@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import http
 import json
 import logging
 import signal
@@ -16,13 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atrium.api.app import AtriumApp, create_app
 from atrium.api.events import ABORT_EXTENSION
-from atrium.errors import HeadersTooLarge
+from atrium.errors import AtriumError, HeadersTooLarge, InvalidRequest
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell, open_shell
 
@@ -155,6 +157,12 @@ class _Protocol(HttpToolsProtocol):
       an `Expect: 100-continue` client waits for the shell's go-ahead.
     - **Head size.** More than `MAX_HEAD_BYTES` of request head is `431 headers_too_large`, then
       the connection closes (httptools buffers a header of any length).
+    - **Malformed requests.** Bytes that are not HTTP/1.1 get `400 bad_request` naming what the
+      parser found wrong (uvicorn answers a text 400 and logs a warning for each, which any
+      client could fill the log with), after the answers to the requests before them
+      (pipelining: uvicorn's 400 went out first and those answers were lost). A request asking
+      to switch protocols is answered as it is, then the connection closes: the parser reads
+      nothing after it, so a request pipelined behind it would wait for ever.
     - **Abort.** Each request's scope carries ``extensions["atrium.connection"]["abort"]``, which
       resets the connection at once, dropping whatever is still buffered: the event stream uses it
       for a subscriber the bus dropped as too slow, whose writes are stuck behind a full socket.
@@ -169,7 +177,10 @@ class _Protocol(HttpToolsProtocol):
         self._awaiting_head = True
         self._heads_read = 0
         self._head_bytes = 0
+        #: a refused request's bytes are dropped from then on (`_refuse`)
         self._refused = False
+        #: the refusal to write once the requests before it are answered
+        self._refusal: bytes | None = None
         #: the connection's one timer (`_reset_clock`), for the two deadlines below
         self._clock: asyncio.TimerHandle | None = None
         self._clock_at = 0.0
@@ -190,9 +201,22 @@ class _Protocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            return  # the rest of a refused head: read and dropped until the deadline
+            return  # the rest of a refused request: read and dropped until the deadline
         awaiting, heads_read = self._awaiting_head, self._heads_read
-        super().data_received(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            _LOGGER.info("refused a request that is not HTTP/1.1: %s", err)
+            self._refuse(InvalidRequest(f"the request is not valid HTTP/1.1: {err}"))
+            return
+        except httptools.HttpParserUpgrade:
+            # no protocol to switch to: answered as a plain request, then closed, and nothing
+            # after it is read (the parser stops at an upgrade)
+            self._refused = True
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+            return
         if not self._awaiting_head:  # this chunk ended inside a body: more is due in time
             self._body_progress()
         elif awaiting and heads_read == self._heads_read:
@@ -235,6 +259,8 @@ class _Protocol(HttpToolsProtocol):
         if self.pipeline:  # a pipelined request waits for this response: it starts now
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+        elif self._refusal is not None:  # the refused request's turn
+            self._send_refusal()
         else:
             # idle from now until its next byte, whatever state the request was in (an answer
             # given before the body arrived, e.g. a 401 to an `Expect: 100-continue` upload)
@@ -331,22 +357,55 @@ class _Protocol(HttpToolsProtocol):
         self._reset_clock()
 
     def _refuse_head(self) -> None:
-        err = HeadersTooLarge(
-            f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes",
-            limit=MAX_HEAD_BYTES,
+        self._refuse(
+            HeadersTooLarge(
+                f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes",
+                limit=MAX_HEAD_BYTES,
+            )
         )
+
+    def _refuse(self, err: AtriumError) -> None:
+        """Answer the request being read with ``err`` and read nothing more of the connection,
+        once the requests before it are answered (in order, as pipelining needs).
+
+        When its head was complete, its handler has started or is queued: a queued one never
+        runs, a running one hears the client gone and its answer goes nowhere (one already
+        under way cannot be replaced: the connection is cut instead)."""
+        self._refused = True
+        cycle = self.cycle
+        if not self._awaiting_head and cycle is not None:  # the broken part is cycle's body
+            if self.pipeline and self.pipeline[0][0] is cycle:
+                self.pipeline.popleft()
+            elif cycle.response_started:
+                self.transport.close()
+                return
+            else:
+                cycle.disconnected = cycle.response_complete = True
+                cycle.message_event.set()
         body = json.dumps(err.to_body(), separators=(",", ":")).encode()
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: application/json\r\n"
+        status = err.http_status
+        self._refusal = (
+            b"HTTP/1.1 %d %s\r\n"
+            % (status, http.HTTPStatus(status).phrase.encode())
+            + b"content-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n"
             b"connection: close\r\n\r\n" + body
         )
-        # half-close and keep reading (and dropping) until the client closes or the head
-        # deadline passes: closing with its bytes unread would reset the connection, and the
-        # client would lose the answer
-        self._refused = True
+        earlier = self.cycle
+        if not self.pipeline and (earlier is None or earlier.response_complete):
+            self._send_refusal()
+
+    def _send_refusal(self) -> None:
+        """Write the refusal, then half-close and keep reading (and dropping) until the client
+        closes or the head deadline passes: closing with its bytes unread would reset the
+        connection, and the client would lose the answer."""
+        refusal, self._refusal = self._refusal, None
+        if refusal is None or self.transport.is_closing():
+            return
+        self.transport.write(refusal)
         self.transport.write_eof()
+        self._awaiting_head = True
+        self._arm_head_timer()
 
 
 def settle_heap() -> None:

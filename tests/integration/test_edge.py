@@ -365,6 +365,83 @@ def test_an_oversized_request_head_is_431_and_closed(shell: RunningShell) -> Non
     assert error["limit"] == MAX_HEAD_BYTES
 
 
+MALFORMED = {
+    "a space in a header name": (b"Bad Header: x\r\n\r\n", "Invalid header token"),
+    "two Content-Lengths": (
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        "Duplicate Content-Length",
+    ),
+    "a chunk size that is no number": (
+        b"Transfer-Encoding: chunked\r\n\r\nZZ\r\n",
+        "Invalid character in chunk size",
+    ),
+}
+
+
+def split_answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """Each answer's status line and body, in order (every answer here has a Content-Length)."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+        answers.append((head.split(b"\r\n")[0], rest[:length]))
+        data = rest[length:]
+    return answers
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_request_gets_the_error_shape_naming_what_is_wrong(
+    shell: RunningShell, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/api.md "Errors": the shell's own failures are JSON, and say what was wrong (it was
+    uvicorn's text "Invalid HTTP request received." and a warning in the log for each)."""
+    tail, detail = MALFORMED[case]
+    with caplog.at_level(logging.INFO), connect(shell) as sock:
+        sock.sendall(head(shell, "POST /api/kv/os/x HTTP/1.1", token=True)[:-2] + tail)
+        [(status, body)] = split_answers(read_until_closed(sock))
+    assert status.startswith(b"HTTP/1.1 400 "), status
+    error = json.loads(body)["error"]
+    assert error["code"] == "bad_request"
+    assert detail in error["message"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_answers_before_a_malformed_pipelined_request_come_first(shell: RunningShell) -> None:
+    """Requests pipelined before a malformed one are answered, in order, and the 400 comes
+    last: it answers the malformed one (uvicorn wrote it at once and closed, so the client read
+    it as the answer to its first request)."""
+    with connect(shell) as sock:
+        sock.sendall(
+            head(shell, "GET /api/version HTTP/1.1")
+            + head(shell, "GET /api/nope HTTP/1.1")
+            + head(shell, "GET /api/version HTTP/1.1", "Bad Header: x")
+        )
+        answers = split_answers(read_until_closed(sock))
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"200", b"404", b"400"]
+    assert json.loads(answers[0][1])["api"] == 1
+    assert "Invalid header token" in json.loads(answers[2][1])["error"]["message"]
+
+
+def test_a_request_to_switch_protocols_is_answered_then_closed(
+    shell: RunningShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No protocol to switch to: the request is answered as plain HTTP and the connection
+    closes at once (a request pipelined behind it waited 5 s for the idle close, unanswered),
+    with nothing in the log (uvicorn warned twice per request, advising to install a WebSocket
+    library)."""
+    with caplog.at_level(logging.INFO), connect(shell) as sock:
+        sock.sendall(
+            head(shell, "GET /api/version HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade")
+            + head(shell, "GET /api/version HTTP/1.1")
+        )
+        started = time.monotonic()
+        answers = split_answers(read_until_closed(sock))
+        waited = time.monotonic() - started
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"200"]
+    assert waited < 2, waited
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 def test_a_large_complete_request_is_still_served(shell: RunningShell, api: httpx.Client) -> None:
     """A body far larger than the head limit is not a head: a 1 MiB kv value is stored."""
     response = api.put("/api/kv/os/big", json={"value": "v" * ((1 << 20) - 100)})
