@@ -181,7 +181,7 @@ class _Protocol(HttpToolsProtocol):
         self._refused = False
         #: the refusal to write once the requests before it are answered
         self._refusal: bytes | None = None
-        #: the connection's one timer (`_reset_clock`), for the two deadlines below
+        #: the connection's one timer (`_reset_clock`), for the deadlines below
         self._clock: asyncio.TimerHandle | None = None
         self._clock_at = 0.0
         #: when the head being awaited must be complete
@@ -405,7 +405,9 @@ class _Protocol(HttpToolsProtocol):
         self.transport.write(refusal)
         self.transport.write_eof()
         self._awaiting_head = True
+        self._body_deadline = None
         self._arm_head_timer()
+        self.flow.resume_reading()  # drained, whatever paused it
 
 
 def settle_heap() -> None:
