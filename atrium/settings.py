@@ -42,7 +42,7 @@ ACCEPTED: Final = {
     "heartbeat_seconds": "a number of seconds greater than 0",
     "view_grace_seconds": "a number of seconds, 0 or more",
     "header_timeout_seconds": "a number of seconds greater than 0",
-    "body_stall_seconds": "a number of seconds greater than 0",
+    "stall_seconds": "a number of seconds greater than 0",
     "token": f"at least {MIN_TOKEN_LENGTH} characters, or unset for a new random token",
     "log_level": ", ".join(LOG_LEVELS),
 }
@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     view_grace_seconds: float = Field(default=30.0, ge=0)
     #: how long a connection may take to send a request's line and headers before it is closed
     header_timeout_seconds: float = Field(default=10.0, gt=0)
-    #: how long a request body may go without a byte while the shell is reading it
-    body_stall_seconds: float = Field(default=30.0, gt=0)
+    #: how long a connection may make no progress: a request body that sends nothing while the
+    #: shell reads it, or a client that reads nothing of an answer waiting on it
+    stall_seconds: float = Field(default=30.0, gt=0)
     token: SecretStr | None = None
     log_level: str = "info"
 

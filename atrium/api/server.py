@@ -15,12 +15,12 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Any, Final
 
 import httptools
 import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from atrium.api.app import AtriumApp, create_app
 from atrium.api.events import ABORT_EXTENSION
@@ -45,14 +45,18 @@ class _HeldWrites:
     `close` passes straight to the real transport.
     """
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_eof", "_held", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        #: half-closed (a refusal was the last word): later writes are dropped, not errors
+        self._eof = False
 
     def write(self, data: bytes) -> None:
+        if self._eof:
+            return
         held = self._held
         if held is None:
             if data:
@@ -76,6 +80,7 @@ class _HeldWrites:
 
     def write_eof(self) -> None:
         self.flush()
+        self._eof = True
         self._transport.write_eof()
 
     def __getattr__(self, name: str) -> object:
@@ -127,6 +132,10 @@ class BodyPieces:
         return b"".join(pieces)
 
 
+class _HeadTooLarge(Exception):
+    """Raised inside a parser callback to stop parsing a head (or trailers) over the limit."""
+
+
 class _Flow(FlowControl):
     """uvicorn's flow control, telling the connection when the shell reads again: a body the
     shell stopped reading (its handler is not ready for more) is not the client's stall."""
@@ -150,13 +159,17 @@ class _Protocol(HttpToolsProtocol):
       or the previous request was read); otherwise it is closed without an answer. uvicorn's own
       keep-alive timer covers only an idle connection, and only after a first response: 1,500
       half-sent requests were all held open.
-    - **Body stall.** Once a request's head is read and while its body is not complete, a
-      connection that sends no byte for ``body_stall`` seconds is closed without an answer (its
+    - **Stalls.** Once a request's head is read and while its body is not complete, a
+      connection that sends no byte for ``stall`` seconds is closed without an answer (its
       handler sees the client gone). The time counts only while the client may send: not while
       the shell has paused reading (flow control: the handler is not ready for more) nor while
-      an `Expect: 100-continue` client waits for the shell's go-ahead.
-    - **Head size.** More than `MAX_HEAD_BYTES` of request head is `431 headers_too_large`, then
-      the connection closes (httptools buffers a header of any length).
+      an `Expect: 100-continue` client waits for the shell's go-ahead. The other way, a client
+      that reads nothing of its answers for ``stall`` seconds while the shell's writes wait on
+      it is reset (a client that pipelines requests and never reads held its handler for ever).
+    - **Head size.** More than `MAX_HEAD_BYTES` of request head, or of a chunked body's trailers,
+      is `431 headers_too_large`, then the connection closes (httptools buffers a header of any
+      length, and uvicorn keeps every trailer): counted both as the parser reports each line
+      and as raw bytes that end no head and carry no body.
     - **Malformed requests.** Bytes that are not HTTP/1.1 get `400 bad_request` naming what the
       parser found wrong (uvicorn answers a text 400 and logs a warning for each, which any
       client could fill the log with), after the answers to the requests before them
@@ -169,14 +182,24 @@ class _Protocol(HttpToolsProtocol):
     """
 
     head_timeout: float = 10.0
-    body_stall: float = 30.0
+    stall: float = 30.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]
         self.flow = _Flow(self.transport, self._body_progress)
         self._awaiting_head = True
         self._heads_read = 0
+        #: raw bytes read since a head ended or body came (a head or trailers being sent)
         self._head_bytes = 0
+        #: the request line and header lines of the message being read, trailers included
+        self._parsed_bytes = 0
+        self._head_too_large = False
+        #: whether the read being handled carried body bytes
+        self._body_seen = False
+        #: the request whose handler is answering now (others wait in `pipeline`)
+        self._answering: RequestResponseCycle | None = None
+        #: what a parser callback refused, for the 400's message
+        self._callback_failure: str | None = None
         #: a refused request's bytes are dropped from then on (`_refuse`)
         self._refused = False
         #: the refusal to write once the requests before it are answered
@@ -186,8 +209,10 @@ class _Protocol(HttpToolsProtocol):
         self._clock_at = 0.0
         #: when the head being awaited must be complete
         self._head_deadline: float | None = None
-        #: when a request body with no byte since is stalled (`body_stall`)
+        #: when a request body with no byte since is stalled (`stall`)
         self._body_deadline: float | None = None
+        #: when a client that has read nothing of an answer waiting on it is stalled (`stall`)
+        self._write_deadline: float | None = None
         #: when a connection that has said nothing since its last answer is closed (uvicorn's
         #: keep-alive, docs/api.md "Conventions"); cleared by the first byte of the next request
         self._idle_deadline: float | None = None
@@ -197,18 +222,29 @@ class _Protocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
+        # uvicorn tells only the newest request; the one answering (pipelining) would write on
+        # into the closed transport, an error and a traceback in the log for each
+        for cycle in (self._answering, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # the rest of a refused request: read and dropped until the deadline
-        awaiting, heads_read = self._awaiting_head, self._heads_read
+        heads_read = self._heads_read
+        self._body_seen = False
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
-            _LOGGER.info("refused a request that is not HTTP/1.1: %s", err)
-            self._refuse(InvalidRequest(f"the request is not valid HTTP/1.1: {err}"))
+            if self._head_too_large:
+                self._refuse_head()
+                return
+            detail = self._callback_failure or str(err)
+            _LOGGER.info("refused a request that is not HTTP/1.1: %s", detail)
+            self._refuse(InvalidRequest(f"the request is not valid HTTP/1.1: {detail}"))
             return
         except httptools.HttpParserUpgrade:
             # no protocol to switch to: answered as a plain request, then closed, and nothing
@@ -217,23 +253,45 @@ class _Protocol(HttpToolsProtocol):
             if self.cycle is not None:
                 self.cycle.keep_alive = False
             return
-        if not self._awaiting_head:  # this chunk ended inside a body: more is due in time
-            self._body_progress()
-        elif awaiting and heads_read == self._heads_read:
-            # no head ended within this chunk: all of it belongs to the head being awaited
+        if heads_read != self._heads_read or self._body_seen:
+            self._head_bytes = 0
+        else:  # all of this read was head, trailers or chunk framing
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self._refuse_head()
+                return
+        if not self._awaiting_head:  # this read ended inside a body: more is due in time
+            self._body_progress()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope["extensions"] = self._extensions
+        self._parsed_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's, counting each line (a trailer too) against `MAX_HEAD_BYTES`."""
+        self._count_head(len(name) + len(value))
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def _count_head(self, size: int) -> None:
+        self._parsed_bytes += size
+        if self._parsed_bytes > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            raise _HeadTooLarge
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         # a `bytearray` is uvicorn's fresh, empty body: the pieces stand in for it (BodyPieces)
         if cycle is not None and type(cycle.body) is bytearray:
             cycle.body = BodyPieces()  # type: ignore[assignment]
+        self._body_seen = True
         super().on_body(body)
 
     def on_headers_complete(self) -> None:
@@ -241,7 +299,33 @@ class _Protocol(HttpToolsProtocol):
         self._heads_read += 1
         self._head_bytes = 0
         self._cancel_head_timer()
-        super().on_headers_complete()
+        try:
+            super().on_headers_complete()
+        except Exception as err:  # the target is no URL (uvicorn parses it): no request began
+            self._awaiting_head = True
+            self._callback_failure = f"the request target is not a valid URL ({err})"
+            raise
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._answering = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def pause_writing(self) -> None:
+        """The client stopped reading: it has `stall` seconds to read on."""
+        super().pause_writing()
+        self._write_deadline = self.loop.time() + self.stall
+        self._reset_clock()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_deadline = None
+
+    def _busy(self) -> bool:
+        """Whether a request before the one being read is still being answered."""
+        answering = self._answering
+        return bool(self.pipeline) or (
+            answering is not None and not answering.response_complete and not answering.disconnected
+        )
 
     def on_message_complete(self) -> None:
         self._awaiting_head = True
@@ -293,10 +377,10 @@ class _Protocol(HttpToolsProtocol):
         self._head_deadline = None
 
     def _body_progress(self) -> None:
-        """The body being read may stall for `body_stall` from now (a byte came, or the shell
+        """The body being read may stall for `stall` from now (a byte came, or the shell
         reads again after a pause)."""
         if not self._awaiting_head:
-            self._body_deadline = self.loop.time() + self.body_stall
+            self._body_deadline = self.loop.time() + self.stall
             self._reset_clock()
 
     def _reset_clock(self) -> None:
@@ -307,7 +391,12 @@ class _Protocol(HttpToolsProtocol):
         first idle wait after a head deadline): in steady use a connection makes a timer every few
         seconds, not two per request (measured on the data path)."""
         when: float | None = None
-        for due in (self._idle_deadline, self._head_deadline, self._body_deadline):
+        for due in (
+            self._idle_deadline,
+            self._head_deadline,
+            self._body_deadline,
+            self._write_deadline,
+        ):
             if due is not None and (when is None or due < when):
                 when = due
         if when is None:
@@ -320,7 +409,8 @@ class _Protocol(HttpToolsProtocol):
         self._clock = self.loop.call_at(when, self._clock_fired)
 
     def _stop_clock(self) -> None:
-        self._head_deadline = self._idle_deadline = self._body_deadline = None
+        self._head_deadline = self._idle_deadline = None
+        self._body_deadline = self._write_deadline = None
         if self._clock is not None:
             self._clock.cancel()
             self._clock = None
@@ -337,18 +427,22 @@ class _Protocol(HttpToolsProtocol):
         if body is not None and now >= body:
             cycle = self.cycle
             if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
-                self._body_deadline = now + self.body_stall  # the wait is the shell's
+                self._body_deadline = now + self.stall  # the wait is the shell's
             else:
                 _LOGGER.info(
-                    "closed a connection whose request body sent nothing for %g s", self.body_stall
+                    "closed a connection whose request body sent nothing for %g s", self.stall
                 )
                 self.transport.close()
                 return
+        if self._write_deadline is not None and now >= self._write_deadline:
+            _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
+            self.abort()  # what is buffered for it cannot be delivered: dropped
+            return
         head = self._head_deadline
         if head is not None and now >= head:
             if not self._awaiting_head:
                 self._head_deadline = None
-            elif self.cycle is not None and not self.cycle.response_complete:
+            elif self._busy():
                 self._arm_head_timer()  # still answering the previous request: its time is its own
                 return
             else:
@@ -374,6 +468,7 @@ class _Protocol(HttpToolsProtocol):
         self._refused = True
         cycle = self.cycle
         if not self._awaiting_head and cycle is not None:  # the broken part is cycle's body
+            cycle.waiting_for_100_continue = False  # it will never be read: no go-ahead
             if self.pipeline and self.pipeline[0][0] is cycle:
                 self.pipeline.popleft()
             elif cycle.response_started:
@@ -391,8 +486,7 @@ class _Protocol(HttpToolsProtocol):
             b"content-length: " + str(len(body)).encode() + b"\r\n"
             b"connection: close\r\n\r\n" + body
         )
-        earlier = self.cycle
-        if not self.pipeline and (earlier is None or earlier.response_complete):
+        if not self._busy():
             self._send_refusal()
 
     def _send_refusal(self) -> None:
@@ -422,13 +516,13 @@ def settle_heap() -> None:
 
 
 def protocol_for(settings: Settings) -> type[_Protocol]:
-    """The protocol class with this shell's head deadline and body stall time."""
+    """The protocol class with this shell's head deadline and stall time."""
     return type(
         "ShellProtocol",
         (_Protocol,),
         {
             "head_timeout": settings.header_timeout_seconds,
-            "body_stall": settings.body_stall_seconds,
+            "stall": settings.stall_seconds,
         },
     )
 

@@ -548,7 +548,7 @@ def test_a_body_held_back_by_a_provider_that_reads_late_is_not_cut(
     nothing for 2 s, the shell stops reading the client (flow control) and the client can send
     nothing, for four times the stall time, and the upload still arrives whole."""
     provider_apps(system_apps)
-    shell = ready(start_shell(body_stall_seconds=0.5))
+    shell = ready(start_shell(stall_seconds=0.5))
     body = os.urandom(16 << 20)  # more than the loopback socket buffers hold
     with shell.client(timeout=60) as api:
         response = api.post("/api/data/plain/items/lateread", params={"seconds": "2"}, content=body)

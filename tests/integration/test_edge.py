@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -275,7 +276,7 @@ def test_the_head_deadline_runs_after_the_idle_time_was_cut_short(
 def test_a_stalled_request_body_is_closed_after_the_stall_time(start_shell: StartShell) -> None:
     """A client that sends a head and part of its body, then nothing: closed once no byte has
     come for the stall time (it held a connection and a waiting request for ever)."""
-    shell = start_shell(body_stall_seconds=0.5)
+    shell = start_shell(stall_seconds=0.5)
     with connect(shell) as sock:
         sock.sendall(
             head(
@@ -296,7 +297,7 @@ def test_a_stalled_request_body_is_closed_after_the_stall_time(start_shell: Star
 
 def test_a_slow_but_steady_body_is_not_cut(start_shell: StartShell) -> None:
     """The stall time is between two pieces of a body, not a deadline for the whole of it."""
-    shell = start_shell(body_stall_seconds=0.5)
+    shell = start_shell(stall_seconds=0.5)
     body = json.dumps({"value": "x" * 40}).encode()
     with connect(shell) as sock:
         sock.sendall(
@@ -420,6 +421,142 @@ def test_answers_before_a_malformed_pipelined_request_come_first(shell: RunningS
     assert [status.split(b" ")[1] for status, _ in answers] == [b"200", b"404", b"400"]
     assert json.loads(answers[0][1])["api"] == 1
     assert "Invalid header token" in json.loads(answers[2][1])["error"]["message"]
+
+
+def test_a_refused_request_behind_others_is_closed_at_the_head_deadline(
+    start_shell: StartShell,
+) -> None:
+    """After the 400 that answers a broken request pipelined behind another, the connection
+    closes at the head deadline (it was held for ever: the refused request stayed "being
+    answered" for the clock)."""
+    shell = start_shell(header_timeout_seconds=1)
+    with connect(shell) as sock:
+        sock.sendall(
+            head(shell, "GET /api/version HTTP/1.1")
+            + head(shell, "POST /api/kv/os/x HTTP/1.1", "Transfer-Encoding: chunked", token=True)
+            + b"zz\r\n"
+        )
+        started = time.monotonic()
+        answers = split_answers(read_until_closed(sock))
+        assert time.monotonic() - started < 4
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"200", b"400"]
+
+
+@pytest.mark.parametrize("target", ["http://a:99999/", "http://[/"])
+def test_a_request_target_that_is_no_url_is_answered_last_and_alone(
+    shell: RunningShell, target: str
+) -> None:
+    """A target the URL parser refuses gets its own 400, after the answers to the requests
+    before it: those run (the PUT is stored) and their answers are theirs (the 400 was taken
+    for the first request's answer, and the PUT never ran)."""
+    with connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/before HTTP/1.1",
+                "Content-Type: application/json",
+                "Content-Length: 11",
+                token=True,
+            )
+            + b'{"value":1}'
+            + head(shell, "GET /api/nope HTTP/1.1")
+            + head(shell, f"GET {target} HTTP/1.1")
+        )
+        answers = split_answers(read_until_closed(sock))
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"200", b"404", b"400"]
+    assert "not a valid URL" in json.loads(answers[2][1])["error"]["message"]
+    with shell.client() as api:
+        assert api.get("/api/kv/os/before").json()["value"] == 1
+
+
+def test_a_request_target_that_is_no_url_on_a_kept_alive_connection_gets_its_400(
+    shell: RunningShell,
+) -> None:
+    with connect(shell) as sock:
+        sock.sendall(head(shell, "GET /api/version HTTP/1.1"))
+        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(0.1)  # the first answer is complete
+        sock.sendall(head(shell, "GET http://a:99999/ HTTP/1.1"))
+        answers = split_answers(read_until_closed(sock))
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"400"]
+
+
+@pytest.mark.parametrize("after_a_request", [False, True])
+def test_an_oversized_head_sent_in_one_write_is_431(
+    shell: RunningShell, after_a_request: bool
+) -> None:
+    """A head over the limit that arrives in one read (or ends in the read it began in) was
+    served: only reads in which no head ended were counted."""
+    with connect(shell) as sock:
+        first = head(shell, "GET /api/version HTTP/1.1") if after_a_request else b""
+        sock.sendall(first + head(shell, "GET /api/version HTTP/1.1", "X-Big: " + "a" * 120_000))
+        answers = split_answers(read_until_closed(sock))
+    statuses = [status.split(b" ")[1] for status, _ in answers]
+    assert statuses == ([b"200", b"431"] if after_a_request else [b"431"])
+
+
+def test_trailers_over_the_head_limit_are_431(shell: RunningShell) -> None:
+    """A chunked body's trailers are header lines: past `MAX_HEAD_BYTES` they are refused
+    (uvicorn kept every one, ~23 bytes of memory per byte sent, for as long as they came)."""
+    with connect(shell) as sock:
+        sock.sendall(
+            head(shell, "PUT /api/kv/os/t HTTP/1.1", "Transfer-Encoding: chunked", token=True)
+            + b"0\r\n"
+        )
+        try:
+            for _ in range(40):  # 40 x 6,000 trailer lines: ~240 KB, well past the limit
+                sock.sendall(b"a:b\r\n" * 6000)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while still sending: the answer is what counts
+        answers = split_answers(read_until_closed(sock))
+    assert [status.split(b" ")[1] for status, _ in answers] == [b"431"]
+
+
+def test_a_refused_upload_that_expected_a_go_ahead_gets_no_stray_write(
+    shell: RunningShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broken chunked body behind `Expect: 100-continue`: the 400 and nothing else (the
+    handler's first read then wrote `100 Continue` after the half-close, an error in the log)."""
+    with caplog.at_level(logging.INFO), connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/e HTTP/1.1",
+                "Expect: 100-continue",
+                "Transfer-Encoding: chunked",
+                token=True,
+            )
+            + b"zz\r\n"
+        )
+        answer = read_until_closed(sock)
+        time.sleep(0.2)  # the handler has run by now
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"100 Continue" not in answer
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_client_that_pipelines_and_never_reads_is_reset_after_the_stall_time(
+    start_shell: StartShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The answers wait on a client that reads none of them: after the stall time the
+    connection is reset (it held the handler for ever), and leaving meanwhile is no error in
+    the log (the handler answering wrote on into the closed transport: two tracebacks)."""
+    shell = start_shell(stall_seconds=1)
+    request = head(shell, "GET /api/openapi.json HTTP/1.1")
+    with caplog.at_level(logging.INFO):
+        for leaves_early in (True, False):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", shell.settings.port))
+            with sock:
+                sock.sendall(request * 2000)  # never read
+                if leaves_early:
+                    time.sleep(0.5)
+                    continue
+                wait_for(partial(hung_up, sock), "the reset", timeout=5)
+        time.sleep(0.5)
+    assert "read nothing for 1 s" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_a_request_to_switch_protocols_is_answered_then_closed(

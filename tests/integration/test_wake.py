@@ -175,7 +175,7 @@ def test_an_upload_waiting_for_its_go_ahead_during_a_wake_is_not_a_stalled_body(
     when the request is routed, here after a wake of over a second: that silence is the shell's,
     not a body stall (0.3 s here), and the upload goes through."""
     provider(system_apps, SLOW, "wakeslow", delay=1.0, wakeTimeoutMs=10_000)
-    shell = start_shell(body_stall_seconds=0.3)
+    shell = start_shell(stall_seconds=0.3)
     body = b'{"note": "sent after the go-ahead"}'
     with socket.create_connection(("127.0.0.1", shell.settings.port), timeout=30) as sock:
         sock.sendall(
