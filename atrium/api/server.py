@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import gc
 import http
 import json
@@ -12,6 +13,7 @@ import logging
 import signal
 import socket
 import struct
+import termios
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -211,8 +213,10 @@ class _Protocol(HttpToolsProtocol):
         self._head_deadline: float | None = None
         #: when a request body with no byte since is stalled (`stall`)
         self._body_deadline: float | None = None
-        #: when a client that has read nothing of an answer waiting on it is stalled (`stall`)
+        #: when a client that has read nothing of an answer waiting on it is stalled (`stall`),
+        #: and how much was waiting for it then
         self._write_deadline: float | None = None
+        self._write_left = 0
         #: when a connection that has said nothing since its last answer is closed (uvicorn's
         #: keep-alive, docs/api.md "Conventions"); cleared by the first byte of the next request
         self._idle_deadline: float | None = None
@@ -314,11 +318,23 @@ class _Protocol(HttpToolsProtocol):
         """The client stopped reading: it has `stall` seconds to read on."""
         super().pause_writing()
         self._write_deadline = self.loop.time() + self.stall
+        self._write_left = self._unsent()
         self._reset_clock()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         self._write_deadline = None
+
+    def _unsent(self) -> int:
+        """Bytes of answers the client has not taken yet: the transport's buffer and the
+        kernel's send queue (which is what drains, in steps, while a slow client reads)."""
+        left = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                left += struct.unpack("i", queued)[0]
+        return left
 
     def _busy(self) -> bool:
         """Whether a request before the one being read is still being answered."""
@@ -435,9 +451,13 @@ class _Protocol(HttpToolsProtocol):
                 self.transport.close()
                 return
         if self._write_deadline is not None and now >= self._write_deadline:
-            _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
-            self.abort()  # what is buffered for it cannot be delivered: dropped
-            return
+            left = self._unsent()
+            if left < self._write_left:  # it reads, slowly: another stall time from now
+                self._write_left, self._write_deadline = left, now + self.stall
+            else:
+                _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
+                self.abort()  # what is buffered for it cannot be delivered: dropped
+                return
         head = self._head_deadline
         if head is not None and now >= head:
             if not self._awaiting_head:

@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -554,3 +555,27 @@ def test_a_body_held_back_by_a_provider_that_reads_late_is_not_cut(
         response = api.post("/api/data/plain/items/lateread", params={"seconds": "2"}, content=body)
     assert response.status_code == 200, response.text
     assert response.json() == {"bytes": len(body)}
+
+
+def test_a_client_that_reads_slowly_is_not_reset(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """The stall is a client reading nothing: one that reads a little at a time gets the whole
+    answer, however long it takes, though the shell's writes wait on it for longer than the
+    stall time (8 MB fill the socket buffers; it reads ~3 MB/s against a 0.3 s stall)."""
+    provider_apps(system_apps)
+    shell = ready(start_shell(stall_seconds=0.3))
+    size = 8_000_000
+    with socket.create_connection(("127.0.0.1", shell.settings.port), timeout=30) as sock:
+        sock.sendall(
+            f"GET /api/data/plain/items/chunked?bytes={size} HTTP/1.1\r\nHost: localhost\r\n"
+            f"Authorization: Bearer {shell.token}\r\nConnection: close\r\n\r\n".encode()
+        )
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+            time.sleep(0.02)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert body.endswith(b"0\r\n\r\n")  # the chunked answer ended, not cut
+    assert len(body) > size
