@@ -47,11 +47,18 @@ class _HeldWrites:
     `close` passes straight to the real transport.
     """
 
-    __slots__ = ("_eof", "_held", "_loop", "_transport")
+    __slots__ = ("_closed", "_eof", "_held", "_loop", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        closed: Callable[[], None],
+    ) -> None:
         self._transport = transport
         self._loop = loop
+        #: told after every close (the shell's or uvicorn's)
+        self._closed = closed
         self._held: bytes | None = None
         #: half-closed (a refusal was the last word): later writes are dropped, not errors
         self._eof = False
@@ -76,6 +83,7 @@ class _HeldWrites:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+        self._closed()
 
     def is_closing(self) -> bool:  # asked several times per request: not through __getattr__
         return self._transport.is_closing()
@@ -134,8 +142,12 @@ class BodyPieces:
         return b"".join(pieces)
 
 
-class _HeadTooLarge(Exception):
-    """Raised inside a parser callback to stop parsing a head (or trailers) over the limit."""
+#: the headers that announce a request body
+_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+
+
+class _StopParsing(Exception):
+    """Raised inside a parser callback to end the parse (the protocol has noted why)."""
 
 
 class _Flow(FlowControl):
@@ -167,7 +179,10 @@ class _Protocol(HttpToolsProtocol):
       the shell has paused reading (flow control: the handler is not ready for more) nor while
       an `Expect: 100-continue` client waits for the shell's go-ahead. The other way, a client
       that reads nothing of its answers for ``stall`` seconds while the shell's writes wait on
-      it is reset (a client that pipelines requests and never reads held its handler for ever).
+      it is reset (a client that pipelines requests and never reads held its handler for ever),
+      also once the connection is closing: a close waits for what is unsent, and a client that
+      never reads would hold a closing connection for ever. After an answer, the rest of that
+      request's body does not keep the connection from its idle close.
     - **Head size.** More than `MAX_HEAD_BYTES` of request head, or of a chunked body's trailers,
       is `431 headers_too_large`, then the connection closes (httptools buffers a header of any
       length, and uvicorn keeps every trailer): counted both as the parser reports each line
@@ -187,7 +202,9 @@ class _Protocol(HttpToolsProtocol):
     stall: float = 30.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]
+        self._lost = False
+        held = _HeldWrites(transport, self.loop, self._closing)
+        super().connection_made(held)  # type: ignore[arg-type]
         self.flow = _Flow(self.transport, self._body_progress)
         self._awaiting_head = True
         self._heads_read = 0
@@ -225,6 +242,7 @@ class _Protocol(HttpToolsProtocol):
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True  # uvicorn closes the transport below: nothing is left to watch
         self._stop_clock()
         # uvicorn tells only the newest request; the one answering (pipelining) would write on
         # into the closed transport, an error and a traceback in the log for each
@@ -239,7 +257,6 @@ class _Protocol(HttpToolsProtocol):
             return  # the rest of a refused request: read and dropped until the deadline
         heads_read = self._heads_read
         self._body_seen = False
-        self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
@@ -257,6 +274,11 @@ class _Protocol(HttpToolsProtocol):
             if self.cycle is not None:
                 self.cycle.keep_alive = False
             return
+        cycle = self.cycle
+        if self._awaiting_head or cycle is None or not cycle.response_complete:
+            # a byte of a request not yet answered: the connection is not idle (the rest of an
+            # answered request's body is no reason to keep it open)
+            self._unset_keepalive_if_required()
         if heads_read != self._heads_read or self._body_seen:
             self._head_bytes = 0
         else:  # all of this read was head, trailers or chunk framing
@@ -288,7 +310,7 @@ class _Protocol(HttpToolsProtocol):
         self._parsed_bytes += size
         if self._parsed_bytes > MAX_HEAD_BYTES:
             self._head_too_large = True
-            raise _HeadTooLarge
+            raise _StopParsing
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -303,6 +325,17 @@ class _Protocol(HttpToolsProtocol):
         self._heads_read += 1
         self._head_bytes = 0
         self._cancel_head_timer()
+        if self.parser.should_upgrade() and any(
+            name in _FRAMING and value != b"0" for name, value in self.headers
+        ):
+            # the parser takes whatever follows an upgrade request as the new protocol's, so
+            # its body would be lost and the request answered as if it had none
+            self._awaiting_head = True
+            self._callback_failure = (
+                "a request asking to switch protocols (Upgrade) cannot carry a body here; "
+                "send it without Upgrade"
+            )
+            raise _StopParsing
         try:
             super().on_headers_complete()
         except Exception as err:  # the target is no URL (uvicorn parses it): no request began
@@ -335,6 +368,18 @@ class _Protocol(HttpToolsProtocol):
                 queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
                 left += struct.unpack("i", queued)[0]
         return left
+
+    def _closing(self) -> None:
+        """The transport is closing: a close waits for what is unsent, so what is unsent must
+        keep moving to the client, or the connection is reset after `stall` seconds."""
+        if self._lost:
+            return
+        self._head_deadline = self._idle_deadline = self._body_deadline = None
+        left = self._unsent()
+        if left:
+            self._write_left = left
+            self._write_deadline = self.loop.time() + self.stall
+            self._reset_clock()
 
     def _busy(self) -> bool:
         """Whether a request before the one being read is still being answered."""
@@ -376,8 +421,10 @@ class _Protocol(HttpToolsProtocol):
 
     def abort(self) -> None:
         """Reset the connection now (RST), discarding what is buffered either way."""
-        if self.transport.is_closing():
-            return
+        if not self.transport.is_closing():
+            self._reset()
+
+    def _reset(self) -> None:
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -433,9 +480,11 @@ class _Protocol(HttpToolsProtocol):
 
     def _clock_fired(self) -> None:
         self._clock = None
-        if self.transport.is_closing():
-            return
         now = self.loop.time()
+        if self.transport.is_closing():
+            if self._write_deadline is not None:
+                self._check_reading(now)
+            return
         if self._idle_deadline is not None and now >= self._idle_deadline:
             self.transport.close()  # idle since its last answer for the keep-alive time
             return
@@ -450,14 +499,8 @@ class _Protocol(HttpToolsProtocol):
                 )
                 self.transport.close()
                 return
-        if self._write_deadline is not None and now >= self._write_deadline:
-            left = self._unsent()
-            if left < self._write_left:  # it reads, slowly: another stall time from now
-                self._write_left, self._write_deadline = left, now + self.stall
-            else:
-                _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
-                self.abort()  # what is buffered for it cannot be delivered: dropped
-                return
+        if self._write_deadline is not None and not self._check_reading(now):
+            return
         head = self._head_deadline
         if head is not None and now >= head:
             if not self._awaiting_head:
@@ -469,6 +512,22 @@ class _Protocol(HttpToolsProtocol):
                 self.transport.close()
                 return
         self._reset_clock()
+
+    def _check_reading(self, now: float) -> bool:
+        """At or after the write deadline: False when the client read nothing since (the
+        connection is reset), else the deadline moves on."""
+        deadline = self._write_deadline
+        if deadline is None or now < deadline:
+            self._reset_clock()
+            return True
+        left = self._unsent()
+        if left < self._write_left:  # it reads, slowly: another stall time from now
+            self._write_left, self._write_deadline = left, now + self.stall
+            self._reset_clock()
+            return True
+        _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
+        self._reset()  # what is buffered for it cannot be delivered: dropped
+        return False
 
     def _refuse_head(self) -> None:
         self._refuse(

@@ -4,6 +4,7 @@ a slow event subscriber that the bus drops."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -557,6 +558,78 @@ def test_a_client_that_pipelines_and_never_reads_is_reset_after_the_stall_time(
         time.sleep(0.5)
     assert "read nothing for 1 s" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_closing_connection_whose_client_never_reads_is_reset(
+    start_shell: StartShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A close waits for what is unsent: a client that asked for large answers, the last with
+    `Connection: close`, and reads none of them held the closing connection (an fd, memory, and
+    megabytes of kernel buffers) for as long as it liked. It is reset after the stall time."""
+    shell = start_shell(stall_seconds=1)
+    with shell.client() as api:
+        assert api.put("/api/kv/os/big", json={"value": "b" * 900_000}).status_code == 200
+    ask = head(shell, "GET /api/kv/os/big HTTP/1.1", token=True)
+    last = head(shell, "GET /api/kv/os/big HTTP/1.1", "Connection: close", token=True)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", shell.settings.port))
+    with caplog.at_level(logging.INFO), sock:
+        sock.sendall(ask * 3 + last)  # never read
+        wait_for(partial(hung_up, sock), "the reset", timeout=10)
+    assert "read nothing for 1 s" in caplog.text
+
+
+def test_the_rest_of_an_answered_body_does_not_keep_the_connection_open(
+    start_shell: StartShell,
+) -> None:
+    """After an early answer (401 to an upload), body bytes trickled below the stall time no
+    longer hold the connection past its idle close: each one used to count as activity."""
+    shell = start_shell(stall_seconds=1)
+    with connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/trickle HTTP/1.1",
+                "Content-Type: application/json",
+                "Content-Length: 100000",
+            )
+            + b'{"value": '
+        )
+        assert read_answer(sock).startswith(b"HTTP/1.1 401")
+        started = time.monotonic()
+        while not hung_up(sock):
+            assert time.monotonic() - started < 8, "still open past the idle close"
+            with contextlib.suppress(OSError):
+                sock.sendall(b" ")
+            time.sleep(0.5)
+
+
+def test_an_upgrade_request_with_a_body_is_refused_not_answered_without_it(
+    shell: RunningShell,
+) -> None:
+    """The parser takes what follows an upgrade request as the new protocol's: its body was
+    dropped and the request answered as if it had none. It is refused, saying why."""
+    with connect(shell) as sock:
+        sock.sendall(
+            head(
+                shell,
+                "PUT /api/kv/os/up HTTP/1.1",
+                "Connection: Upgrade",
+                "Upgrade: foo",
+                "Content-Type: application/json",
+                "Content-Length: 11",
+                token=True,
+            )
+        )
+        time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            sock.sendall(b'{"value":1}')
+        [(status, body)] = split_answers(read_until_closed(sock))
+    assert status.startswith(b"HTTP/1.1 400"), status
+    assert "Upgrade" in json.loads(body)["error"]["message"]
+    with shell.client() as api:
+        assert api.get("/api/kv/os/up").status_code == 404
 
 
 def test_a_request_to_switch_protocols_is_answered_then_closed(
