@@ -146,6 +146,13 @@ class BodyPieces:
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
 
 
+def _head_too_large() -> HeadersTooLarge:
+    return HeadersTooLarge(
+        f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes",
+        limit=MAX_HEAD_BYTES,
+    )
+
+
 class _StopParsing(Exception):
     """Raised inside a parser callback to end the parse (the protocol has noted why)."""
 
@@ -212,13 +219,12 @@ class _Protocol(HttpToolsProtocol):
         self._head_bytes = 0
         #: the request line and header lines of the message being read, trailers included
         self._parsed_bytes = 0
-        self._head_too_large = False
         #: whether the read being handled carried body bytes
         self._body_seen = False
         #: the request whose handler is answering now (others wait in `pipeline`)
         self._answering: RequestResponseCycle | None = None
-        #: what a parser callback refused, for the 400's message
-        self._callback_failure: str | None = None
+        #: the answer to the request a parser callback stopped (`_StopParsing`)
+        self._stopped_by: AtriumError | None = None
         #: a refused request's bytes are dropped from then on (`_refuse`)
         self._refused = False
         #: the refusal to write once the requests before it are answered
@@ -260,12 +266,11 @@ class _Protocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as err:
-            if self._head_too_large:
-                self._refuse_head()
-                return
-            detail = self._callback_failure or str(err)
-            _LOGGER.info("refused a request that is not HTTP/1.1: %s", detail)
-            self._refuse(InvalidRequest(f"the request is not valid HTTP/1.1: {detail}"))
+            refusal = self._stopped_by or InvalidRequest(
+                f"the request is not valid HTTP/1.1: {err}"
+            )
+            _LOGGER.info("refused a request: %s", refusal.message)
+            self._refuse(refusal)
             return
         except httptools.HttpParserUpgrade:
             # no protocol to switch to: answered as a plain request, then closed, and nothing
@@ -284,7 +289,7 @@ class _Protocol(HttpToolsProtocol):
         else:  # all of this read was head, trailers or chunk framing
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refuse_head()
+                self._refuse(_head_too_large())
                 return
         if not self._awaiting_head:  # this read ended inside a body: more is due in time
             self._body_progress()
@@ -295,22 +300,25 @@ class _Protocol(HttpToolsProtocol):
         self._parsed_bytes = 0
 
     def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
+        self._parsed_bytes += len(url)
+        if self._parsed_bytes > MAX_HEAD_BYTES:
+            self._stop(_head_too_large())
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """uvicorn's, counting each line (a trailer too) against `MAX_HEAD_BYTES`."""
-        self._count_head(len(name) + len(value))
+        self._parsed_bytes += len(name) + len(value)
+        if self._parsed_bytes > MAX_HEAD_BYTES:
+            self._stop(_head_too_large())
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
         self.headers.append((name, value))
 
-    def _count_head(self, size: int) -> None:
-        self._parsed_bytes += size
-        if self._parsed_bytes > MAX_HEAD_BYTES:
-            self._head_too_large = True
-            raise _StopParsing
+    def _stop(self, refusal: AtriumError) -> None:
+        """End the parse from inside a callback; ``refusal`` answers the request."""
+        self._stopped_by = refusal
+        raise _StopParsing
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -331,17 +339,23 @@ class _Protocol(HttpToolsProtocol):
             # the parser takes whatever follows an upgrade request as the new protocol's, so
             # its body would be lost and the request answered as if it had none
             self._awaiting_head = True
-            self._callback_failure = (
-                "a request asking to switch protocols (Upgrade) cannot carry a body here; "
-                "send it without Upgrade"
+            self._stop(
+                InvalidRequest(
+                    "the request is not valid HTTP/1.1: a request asking to switch protocols "
+                    "(Upgrade) cannot carry a body here; send it without Upgrade"
+                )
             )
-            raise _StopParsing
         try:
             super().on_headers_complete()
-        except Exception as err:  # the target is no URL (uvicorn parses it): no request began
+        except (httptools.HttpParserInvalidURLError, ValueError) as err:
+            # uvicorn parses the target as a URL and it is none: no request began
             self._awaiting_head = True
-            self._callback_failure = f"the request target is not a valid URL ({err})"
-            raise
+            self._stop(
+                InvalidRequest(
+                    f"the request is not valid HTTP/1.1: the request target is not a valid URL "
+                    f"({err})"
+                )
+            )
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._answering = cycle
@@ -350,9 +364,7 @@ class _Protocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         """The client stopped reading: it has `stall` seconds to read on."""
         super().pause_writing()
-        self._write_deadline = self.loop.time() + self.stall
-        self._write_left = self._unsent()
-        self._reset_clock()
+        self._watch_reading(self.loop.time(), self._unsent())
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -377,9 +389,12 @@ class _Protocol(HttpToolsProtocol):
         self._head_deadline = self._idle_deadline = self._body_deadline = None
         left = self._unsent()
         if left:
-            self._write_left = left
-            self._write_deadline = self.loop.time() + self.stall
-            self._reset_clock()
+            self._watch_reading(self.loop.time(), left)
+
+    def _watch_reading(self, now: float, left: int) -> None:
+        """``left`` bytes wait for the client: fewer must be left `stall` seconds from now."""
+        self._write_left, self._write_deadline = left, now + self.stall
+        self._reset_clock()
 
     def _busy(self) -> bool:
         """Whether a request before the one being read is still being answered."""
@@ -522,20 +537,11 @@ class _Protocol(HttpToolsProtocol):
             return True
         left = self._unsent()
         if left < self._write_left:  # it reads, slowly: another stall time from now
-            self._write_left, self._write_deadline = left, now + self.stall
-            self._reset_clock()
+            self._watch_reading(now, left)
             return True
         _LOGGER.info("reset a connection whose client read nothing for %g s", self.stall)
         self._reset()  # what is buffered for it cannot be delivered: dropped
         return False
-
-    def _refuse_head(self) -> None:
-        self._refuse(
-            HeadersTooLarge(
-                f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes",
-                limit=MAX_HEAD_BYTES,
-            )
-        )
 
     def _refuse(self, err: AtriumError) -> None:
         """Answer the request being read with ``err`` and read nothing more of the connection,
