@@ -181,6 +181,17 @@ def head(shell: RunningShell, line: str, *headers: str, token: bool = False) -> 
     return ("\r\n".join([*lines, *headers]) + "\r\n\r\n").encode()
 
 
+def json_put(shell: RunningShell, key: str, *headers: str, token: bool = False) -> bytes:
+    """The head of a JSON `PUT /api/kv/os/<key>`, with ``headers`` (its framing) after it."""
+    return head(
+        shell,
+        f"PUT /api/kv/os/{key} HTTP/1.1",
+        "Content-Type: application/json",
+        *headers,
+        token=token,
+    )
+
+
 def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the shell sends until it closes the connection (fails on the timeout)."""
     chunks = []
@@ -243,15 +254,7 @@ def test_a_connection_answered_before_its_body_arrived_is_closed_when_idle(
     idle connection, not held open for ever (found by an attack on the one-clock change)."""
     shell = start_shell(header_timeout_seconds=30)
     with connect(shell) as sock:
-        sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/early HTTP/1.1",
-                "Content-Type: application/json",
-                "Content-Length: 100000",
-            )
-            + b'{"value": '
-        )
+        sock.sendall(json_put(shell, "early", "Content-Length: 100000") + b'{"value": ')
         started = time.monotonic()
         answer = read_until_closed(sock)
         waited = time.monotonic() - started
@@ -279,16 +282,7 @@ def test_a_stalled_request_body_is_closed_after_the_stall_time(start_shell: Star
     come for the stall time (it held a connection and a waiting request for ever)."""
     shell = start_shell(stall_seconds=0.5)
     with connect(shell) as sock:
-        sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/stalled HTTP/1.1",
-                "Content-Type: application/json",
-                "Content-Length: 100",
-                token=True,
-            )
-            + b'{"value": '
-        )
+        sock.sendall(json_put(shell, "stalled", "Content-Length: 100", token=True) + b'{"value": ')
         started = time.monotonic()
         assert read_until_closed(sock) == b""  # closed, no answer
         assert time.monotonic() - started < 5
@@ -302,10 +296,9 @@ def test_a_slow_but_steady_body_is_not_cut(start_shell: StartShell) -> None:
     body = json.dumps({"value": "x" * 40}).encode()
     with connect(shell) as sock:
         sock.sendall(
-            head(
+            json_put(
                 shell,
-                "PUT /api/kv/os/steady HTTP/1.1",
-                "Content-Type: application/json",
+                "steady",
                 f"Content-Length: {len(body)}",
                 "Connection: close",
                 token=True,
@@ -452,13 +445,7 @@ def test_a_request_target_that_is_no_url_is_answered_last_and_alone(
     for the first request's answer, and the PUT never ran)."""
     with connect(shell) as sock:
         sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/before HTTP/1.1",
-                "Content-Type: application/json",
-                "Content-Length: 11",
-                token=True,
-            )
+            json_put(shell, "before", "Content-Length: 11", token=True)
             + b'{"value":1}'
             + head(shell, "GET /api/nope HTTP/1.1")
             + head(shell, f"GET {target} HTTP/1.1")
@@ -587,15 +574,7 @@ def test_the_rest_of_an_answered_body_does_not_keep_the_connection_open(
     longer hold the connection past its idle close: each one used to count as activity."""
     shell = start_shell(stall_seconds=1)
     with connect(shell) as sock:
-        sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/trickle HTTP/1.1",
-                "Content-Type: application/json",
-                "Content-Length: 100000",
-            )
-            + b'{"value": '
-        )
+        sock.sendall(json_put(shell, "trickle", "Content-Length: 100000") + b'{"value": ')
         assert read_answer(sock).startswith(b"HTTP/1.1 401")
         started = time.monotonic()
         while not hung_up(sock):
@@ -675,15 +654,7 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(shell: Runn
     """A JSON route refuses a body declared over 2 MiB at once, without reading (or waiting
     for) a byte of it: the shell never holds a body of the caller's choosing."""
     with connect(shell) as sock:
-        sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/huge HTTP/1.1",
-                "Content-Type: application/json",
-                "Content-Length: 1000000000",
-                token=True,
-            )
-        )
+        sock.sendall(json_put(shell, "huge", "Content-Length: 1000000000", token=True))
         answer = read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b"larger than 2097152 bytes" in answer
@@ -694,15 +665,7 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(shell: Runnin
     2 MiB, while the caller is still sending (before: read whole, of any size, then refused)."""
     chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
     with connect(shell) as sock:
-        sock.sendall(
-            head(
-                shell,
-                "PUT /api/kv/os/huge HTTP/1.1",
-                "Content-Type: application/json",
-                "Transfer-Encoding: chunked",
-                token=True,
-            )
-        )
+        sock.sendall(json_put(shell, "huge", "Transfer-Encoding: chunked", token=True))
         for _ in range(40):  # 2.5 MiB, and the body never ends
             sock.sendall(chunk)
         answer = read_answer(sock)
@@ -721,14 +684,7 @@ def test_a_client_leaving_mid_body_is_not_an_internal_error(
         for _ in range(3):
             with connect(shell) as sock:
                 sock.sendall(
-                    head(
-                        shell,
-                        "PUT /api/kv/os/left HTTP/1.1",
-                        "Content-Type: application/json",
-                        "Content-Length: 1000",
-                        token=True,
-                    )
-                    + b'{"value": '
+                    json_put(shell, "left", "Content-Length: 1000", token=True) + b'{"value": '
                 )
                 time.sleep(0.2)
         with shell.client() as api:  # the shell has seen each leave by the time it answers
