@@ -106,7 +106,7 @@ class AtriumApp:
                 return
             await self._dispatch.dispatch(scope, receive, send, host)
             return
-        await self._dispatch(scope, receive, send)
+        await self.starlette(scope, receive, send)  # lifespan: nothing to dispatch
 
 
 def misdirected(host: str | None) -> MisdirectedRequest:

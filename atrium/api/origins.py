@@ -78,7 +78,9 @@ def slug_of(host_header: str, app_domain: str) -> str | None:
 
 
 class AppOrigins:
-    """ASGI dispatcher: app-origin requests here, everything else to the host application."""
+    """HTTP dispatcher behind the edge's Host check (`AtriumApp`): app-origin requests here,
+    the data proxy and the event stream to their raw handlers, the rest to the host
+    application."""
 
     def __init__(
         self,
@@ -90,13 +92,6 @@ class AppOrigins:
         self._shell = shell
         self._transform_html = transform_html
         self._open_shell: Shell | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-        await self.dispatch(scope, receive, send, host)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send, host: str) -> None:
         """An HTTP request whose ``Host`` header the caller has read already (the edge's host
