@@ -189,8 +189,7 @@ class _Protocol(HttpToolsProtocol):
       it is reset (a client that pipelines requests and never reads held its handler for ever),
       also once the connection is closing: a close waits for what is unsent, and a client that
       never reads would hold a closing connection for ever. After an answer, the rest of that
-      request's body does not keep the connection from its idle close. A client that
-      half-closes still gets the answers to what it asked in full.
+      request's body does not keep the connection from its idle close.
     - **Head size.** More than `MAX_HEAD_BYTES` of request head, or of a chunked body's trailers,
       is `431 headers_too_large`, then the connection closes (httptools buffers a header of any
       length, and uvicorn keeps every trailer): counted both as the parser reports each line
@@ -294,16 +293,6 @@ class _Protocol(HttpToolsProtocol):
                 return
         if not self._awaiting_head:  # this read ended inside a body: more is due in time
             self._body_progress()
-
-    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's type
-        """The client will send nothing more (it half-closed, as `nc -N` and many scripts do):
-        what it asked in full is still answered, then the connection closes. uvicorn's let the
-        transport close at once, and every answer not yet written was lost."""
-        if not self._awaiting_head or not self._busy():
-            return None  # nothing asked in full is unanswered: close now
-        if self._refusal is None and self.cycle is not None:
-            self.cycle.keep_alive = False  # the newest request's answer is the last
-        return True
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -611,24 +611,6 @@ def test_an_upgrade_request_with_a_body_is_refused_not_answered_without_it(
         assert api.get("/api/kv/os/up").status_code == 404
 
 
-@pytest.mark.parametrize("close", [True, False])
-def test_a_client_that_half_closes_still_gets_its_answers(shell: RunningShell, close: bool) -> None:
-    """`shutdown(SHUT_WR)` after the request (`nc -N`, many scripts): the answers to what was
-    asked in full still come, then the connection closes (the transport closed at the client's
-    end of input, and an answer not yet written was lost: 0 bytes)."""
-    with shell.client() as api:
-        assert api.put("/api/kv/os/half", json={"value": "v" * 1000}).status_code == 200
-    ask = head(shell, "GET /api/kv/os/half HTTP/1.1", token=True)
-    closing = ["Connection: close"] if close else []
-    last = head(shell, "GET /api/kv/os/half HTTP/1.1", *closing, token=True)
-    with connect(shell) as sock:
-        sock.sendall(ask + last)
-        sock.shutdown(socket.SHUT_WR)
-        answers = split_answers(read_until_closed(sock))
-    assert [status.split(b" ")[1] for status, _ in answers] == [b"200", b"200"]
-    assert all(json.loads(body)["value"] == "v" * 1000 for _, body in answers)
-
-
 def test_a_request_to_switch_protocols_is_answered_then_closed(
     shell: RunningShell, caplog: pytest.LogCaptureFixture
 ) -> None:
