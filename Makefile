@@ -14,7 +14,7 @@ DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl nodejs
 # use (with the machine's node and npm)
 BENCH_DEB_PACKAGES := nginx-light wrk python3-uvloop python3-httptools
 
-.PHONY: run test check fmt bench chaos system-deps bench-deps venv clean
+.PHONY: run test unit check fmt bench chaos system-deps bench-deps venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Atrium needs Python 3.11+"'
@@ -63,6 +63,10 @@ test: system-deps $(STAMP) check
 	@$(BIN)/coverage combine -q
 	@total=$$($(BIN)/coverage report --format=total --fail-under=$(COVERAGE_FLOOR)); status=$$?; \
 	  echo "coverage of atrium/ by the tests: $$total% (floor $(COVERAGE_FLOOR)%)"; exit $$status
+
+# the inner loop: the pure tests only (no servers, no packages), about 20 s
+unit: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
 # random kill -9 of a real shell during install/update/uninstall/launch, then the promises checked;
 # CHAOS_RUNS runs (100), CHAOS_SEED replays one (docs/reliability.md)
