@@ -4,10 +4,12 @@ No routing framework in between: the path is checked on its raw bytes (canonical
 decisions.md "Data proxy"), the caller identified by the one `identify`, the route decided by
 `DataProxy.route`, and the request forwarded over the shell's connection pool
 (`atrium.httppool`), headers kept as the bytes they arrived as. Bodies up to 256 KiB are buffered
-both ways; larger ones, and chunked ones, stream in constant memory. The provider's `Set-Cookie`
-never reaches the caller (a provider must not plant cookies on the host page's or another app's
-origin), and no cookie of the caller reaches the provider. Hop-by-hop headers, and those the
-`Connection` header names, stop here in both directions (RFC 9110 7.6.1).
+both ways; larger ones, and chunked ones, stream in constant memory. Of the provider's answer
+headers only an allow-list reaches the caller (`headers.DATA_ANSWER`: the answer is served on the
+host page's or a calling app's origin, where a `Set-Cookie`, `Clear-Site-Data` or
+`Access-Control-*` would act with that origin's authority), and no cookie of the caller reaches
+the provider. Hop-by-hop headers, and those the `Connection` header names, stop here in both
+directions (RFC 9110 7.6.1).
 """
 
 from __future__ import annotations

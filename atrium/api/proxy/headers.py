@@ -2,9 +2,11 @@
 
 Inbound, a request loses its hop-by-hop headers and those its `Connection` header names, every
 `X-Os-*` header (the shell sets its own), the caller's credentials (`Authorization`, the shell's
-`atrium_*` cookies) and its framing (the pool sets it); outbound, an answer loses the same
-hop-by-hop set, its framing and `Date` (the server adds its own). What differs between the data
-path and the page path is data: a `Rules` each.
+`atrium_*` cookies) and its framing (the pool sets it). Outbound, an app's page answer loses the
+same hop-by-hop set, its framing and `Date` (the server adds its own): the origin is the app's.
+A provider's data answer is served on an origin that is not the provider's (the host page's, or
+a caller app's), so it keeps only the headers of `DATA_ANSWER`, an allow-list with a reason per
+header. What differs between the data path and the page path is data: a `Rules` each.
 """
 
 from __future__ import annotations
@@ -40,6 +42,41 @@ REQUEST_DROPPED: Final = HOP_BY_HOP | {
 #: response headers never passed on: hop-by-hop, framing (set again for the body sent), `Date`
 RESPONSE_DROPPED: Final = HOP_BY_HOP | {b"content-length", b"date"}
 SHELL_COOKIE_PREFIX: Final = "atrium_"
+#: the headers of a provider's answer that reach the caller, each with the reason it may: a data
+#: answer is served on the host page's origin (or a caller app's), so a header passes only when it
+#: describes the answer itself and cannot act on that origin. Everything else stops at the shell,
+#: among them: `Set-Cookie`/`Set-Cookie2` (cookies on an origin not the provider's),
+#: `Clear-Site-Data` (would log the user out), `Access-Control-*` (who may read is the permission
+#: decision, never the provider's: with credentials another origin would read as the user),
+#: `Location` and `Refresh` (would send the browser anywhere from the host origin; the provider's
+#: paths are not the caller's URLs either), `Link` (preload and prefetch requests with the origin's
+#: cookies), `WWW-Authenticate` (a password prompt in the host page's name, and a Basic
+#: `Authorization` the browser would then send to every shell route), `Alt-Svc` and
+#: `Strict-Transport-Security` (would steer the origin's connections), the provider's own
+#: `Content-Security-Policy` and the reporting headers (`…-Report-Only`, `Report-To`,
+#: `Reporting-Endpoints`, `NEL`: requests the browser would send from the origin), the
+#: shell's own `X-Content-Type-Options`/`Cross-Origin-Resource-Policy` (see INERT), every
+#: `X-Os-*` (the shell's to speak), and any header not listed (`Server`, `X-…`)
+DATA_ANSWER: Final = (
+    (b"content-type", "what the body is; nosniff and the sandbox below keep it inert"),
+    (b"content-encoding", "how the body's bytes, passed as they are, are coded (gzip)"),
+    (b"content-language", "the body's language"),
+    (
+        b"content-disposition",
+        "inline or a download with a file name (a download leaves the origin)",
+    ),
+    (b"content-range", "which part a 206 answer holds"),
+    (b"accept-ranges", "that ranges may be asked for"),
+    (b"etag", "the validator of conditional requests (If-None-Match)"),
+    (b"last-modified", "the validator of conditional requests (If-Modified-Since)"),
+    (b"cache-control", "how long the provider's own data may be reused; one user's browser cache"),
+    (b"expires", "the older form of Cache-Control's max-age"),
+    (b"vary", "which request headers the answer depends on, so caches keep variants apart"),
+    (b"retry-after", "when to try again after a 503 or 429"),
+    (b"allow", "the methods a path takes, with a 405"),
+)
+#: the names of DATA_ANSWER, for the one lookup per header on the hot path
+DATA_ANSWER_NAMES: Final = frozenset(name for name, _ in DATA_ANSWER)
 #: what every answer of the data proxy carries, whatever the provider said: a browser that opens a
 #: provider's answer (a link, a popup, the address bar) renders it as an inert document on an
 #: opaque origin (no script, form, popup or plugin; nothing loaded), never sniffs another type out
@@ -54,27 +91,22 @@ INERT: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Rules:
-    """What one proxy path drops and adds beyond the common filter."""
+    """What one proxy path lets through and adds beyond the common filter."""
 
-    #: response headers dropped besides RESPONSE_DROPPED
-    response_dropped: frozenset[bytes]
+    #: the only response headers passed on (an allow-list), or None: every header but
+    #: RESPONSE_DROPPED (an app's answer on its own origin)
+    response_allowed: frozenset[bytes] | None
     #: headers added to every answer
     response_added: tuple[tuple[bytes, bytes], ...]
     #: the caller's own cookies (all but the shell's `atrium_*`) reach the app
     app_cookies: bool
 
 
-#: the data path: the provider plants no cookie and its answer is inert (a second CORP or nosniff
-#: header would make the pair invalid, so the provider's own are dropped)
-DATA: Final = Rules(
-    response_dropped=frozenset(
-        {b"set-cookie", b"set-cookie2", b"x-content-type-options", b"cross-origin-resource-policy"}
-    ),
-    response_added=INERT,
-    app_cookies=False,
-)
-#: an app's pages on its own origin: its cookies are its own, both ways
-PAGE: Final = Rules(response_dropped=frozenset(), response_added=(), app_cookies=True)
+#: the data path: only DATA_ANSWER passes (none of it framing, hop-by-hop or `Date`), and the
+#: answer is inert
+DATA: Final = Rules(response_allowed=DATA_ANSWER_NAMES, response_added=INERT, app_cookies=False)
+#: an app's pages on its own origin: its headers and cookies are its own, both ways
+PAGE: Final = Rules(response_allowed=None, response_added=(), app_cookies=True)
 
 
 def connection_options(values: list[bytes]) -> frozenset[bytes]:
@@ -139,20 +171,21 @@ class Inbound:
 
 
 def outbound(headers: Headers, rules: Rules) -> Headers:
-    """The app's answer headers the caller gets, in one pass (names as the app sent them): none
-    of RESPONSE_DROPPED, the rules' own, or those the `Connection` header names; then the rules'
-    additions. A provider's own Content-Security-Policy is kept on the data path: a browser
-    enforces every policy it gets, so it can only narrow the shell's."""
+    """The app's answer headers the caller gets, in one pass (names as the app sent them): those
+    the rules allow (the data path), or all but RESPONSE_DROPPED (the page path); never those the
+    `Connection` header names; then the rules' additions."""
     kept: Headers = []
     connection: list[bytes] = []
+    allowed = rules.response_allowed
     for name, value in headers:
         lower = name.lower()
         if lower == b"connection":
             connection.append(value)
-        elif lower not in RESPONSE_DROPPED and lower not in rules.response_dropped:
+        elif lower in allowed if allowed is not None else lower not in RESPONSE_DROPPED:
             kept.append((name, value))
     if connection:
         named = connection_options(connection)
-        kept = [(n, v) for n, v in kept if n.lower() not in named]
+        if allowed is None or not named.isdisjoint(allowed):  # `keep-alive`, `close`: nothing kept
+            kept = [(n, v) for n, v in kept if n.lower() not in named]
     kept.extend(rules.response_added)
     return kept

@@ -84,6 +84,8 @@ HOSTILE_HTML = """<!doctype html><html><head><title>inert</title></head><body>
 def open_entry(request: Request) -> object:
     if request.subpath == "big" and request.method in {"GET", "HEAD"}:
         return big(request)
+    if request.subpath == "headers":  # each query pair comes back as a response header
+        return Response("headers", headers=request.query)
     if request.subpath == "hostile.html":
         return Response(
             HOSTILE_HTML,
