@@ -149,15 +149,20 @@ class IntentMatch:
     scope: Scope
     filter_index: int
     score: Score
+    #: what an app must hold to start it (the filter's `permission`); None: anyone
+    permission: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "appId": self.app_id,
             "scope": self.scope.value,
             "filterIndex": self.filter_index,
             "score": self.score.total,
             "breakdown": self.score.wire(),
         }
+        if self.permission is not None:
+            wire["permission"] = self.permission
+        return wire
 
 
 def rank(candidates: Iterable[Candidate], intent: Intent) -> list[IntentMatch]:
@@ -170,7 +175,7 @@ def rank(candidates: Iterable[Candidate], intent: Intent) -> list[IntentMatch]:
             continue
         current = best.get(c.app_id)
         if current is None or s.total > current.score.total:
-            best[c.app_id] = IntentMatch(c.app_id, c.scope, c.filter_index, s)
+            best[c.app_id] = IntentMatch(c.app_id, c.scope, c.filter_index, s, c.filter.permission)
     return sorted(best.values(), key=lambda m: (-m.score.total, m.app_id))
 
 

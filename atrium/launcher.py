@@ -17,12 +17,13 @@ from typing import Any, Final
 
 from atrium import intentdefaults
 from atrium.bus import Event, EventBus
-from atrium.errors import InvalidRequest, NoHandler, NotFound
+from atrium.errors import InvalidRequest, NoHandler, NotFound, PermissionDenied
 from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
 from atrium.intentdefaults import KEY, IntentDefault
 from atrium.intents import Intent, IntentIndex, IntentMatch, tied_at_top
 from atrium.kv import KvStore
 from atrium.lifecycle.manager import LifecycleManager
+from atrium.permissions import holds
 from atrium.registry import AppRegistry
 
 _LOGGER = logging.getLogger(__name__)
@@ -173,8 +174,15 @@ class Launcher:
         return Resolution(matches, default, new)
 
     async def start(
-        self, intent: Intent, target: str | None = None, *, remember: bool = False
+        self,
+        intent: Intent,
+        target: str | None = None,
+        *,
+        remember: bool = False,
+        caller_app_id: str | None = None,
     ) -> Started | Chooser:
+        """Start the handler's activity; ``caller_app_id`` is the app that asks (None: the user),
+        refused before anything starts when the chosen filter names a permission it lacks."""
         resolution = await self.resolve(intent)
         matches = resolution.matches
         if not matches:
@@ -187,8 +195,6 @@ class Launcher:
                     target,
                     f"{target!r} is not among the handlers of {intent.action!r}",
                 )
-            if remember:
-                await self._remember(intent, chosen.app_id)
         elif resolution.default is not None:
             chosen = next(m for m in matches if m.app_id == resolution.default.app_id)
         else:
@@ -196,9 +202,12 @@ class Launcher:
             if len(top) > 1:
                 return Chooser(top)
             chosen = top[0]
+        self._authorize(chosen, intent, caller_app_id)
+        if remember:
+            await self._remember(intent, chosen.app_id)
         instance = await self._lifecycle.create(chosen.app_id)
         activity = await self._lifecycle.create_activity(
-            instance.id, intent.extras, intent=intent_body(intent)
+            instance.id, intent.extras, intent=intent_body(intent, caller_app_id)
         )
         return Started(
             chosen.app_id,
@@ -209,6 +218,23 @@ class Launcher:
             by_default=target is None and resolution.default is not None,
         )
 
+    def _authorize(self, chosen: IntentMatch, intent: Intent, caller_app_id: str | None) -> None:
+        """An app may start a filter that names a permission only when its manifest grants it
+        (the user always may; a handler may start its own filter), as the data proxy decides a
+        provider entry: an intent is a request anyone may send, the filter says who may ask."""
+        needed = chosen.permission
+        if needed is None or caller_app_id is None or caller_app_id == chosen.app_id:
+            return
+        copy = self._registry.get(caller_app_id)
+        granted = copy.manifest.permissions if copy and copy.manifest else []
+        if not holds(granted, needed):
+            raise PermissionDenied(
+                f"app {caller_app_id!r} needs permission {needed!r} in its manifest to start "
+                f"{chosen.app_id}'s {intent.action!r}",
+                caller_app_id=caller_app_id,
+                permission=needed,
+            )
+
 
 def _validate_defaults(value: Any) -> Any:
     """A raw `PUT /api/kv/os/intent.defaults` must hold a valid list (stored normalized)."""
@@ -218,9 +244,14 @@ def _validate_defaults(value: Any) -> Any:
         raise InvalidRequest(str(err)) from err
 
 
-def intent_body(intent: Intent) -> dict[str, Any]:
-    """The whole intent as the handler's `onActivityCreate` receives it under `intent`."""
-    body: dict[str, Any] = {"action": intent.action, "extras": dict(intent.extras)}
+def intent_body(intent: Intent, caller_app_id: str | None = None) -> dict[str, Any]:
+    """The whole intent as the handler's `onActivityCreate` receives it under `intent`, with who
+    started it (`callerAppId`: an app's id, or null for the user)."""
+    body: dict[str, Any] = {
+        "action": intent.action,
+        "extras": dict(intent.extras),
+        "callerAppId": caller_app_id,
+    }
     if intent.type is not None:
         body["type"] = intent.type
     if intent.uri is not None:

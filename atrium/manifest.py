@@ -137,6 +137,10 @@ class IntentFilter(_ManifestPart):
     data_mime: list[str] | None = None
     data_scheme: list[str] | None = None
     priority: int = 0
+    #: the permission an app must hold to start this filter's activity (the user always may, and
+    #: so does the app itself); null: any caller. An intent is a request from anyone: a handler
+    #: that acts on it, rather than only showing a screen, names the permission that act needs
+    permission: str | None = None
 
     @field_validator("category", mode="before")
     @classmethod
@@ -159,6 +163,13 @@ class IntentFilter(_ManifestPart):
         for scheme in value or []:
             if not re.fullmatch(r"^[A-Za-z][A-Za-z0-9+.-]*$", scheme):
                 raise ValueError(f"{scheme!r} is not a URI scheme (RFC 3986)")
+        return value
+
+    @field_validator("permission")
+    @classmethod
+    def _permission(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise ValueError(f"{value!r} is not a permission string (non-empty, no spaces)")
         return value
 
 

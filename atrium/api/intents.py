@@ -63,7 +63,12 @@ async def start(request: Request, caller: Caller) -> Response:
             f"only the user chooses default handlers, not app {caller.app_id!r}",
             caller_app_id=caller.app_id,
         )
-    result = await shell.launcher.start(body.intent(), body.target, remember=body.remember)
+    result = await shell.launcher.start(
+        body.intent(),
+        body.target,
+        remember=body.remember,
+        caller_app_id=caller.app_id if isinstance(caller, AppCaller) else None,
+    )
     if isinstance(result, Chooser):
         return JSONResponse(
             {"status": "chooser", "candidates": [m.wire() for m in result.candidates]}

@@ -95,9 +95,63 @@ def test_start_launches_the_winner_and_hands_it_the_extras(api: httpx.Client) ->
     activities = api.get(f"/api/proxy/{body['instanceId']}/activities").json()
     handed = activities[body["activityId"]]
     assert handed["extras"] == {"text": "hello"}
-    assert handed["intent"] == {"action": SHARE, "type": "text/plain", "extras": {"text": "hello"}}
+    assert handed["intent"] == {
+        "action": SHARE,
+        "type": "text/plain",
+        "extras": {"text": "hello"},
+        "callerAppId": None,  # the user started it
+    }
     instance = api.get(f"/api/instances/{body['instanceId']}").json()
     assert instance["state"] == "resumed"
+
+
+def caller(apps_dir: Path, app_id: str, permissions: list[str]) -> None:
+    """An app that starts intents (the test holds its token): a manifest, never run."""
+    (apps_dir / app_id).mkdir()
+    (apps_dir / app_id / "entrypoint.sh").write_text("#!/bin/sh\n")
+    manifest = {"id": app_id, "name": app_id, "version": "1.0.0", "permissions": permissions}
+    (apps_dir / app_id / "app.manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_filter_naming_a_permission_starts_only_for_apps_holding_it(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """An app's server may start intents: a filter whose activity acts (adds, sends, deletes)
+    names the permission that act needs, and the shell refuses an app without it before
+    anything starts; the handler learns who asked (`callerAppId`)."""
+    add = "test.guarded.action.ADD"
+    handler(system_apps, "test.guarded", [{"action": add, "permission": "test.guarded.write"}])
+    caller(system_apps, "test.caller.nobody", [])
+    caller(system_apps, "test.caller.writer", ["test.guarded.write"])
+    shell = start_shell()
+    with shell.client(timeout=60) as user:
+        resolved = user.post("/api/intents/resolve", json={"action": add}).json()
+        assert [(m["appId"], m["permission"]) for m in resolved] == [
+            ("test.guarded", "test.guarded.write")
+        ]
+        nobody = shell.shell.app_tokens.issue("test.caller.nobody", "test.caller.nobody-1")
+        with shell.client(token=nobody, timeout=60) as app_client:
+            for body in ({"action": add}, {"action": add, "target": "test.guarded"}):
+                refused = app_client.post("/api/intents/start", json=body)
+                assert refused.status_code == 403, refused.text
+                error = refused.json()["error"]
+                assert error["code"] == "permission_denied"
+                assert error["permission"] == "test.guarded.write"
+                assert "test.caller.nobody" in error["message"]
+        assert user.get("/api/instances").json() == []  # refused before anything started
+        writer = shell.shell.app_tokens.issue("test.caller.writer", "test.caller.writer-1")
+        with shell.client(token=writer, timeout=60) as app_client:
+            started = app_client.post(
+                "/api/intents/start", json={"action": add, "extras": {"n": 1}}
+            )
+        assert started.json()["status"] == "started", started.text
+        iid = started.json()["instanceId"]
+        handed = user.get(f"/api/proxy/{iid}/activities").json()[started.json()["activityId"]]
+        assert handed["intent"]["callerAppId"] == "test.caller.writer"
+        own = shell.shell.app_tokens.issue("test.guarded", iid)
+        with shell.client(token=own, timeout=60) as app_client:  # a handler may start its own
+            assert app_client.post("/api/intents/start", json={"action": add}).status_code == 200
+        assert user.post("/api/intents/start", json={"action": add}).status_code == 200
 
 
 def test_a_tie_opens_a_chooser_and_starts_nothing(api: httpx.Client) -> None:

@@ -19,6 +19,7 @@ from atrium.authoring.scaffold import TEMPLATES
 from atrium.cli.main import app
 from atrium.testing import RunningShell, check_contract
 from tests.conftest import REPO_DIR
+from tests.integration.conftest import StartShell
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,54 @@ def test_each_template_passes_its_own_tests_against_a_real_shell(
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout
+
+
+def caller_app(system_apps: Path, app_id: str, permissions: list[str]) -> None:
+    """An app that calls the shell (the test holds its token): only a manifest, it never runs."""
+    (system_apps / app_id).mkdir()
+    (system_apps / app_id / "entrypoint.sh").write_text("#!/bin/sh\n")
+    manifest = {"id": app_id, "name": app_id, "version": "1.0.0", "permissions": permissions}
+    (system_apps / app_id / "app.manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_the_add_item_intent_needs_the_write_permission(
+    tmp_path: Path, template: str, start_shell: StartShell, system_apps: Path
+) -> None:
+    """The template promises that adding items needs `<id>.write`; its `ADD_ITEM` intent adds an
+    item too, and an app's server may start intents itself: an app without the permission must
+    not add items that way, one with it (and the user) may."""
+    app_id = f"com.example.add-{template}"
+    caller_app(system_apps, "test.caller.nobody", [])
+    caller_app(system_apps, "test.caller.writer", [f"{app_id}.write"])
+    running = start_shell()
+    folder = new(tmp_path, app_id, template)
+    intent = {
+        "action": f"{app_id}.action.ADD_ITEM",
+        "type": "text/plain",
+        "extras": {"text": "from nobody"},
+    }
+    items = f"/api/data/{app_id}/items"
+    with running.client(timeout=60) as user:
+        body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True}
+        assert user.post("/api/dist/install", json=body).json()["ok"] is True
+        nobody = running.shell.app_tokens.issue("test.caller.nobody", "test.caller.nobody-1")
+        with running.client(token=nobody, timeout=60) as app_client:
+            refused = app_client.post("/api/intents/start", json=intent)
+            assert app_client.post(items, json={"text": "from nobody"}).status_code == 403
+        assert refused.status_code == 403, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["permission"]) == ("permission_denied", f"{app_id}.write")
+        assert error["callerAppId"] == "test.caller.nobody"
+        writer = running.shell.app_tokens.issue("test.caller.writer", "test.caller.writer-1")
+        with running.client(token=writer, timeout=60) as app_client:
+            started = app_client.post(
+                "/api/intents/start", json={**intent, "extras": {"text": "from the writer"}}
+            )
+            assert started.json()["status"] == "started", started.text
+        started = user.post("/api/intents/start", json={**intent, "extras": {"text": "mine"}})
+        assert started.json()["status"] == "started", started.text
+        assert [i["text"] for i in user.get(items).json()] == ["from the writer", "mine"]
 
 
 def break_app(folder: Path, old: str, new: str) -> None:

@@ -7,7 +7,9 @@
 // The page at / lists items. The content provider {{APP_ID}} serves them to other apps:
 // GET /api/data/{{APP_ID}}/items needs {{APP_ID}}.read, POST with {"text": "..."} needs
 // {{APP_ID}}.write (the shell checks both before the request arrives here). The intent
-// {{APP_ID}}.action.ADD_ITEM with extras {"text": ...} adds an item and opens the page.
+// {{APP_ID}}.action.ADD_ITEM with extras {"text": ...} adds an item and opens the page; since
+// adding is a write, its filter in the manifest names {{APP_ID}}.write too, and the shell starts
+// it only for the user and apps holding that.
 "use strict";
 
 const crypto = require("node:crypto");
@@ -84,6 +86,8 @@ function parse(raw) {
 function hook(res, name, body) {
   if (name.startsWith("onActivityDestroy/")) return send(res, 200, {ok: true});
   if (name === "onActivityCreate") {
+    // extras come from whoever started the intent (body.intent.callerAppId, null for the user):
+    // this adds an item only because the filter's permission let that caller in
     const extras = body && body.extras;
     if (extras && typeof extras.text === "string" && extras.text.trim()) add(extras.text);
     return send(res, 200, {path: "/", title: "{{APP_NAME}}"});

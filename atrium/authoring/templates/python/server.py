@@ -3,7 +3,9 @@
 The page at `/` lists items. The content provider `{{APP_ID}}` serves them to other apps:
 `GET /api/data/{{APP_ID}}/items` needs `{{APP_ID}}.read`, `POST` with `{"text": "..."}` needs
 `{{APP_ID}}.write`. The intent `{{APP_ID}}.action.ADD_ITEM` with extras `{"text": ...}` adds an
-item and opens the page. Items live in `$OS_DATA_DIR/items.json`, written atomically.
+item and opens the page; since adding is a write, its filter in the manifest names
+`{{APP_ID}}.write` too, and the shell starts it only for the user and apps holding that. Items
+live in `$OS_DATA_DIR/items.json`, written atomically.
 
 `atrium.sdk` answers `/health` and every lifecycle hook, checks the shell's secret and routes the
 rest; docs/authoring.md is the contract it meets for you.
@@ -79,6 +81,8 @@ def items(request: Request) -> object:
 
 @app.hook("onActivityCreate")
 def open_activity(body: dict[str, Any]) -> dict[str, object]:
+    # extras come from whoever started the intent (`body["intent"]["callerAppId"]`, None for the
+    # user): this adds an item only because the filter's permission let that caller through
     extras = body.get("extras")
     text = extras.get("text") if isinstance(extras, dict) else None
     if isinstance(text, str) and text.strip():

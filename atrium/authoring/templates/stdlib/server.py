@@ -7,7 +7,9 @@ identity, answer every lifecycle hook, name the app on every answer, keep data i
 The page at `/` lists items. The content provider `{{APP_ID}}` serves them to other apps:
 `GET /api/data/{{APP_ID}}/items` needs `{{APP_ID}}.read`, `POST` with `{"text": "..."}` needs
 `{{APP_ID}}.write` (the shell checks both before the request arrives here). The intent
-`{{APP_ID}}.action.ADD_ITEM` with extras `{"text": ...}` adds an item and opens the page.
+`{{APP_ID}}.action.ADD_ITEM` with extras `{"text": ...}` adds an item and opens the page; since
+adding is a write, its filter in the manifest names `{{APP_ID}}.write` too, and the shell starts
+it only for the user and apps holding that.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class Handler(BaseHTTPRequestHandler):
         if name.startswith("onActivityDestroy/"):
             self.send_json(200, {"ok": True})
         elif name == "onActivityCreate":
+            # extras come from whoever started the intent (`intent.callerAppId`, null for the
+            # user): this adds an item only because the filter's permission let that caller in
             try:
                 extras = json.loads(raw or b"{}").get("extras")
             except (ValueError, AttributeError):
@@ -168,6 +172,9 @@ class Handler(BaseHTTPRequestHandler):
 if __name__ == "__main__":
     host = os.environ.get("OS_HOST", "127.0.0.1")
     port = int(os.environ.get("OS_PORT") or os.environ.get("PORT") or "0")
+    # the shell may open up to 64 connections at once: listen with room for all of them
+    # (http.server's backlog is 5; the kernel drops what does not fit, and TCP retries late)
+    ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -38,16 +38,12 @@ def test_items_are_shared_announced_and_kept(shell: RunningShell) -> None:
         assert added.status_code == 201, added.text
         assert events.wait("data:changed", lambda e: e["path"] == "/items") is not None
     assert shell.request("POST", ITEMS, json={"text": ""}).status_code == 400
-    # the intent adds an item and opens the page
-    started = shell.call(
-        "POST",
-        "/api/intents/start",
-        json={
-            "action": f"{APP_ID}.action.ADD_ITEM",
-            "type": "text/plain",
-            "extras": {"text": "eggs"},
-        },
-    )
+    # the intent adds an item and opens the page; adding is a write, so only the user and apps
+    # holding the write permission may start it (the shell refuses others: permission_denied)
+    intent = {"action": f"{APP_ID}.action.ADD_ITEM", "type": "text/plain"}
+    resolved = shell.call("POST", "/api/intents/resolve", json=intent)
+    assert [(m["appId"], m.get("permission")) for m in resolved] == [(APP_ID, f"{APP_ID}.write")]
+    started = shell.call("POST", "/api/intents/start", json={**intent, "extras": {"text": "eggs"}})
     assert started["status"] == "started", started
     assert started["path"] == "/"
     # kept across a stop and a start of the instance
