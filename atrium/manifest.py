@@ -23,9 +23,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from atrium.errors import ManifestInvalid
+from atrium.ids import APP_ID_RE as APP_ID_RE
+from atrium.ids import SYSTEM_PREFIX, is_reserved
+from atrium.permissions import migrate_grants, permission_owner
 
 MANIFEST_FILE: Final = "app.manifest.json"
-APP_ID_RE: Final = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9-]*)+\Z")
 AUTHORITY_RE: Final = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,126}[a-z0-9])?\Z")
 TOOL_RE: Final = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._+-]{0,63})\Z")
 MAX_DEADLINE_MS: Final = 600_000
@@ -181,7 +183,11 @@ class PermissionInfo(_ManifestPart):
 
 
 class Manifest(_ManifestPart):
-    """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest")."""
+    """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest").
+
+    ``permissions`` holds the grants as the shell reads them: a KV name in an older shell's form
+    is read as the one grant its review showed, or dropped (`atrium.permissions.migrate_grant`).
+    """
 
     id: AppId
     version: Version
@@ -192,7 +198,7 @@ class Manifest(_ManifestPart):
     data_provider: DataProvider | None = None
     intent_filters: list[IntentFilter] = Field(default_factory=list)
     permissions: list[str] = Field(default_factory=list)
-    #: labels for the permissions this app defines (names starting with its id)
+    #: labels for the permissions this app defines (``<its id>.<one word>``)
     permission_info: dict[str, PermissionInfo] = Field(default_factory=dict)
     theme_strategy: ThemeStrategy = ThemeStrategy.INHERIT
     warm_pool: bool | int = False
@@ -200,6 +206,16 @@ class Manifest(_ManifestPart):
     tools: list[str] = Field(default_factory=list)
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
+
+    @field_validator("id")
+    @classmethod
+    def _not_the_shells(cls, value: str) -> str:
+        # the shell's own permissions are named system.…: an app under that prefix would own them
+        if is_reserved(value):
+            raise ValueError(
+                f"app ids starting with {SYSTEM_PREFIX!r} are reserved for the shell, not {value!r}"
+            )
+        return value
 
     @field_validator("theme_strategy", mode="before")
     @classmethod
@@ -217,11 +233,16 @@ class Manifest(_ManifestPart):
         cls, value: dict[str, PermissionInfo], info: ValidationInfo
     ) -> dict[str, PermissionInfo]:
         # an app labels only its own permissions: a friendly label on another app's (or the
-        # system's) permission would make the install dialog lie about what is granted
+        # system's) permission would make the install dialog lie about what is granted. Its own
+        # means its id exactly, then one word: com.atrium labels com.atrium.read, never
+        # com.atrium.notes.read (com.atrium.notes's)
         app_id = info.data.get("id")
-        foreign = [name for name in value if app_id is None or not name.startswith(f"{app_id}.")]
+        foreign = [name for name in value if app_id is None or permission_owner(name) != app_id]
         if foreign:
-            raise ValueError(f"may only describe permissions named {app_id}.…, not {foreign[0]!r}")
+            raise ValueError(
+                f"may only describe permissions named {app_id}.<word> (its own id, a dot and one "
+                f"word without dots), not {foreign[0]!r}"
+            )
         return value
 
     @field_validator("warm_pool", mode="before")
@@ -266,7 +287,7 @@ class Manifest(_ManifestPart):
         for perm in value:
             if not perm or any(c.isspace() for c in perm):
                 raise ValueError(f"{perm!r} is not a permission string (non-empty, no spaces)")
-        return value
+        return migrate_grants(value)[0]
 
     @property
     def warm_pool_size(self) -> int:

@@ -24,6 +24,7 @@ from atrium.bus import EventBus
 from atrium.errors import ManifestInvalid
 from atrium.events import AppInstalled, AppRemoved
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
+from atrium.permissions import GrantChange, PermissionWords, migrate_grants, permission_owner
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class AppCopy:
     path: Path
     manifest: Manifest | None
     problems: tuple[Mapping[str, str], ...] = ()
+    #: what reading its manifest did to grants in an older shell's KV form (the file is unchanged)
+    grant_changes: tuple[GrantChange, ...] = ()
 
     @property
     def is_valid(self) -> bool:
@@ -85,7 +88,17 @@ def read_copy(scope: Scope, path: Path) -> AppCopy:
     except ManifestInvalid as err:
         return AppCopy(path.name, scope, path, None, tuple(err.problems))
     problems = _file_problems(path, manifest)
-    return AppCopy(path.name, scope, path, None if problems else manifest, problems)
+    if problems:
+        return AppCopy(path.name, scope, path, None, problems)
+    changes = tuple(migrate_grants(data["permissions"])[1]) if "permissions" in data else ()
+    return AppCopy(path.name, scope, path, manifest, grant_changes=changes)
+
+
+def _log_grant_changes(copy: AppCopy) -> None:
+    """Say what reading a visible copy's grants in an older KV form did (a dropped one warns)."""
+    for change in copy.grant_changes:
+        level = logging.WARNING if change.new is None else logging.INFO
+        _LOGGER.log(level, "app %s (%s): %s", copy.id, copy.scope, change.why())
 
 
 def _file_problems(path: Path, manifest: Manifest) -> tuple[Mapping[str, str], ...]:
@@ -141,6 +154,8 @@ class AppRegistry:
                 scan_scope, scope, self._layout.apps_dir(scope)
             )
         self._visible = self._compute_visible()
+        for copy in self._visible.values():
+            _log_grant_changes(copy)
         if self._watch:
             self._task = asyncio.create_task(self._watch_loop(), name="registry watcher")
             await asyncio.wait_for(self._watching.wait(), timeout=10)
@@ -170,14 +185,19 @@ class AppRegistry:
         """Every copy of ``app_id``, highest priority first."""
         return [self._copies[s][app_id] for s in BY_PRIORITY if app_id in self._copies[s]]
 
-    def permission_labels(self) -> dict[str, tuple[str, str, str]]:
-        """The `permissionInfo` of the visible apps: name → (label, description, app id)."""
-        return {
-            name: (info.label, info.description, copy.id)
-            for copy in self.visible()
-            if copy.manifest is not None
-            for name, info in copy.manifest.permission_info.items()
-        }
+    def permission_labels(self) -> PermissionWords:
+        """What words the visible apps' permissions: each app's `permissionInfo` for the
+        permissions it owns, and the apps' names (for the KV permissions naming them)."""
+        return PermissionWords(
+            declared={
+                name: (info.label, info.description, copy.id)
+                for copy in self.visible()
+                if copy.manifest is not None
+                for name, info in copy.manifest.permission_info.items()
+                if permission_owner(name) == copy.id
+            },
+            app_names={c.id: c.manifest.name for c in self.visible() if c.manifest is not None},
+        )
 
     def count(self, scope: Scope) -> int:
         return sum(1 for c in self._copies[scope].values() if c.is_valid)
@@ -221,6 +241,7 @@ class AppRegistry:
             old, new = before.get(app_id), after[app_id]
             if old is None or old.scope is not new.scope or old.manifest != new.manifest:
                 _LOGGER.info("app %s visible from scope %s", app_id, new.scope)
+                _log_grant_changes(new)
                 self._bus.emit(AppInstalled(app_id, new.scope.value))
 
     # -- the watcher ----------------------------------------------------------------------------

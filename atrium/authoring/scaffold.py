@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from atrium.ids import is_reserved
 from atrium.manifest import APP_ID_RE
 
 TEMPLATE_DIR: Final = Path(__file__).with_name("templates")
@@ -54,6 +55,10 @@ def render(app_id: str, template: str) -> dict[str, bytes]:
     if not APP_ID_RE.fullmatch(app_id):
         raise ScaffoldError(
             f"{app_id!r} is not an app id: lowercase reverse-domain, such as com.example.hello"
+        )
+    if is_reserved(app_id):
+        raise ScaffoldError(
+            f"{app_id!r}: app ids starting with 'system.' are reserved for the shell"
         )
     chosen = TEMPLATES.get(template)
     if chosen is None:

@@ -244,7 +244,7 @@ async function showDetail(appId) {
     ["Handles", [...new Set((manifest.intentFilters || []).map((f) => VERBS[f.action] || f.action))].join(", ") || "—"],
   ];
   $("detail-facts").replaceChildren(...facts.map(([k, v]) => el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }))));
-  const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : ""));
+  const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : "", p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
   $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
   const changeable = record && app.scope !== "system";
   $("detail-open").onclick = () => { $("detail").close(); loudly(launch(app.id)); };

@@ -575,6 +575,7 @@ def test_app_detail_shows_what_an_app_is_and_may_do_and_uninstalls_it(
     assert "Detailed 1.0.0" in text
     assert f"local:{app_dir}" in text
     assert "Change your notes" in text  # its permission, in Notes' words
+    assert "com.atrium.notes.write" in text  # and the name it grants, under the words
     page.click("#detail-uninstall")
     page.click('#confirm button[value="yes"]')
     detail.wait_for(state="hidden")
