@@ -6,22 +6,22 @@ and renamed when complete, so a listed backup is always whole. Files are cloned 
 `FICLONE` ioctl) where the filesystem shares blocks copy-on-write, and copied otherwise; never
 hard-linked: an app that writes a file in place (SQLite does) would change its "backup" with it
 (decisions.md "Backups of runtime data"). Owners and modes are kept, so a restored folder is the app's again.
+Every copy goes through fdcopy.py: the app's uid may be changing its data while the shell, often
+root, copies it, so nothing is opened, chmod-ed or chown-ed by a path that could be a link by then.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
 import shutil
-import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
 from atrium.files import sync_dir
@@ -31,11 +31,6 @@ from atrium.scopes import Scope
 KEEP: Final = 5
 FORMAT: Final = 1
 MANIFEST: Final = "backup.json"
-#: `FICLONE` from linux/fs.h: share the source file's blocks (btrfs, xfs, bcachefs)
-FICLONE: Final = 0x40049409
-NO_CLONE: Final = frozenset(
-    {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,63 +68,10 @@ class Backup:
         }
 
 
-class _Copier:
-    """Copies one tree, cloning files while the filesystem allows it."""
-
-    def __init__(self) -> None:
-        self.clone = True
-        self.files = 0
-        self.bytes = 0
-
-    @property
-    def method(self) -> str:
-        return "reflink" if self.clone else "copy"
-
-    def tree(self, source: Path, target: Path) -> None:
-        target.mkdir()
-        for entry in sorted(source.iterdir()):
-            into = target / entry.name
-            info = entry.lstat()
-            if stat.S_ISDIR(info.st_mode):
-                self.tree(entry, into)
-            elif stat.S_ISLNK(info.st_mode):
-                into.symlink_to(entry.readlink())
-            elif stat.S_ISREG(info.st_mode):
-                self.file(entry, into)
-                self.files += 1
-                self.bytes += info.st_size
-            else:
-                continue  # sockets, fifos: not data
-            _own(into, info)
-        _own(target, source.lstat())
-
-    def file(self, source: Path, target: Path) -> None:
-        if self.clone:
-            with source.open("rb") as src, target.open("xb") as dst:
-                try:
-                    fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
-                    return
-                except OSError as err:
-                    if err.errno not in NO_CLONE:
-                        raise
-                    self.clone = False
-            target.unlink()
-        shutil.copyfile(source, target, follow_symlinks=False)
-
-
-def _own(path: Path, info: os.stat_result) -> None:
-    """The source's mode and, when the shell may, its owner (the app's uid)."""
-    if not stat.S_ISLNK(info.st_mode):
-        path.chmod(stat.S_IMODE(info.st_mode))
-    if os.geteuid() == 0:
-        os.chown(path, info.st_uid, info.st_gid, follow_symlinks=False)
-
-
 def copy_tree(source: Path, target: Path) -> str:
-    """Copy ``source`` to the new ``target``; returns "reflink" or "copy"."""
-    copier = _Copier()
-    copier.tree(source, target)
-    return copier.method
+    """Copy ``source`` to the new ``target`` through descriptors only (fdcopy.py); returns
+    "reflink" or "copy"."""
+    return fdcopy.copy_tree(source, target).method
 
 
 class BackupStore:
@@ -168,9 +110,11 @@ class BackupStore:
         partial = folder / f".{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         (partial / "data").mkdir(parents=True)
-        copier = _Copier()
+        # sizes keyed <folder>/<path>, relative to the backup's data/
+        copier = fdcopy.Copied()
         for source in data_dirs:
-            copier.tree(source, partial / "data" / source.name)
+            target = partial / "data" / source.name
+            fdcopy.copy_tree(source, target, into=copier, prefix=source.name)
         manifest = {
             "format": FORMAT,
             "appId": app_id,

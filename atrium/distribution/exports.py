@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Any, Final
 import zstandard
 from pydantic import ValidationError
 
+from atrium.distribution.fdcopy import open_regular
 from atrium.distribution.records import InstallRecord
 from atrium.errors import InvalidRequest
 
@@ -71,29 +74,46 @@ class Unpacked:
 
 def _digest(path: Path) -> str:
     sha = hashlib.sha256()
-    with path.open("rb") as file:
+    with os.fdopen(open_regular(path), "rb") as file:
         while block := file.read(CHUNK):
             sha.update(block)
     return sha.hexdigest()
 
 
-def _files(root: Path) -> Iterator[Path]:
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            yield path
+def _files(root: Path, leave_out: re.Pattern[str] | None = None) -> Iterator[Path]:
+    """Every regular file under ``root``, sorted; links are neither followed nor listed, and
+    folders directly in ``root`` whose names match ``leave_out`` are not entered."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        if leave_out is not None and folder == str(root):
+            dirs[:] = [name for name in dirs if not leave_out.fullmatch(name)]
+        for name in files:
+            path = Path(folder, name)
+            if path.is_file() and not path.is_symlink():
+                found.append(path)
+    yield from sorted(found)
+
+
+def _member(name: str, info: os.stat_result) -> tarfile.TarInfo:
+    """A regular file's header from the ``fstat`` of the descriptor its bytes are read from."""
+    member = tarfile.TarInfo(name)
+    member.size = info.st_size
+    member.mode = stat.S_IMODE(info.st_mode)
+    member.mtime = info.st_mtime
+    return member
 
 
 def pack(
     target: Path, app_dir: Path, data_dirs: list[Path], record: InstallRecord, app_id: str
 ) -> None:
-    """Write the archive of ``app_dir`` (without its runtime folders) and ``data_dirs``."""
+    """Write the archive of ``app_dir`` (without its runtime folders, which are not even
+    entered: the app's uid writes them) and ``data_dirs``. Each member is read through a
+    descriptor opened without following a link (fdcopy.open_regular), its header taken from
+    that descriptor."""
     runtime = re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
     members: list[tuple[str, Path]] = []
-    for path in _files(app_dir):
-        relative = path.relative_to(app_dir)
-        if runtime.fullmatch(relative.parts[0]):
-            continue
-        members.append((f"app/{relative.as_posix()}", path))
+    for path in _files(app_dir, leave_out=runtime):
+        members.append((f"app/{path.relative_to(app_dir).as_posix()}", path))
     for folder in data_dirs:
         for path in _files(folder):
             members.append((f"data/{folder.name}/{path.relative_to(folder).as_posix()}", path))
@@ -114,11 +134,8 @@ def pack(
         tarfile.open(fileobj=zstd, mode="w|") as tar,
     ):
         for name, path in members:
-            info = tar.gettarinfo(str(path), arcname=f"{ROOT}/{name}")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with path.open("rb") as file:
-                tar.addfile(info, file)
+            with os.fdopen(open_regular(path), "rb") as file:
+                tar.addfile(_member(f"{ROOT}/{name}", os.fstat(file.fileno())), file)
         body = json.dumps(manifest, indent=1).encode()
         info = tarfile.TarInfo(f"{ROOT}/{MANIFEST}")
         info.size = len(body)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-import shutil
 import stat
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
+
+from atrium.distribution import fdcopy
 
 CHUNK: Final = 1 << 20
 #: folders and files by which a version-control tool recognises (and configures) a repository;
@@ -171,21 +172,28 @@ def content_hash(root: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def _refuse_special(rel: str) -> None:
+    raise UnsafeTree(f"{rel} is a device, FIFO or socket")
+
+
+#: a source folder's copy: owned by the shell, folders always its to write, the root 0755
+_SOURCE_RULES: Final = fdcopy.Rules(
+    owners=False,
+    follow_root=True,
+    folder_bits=0o700,
+    root_mode=0o755,
+    skip=lambda rel: "/" not in rel and is_vcs_name(rel),
+    check_link=check_link,
+    special=_refuse_special,
+)
+
+
 def copy_tree(source: Path, target: Path) -> None:
     """Copy ``source`` to ``target`` (which must not exist): files with their modes, links as
     links, the source's own top-level VCS folder left out; then `check_tree` on the copy. Raises
-    UnsafeTree before copying a device or a link that leaves as written."""
-    target.mkdir(mode=0o755)
-    for rel, path, st in entries(source, skip_top_vcs=True):
-        kind = _kind(rel, st)
-        dest = target / rel
-        if kind == "d":
-            dest.mkdir()
-            dest.chmod(stat.S_IMODE(st.st_mode) | 0o700)
-        elif kind == "l":
-            link = str(path.readlink())
-            check_link(rel, link)
-            dest.symlink_to(link)
-        else:
-            shutil.copy2(path, dest, follow_symlinks=False)
+    UnsafeTree for a device, FIFO or socket, or a link that leaves as written.
+
+    Through descriptors only (fdcopy.py): whoever else may write the source folder cannot make
+    the copy follow a link it swaps in while the shell copies, nor chmod anything by a path."""
+    fdcopy.copy_tree(source, target, rules=_SOURCE_RULES)
     check_tree(target)

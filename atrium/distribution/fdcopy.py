@@ -1,0 +1,312 @@
+"""A copy of a tree that someone else may be changing while the shell copies it, made through
+open file descriptors only.
+
+An app's runtime data is written by the app's uid while the shell, often root, copies it (a
+backup; the same copier serves restore, an import's data and the local fetcher). Anything that
+looks at a path and then acts on the same path can be pointed elsewhere in between: a file
+checked as regular and then opened, chmod-ed or chown-ed by name may meanwhile be a link to any
+host file. So nothing here acts on a path it checked before:
+
+- a folder is opened with ``O_DIRECTORY|O_NOFOLLOW`` relative to its parent's descriptor and
+  listed through its own descriptor (``os.scandir(fd)``), so a folder swapped for a link is never
+  entered (the open fails) and its entries are the ones of the folder opened;
+- a file the listing calls regular is opened with ``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` relative to
+  its folder and judged again on the opened descriptor (``fstat``): it is read only when that
+  says regular, so a link is never followed, and a FIFO or a device put there is closed unread
+  (``O_NONBLOCK``: opening a FIFO does not wait; an app cannot make a device node);
+- a link is read with ``readlink`` relative to its folder and written as a link, never followed;
+  sockets, FIFOs and devices are skipped (or refused, by the caller's rules);
+- every target is created relative to its parent's descriptor (``O_EXCL|O_NOFOLLOW``), and mode,
+  owner and times are set on the target's own descriptor (``fchown`` before ``fchmod``: a chown
+  clears set-user-ID and set-group-ID bits, so the source's bits, and only those, are kept).
+
+When an entry changes kind between the listing and the open (a file is a link now), it is
+looked at again (ATTEMPTS times) and copied as what it then is; one that keeps changing ends the
+copy with TreeChanged, an OSError. Blocking file-system work: callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+#: `FICLONE` from linux/fs.h: share the source file's blocks (btrfs, xfs, bcachefs)
+FICLONE: Final = 0x40049409
+NO_CLONE: Final = frozenset(
+    {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS}
+)
+#: `copy_file_range` refused (another filesystem on an older kernel, a filesystem without it)
+NO_RANGE: Final = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+CHUNK: Final = 1 << 20
+#: bytes asked of one `copy_file_range` (the kernel copies at most ~2 GiB per call)
+RANGE: Final = 1 << 30
+#: looks at one entry that changed kind between the listing and the open, before giving up
+ATTEMPTS: Final = 4
+#: folders below the root (each level holds two descriptors open while it is copied)
+MAX_DEPTH: Final = 256
+DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: open errors that mean "not what the listing said any more" (a link, another kind, gone)
+_CHANGED: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENXIO})
+
+_DIR, _FILE, _LINK, _SPECIAL = "d", "f", "l", "s"
+
+
+class TreeChanged(OSError):
+    """An entry kept changing kind while it was being copied (someone is rewriting the tree)."""
+
+    def __init__(self, rel: str) -> None:
+        super().__init__(errno.EAGAIN, f"{rel} kept changing while it was being copied")
+
+
+@dataclass(slots=True)
+class Copied:
+    """What one or more copies wrote: regular files and their bytes, and how (``reflink`` while
+    every file was cloned, ``copy`` from the first one the filesystem could not clone).
+    ``sizes``: each regular file's relative posix path (under the copy's ``prefix``) and the
+    size of the copy written."""
+
+    files: int = 0
+    bytes: int = 0
+    method: str = "reflink"
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+def _never(rel: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What a copy keeps and refuses. The defaults are those of a copy of runtime data."""
+
+    #: give each copy the source's owner (only a root shell can)
+    owners: bool = True
+    #: follow the root itself when it is a link (a path the user named; never for app data)
+    follow_root: bool = False
+    #: bits added to every copied folder's mode (the root's is ``root_mode`` when given)
+    folder_bits: int = 0
+    root_mode: int | None = None
+    #: entries left out, by relative posix path
+    skip: Callable[[str], bool] = _never
+    #: called with (relative path, target) before a link is written; raises to refuse it
+    check_link: Callable[[str, str], None] | None = None
+    #: called with the relative path of a socket, FIFO or device; raises to refuse it (else skipped)
+    special: Callable[[str], None] | None = None
+
+
+DATA: Final = Rules()
+
+
+def copy_tree(
+    source: Path,
+    target: Path,
+    *,
+    rules: Rules = DATA,
+    into: Copied | None = None,
+    prefix: str = "",
+) -> Copied:
+    """Copy the folder ``source`` to ``target``, which must not exist and whose parent must be
+    the shell's own; returns ``into`` (or a new Copied) with this copy added, its sizes keyed
+    ``prefix/relative path``."""
+    copied = into if into is not None else Copied()
+    flags = DIR_FLAGS & ~os.O_NOFOLLOW if rules.follow_root else DIR_FLAGS
+    src = os.open(source, flags)
+    try:
+        info = os.fstat(src)
+        target.mkdir(mode=0o700)
+        dst = os.open(target, DIR_FLAGS)
+        try:
+            _Walk(rules, copied).folder(src, dst, prefix, "", 0)
+            _own(dst, info, rules, rules.root_mode)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return copied
+
+
+class _Walk:
+    def __init__(self, rules: Rules, copied: Copied) -> None:
+        self.rules = rules
+        self.copied = copied
+
+    def folder(self, src: int, dst: int, prefix: str, rel: str, depth: int) -> None:
+        """Copy the entries of the open folder ``src`` into the open folder ``dst``."""
+        if depth > MAX_DEPTH:
+            raise OSError(errno.ELOOP, f"{rel} is more than {MAX_DEPTH} folders deep")
+        with os.scandir(src) as listing:
+            entries = sorted((entry.name, _listed_kind(entry)) for entry in listing)
+        for name, kind in entries:
+            here = f"{rel}/{name}" if rel else name
+            if self.rules.skip(here):
+                continue
+            self.entry(src, dst, name, kind, prefix, here, depth)
+
+    def entry(
+        self, src: int, dst: int, name: str, kind: str | None, prefix: str, rel: str, depth: int
+    ) -> None:
+        for _ in range(ATTEMPTS):
+            if kind is None:
+                return  # gone since the listing
+            if kind == _SPECIAL:
+                if self.rules.special is not None:
+                    self.rules.special(rel)
+                return
+            done = {_DIR: self.subfolder, _FILE: self.file, _LINK: self.link}[kind](
+                src, dst, name, prefix, rel, depth
+            )
+            if done:
+                return
+            kind = _kind_at(src, name)
+        raise TreeChanged(rel)
+
+    def subfolder(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
+        try:
+            child = os.open(name, DIR_FLAGS, dir_fd=src)
+        except OSError as err:
+            if err.errno in _CHANGED:
+                return False
+            raise
+        try:
+            info = os.fstat(child)
+            os.mkdir(name, 0o700, dir_fd=dst)
+            made = os.open(name, DIR_FLAGS, dir_fd=dst)
+            try:
+                self.folder(child, made, prefix, rel, depth + 1)
+                _own(made, info, self.rules, None)
+            finally:
+                os.close(made)
+        finally:
+            os.close(child)
+        return True
+
+    def file(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
+        try:
+            fd = os.open(name, FILE_FLAGS, dir_fd=src)
+        except OSError as err:
+            if err.errno in _CHANGED:
+                return False
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return False  # a FIFO (or anything else) put there since the listing: unread
+            out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
+            try:
+                self.data(fd, out)
+                _own(out, info, self.rules, None)
+                size = os.fstat(out).st_size
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+        self.copied.files += 1
+        self.copied.bytes += size
+        self.copied.sizes[f"{prefix}/{rel}" if prefix else rel] = size
+        return True
+
+    def link(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
+        try:
+            info = os.stat(name, dir_fd=src, follow_symlinks=False)
+            target = os.readlink(name, dir_fd=src)
+        except OSError as err:
+            if err.errno in _CHANGED or err.errno == errno.EINVAL:  # EINVAL: no link now
+                return False
+            raise
+        if self.rules.check_link is not None:
+            self.rules.check_link(rel, target)
+        os.symlink(target, name, dir_fd=dst)
+        if self.rules.owners and os.geteuid() == 0:
+            # the new link in the shell's own folder, never what it points at
+            os.chown(name, info.st_uid, info.st_gid, dir_fd=dst, follow_symlinks=False)
+        return True
+
+    def data(self, src: int, dst: int) -> None:
+        """The bytes of ``src`` into the empty ``dst``: cloned while the filesystem can."""
+        if self.copied.method == "reflink":
+            try:
+                fcntl.ioctl(dst, FICLONE, src)
+                return
+            except OSError as err:
+                if err.errno not in NO_CLONE:
+                    raise
+                self.copied.method = "copy"
+        copy_bytes(src, dst)
+
+
+def copy_bytes(src: int, dst: int) -> None:
+    """Everything from ``src``'s offset on, appended to ``dst`` (in the kernel where it can)."""
+    try:
+        while os.copy_file_range(src, dst, RANGE):
+            pass
+        return
+    except OSError as err:
+        if err.errno not in NO_RANGE:
+            raise
+    while block := os.read(src, CHUNK):
+        view = memoryview(block)
+        while view:
+            view = view[os.write(dst, view) :]
+
+
+def _own(fd: int, info: os.stat_result, rules: Rules, mode: int | None) -> None:
+    """The source's owner (a root shell, when the rules keep owners), mode and times, on the
+    copy's own descriptor."""
+    if rules.owners and os.geteuid() == 0:
+        os.fchown(fd, info.st_uid, info.st_gid)
+    if mode is None:
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISDIR(info.st_mode):
+            mode |= rules.folder_bits
+    os.fchmod(fd, mode)
+    os.utime(fd, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def _listed_kind(entry: os.DirEntry[str]) -> str | None:
+    """The kind the listing gives (``d_type``, an ``lstat`` relative to the folder without it)."""
+    try:
+        if entry.is_symlink():
+            return _LINK
+        if entry.is_dir(follow_symlinks=False):
+            return _DIR
+        if entry.is_file(follow_symlinks=False):
+            return _FILE
+        entry.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return _SPECIAL
+
+
+def _kind_at(folder: int, name: str) -> str | None:
+    try:
+        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return _LINK
+    if stat.S_ISDIR(mode):
+        return _DIR
+    if stat.S_ISREG(mode):
+        return _FILE
+    return _SPECIAL
+
+
+def open_regular(path: Path) -> int:
+    """A read descriptor of the regular file at ``path``, never through a link as its last
+    component and never of a FIFO or a device (OSError otherwise)."""
+    fd = os.open(path, FILE_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
