@@ -34,6 +34,7 @@ unit test keeps the two together::
     │   └── FetchFailed                 502 fetch_failed           (ref, reason)
     ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
     ├── UpstreamTimeout                 504 upstream_timeout
+    ├── ShuttingDown                    503 shutting_down
     ├── StorageFailed                   503 storage_failed         (path)
     │   ├── StorageDamaged              503 storage_damaged        (path)
     │   └── StorageFull                 507 storage_full           (path)
@@ -418,6 +419,20 @@ class UpstreamTimeout(AtriumError):
 
     code = "upstream_timeout"
     http_status = 504
+
+
+class ShuttingDown(AtriumError):
+    """The shell stopped while the request was still running (its shutdown grace had passed)."""
+
+    code = "shutting_down"
+    http_status = 503
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the shell is shutting down and stopped this request before it was answered; "
+            "whether it took effect shows once the shell runs again (an install, update or "
+            "other change to an app is then either complete or undone)"
+        )
 
 
 class StorageFailed(AtriumError):

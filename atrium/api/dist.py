@@ -22,14 +22,16 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute
+from starlette.types import Scope as AsgiScope
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
+from atrium.api.errors import shutting_down
 from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval
 from atrium.distribution.refs import parse_ref
-from atrium.errors import AtriumError, InvalidRequest
+from atrium.errors import AtriumError, InvalidRequest, ShuttingDown
 from atrium.events import ERROR, RESULT
 from atrium.identity import Caller
 from atrium.manifest import APP_ID_RE
@@ -134,9 +136,14 @@ def frame(item: ProgressEvent) -> bytes:
     return f"event: {item['type']}\ndata: {data}\n\n".encode()
 
 
-async def stream(events: AsyncGenerator[ProgressEvent, None]) -> AsyncIterator[bytes]:
+async def stream(
+    events: AsyncGenerator[ProgressEvent, None], scope: AsgiScope
+) -> AsyncIterator[bytes]:
     """The events as frames. The `result` frame goes last, once the pipeline has finished: a
-    client that answers it at once (approve, deny) must not find the app still locked."""
+    client that answers it at once (approve, deny) must not find the app still locked.
+
+    A stream still running when the shell's shutdown grace ends (its task cancelled) ends with an
+    `error` event `shutting_down` and a proper end of stream, like any other failure."""
     held: ProgressEvent | None = None
     async with aclosing(events):
         try:
@@ -145,6 +152,11 @@ async def stream(events: AsyncGenerator[ProgressEvent, None]) -> AsyncIterator[b
                     held = item
                 else:
                     yield frame(item)
+        except asyncio.CancelledError:
+            if not shutting_down(scope):
+                raise
+            yield frame({"type": ERROR, **ShuttingDown().to_body()["error"]})
+            return
         except AtriumError as err:
             _LOGGER.info("distribution stream ended with %s: %s", err.code, err.message)
             yield frame({"type": ERROR, **err.to_body()["error"]})
@@ -303,7 +315,7 @@ async def import_app(request: Request, caller: Caller) -> Response:
 async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
     if "text/event-stream" in request.headers.get("accept", ""):
         return StreamingResponse(
-            stream(events), media_type="text/event-stream", headers=SSE_HEADERS
+            stream(events, request.scope), media_type="text/event-stream", headers=SSE_HEADERS
         )
     return await collect(events)
 

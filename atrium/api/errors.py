@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from atrium.errors import AtriumError, InvalidRequest, NotFound
+from atrium.errors import AtriumError, InvalidRequest, NotFound, ShuttingDown
 
 _LOGGER = logging.getLogger(__name__)
+#: the scope extension `atrium.api.server` gives every request of a connection: ``abort`` resets
+#: the connection, ``stopping`` tells whether the server is shutting down
+CONNECTION_EXTENSION: Final = "atrium.connection"
+
+
+def shutting_down(scope: Scope) -> bool:
+    """Whether the server serving ``scope`` has begun its shutdown (False when it does not say)."""
+    extension = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+    stopping = extension.get("stopping") if isinstance(extension, dict) else None
+    return bool(stopping()) if callable(stopping) else False
 
 
 def error_response(err: AtriumError) -> JSONResponse:
@@ -57,17 +69,36 @@ async def guard(handler: Handler, scope: Scope, receive: Receive, send: Send) ->
     """The one error boundary of the HTTP edge: ``handler(send)`` runs, an AtriumError becomes
     its error body, anything else a 500 `internal` with its traceback logged once. Once the
     response has started nothing can be said any more: the exception propagates and the server
-    cuts the connection (the caller sees a truncated answer, never a wrong success)."""
-    started = False
+    cuts the connection (the caller sees a truncated answer, never a wrong success).
+
+    A shutdown waits a grace for the requests in flight, then cancels their tasks; the
+    cancellation is a BaseException that no `except Exception` sees, and uvicorn answered it
+    with a plain-text `Internal Server Error`. Here it becomes `503 shutting_down` (an answer
+    that had started and ended, a stream that said so itself, just ends)."""
+    started = completed = False
 
     async def tracking_send(message: Message) -> None:
-        nonlocal started
+        nonlocal started, completed
         if message["type"] == "http.response.start":
             started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            completed = True
         await send(message)
 
     try:
         await handler(tracking_send)
+    except asyncio.CancelledError:
+        if not shutting_down(scope) or (started and not completed):
+            raise  # not the shutdown's, or half an answer: the connection is cut
+        if not started:
+            await error_response(ShuttingDown())(scope, receive, send)
+        _LOGGER.info(
+            "%s %s: still running at the end of the shutdown grace; answered %s",
+            scope.get("method"),
+            scope.get("path"),
+            "503 shutting_down" if not started else "before it was stopped",
+        )
+        # the task ends here, answered: the server cancels a request only once, to stop it
     except AtriumError as err:
         if started:
             raise

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from atrium.api.auth import Access, authorize, identify
-from atrium.api.errors import error_response
+from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
 from atrium.events import MAX_GLOBS, DataChanged, compile_glob
@@ -28,8 +28,6 @@ from atrium.providers import canonical_path, related
 from atrium.shell import Shell
 
 PATH: Final = b"/api/events"
-#: the scope extension `atrium.api.server` provides (named here: the server imports this package)
-ABORT_EXTENSION: Final = "atrium.connection"
 CONNECTED: Final = b": connected\n\n"
 SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -147,7 +145,7 @@ async def serve_events(
 
 def abort_of(scope: Scope) -> Callable[[], object] | None:
     """The server's way to reset this request's connection, when it offers one."""
-    extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
+    extension = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
     abort = extension.get("abort") if isinstance(extension, dict) else None
     return abort if callable(abort) else None
 

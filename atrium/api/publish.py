@@ -48,7 +48,7 @@ async def publish(request: Request, caller: Caller) -> Response:
     events = publisher.run(plan)
     if wants_event_stream(request):
         return StreamingResponse(
-            stream(events), media_type="text/event-stream", headers=SSE_HEADERS
+            stream(events, request.scope), media_type="text/event-stream", headers=SSE_HEADERS
         )
     collected: list[PublishEvent] = []
     async with contextlib.aclosing(events) as running:

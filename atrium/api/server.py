@@ -25,7 +25,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from atrium.api.app import AtriumApp, create_app
-from atrium.api.events import ABORT_EXTENSION
+from atrium.api.errors import CONNECTION_EXTENSION
 from atrium.errors import AtriumError, HeadersTooLarge, InvalidRequest
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell, open_shell
@@ -37,6 +37,9 @@ MAX_HEAD_BYTES: Final = 64 << 10
 _RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
 #: request body pieces shorter than this are gathered into one buffer (`BodyPieces`)
 SMALL_PIECE: Final = 4096
+#: seconds given at shutdown to the requests cancelled after uvicorn's grace to write their
+#: `503 shutting_down` (their cleanup: a trial instance removed, a staging folder deleted)
+ANSWER_GRACE: Final = 5.0
 
 
 class _HeldWrites:
@@ -244,8 +247,21 @@ class _Protocol(HttpToolsProtocol):
         #: keep-alive, docs/api.md "Conventions"); cleared by the first byte of the next request
         self._idle_deadline: float | None = None
         #: the same for every request of the connection (nothing writes to it)
-        self._extensions: dict[str, dict[object, object]] = {ABORT_EXTENSION: {"abort": self.abort}}
+        self._extensions: dict[str, dict[object, object]] = {
+            CONNECTION_EXTENSION: {"abort": self.abort, "stopping": self._is_stopping}
+        }
+        #: the server has begun its shutdown (`shutdown`): a request still running when its
+        #: grace ends is cancelled, and answered `503 shutting_down` (`errors.guard`)
+        self._stopping = False
         self._arm_head_timer()
+
+    def shutdown(self) -> None:
+        """The server's shutdown has begun (uvicorn: finish the answer in flight, then close)."""
+        self._stopping = True
+        super().shutdown()
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True  # uvicorn closes the transport below: nothing is left to watch
@@ -634,10 +650,16 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's: the requests in flight get a grace, then their tasks are cancelled. Those
+        answer `503 shutting_down` as they end (`errors.guard`); they are given that moment here,
+        before the shell they may still be using is closed."""
         shell: Shell | None = getattr(self._app.state, "shell", None)
         if shell is not None:
             shell.bus.close()
         await super().shutdown(sockets)
+        cancelled = set(self.server_state.tasks)
+        if cancelled:
+            await asyncio.wait(cancelled, timeout=ANSWER_GRACE)
 
 
 def cannot_listen(host: str, port: int, err: OSError) -> str:
