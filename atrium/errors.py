@@ -23,7 +23,8 @@ unit test keeps the two together::
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
     │   ├── NotADevCopy                 409 not_a_dev_copy         (appId, scope)
-    │   └── ScopeNeedsRepair            409 scope_needs_repair     (scope, journals)
+    │   ├── ScopeNeedsRepair            409 scope_needs_repair     (scope, journals)
+    │   └── BackupDamaged               409 backup_damaged         (appId, backup, problem)
     ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
     ├── HeadersTooLarge                 431 headers_too_large      (limit)
@@ -315,6 +316,23 @@ class ScopeNeedsRepair(Conflict):
             "hand and delete the .unreadable journal(s) and the quarantined folder(s)",
             scope=scope,
             journals=list(journals),
+        )
+
+
+class BackupDamaged(Conflict):
+    """A backup whose files no longer match its ``backup.json`` (a removal cut off, a write the
+    disk lost, a hand in the folder): it is never restored, and ``backup`` names it."""
+
+    code = "backup_damaged"
+
+    def __init__(self, app_id: str, backup: str, problem: str, advice: str = "") -> None:
+        super().__init__(
+            f"the backup {backup} of {app_id} is damaged ({problem}), so it is not restored"
+            f"{'; ' + advice if advice else ''}; `atrium doctor` lists it and "
+            "`atrium doctor --repair` sets it aside",
+            appId=app_id,
+            backup=backup,
+            problem=problem,
         )
 
 

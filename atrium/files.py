@@ -23,19 +23,24 @@ def sync_dir(path: Path) -> None:
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Replace ``path`` with ``data``, owner-only (0600), so a crash leaves the old or the new
     file, never half of one. The temporary file is ``.<name>.tmp`` beside it (a reader that
-    lists the folder can tell it from the real thing)."""
+    lists the folder can tell it from the real thing); a write that fails (a full disk) removes
+    it before the error goes up, so only a kill can leave one behind."""
     if isinstance(data, str):
         data = data.encode()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     sync_dir(path.parent)

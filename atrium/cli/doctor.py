@@ -4,15 +4,17 @@ The report reads ``$ATRIUM_HOME`` directly (no shell needed, none contacted) and
 so it is safe while a shell runs: install journals left by an interrupted operation, unreadable
 journals and the quarantined staging they keep (the cause of ``409 scope_needs_repair``), other
 staging folders, install records that cannot be read or whose app folder is missing, uncommitted
-changes in the scope repositories, the KV database's ``PRAGMA quick_check``, and, when no shell
-holds the home, processes still running from it. Exit status 1 when something needs the
-operator, 0 when all is well.
+changes in the scope repositories, the KV database's ``PRAGMA quick_check``, backups whose files
+do not match their ``backup.json``, and, when no shell holds the home, backup removals and
+snapshots a kill cut off and processes still running from it. Exit status 1 when something needs
+the operator, 0 when all is well.
 
 ``--repair`` takes ``run/serve.lock`` first (so it never races a shell; it refuses, naming the
 shell, while one runs), runs the shell's own start-up recovery, brings each scope back to its last
 commit (`atrium.distribution.repair`: nothing deleted, what is set aside goes to
-``lost+found/<stamp>/``) and rebuilds a damaged KV file from its readable rows, keeping the
-original beside it. Then it reports again.
+``lost+found/<stamp>/``), finishes what start-up does for backups and sets damaged ones aside in
+``lost+found/<stamp>/backups/``, and rebuilds a damaged KV file from its readable rows, keeping
+the original beside it. Then it reports again.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from typing import Annotated
 
 import typer
 
+from atrium.distribution.backups import DELETING, BackupStore
 from atrium.distribution.install import recover
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
 from atrium.distribution.records import RECORDS_DIR, RecordStore
-from atrium.distribution.repair import repair_scope, uncommitted
+from atrium.distribution.repair import repair_backups, repair_scope, uncommitted
 from atrium.git import GitError, ScopeRepo
 from atrium.kv import salvage
 from atrium.scopes import Scope, ScopeLayout
@@ -76,6 +79,29 @@ def _scope_problems(layout: ScopeLayout, scope: Scope) -> list[str]:
     if changed:
         listed = ", ".join(f"{status} {name}" for status, name in changed)
         problems.append(f"uncommitted changes in {root}: {listed}")
+    return problems
+
+
+def _backup_problems(store: BackupStore, shell_running: bool) -> list[str]:
+    """Damaged backups; and, when no shell runs (else they are its work in progress), removals
+    and snapshots a kill cut off."""
+    problems: list[str] = []
+    for path in [] if shell_running else store.leftovers():
+        if path.name.startswith(DELETING):
+            problems.append(
+                f"unfinished removal of the backup {path}: the next start or "
+                "`atrium doctor --repair` finishes it"
+            )
+        else:
+            problems.append(
+                f"partial backup {path} (a snapshot cut off): the next start or "
+                "`atrium doctor --repair` removes it"
+            )
+    for path, problem in store.unusable():
+        problems.append(
+            f"damaged backup {path}: {problem}; it is neither listed nor restored, "
+            "`atrium doctor --repair` moves it to lost+found"
+        )
     return problems
 
 
@@ -142,6 +168,7 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
     lost = settings.home / "lost+found" / stamp
     for scope, repo in repos.items():
         done += await repair_scope(layout, repo, scope, lost)
+    done += await asyncio.to_thread(repair_backups, BackupStore(settings.home / "backups"), lost)
     problem, damaged = _kv_problem(settings.kv_path)
     if problem is not None and damaged:
         kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp)
@@ -194,7 +221,9 @@ def doctor(
     problems = [p for s in MUTABLE for p in _scope_problems(layout, s)]
     kv_problem, _ = _kv_problem(settings.kv_path)
     problems += [kv_problem] if kv_problem else []
-    if settings.home.is_dir() and not _lock_held(settings.lock_path):
+    shell_running = _lock_held(settings.lock_path)
+    problems += _backup_problems(BackupStore(settings.home / "backups"), shell_running)
+    if settings.home.is_dir() and not shell_running:
         problems += _home_processes(settings.home)
     if as_json:
         typer.echo(json.dumps({"home": str(settings.home), "problems": problems}))

@@ -8,14 +8,24 @@ hard-linked: an app that writes a file in place (SQLite does) would change its "
 (decisions.md "Backups of runtime data"). Owners and modes are kept, so a restored folder is the app's again.
 Every copy goes through fdcopy.py: the app's uid may be changing its data while the shell, often
 root, copies it, so nothing is opened, chmod-ed or chown-ed by a path that could be a link by then.
+
+`backup.json` (format 2) also holds a ``sequence``, one more than any other backup of the app
+and scope has (the order of backups, whatever the clock did), and ``sizes``: every regular file
+under ``data/`` and its size. A backup whose files do not match it is never listed nor restored
+(`damage`). A backup is removed by renaming it ``.deleting-<id>`` first, so a kill in the middle
+leaves nothing listed; start-up recovery finishes the removal (decisions.md "Hardening: backups
+that survive kills and clocks").
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,13 +34,22 @@ from typing import Any, Final
 from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
+from atrium.errors import BackupDamaged
 from atrium.files import sync_dir
 from atrium.scopes import Scope
 
+_LOGGER = logging.getLogger(__name__)
+
 #: backups kept per app and scope (older ones go after a successful operation)
 KEEP: Final = 5
-FORMAT: Final = 1
+#: 2 added ``sequence`` and ``sizes``; a format 1 backup is still read (ordered by its stamp
+#: before every sequenced one, checked by its file count and byte total)
+FORMAT: Final = 2
 MANIFEST: Final = "backup.json"
+#: a backup on its way out: renamed out of the listing before any of it is removed
+DELETING: Final = ".deleting-"
+#: a snapshot being written: ``.<name>.partial``
+PARTIAL: Final = ".partial"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +67,19 @@ class Backup:
     bytes: int
     method: str
     reason: str
+    #: the backup's place in the order of the app's backups; 0: written before there was one
+    sequence: int = 0
+    #: every regular file under ``data/`` (``<folder>/<path>``) and its size; None: format 1
+    sizes: Mapping[str, int] | None = None
 
     @property
     def data_dirs(self) -> list[Path]:
         return [self.path / "data" / name for name in self.folders]
+
+    @property
+    def order(self) -> tuple[int, str]:
+        """Older first: by sequence, and among backups from before sequences by their stamp."""
+        return (self.sequence, self.id)
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -65,6 +93,7 @@ class Backup:
             "bytes": self.bytes,
             "method": self.method,
             "reason": self.reason,
+            "sequence": self.sequence,
         }
 
 
@@ -83,25 +112,68 @@ class BackupStore:
     def folder(self, scope: Scope, app_id: str) -> Path:
         return self.root / scope.value / app_id
 
-    def all(self, scope: Scope, app_id: str) -> list[Backup]:
-        """Complete backups, newest first."""
+    def checked(self, scope: Scope, app_id: str) -> list[tuple[Backup, str | None]]:
+        """Every backup of the app, newest first, each with what is wrong with its files (None:
+        intact). Reads every file's size: blocking."""
         folder = self.folder(scope, app_id)
         found = []
-        for path in sorted(folder.iterdir(), reverse=True) if folder.is_dir() else []:
-            backup = _read(path, scope, app_id)
+        for path in folder.iterdir() if folder.is_dir() else []:
+            backup = None if path.name.startswith(".") else _read(path, scope, app_id)
             if backup is not None:
-                found.append(backup)
-        return found
+                found.append((backup, damage(backup)))
+        return sorted(found, key=lambda item: item[0].order, reverse=True)
+
+    def all(self, scope: Scope, app_id: str) -> list[Backup]:
+        """Complete, intact backups, newest first."""
+        return [backup for backup, problem in self.checked(scope, app_id) if problem is None]
 
     def get(self, scope: Scope, app_id: str, backup_id: str) -> Backup | None:
+        """The backup ``backup_id`` when it is one of the app's; BackupDamaged when its files
+        do not match its record."""
         if "/" in backup_id or backup_id.startswith("."):
             return None
-        return _read(self.folder(scope, app_id) / backup_id, scope, app_id)
+        backup = _read(self.folder(scope, app_id) / backup_id, scope, app_id)
+        if backup is not None and (problem := damage(backup)) is not None:
+            raise BackupDamaged(app_id, backup_id, problem)
+        return backup
+
+    def _next_sequence(self, folder: Path) -> int:
+        """One more than any backup in ``folder`` has (damaged ones count: their number stays
+        theirs)."""
+        highest = 0
+        for path in folder.iterdir():
+            if path.name.startswith("."):
+                continue
+            try:
+                number = json.loads((path / MANIFEST).read_text()).get("sequence", 0)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if type(number) is int:
+                highest = max(highest, number)
+        return highest + 1
 
     def snapshot(
         self, scope: Scope, app_id: str, version: str, data_dirs: list[Path], reason: str
     ) -> Backup:
-        """Copy ``data_dirs`` (the app's runtime data folders) into a new backup. Blocking."""
+        """Copy ``data_dirs`` (the app's runtime data folders) into a new backup, checked against
+        its record once in place. One that fails leaves nothing behind (no ``.partial``: the
+        caller holds the app's operation lock, so every partial snapshot of the app is this
+        one's). Blocking."""
+        folder = self.folder(scope, app_id)
+        try:
+            backup = self._write(scope, app_id, version, data_dirs, reason)
+        except BaseException:
+            for partial in folder.glob(f".*{PARTIAL}") if folder.is_dir() else []:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+        if (problem := damage(backup)) is not None:
+            remove(backup.path)
+            raise OSError(errno.EIO, f"the backup {backup.path} does not read back: {problem}")
+        return backup
+
+    def _write(
+        self, scope: Scope, app_id: str, version: str, data_dirs: list[Path], reason: str
+    ) -> Backup:
         now = datetime.now(UTC)
         name = f"{now:%Y%m%dT%H%M%S%fZ}-{version}"
         folder = self.folder(scope, app_id)
@@ -126,6 +198,8 @@ class BackupStore:
             "bytes": copier.bytes,
             "method": copier.method,
             "reason": reason,
+            "sequence": self._next_sequence(folder),
+            "sizes": copier.sizes,
         }
         with (partial / MANIFEST).open("x") as file:
             json.dump(manifest, file)
@@ -140,19 +214,174 @@ class BackupStore:
         return backup
 
     def prune(self, scope: Scope, app_id: str, keep: int = KEEP) -> list[str]:
-        """Delete all but the ``keep`` newest backups (and stale partial ones); their ids."""
+        """Delete every backup older than the ``keep`` newest intact ones (a damaged backup
+        among those stays for the operator, and never takes an intact one's place), and stale
+        partial ones; the ids removed. The caller holds the app's operation lock."""
         folder = self.folder(scope, app_id)
-        gone = [b.id for b in self.all(scope, app_id)[keep:]]
+        gone: list[str] = []
+        kept = 0
+        for backup, problem in self.checked(scope, app_id):
+            if kept >= keep:
+                gone.append(backup.id)
+            elif problem is None:
+                kept += 1
         for backup_id in gone:
-            shutil.rmtree(folder / backup_id)
-        for stale in folder.glob(".*.partial") if folder.is_dir() else []:
+            try:
+                remove(folder / backup_id)
+            except OSError as err:  # out of the listing already; the next start finishes it
+                _LOGGER.warning("removing the backup %s failed: %s", folder / backup_id, err)
+        for stale in folder.glob(f".*{PARTIAL}") if folder.is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)
         return gone
+
+    def remove_all(self, scope: Scope, app_id: str) -> None:
+        """Remove every backup of the app, and its folder (a dev copy's, when it goes): each
+        backup out of the listing first, as `prune` does, so a kill leaves none listed half."""
+        folder = self.folder(scope, app_id)
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not path.name.startswith(".") and path.is_dir() and not path.is_symlink():
+                try:
+                    remove(path)
+                except OSError as err:  # out of the listing already; the next start finishes it
+                    _LOGGER.warning("removing the backup %s failed: %s", path, err)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def _app_folders(self) -> Iterator[Path]:
+        for scope in Scope:
+            root = self.root / scope.value
+            if not root.is_dir() or root.is_symlink():
+                continue
+            for folder in sorted(root.iterdir()):
+                if folder.is_dir() and not folder.is_symlink():
+                    yield folder
+
+    def leftovers(self) -> list[Path]:
+        """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``)."""
+        return [
+            path
+            for folder in self._app_folders()
+            for path in sorted(folder.iterdir())
+            if path.name.startswith(DELETING)
+            or (path.name.startswith(".") and path.name.endswith(PARTIAL))
+        ]
+
+    def recover(self) -> list[str]:
+        """At start, before any operation: finish the removals and drop the partial snapshots a
+        kill cut off; one line per folder. Blocking."""
+        done: list[str] = []
+        for path in self.leftovers():
+            shutil.rmtree(path, ignore_errors=True)
+            if path.name.startswith(DELETING):
+                done.append(f"finished removing the backup {path}")
+            else:
+                done.append(f"removed the partial backup {path} (a snapshot cut off)")
+            sync_dir(path.parent)
+            _LOGGER.warning("%s", done[-1])
+        return done
+
+    def unusable(self) -> list[tuple[Path, str]]:
+        """Folders in the backups that are not intact backups of their app and scope, and why
+        (for `atrium doctor`). Blocking."""
+        found: list[tuple[Path, str]] = []
+        for folder in self._app_folders():
+            scope = Scope(folder.parent.name)
+            for path in sorted(folder.iterdir()):
+                if path.name.startswith("."):
+                    continue
+                backup = _read(path, scope, folder.name)
+                problem = (
+                    f"no readable {MANIFEST} of {folder.name} in the {scope} scope"
+                    if backup is None
+                    else damage(backup)
+                )
+                if problem is not None and path.exists():  # (not removed meanwhile)
+                    found.append((path, problem))
+        return found
+
+
+def remove(path: Path) -> None:
+    """Remove the backup ``path``: renamed ``.deleting-<id>`` first (out of every listing), so a
+    kill in the middle leaves no half backup listed; start-up recovery finishes the removal."""
+    doomed = path.with_name(f"{DELETING}{path.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    path.rename(doomed)
+    sync_dir(path.parent)
+    (doomed / MANIFEST).unlink(missing_ok=True)
+    faultpoint("prune-removing")
+    shutil.rmtree(doomed)
+
+
+def file_sizes(data: Path) -> dict[str, int]:
+    """Every regular file under ``data`` (a backup's ``data/``) as ``<folder>/<path>`` and its
+    size; links are not followed. Blocking."""
+    sizes: dict[str, int] = {}
+    pending = [(data, "")]
+    while pending:
+        folder, prefix = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = f"{prefix}{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((Path(entry.path), f"{name}/"))
+                elif entry.is_file(follow_symlinks=False):
+                    sizes[name] = entry.stat(follow_symlinks=False).st_size
+    return sizes
+
+
+def damage(backup: Backup) -> str | None:
+    """What in the backup's files does not match its `backup.json`, or None: the first file
+    missing, of another size or not listed (format 1: the file count and byte total). Sizes, not
+    contents: reading every byte would cost each listing a full read of every backup."""
+    data = backup.path / "data"
+    try:
+        for folder in backup.folders:
+            if not (data / folder).is_dir() or (data / folder).is_symlink():
+                return f"data/{folder} is missing"
+        found = file_sizes(data)
+    except OSError as err:
+        return f"data/ cannot be read: {err}"
+    if backup.sizes is None:
+        files, total = len(found), sum(found.values())
+        if (files, total) != (backup.files, backup.bytes):
+            return (
+                f"data/ holds {files} files of {total} bytes, {MANIFEST} says {backup.files} "
+                f"of {backup.bytes}"
+            )
+        return None
+    if found == backup.sizes:
+        return None
+    for name, size in sorted(backup.sizes.items()):
+        if name not in found:
+            return f"data/{name} is missing"
+        if found[name] != size:
+            return f"data/{name} is {found[name]} bytes, {MANIFEST} says {size}"
+    extra = sorted(set(found) - set(backup.sizes))
+    if extra:
+        return f"data/{extra[0]} is not in {MANIFEST}"
+    return None
+
+
+def _sizes_of(data: dict[str, Any], folders: list[str]) -> dict[str, int] | None:
+    """Format 2's ``sizes``, each path inside one of ``folders``; None for format 1."""
+    if data["format"] == 1:
+        return None
+    if data["format"] != FORMAT or not isinstance(data["sizes"], dict):
+        raise ValueError(f"unknown {MANIFEST} format {data['format']!r}")
+    sizes: dict[str, int] = data["sizes"]
+    inside = tuple(f"{folder}/" for folder in folders)
+    for name, size in sizes.items():
+        path = f"{name}/"
+        if not path.startswith(inside) or "//" in path or "/./" in path or "/../" in path:
+            raise ValueError(f"{name!r} is no path inside the backup's folders")
+        if type(size) is not int or size < 0:
+            raise ValueError(f"{name!r} has no size")
+    return sizes
 
 
 def _read(path: Path, scope: Scope, app_id: str) -> Backup | None:
     """The backup in ``path``, when it is one of ``app_id`` in ``scope`` (its own record says
-    so): a folder placed there by other means is not taken for one."""
+    so): a folder placed there by other means is not taken for one. Its files are not checked
+    here (`damage`)."""
     try:
         data = json.loads((path / MANIFEST).read_text())
         if (data["appId"], data["scope"]) != (app_id, scope.value):
@@ -160,6 +389,10 @@ def _read(path: Path, scope: Scope, app_id: str) -> Backup | None:
         folder = re.compile(rf"{re.escape(str(data['appId']))}-[0-9]+")
         if not all(isinstance(f, str) and folder.fullmatch(f) for f in data["folders"]):
             return None  # only runtime data folders, never a path elsewhere
+        sizes = _sizes_of(data, list(data["folders"]))
+        sequence = 0 if sizes is None else data["sequence"]
+        if type(sequence) is not int or (sizes is not None and sequence < 1):
+            return None
         return Backup(
             id=path.name,
             path=path,
@@ -172,8 +405,10 @@ def _read(path: Path, scope: Scope, app_id: str) -> Backup | None:
             bytes=int(data["bytes"]),
             method=str(data["method"]),
             reason=str(data["reason"]),
+            sequence=sequence,
+            sizes=sizes,
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

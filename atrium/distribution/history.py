@@ -9,6 +9,7 @@ back that version's tree without touching the index or the working tree.
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
 import shutil
 import tarfile
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from atrium.distribution.install import app_paths
 from atrium.distribution.records import InstallRecord
-from atrium.errors import NotFound
+from atrium.errors import NotFound, StorageFailed, StorageFull
 from atrium.git import GitError, ScopeRepo, run_git
 
 #: how far back `history` looks (commits touching the app)
@@ -128,16 +129,28 @@ def pick_target(
 
 async def extract_app(repo: ScopeRepo, commit: str, app_id: str, into: Path) -> Path:
     """Write the app's tree as of ``commit`` into ``into`` (a staging folder) as ``into/<app_id>``,
-    as a fetcher would; returns it. Neither the index nor the working tree is touched."""
+    as a fetcher would; returns it. Neither the index nor the working tree is touched. A full
+    or read-only disk is StorageFull / StorageFailed naming the staging folder (``into``'s
+    parent), not a failure of git."""
     archive = into / f".{app_id}.tar"
-    await run_git(
-        "archive",
-        "--format=tar",
-        f"--output={archive}",
-        commit,
-        app_paths(app_id)[0],
-        cwd=repo.root,
-    )
+    try:
+        await run_git(
+            "archive",
+            "--format=tar",
+            f"--output={archive}",
+            commit,
+            app_paths(app_id)[0],
+            cwd=repo.root,
+        )
+    except GitError as err:
+        # git runs with LC_ALL=C: these are strerror's own words
+        for words, code in (
+            ("No space left on device", errno.ENOSPC),
+            ("Read-only file system", errno.EROFS),
+        ):
+            if words in err.stderr:
+                raise _storage_error(OSError(code, words), into) from err
+        raise
 
     def unpack() -> Path:
         unpacked = into / ".unpacked"
@@ -149,4 +162,16 @@ async def extract_app(repo: ScopeRepo, commit: str, app_id: str, into: Path) -> 
         shutil.rmtree(unpacked)
         return target
 
-    return await asyncio.to_thread(unpack)
+    try:
+        return await asyncio.to_thread(unpack)
+    except OSError as err:
+        raise _storage_error(err, into) from err
+
+
+def _storage_error(err: OSError, into: Path) -> StorageFailed:
+    error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
+    return error(
+        f"writing the old version's tree into {into.parent} failed, nothing was changed: "
+        f"{err.strerror or err}",
+        path=str(into.parent),
+    )

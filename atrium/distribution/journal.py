@@ -84,6 +84,9 @@ FAULTPOINTS: Final = {
     "uninstall": ("begin", "remove", "removed", "record", "commit", "cleanup"),
     # a data restore (distribution/backups.py): no journal, each folder one exchange
     "restore": ("restore-snapshot", "restore-copied", "restore-exchanged"),
+    # a backup's removal (distribution/backups.py `remove`): renamed out of the listing, its
+    # backup.json gone, the rest not yet
+    "prune": ("prune-removing",),
 }
 
 

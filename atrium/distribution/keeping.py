@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from atrium.distribution.operations import AppLocks, mutable, staging
 from atrium.distribution.records import RecordStore
 from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import runtime_folders
-from atrium.errors import NotFound, StorageFailed, StorageFull
+from atrium.errors import BackupDamaged, NotFound, StorageFailed, StorageFull
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -67,9 +68,28 @@ class DataKeeping:
                 path=str(self.backups.root),
             ) from err
 
-    def backup_of(self, scope: Scope, app_id: str, version: str) -> Backup | None:
-        """The newest backup taken while ``version`` was installed (its data as it was)."""
-        return next((b for b in self.backups.all(scope, app_id) if b.version == version), None)
+    def backup_of(self, scope: Scope, app_id: str, version: str) -> tuple[Backup | None, str]:
+        """The newest intact backup taken while ``version`` was installed (its data as it was),
+        and a note naming the newer ones of that version skipped as damaged ("" when none).
+        Backups of ``version`` that are all damaged: BackupDamaged naming the newest. Blocking."""
+        of_version = [
+            (b, p) for b, p in self.backups.checked(scope, app_id) if b.version == version
+        ]
+        skipped = list(itertools.takewhile(lambda item: item[1] is not None, of_version))
+        intact = of_version[len(skipped)][0] if len(skipped) < len(of_version) else None
+        if intact is None and skipped:
+            newest, problem = skipped[0]
+            raise BackupDamaged(
+                app_id,
+                newest.id,
+                str(problem),
+                f"no intact backup of {version} is left to bring its data back; roll back with "
+                "keepData: true to keep today's data with the old version",
+            )
+        if not skipped:
+            return intact, ""
+        names = ", ".join(f"{b.id} ({p})" for b, p in skipped)
+        return intact, f"skipped the damaged backup(s) of {version}: {names}"
 
     async def backup(self, app_id: str, scope: Scope | None = None) -> Backup:
         """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
@@ -77,11 +97,12 @@ class DataKeeping:
         with self._locks.hold(app_id, "backup"):
             async with self._stops.stopped(app_id, scope):
                 taken = await self.snapshot(scope, app_id, "manual")
-        if taken is None:
-            raise NotFound(
-                "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
-            )
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
+            if taken is None:
+                raise NotFound(
+                    "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
+                )
+            # under the lock: no restore or rollback of this app is reading a backup it removes
+            await asyncio.to_thread(self.backups.prune, scope, app_id)
         return taken
 
     async def restore(
@@ -89,17 +110,20 @@ class DataKeeping:
     ) -> dict[str, Any]:
         """Put a backup's data folders back (the current data is backed up first)."""
         scope = mutable(scope or self._scope_of(app_id), "restore in it", self._journals)
-        backup = self.backups.get(scope, app_id, backup_id)
-        if backup is None:
-            raise NotFound("backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}")
         with self._locks.hold(app_id, "restore"):
+            # checked under the lock, just before use (BackupDamaged: nothing is stopped)
+            backup = await asyncio.to_thread(self.backups.get, scope, app_id, backup_id)
+            if backup is None:
+                raise NotFound(
+                    "backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}"
+                )
             async with self._stops.stopped(app_id, scope) as stopped:
                 safety = await self.snapshot(scope, app_id, "restore")
                 faultpoint("restore-snapshot")
                 async with staging(self._layout, self._journals, scope) as path:
                     app_dir = self._layout.app_dir(scope, app_id)
                     await asyncio.to_thread(swap_data, backup, app_dir, path)
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
+            await asyncio.to_thread(self.backups.prune, scope, app_id)
         _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
         return {
             "ok": True,
@@ -125,5 +149,5 @@ class DataKeeping:
             app_dir = self._layout.app_dir(scope, app_id)
             data = taken.data_dirs if taken else []
             await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
-        await asyncio.to_thread(self.backups.prune, scope, app_id)
+            await asyncio.to_thread(self.backups.prune, scope, app_id)
         return target

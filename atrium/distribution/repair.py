@@ -28,6 +28,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
+from atrium.distribution.backups import BackupStore
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
 from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.validate import runtime_dir_re
@@ -160,6 +161,24 @@ async def _drop_bad_records(
             "doctor: set aside install records it could not use",
             cwd=repo.root,
         )
+    return done
+
+
+def repair_backups(store: BackupStore, lost: Path) -> list[str]:
+    """Finish the backup removals and drop the partial snapshots a kill cut off (what start-up
+    does), and move every folder that is not an intact backup of its app into
+    ``lost/backups/<scope>/<appId>/`` (it is never listed nor restored; nothing else is
+    deleted)."""
+    done = store.recover()
+    found = _LostAndFound(lost / "backups", store.root)
+    for path, problem in store.unusable():
+        try:
+            moved = found.move(path)
+        except OSError as err:
+            done.append(f"damaged backup {path} ({problem}) could not be set aside: {err}")
+            continue
+        sync_dir(path.parent)
+        done.append(f"damaged backup {path} ({problem}): moved to {moved}")
     return done
 
 

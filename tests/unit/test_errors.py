@@ -253,6 +253,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
     errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),
     errors.NotADevCopy: lambda: errors.NotADevCopy("com.example.a", "user"),
+    errors.BackupDamaged: lambda: errors.BackupDamaged(
+        "com.atrium.notes", "20260101T000000000000Z-1.0.0", "data/x is missing"
+    ),
     errors.ScopeNeedsRepair: lambda: errors.ScopeNeedsRepair(
         "global", ["/h/.journal/x.unreadable"]
     ),
