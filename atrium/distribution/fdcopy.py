@@ -13,7 +13,9 @@ host file. So nothing here acts on a path it checked before:
 - a file the listing calls regular is opened with ``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` relative to
   its folder and judged again on the opened descriptor (``fstat``): it is read only when that
   says regular, so a link is never followed, and a FIFO or a device put there is closed unread
-  (``O_NONBLOCK``: opening a FIFO does not wait; an app cannot make a device node);
+  (``O_NONBLOCK``: opening a FIFO does not wait; an app cannot make a device node); its bytes
+  are copied up to the length that ``fstat`` gave, the regions holding data only (a hole stays a
+  hole: a long empty file costs the copy no disk, a file lengthened meanwhile no endless copy);
 - a link is read with ``readlink`` relative to its folder and written as a link, never followed;
   sockets, FIFOs and devices are skipped (or refused, by the caller's rules);
 - every target is created relative to its parent's descriptor (``O_EXCL|O_NOFOLLOW``), and mode,
@@ -201,7 +203,7 @@ class _Walk:
                 return False  # a FIFO (or anything else) put there since the listing: unread
             out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
             try:
-                self.data(fd, out)
+                self.data(fd, out, info.st_size)
                 _own(out, info, self.rules, None)
                 size = os.fstat(out).st_size
             finally:
@@ -229,8 +231,9 @@ class _Walk:
             os.chown(name, info.st_uid, info.st_gid, dir_fd=dst, follow_symlinks=False)
         return True
 
-    def data(self, src: int, dst: int) -> None:
-        """The bytes of ``src`` into the empty ``dst``: cloned while the filesystem can."""
+    def data(self, src: int, dst: int, size: int) -> None:
+        """The bytes of ``src`` (``size`` long when opened) into the empty ``dst``: cloned while
+        the filesystem can, else copied hole for hole."""
         if self.copied.method == "reflink":
             try:
                 fcntl.ioctl(dst, FICLONE, src)
@@ -239,22 +242,55 @@ class _Walk:
                 if err.errno not in NO_CLONE:
                     raise
                 self.copied.method = "copy"
-        copy_bytes(src, dst)
+        copy_bytes(src, dst, size)
 
 
-def copy_bytes(src: int, dst: int) -> None:
-    """Everything from ``src``'s offset on, appended to ``dst`` (in the kernel where it can)."""
+def copy_bytes(src: int, dst: int, size: int) -> None:
+    """The first ``size`` bytes of ``src`` (its length when it was opened) into the empty
+    ``dst``, hole for hole: only the regions that hold data are copied (``SEEK_DATA``/
+    ``SEEK_HOLE``), the rest stays a hole of the copy. A file of any length that holds few
+    blocks (a `truncate` costs its owner nothing) costs its copy as few, and a file someone
+    lengthens meanwhile is copied as long as it was, so the copy always ends."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+            end = min(os.lseek(src, start, os.SEEK_HOLE), size)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # nothing but a hole up to the end
+                break
+            if err.errno != errno.EINVAL:
+                raise
+            start, end = offset, size  # a filesystem that cannot tell: all of it is data
+        if start >= size or not _copy_range(src, dst, start, end):
+            break
+        offset = end
+    os.ftruncate(dst, size)
+
+
+def _copy_range(src: int, dst: int, start: int, end: int) -> bool:
+    """Bytes ``start`` to ``end`` of ``src`` to the same place in ``dst`` (in the kernel where
+    it can); False when ``src`` ended before ``end`` (it was shortened meanwhile)."""
+    at = start
     try:
-        while os.copy_file_range(src, dst, RANGE):
-            pass
-        return
+        while at < end:
+            done = os.copy_file_range(src, dst, min(end - at, RANGE), at, at)
+            if not done:
+                return False
+            at += done
+        return True
     except OSError as err:
         if err.errno not in NO_RANGE:
             raise
-    while block := os.read(src, CHUNK):
+    while at < end:
+        block = os.pread(src, min(end - at, CHUNK), at)
+        if not block:
+            return False
         view = memoryview(block)
         while view:
-            view = view[os.write(dst, view) :]
+            written = os.pwrite(dst, view, at)
+            view, at = view[written:], at + written
+    return True
 
 
 def _own(fd: int, info: os.stat_result, rules: Rules, mode: int | None) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from atrium.distribution.fdcopy import Copied, Rules, copy_tree, open_regular
+from atrium.distribution.fdcopy import Copied, Rules, copy_bytes, copy_tree, open_regular
 
 SECRET = b"host secret bytes"
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="owners are kept by a root shell only")
@@ -278,3 +278,28 @@ def test_open_regular_opens_no_link_and_no_fifo(data: Path, host: Path) -> None:
 def test_an_empty_result_counts_nothing(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     assert copy_tree(tmp_path / "empty", tmp_path / "copy") == Copied()
+
+
+def test_bytes_are_copied_hole_for_hole_up_to_the_length_seen_at_the_open(tmp_path: Path) -> None:
+    # a file lengthened after its fstat (here: the length passed is shorter than the file) is
+    # copied as long as it was; holes stay holes, and the regions holding data keep their bytes
+    source = tmp_path / "sparse"
+    with source.open("wb") as file:
+        file.truncate(64 << 20)
+        file.seek(8 << 20)
+        file.write(b"middle")
+        file.seek((64 << 20) - 3)
+        file.write(b"end")
+    target = tmp_path / "copy"
+    src = os.open(source, os.O_RDONLY)
+    dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        copy_bytes(src, dst, 32 << 20)
+    finally:
+        os.close(src)
+        os.close(dst)
+    copied = target.read_bytes()
+    assert len(copied) == 32 << 20
+    assert copied[8 << 20 : (8 << 20) + 6] == b"middle"
+    assert copied.count(0) == len(copied) - 6
+    assert target.stat().st_blocks * 512 < 1 << 20
