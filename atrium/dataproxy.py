@@ -153,8 +153,9 @@ class DataProxy:
 
     async def wake(self, route: Route) -> Route:
         """Hold a request for an app that opted into `dataProvider.wake` until its headless
-        provider instance is `resumed` (docs/api.md "Waking a provider"); then route it there,
-        or to whichever instance registered meanwhile. 503 when it does not wake in time."""
+        provider instance is `resumed` (docs/api.md "Waking a provider"), which waits for the
+        end of any operation holding the app; then route it there, or to whichever instance
+        registered meanwhile. 503 when it does not wake in time."""
         copy = self._registry.get(route.app_id)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None:  # uninstalled while the request was on its way
@@ -166,12 +167,18 @@ class DataProxy:
                 idle_timeout=provider.idle_timeout_ms / 1000,
             )
         except TimeoutError:
-            raise self._unavailable(
-                route.app_id,
-                route.authority,
-                f"it did not wake within {provider.wake_timeout_ms} ms",
-            ) from None
+            operation = self._lifecycle.headless.operation_on(route.app_id)
+            why = (
+                f"it did not wake within {provider.wake_timeout_ms} ms"
+                if operation is None
+                else f"a {operation} of the app holds it (nothing of it starts until that ends) "
+                f"and did not end within {provider.wake_timeout_ms} ms"
+            )
+            raise self._unavailable(route.app_id, route.authority, why) from None
         except AtriumError as err:
+            if self.table.app_for(route.authority) != route.app_id:
+                # uninstalled (or the authority given up) while the request was held
+                raise NoProvider(route.authority, "/") from err
             raise self._unavailable(
                 route.app_id, route.authority, f"waking it failed: {err.message}"
             ) from err

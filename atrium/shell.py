@@ -13,9 +13,9 @@ from pathlib import Path
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
-from atrium.distribution.backups import BackupStore
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
+from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
 from atrium.distribution.records import RecordStore
 from atrium.git import ScopeRepo
@@ -93,8 +93,6 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             await repo.open()
         # finish or undo installs a crash interrupted, before anything reads the scopes
         await recover(layout, repos)
-        # and the backup removals and snapshots a kill cut off
-        await asyncio.to_thread(BackupStore(settings.home / "backups").recover)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
@@ -108,6 +106,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)
         toolchain = settings.home / "toolchain" / "bin"
         toolchain.mkdir(parents=True, exist_ok=True)
+        # one lock per app for the distribution's operations, which a data request's wake
+        # honours: nothing of the app starts while an operation has it stopped
+        locks = AppLocks()
         lifecycle = await stack.enter_async_context(
             LifecycleManager(
                 runner=runner,
@@ -121,6 +122,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                     shell_url=f"http://{loopback(settings.host)}:{settings.port}",
                     toolchain_dir=toolchain,
                 ),
+                operations=locks,
             )
         )
         stack.callback(lifecycle.pool.follow_registry())
@@ -137,6 +139,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             lifecycle=lifecycle,
             bus=bus,
             index=IndexClient(settings.index_url, settings.home / "cache" / "index.json"),
+            locks=locks,
         )
         await lifecycle.pool.fill_all()
         _LOGGER.info(

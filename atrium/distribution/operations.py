@@ -36,24 +36,41 @@ def mutable(scope: Scope, action: str, journals: JournalStore | None = None) -> 
 
 
 class AppLocks:
-    """One operation per app id at a time; a second one is refused (409 busy), never queued."""
+    """One operation per app id at a time; a second one is refused (409 busy), never queued.
+
+    The lock is also what keeps the app quiet while an operation has its instances stopped: a
+    data request's wake (`lifecycle.headless`, through the composition root) asks `operation`
+    and waits on `released` before it starts anything, so no process of the app starts on its
+    data between the stop and the operation's end."""
 
     def __init__(self) -> None:
-        self._held: dict[str, str] = {}
+        self._held: dict[str, tuple[str, asyncio.Event]] = {}
 
     @contextmanager
     def hold(self, app_id: str, operation: str) -> Iterator[None]:
         running = self._held.get(app_id)
         if running is not None:
-            raise Busy(app_id, running)
-        self._held[app_id] = operation
+            raise Busy(app_id, running[0])
+        ended = asyncio.Event()
+        self._held[app_id] = (operation, ended)
         try:
             yield
         finally:
             del self._held[app_id]
+            ended.set()
 
     def is_held(self, app_id: str) -> bool:
         return app_id in self._held
+
+    def operation(self, app_id: str) -> str | None:
+        """The operation holding ``app_id`` (install, update, backup, …), or None."""
+        held = self._held.get(app_id)
+        return held[0] if held is not None else None
+
+    async def released(self, app_id: str) -> None:
+        """Return once no operation holds ``app_id`` (at once when none does)."""
+        while (held := self._held.get(app_id)) is not None:
+            await held[1].wait()
 
 
 @asynccontextmanager

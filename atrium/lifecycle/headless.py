@@ -12,6 +12,15 @@ normal moves (hooks and `app:state` events).
 
 Like the warm pool, this owns which instances are headless (a table of ids, not a flag on the
 instance); what it needs of the lifecycle manager is the narrow `WakeHost`.
+
+Nothing wakes while a distribution operation (backup, restore, export, install, update,
+rollback, import, uninstall) holds the app: those stop the app's instances so that what they
+copy or swap is one state, and a provider started on the same data folder meanwhile would break
+that. A wake first waits for the operation's end (`OperationGate`, the distribution's per-app
+lock, given by the composition root), within the caller's ``wait``; the boot checks again right
+before it creates the instance, with nothing awaited in between, so a wake asked just before an
+operation began cannot slip in after its stop (decisions.md "Hardening: nothing wakes during an
+operation; JSON at shutdown").
 """
 
 from __future__ import annotations
@@ -55,6 +64,26 @@ class WakeHost(Protocol):
     def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
 
 
+class OperationGate(Protocol):
+    """Whether an operation holds an app (the distribution's per-app lock), and its end."""
+
+    def operation(self, app_id: str) -> str | None:
+        """The operation holding ``app_id``, or None."""
+
+    async def released(self, app_id: str) -> None:
+        """Return once no operation holds ``app_id``."""
+
+
+class NoOperations:
+    """The gate of a lifecycle manager with no distribution beside it: nothing is ever held."""
+
+    def operation(self, app_id: str) -> str | None:
+        return None
+
+    async def released(self, app_id: str) -> None:
+        return None
+
+
 @dataclass(slots=True)
 class Woken:
     """What the shell knows of one headless instance's wake and use."""
@@ -87,13 +116,16 @@ class Woken:
 class HeadlessProviders:
     """The headless provider instances and the wakes in flight; see the module docstring."""
 
-    def __init__(self, host: WakeHost) -> None:
+    def __init__(self, host: WakeHost, operations: OperationGate) -> None:
         self._host = host
+        self._operations = operations
         self._woken: dict[str, Woken] = {}
         self._booting: dict[str, asyncio.Task[Instance]] = {}
         self._failed: dict[str, tuple[float, AtriumError]] = {}
         #: wakes started per app since the shell started
         self.wakes: dict[str, int] = {}
+        #: requests per app waiting for the end of an operation before they wake it
+        self.held: dict[str, int] = {}
 
     def holds(self, instance: Instance) -> bool:
         return instance.id in self._woken
@@ -104,10 +136,37 @@ class HeadlessProviders:
     def forget(self, instance: Instance) -> None:
         self._woken.pop(instance.id, None)
 
+    def operation_on(self, app_id: str) -> str | None:
+        """The operation holding ``app_id`` now (a wake waits for its end), or None."""
+        return self._operations.operation(app_id)
+
     async def wake(self, app_id: str, *, wait: float, idle_timeout: float) -> Instance:
         """The app's headless instance once `resumed`, booting it if needed (one boot for every
-        caller). TimeoutError after ``wait`` s (the boot goes on); the boot's AtriumError when
-        it failed."""
+        caller), after any operation holding the app has ended. TimeoutError after ``wait`` s
+        (a boot goes on); the boot's AtriumError when it failed."""
+        async with asyncio.timeout(wait):
+            while True:
+                await self._after_operation(app_id)
+                instance = await asyncio.shield(self._boot_task(app_id, idle_timeout))
+                if self._operations.operation(app_id) is None:
+                    return instance
+                # an operation began while it booted (its stop ends it): wait for the end
+
+    async def _after_operation(self, app_id: str) -> None:
+        """Return once no operation holds ``app_id``; counted in `held` while waiting."""
+        if self._operations.operation(app_id) is None:
+            return
+        self.held[app_id] = self.held.get(app_id, 0) + 1
+        try:
+            await self._operations.released(app_id)
+        finally:
+            self.held[app_id] -= 1
+            if not self.held[app_id]:
+                del self.held[app_id]
+
+    def _boot_task(self, app_id: str, idle_timeout: float) -> asyncio.Task[Instance]:
+        """The boot in flight for ``app_id``, or a new one; the last failure again within
+        `RETRY_AFTER` s of it."""
         task = self._booting.get(app_id)
         failed = self._failed.get(app_id)
         if task is None and failed is not None and time.monotonic() - failed[0] < RETRY_AFTER:
@@ -116,8 +175,7 @@ class HeadlessProviders:
             task = self._host.spawn_task(self._boot(app_id, idle_timeout), f"wake {app_id}")
             self._booting[app_id] = task
             task.add_done_callback(lambda done: self._boot_done(app_id, done))
-        async with asyncio.timeout(wait):
-            return await asyncio.shield(task)
+        return task
 
     def _boot_done(self, app_id: str, task: asyncio.Task[Instance]) -> None:
         if self._booting.get(app_id) is task:
@@ -130,6 +188,11 @@ class HeadlessProviders:
             if existing.state is InstanceState.RESUMED and self.holds(existing):
                 return existing
             await self._host.force(existing)  # a headless one left in `error` or half-stopped
+        # an operation that began since the wake was asked: its stop has listed the app's
+        # instances already, so this one must not exist before the operation ends (nothing is
+        # awaited between this check and the instance entering the index)
+        while self._operations.operation(app_id) is not None:
+            await self._operations.released(app_id)
         instance = self._host.new_instance(app_id, wanted, data_of=f"{app_id}-1")
         woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
         self.wakes[app_id] = self.wakes.get(app_id, 0) + 1

@@ -22,6 +22,7 @@ from typing import Any, Final, Self
 from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
+    Busy,
     HookFailed,
     InvalidRequest,
     LifecycleTransitionError,
@@ -32,7 +33,7 @@ from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
-from atrium.lifecycle.headless import HeadlessProviders
+from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
 from atrium.lifecycle.index import InstanceIndex, new_slug
 from atrium.lifecycle.instance import Activity, Instance
 from atrium.lifecycle.ports import PortAllocator
@@ -65,7 +66,9 @@ class LifecycleManager(InstanceIndex):
         tokens: AppTokens,
         ports: PortAllocator,
         config: LifecycleConfig,
+        operations: OperationGate | None = None,
     ) -> None:
+        """``operations``: which apps a distribution operation holds (no wake starts then)."""
         super().__init__(registry, bus, config.layout)
         self._upstream = upstream
         self._config = config
@@ -82,7 +85,8 @@ class LifecycleManager(InstanceIndex):
         self._activities = Activities(upstream, bus)
         self.views = ViewDesk(self)
         self.pool = WarmPool(self, registry, bus)
-        self.headless = HeadlessProviders(self)
+        self._operations = operations or NoOperations()
+        self.headless = HeadlessProviders(self, self._operations)
         self.trials = Trials(self)
 
     async def __aenter__(self) -> Self:
@@ -122,7 +126,11 @@ class LifecycleManager(InstanceIndex):
     ) -> Instance:
         """Reuse the app's live instance unless ``new``, else a warm-pool one, else spawn one and
         walk it `installed → … → started`. ``instance_id`` brings back a given instance (same id,
-        same runtime data), as an update does after replacing the app."""
+        same runtime data), as an update does after replacing the app.
+
+        No new instance is spawned while an operation holds the app (409 busy): it has the app's
+        instances stopped so that what it copies or swaps is one state (the instances it brings
+        back itself, with their ``instance_id``, are its own)."""
         if not new:
             live = [
                 i
@@ -140,6 +148,9 @@ class LifecycleManager(InstanceIndex):
             pooled = self.pool.claim(app_id)
             if pooled is not None:
                 return pooled
+        operation = self._operations.operation(app_id) if instance_id is None else None
+        if operation is not None:
+            raise Busy(app_id, operation)
         instance = self.new_instance(app_id, instance_id)
         async with instance.lock:
             await self._boot(instance)
