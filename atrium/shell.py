@@ -13,6 +13,7 @@ from pathlib import Path
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
+from atrium.distribution.backups import BackupStore
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
 from atrium.distribution.operations import AppLocks
@@ -93,6 +94,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             await repo.open()
         # finish or undo installs a crash interrupted, before anything reads the scopes
         await recover(layout, repos)
+        # and the backup removals and snapshots a kill cut off
+        await asyncio.to_thread(BackupStore(settings.home / "backups").recover)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))

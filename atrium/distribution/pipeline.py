@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import shutil
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -481,6 +480,13 @@ class Distribution:
             old = target.record
             if old is None:  # pragma: no cover - pick_target returns entries with a record
                 raise NotFound("earlier version", to or app_id)
+            # the old version's data, checked before anything starts (BackupDamaged when every
+            # backup of it is damaged); note: the damaged newer ones skipped
+            restore, note = (
+                (None, "")
+                if keep_data
+                else await asyncio.to_thread(self.data.backup_of, scope, app_id, old.version)
+            )
             yield event(
                 ROLLBACK_START,
                 appId=app_id,
@@ -512,7 +518,6 @@ class Distribution:
                     f"{target.commit[:12]})"
                 )
                 plan = InstallPlan("rollback", staged, record, message)
-                restore = None if keep_data else self.data.backup_of(scope, app_id, old.version)
                 data = None if restore is None else restore.data_dirs
                 stopped, taken = await run_to_completion(self._install_stage(plan, data))
             yield event(INSTALL_DONE, record=record.wire())
@@ -524,6 +529,7 @@ class Distribution:
                 stopped=stopped,
                 backup=taken.id if taken else None,
                 dataRestored=restore.id if restore else None,
+                **({"note": note} if note else {}),
             )
 
     # -- import ---------------------------------------------------------------------------------
@@ -587,7 +593,7 @@ class Distribution:
             raise
         if record is not None and record.dev:
             # a dev copy leaves nothing behind: its backups go with it (an install's stay)
-            await asyncio.to_thread(shutil.rmtree, self.data.backups.folder(scope, app_id), True)
+            await asyncio.to_thread(self.data.backups.remove_all, scope, app_id)
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
             self._bus.emit(AppRemoved(app_id, scope.value))
