@@ -182,6 +182,16 @@ class PermissionInfo(_ManifestPart):
     description: str = Field(default="", max_length=300)
 
 
+def _own_permission(info: ValidationInfo, name: str | None, where: str) -> None:
+    """Refuse a permission ``name`` (when given) that the app being validated does not own."""
+    app_id = info.data.get("id")
+    if name is not None and (app_id is None or permission_owner(name) != app_id):
+        raise ValueError(
+            f"{where} must be one of the app's own permissions, named {app_id}.<word> (its id, "
+            f"a dot and one word without dots), not {name!r}"
+        )
+
+
 class Manifest(_ManifestPart):
     """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest").
 
@@ -215,6 +225,28 @@ class Manifest(_ManifestPart):
             raise ValueError(
                 f"app ids starting with {SYSTEM_PREFIX!r} are reserved for the shell, not {value!r}"
             )
+        return value
+
+    @field_validator("data_provider")
+    @classmethod
+    def _provider_permissions(
+        cls, value: DataProvider | None, info: ValidationInfo
+    ) -> DataProvider | None:
+        # a provider guards its entries with permissions of its own: a name another app id owns
+        # would be worded (labelled) by that app in every review, so the user would approve
+        # that app's words while granting access to this provider's data
+        for entry in value.providers if value else []:
+            for verb, name in (("readPerm", entry.read_perm), ("writePerm", entry.write_perm)):
+                _own_permission(info, name, f"provider {entry.path!r} {verb}")
+        return value
+
+    @field_validator("intent_filters")
+    @classmethod
+    def _filter_permissions(
+        cls, value: list[IntentFilter], info: ValidationInfo
+    ) -> list[IntentFilter]:
+        for number, intent_filter in enumerate(value):
+            _own_permission(info, intent_filter.permission, f"intent filter {number} permission")
         return value
 
     @field_validator("theme_strategy", mode="before")

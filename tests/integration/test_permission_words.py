@@ -199,3 +199,30 @@ def test_an_old_grant_in_an_update_is_reviewed_in_the_new_words(
     assert json.loads((source / "app.manifest.json").read_text())["permissions"] == [
         "system.kv.app.t4.bank.acct.read"
     ]
+
+
+def test_a_provider_or_filter_may_guard_only_with_its_own_permissions(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    """A provider guarding its entries with a name another id owns (`com.notes.items.read` is
+    com.notes.items's) let that other app word the grant: an app asking for it was reviewed as
+    "Show a badge" and got read access to com.notes's items."""
+    guarded = {
+        "authority": "notes",
+        "providers": [{"path": "/items", "readPerm": "com.notes.items.read"}],
+    }
+    provider = place(tmp_path / "src", "com.notes", name="Notes", dataProvider=guarded)
+    intent = [{"action": "com.notes.action.ADD", "permission": "com.other.write"}]
+    starter = place(tmp_path / "src", "com.notes.start", name="Start", intentFilters=intent)
+    shell = start_shell()
+    with shell.client(timeout=60) as api:
+        for source, field, named in (
+            (provider, "dataProvider", "com.notes.items.read"),
+            (starter, "intentFilters", "com.other.write"),
+        ):
+            response = install(api, f"local:{source}", scope="user", autoApprove=True)
+            assert response.status_code == 422, response.text
+            problem = response.json()["error"]["problems"][0]
+            assert problem["field"] == field
+            assert repr(named) in problem["message"]
+            assert "own permissions" in problem["message"]

@@ -407,6 +407,57 @@ def test_invalid_manifest_reports_exact_fields(
     assert problem_fields(data, dir_name) == sorted(fields)
 
 
+@pytest.mark.parametrize(
+    ("part", "name"),
+    [
+        (
+            {
+                "dataProvider": {
+                    "authority": "n",
+                    "providers": [{"path": "/a", "readPerm": "com.example.notes.items.read"}],
+                }
+            },
+            "dataProvider",
+        ),
+        (
+            {
+                "dataProvider": {
+                    "authority": "n",
+                    "providers": [{"path": "/a", "writePerm": "com.example.write"}],
+                }
+            },
+            "dataProvider",
+        ),
+        (
+            {
+                "dataProvider": {
+                    "authority": "n",
+                    "providers": [{"path": "/a", "writePerm": "system.kv.os.theme.write"}],
+                }
+            },
+            "dataProvider",
+        ),
+        (
+            {"intentFilters": [{"action": "a", "permission": "com.other.app.write"}]},
+            "intentFilters",
+        ),
+    ],
+)
+def test_a_provider_entry_or_filter_names_only_the_apps_own_permissions(
+    part: dict[str, Any], name: str
+) -> None:
+    """Another id's name would be labelled by that id in every review of this app's data."""
+    assert problem_fields({**MINIMAL, **part}, DIR) == [name]
+    own = {
+        **MINIMAL,
+        "dataProvider": {
+            "authority": "n",
+            "providers": [{"path": "/a", "readPerm": f"{DIR}.read"}],
+        },
+    }
+    assert parse_manifest(own, DIR).data_provider is not None
+
+
 def test_manifest_reports_every_problem_at_once() -> None:
     data = {
         "id": "Bad",
