@@ -59,6 +59,10 @@ def ps(as_json: bool = JSON_OPT) -> None:
         "Instances",
         ["instance", "state", "port", "scope", "uptime", "views", "role", "theme", "error"],
         rows,
+        # in a narrow terminal: an error is shown whole under the table, then the columns that
+        # say least go first; the id and its state stay
+        drop_first=["error", "theme", "views", "uptime", "scope", "port", "role"],
+        below=["error"],
     )
 
 

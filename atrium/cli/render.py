@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 
@@ -16,21 +18,86 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+#: a word longer than this many cells (a path, a URL) may fold inside its column rather than
+#: push every other column off the screen; shorter words are never cut
+LONG_WORD: Final = 26
+
+Cell = str | int | float | Text | None
+
+
+def _text(value: Cell) -> Text:
+    """A cell as shown: its text as it is (what a shell or an app wrote is never read as rich
+    markup: ``[/x]`` in an app's log would stop the table), or a `Text` the caller styled."""
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value))
+
+
+def _widths(headers: Sequence[str], cells: Sequence[Sequence[Text]]) -> tuple[list[int], list[int]]:
+    """Per column: the width that shows every cell on one line, and the least width that cuts
+    no word (the first column, the ids, is never folded: its least is its whole width)."""
+    whole, least = [], []
+    for n, header in enumerate(headers):
+        lines = [line for row in cells for line in row[n].plain.splitlines()]
+        full = max([cell_len(header), *(cell_len(line) for line in lines)])
+        longest = max([0, *(cell_len(word) for line in lines for word in line.split())])
+        whole.append(full)
+        least.append(full if n == 0 else max(cell_len(header), min(longest, LONG_WORD)))
+    return whole, least
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Cell]],
+    drop_first: Sequence[str] = (),
+    below: Sequence[str] = (),
+) -> None:
+    """A table that fits the terminal without cutting an id or a word.
+
+    The first column holds the ids: whole, on one line (a cut id cannot be pasted into the next
+    command). The others fold their text at spaces onto more lines. When even that does not fit,
+    whole columns are left out, those named in ``drop_first`` first, then from the right; a
+    column named in ``below`` then shows under the table, one line per row that has a value
+    (``<id>: <value>``, wrapped at spaces), and a line names the others (``--json`` has all).
+    """
+    cells = [[_text(value) for value in row] for row in rows]
+    whole, least = _widths(columns, cells)
+    room = console.width
+
+    def width_of(kept: list[int]) -> int:  # each column: 1 cell of padding a side, 1 border
+        return sum(least[n] + 3 for n in kept) + 1
+
+    kept = list(range(len(columns)))
+    order = [columns.index(c) for c in drop_first if c in columns[1:]]
+    order += [n for n in reversed(kept) if n not in order and n != 0]
+    left_out: list[int] = []
+    for n in order:
+        if width_of(kept) <= room:
+            break
+        kept.remove(n)
+        left_out.append(n)
+    # the room left goes first to the columns that need the least more to sit on one line
+    widths = {n: least[n] for n in kept}
+    spare = room - width_of(kept)
+    for n in sorted(kept, key=lambda n: whole[n] - least[n]):
+        extra = max(0, min(whole[n] - least[n], spare))
+        widths[n] += extra
+        spare -= extra
     table = Table(title=title, show_lines=False, header_style="bold")
-    cells = [["" if v is None else str(v) for v in row] for row in rows]
-    # the first column holds the ids: kept whole on one line (a cut id cannot be pasted into the
-    # next command); the other columns fold onto more lines when the terminal is narrow
-    first = max((len(c[0]) for c in cells if c), default=0)
-    for n, column in enumerate(columns):
-        if n == 0:
-            width = min(max(first, len(column)), max(console.width - 8, 12))
-            table.add_column(column, no_wrap=True, min_width=width, overflow="fold")
-        else:
-            table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    for n in kept:
+        table.add_column(columns[n], width=widths[n], no_wrap=n == 0, overflow="fold")
+    for row in cells:
+        table.add_row(*(row[n] for n in kept))
     console.print(table)
+    shown_below = [n for n in left_out if columns[n] in below]
+    for n in shown_below:
+        for row in cells:
+            if row[n].plain:
+                console.print(Text.assemble(row[0], f" {columns[n]}: ", row[n]))
+    hidden = [columns[n] for n in sorted(left_out) if n not in shown_below]
+    if hidden:
+        console.print(Text(f"not shown at this width: {', '.join(hidden)} (--json has them)"))
 
 
 def _filter_text(f: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 import typer
+from rich.text import Text
 
 from atrium.cli.client import ShellClient, fail
 from atrium.cli.render import console, print_json, print_table
@@ -53,8 +54,8 @@ def list_themes(as_json: bool = JSON_OPT) -> None:
     )
 
 
-def _swatch(value: str) -> str:
-    return f"[on {value}]    [/]" if _HEX6.fullmatch(value) else ""
+def _swatch(value: str) -> Text:
+    return Text("    ", style=f"on {value}") if _HEX6.fullmatch(value) else Text("")
 
 
 @theme_app.command("show")

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
+from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from atrium.cli.main import app
-from tests.integration.conftest import RunningShell
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell
 
 pytestmark = pytest.mark.integration
+#: an app id of 40 characters, whose start always fails (it exits before it listens)
+LONG_ID_FAULT = "com.example.exits-early-with-a-long-name"
+MARKUP_LINE = 'if __name__ == "__main__":\n    sys.stderr.write("[/bold] [red]not markup\\n")\n'
 
 
 @pytest.fixture
@@ -273,3 +284,46 @@ def test_logs_json_and_an_empty_log_says_so(cli: CliRunner, shell: RunningShell)
     assert as_json == {"instanceId": instance, "lines": ["one", "two"]}
     destroyed = cli.invoke(app, ["destroy", instance])
     assert "stopped and destroyed; its runtime data is kept" in destroyed.output
+
+
+def test_ps_in_80_columns_keeps_ids_and_words_whole(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """`atrium ps` as its own process in an 80-column terminal, with a long id, a woken provider
+    and an instance in error (a long message): no line is wider than the terminal, every id is
+    whole on one line with its state, and every word of the columns shown is whole; a column
+    that does not fit is named below the table, not squeezed into strips."""
+    fault = system_apps / LONG_ID_FAULT
+    shutil.copytree(TESTS_DIR / "apps" / "test.fault.exitsearly", fault)
+    manifest = json.loads((fault / "app.manifest.json").read_text())
+    (fault / "app.manifest.json").write_text(json.dumps({**manifest, "id": LONG_ID_FAULT}))
+    # its last words reach the instance's error: text, never markup for the terminal
+    server = (fault / "server.py").read_text()
+    (fault / "server.py").write_text(server.replace('if __name__ == "__main__":\n', MARKUP_LINE, 1))
+    shell = start_shell()
+    with shell.client() as api:
+        assert api.get("/api/data/notes/notes").status_code == 200  # wakes Notes as a provider
+        for app_id in ("com.atrium.viewer", "com.atrium.console", LONG_ID_FAULT):
+            api.post("/api/instances", json={"appId": app_id})
+        instances = api.get("/api/instances").json()
+    assert any(i["error"] for i in instances), instances
+    env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "80"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "atrium", "ps"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80, shown.stdout
+    header = next(line for line in lines if "instance" in line)
+    not_shown = " ".join(line for line in lines if "not shown" in line)
+    for name in ("instance", "state", "port", "scope", "uptime", "views", "role", "theme", "error"):
+        below = [line for line in lines if re.match(rf"\S+ {name}: ", line)]  # an error, whole
+        assert re.search(rf"\b{name}\b", header + " " + not_shown) or below, (name, shown.stdout)
+    words = set(re.findall(r"[^\s│┃]+", shown.stdout))  # split at spaces and rules
+    for instance in instances:
+        row = next((line for line in lines if instance["instanceId"] in line), None)
+        assert row is not None, (instance["instanceId"], shown.stdout)
+        assert re.search(rf"\b{instance['state']}\b", row), (instance["state"], row)
+        for word in (instance["error"] or "").split():  # in the table or under it: whole
+            assert word in words or len(word) > 26, (word, shown.stdout)
+    assert "[/bold] [red]not markup" in shown.stdout
