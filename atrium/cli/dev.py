@@ -162,8 +162,10 @@ def dev(
     with ShellClient() as client:
         client.request("GET", "/api/version")  # fails with a clear line when no shell runs
         session = DevSession(client, folder)
-        # a terminal closed or a `kill` ends the session like Ctrl-C: the dev copy goes
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        # a terminal closed or a `kill` ends the session like Ctrl-C: the dev copy goes. SIGINT
+        # is set too: started from a background job (`atrium dev … &`, then `fg`) it arrives
+        # ignored, and Python keeps an inherited "ignore" rather than installing its own handler
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
         try:
             session.sync()

@@ -193,3 +193,47 @@ def test_an_install_or_a_rollback_over_a_dev_copy_is_never_removed_as_one(
     refused = api.delete(f"/api/dist/uninstall/{APP}", params={"scope": "user", "devOnly": "1"})
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "not_a_dev_copy"
+
+
+def _ignore_sigint() -> None:
+    """What a shell does for a command started in the background (`atrium dev … &`): SIGINT
+    ignored, and inherited so through exec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_ctrl_c_ends_atrium_dev_even_when_started_with_sigint_ignored(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    """A process that starts with SIGINT ignored keeps it ignored (Python installs its handler
+    only over the default): `atrium dev` sets its own, so Ctrl-C (SIGINT) still ends the
+    session and removes the dev copy."""
+    folder = create(tmp_path, APP, "node")
+    env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atrium", "dev", str(folder)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    assert proc.stdout is not None
+    seen = ""
+    try:
+        while "Watching" not in seen:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        assert api.get(f"/api/apps/{APP}").status_code == 200
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out = "(still running 30 s after SIGINT)"
+    finally:
+        if proc.poll() is None:  # it ignored the signal: the test fails below, nothing left running
+            proc.kill()
+            proc.communicate()
+    assert "the dev copy was removed" in seen + out, seen + out
+    assert proc.returncode == 0
+    wait_for(lambda: api.get(f"/api/apps/{APP}").status_code == 404, "the dev copy gone")
