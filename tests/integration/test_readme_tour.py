@@ -3,8 +3,9 @@
 The commands are read from README.md (the code blocks of "A 60-second tour"), not copied here, so
 the README cannot drift from what works. Three substitutions, and only these: `.venv/bin/atrium`
 is this checkout's CLI, the shell listens on a free port instead of 7070, and `/tmp/` is a fresh
-folder (so a second run does not find the first run's repository). `atrium events` follows the
-bus forever: it must still be running after 3 s.
+folder (so a second run does not find the first run's repository), made in one pass so that a
+checkout under /tmp keeps its own paths. `atrium events` follows the bus forever: it must still
+be running after 3 s.
 """
 
 from __future__ import annotations
@@ -39,6 +40,35 @@ def tour_commands() -> list[str]:
             if line:
                 commands.append(line)
     return commands
+
+
+SUBSTITUTED = re.compile(r"\.venv/bin/atrium|localhost:7070|/tmp/")
+
+
+def run_here(command: str, cli: str, port: str, scratch: Path) -> str:
+    """The README's ``command`` with its three substitutions made in one pass over the README's
+    own text: what one puts in is never rewritten by the next (the CLI's path holds `/tmp/` in a
+    checkout cloned there, and the scratch folder always does)."""
+    by_word = {
+        ".venv/bin/atrium": cli,
+        "localhost:7070": f"localhost:{port}",
+        "/tmp/": f"{scratch}/",  # noqa: S108 - the README's path, replaced
+    }
+    return SUBSTITUTED.sub(lambda found: by_word[found.group()], command)
+
+
+def test_the_substitutions_touch_only_the_readmes_own_words() -> None:
+    """A checkout cloned under /tmp: its CLI's path holds `/tmp/` too, and stays as it is."""
+    cli = "/tmp/xyz/.venv/bin/atrium"  # noqa: S108 - a checkout's path, not a file used
+    scratch = Path("/tmp/pytest-of-x/test0/scratch")  # noqa: S108 - likewise
+    command = (
+        ".venv/bin/atrium publish apps/com.atrium.notes --to /tmp/com.atrium.notes.git "
+        "--tag v1 && curl http://localhost:7070/x"
+    )
+    assert run_here(command, cli, "4711", scratch) == (
+        f"{cli} publish apps/com.atrium.notes --to {scratch}/com.atrium.notes.git --tag v1 "
+        "&& curl http://localhost:4711/x"
+    )
 
 
 @pytest.fixture
@@ -80,11 +110,7 @@ def test_the_readme_tour_runs_as_written(served: tuple[Path, str], tmp_path: Pat
     env = {**os.environ, "ATRIUM_HOME": str(home)}
     outputs: dict[str, str] = {}
     for command in commands:
-        line = (
-            command.replace(".venv/bin/atrium", cli)
-            .replace("localhost:7070", f"localhost:{port}")
-            .replace("/tmp/", f"{scratch}/")  # noqa: S108 - the README's path, replaced
-        )
+        line = run_here(command, cli, port, scratch)
         if any(word in f"{line} " for word in FOLLOWS):
             follower = subprocess.Popen(
                 ["bash", "-c", line], cwd=REPO_DIR, env=env, stdout=subprocess.DEVNULL
