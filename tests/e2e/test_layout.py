@@ -3,12 +3,17 @@ one tab per instance, named controls, and no serious or critical axe-core violat
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
+from tests.conftest import REPO_DIR
 from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious
 
 #: the screens are also checked at the narrowest width the page supports
@@ -96,3 +101,40 @@ def test_a_second_click_on_an_app_focuses_its_tab(sized: tuple[Page, str]) -> No
     shot(page, f"{size}-tab")
     page.get_by_role("button", name="Close Viewer").click()
     page.wait_for_selector('iframe[data-app-id="com.atrium.viewer"]', state="detached")
+
+
+def test_the_versions_panel_fits_a_phone_with_a_long_app_id(
+    browser: Browser, served: Served, tmp_path: Path
+) -> None:
+    """An installed app with a 32-character id: the Versions panel's app select (as wide as its
+    longest option unless told otherwise) stays within a 390 px screen."""
+    app_id = "com.example.long-app-id-for-phon"
+    assert len(app_id) == 32
+    source = tmp_path / app_id
+    source.mkdir()
+    shutil.copy(REPO_DIR / "tests" / "apps" / "test.plain.stdlib" / "server.py", source)
+    manifest = {"id": app_id, "name": "Long Id", "version": "1.0.0",
+                "entrypoint": ["python3", "server.py"]}  # fmt: skip
+    (source / "app.manifest.json").write_text(json.dumps(manifest))
+    headers = {"Authorization": f"Bearer {served.token}"}
+    with httpx.Client(base_url=served.url, headers=headers, timeout=60) as client:
+        body = {"ref": f"local:{source}", "autoApprove": True}
+        client.post("/api/dist/install", json=body).raise_for_status()
+        context = browser.new_context(viewport={"width": 390, "height": 844})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(f"{served.url}/login?token={served.token}")
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("#open-versions")
+            page.locator(f'#versions-app option[data-app-id="{app_id}"]').wait_for(state="attached")
+            page.select_option("#versions-app", label=f"{app_id} (global, 1.0.0)")
+            box = page.locator("#versions-app").bounding_box()
+            shot(page, "phone-versions-long-id")
+            assert box is not None
+            assert box["x"] >= 0
+            assert box["x"] + box["width"] <= 390, f"the select reaches {box}"
+            fits(page, "phone versions with a long id")
+        finally:
+            context.close()
+            client.delete(f"/api/dist/uninstall/{app_id}")
