@@ -16,6 +16,12 @@ Rules:
 4. No cookies, no redirects, no decompression: bytes pass through as sent.
 5. Reading pauses when 256 KiB of a streamed body wait unread, so a slow reader keeps the
    memory of a large response bounded; writing waits for the transport to drain.
+6. At most ``max_per_upstream`` exchanges with one upstream at once, so at most that many
+   connections to it (a new one is opened only when none is idle). The others wait for a slot in
+   the order they asked (first come, first served), each at most its ``read_timeout``, then fail
+   with `TimeoutError`. An upstream must be able to take that many connections at once: the
+   kernel drops a connection its listen backlog has no room for, and the client's TCP only tries
+   again 1, 3, 7, 15... s later (Python's `http.server` listens with a backlog of 5).
 
 Knows nothing of Atrium: callers map `UpstreamError` and `TimeoutError` to their own errors.
 """
@@ -35,7 +41,13 @@ Headers = list[tuple[bytes, bytes]]
 
 HIGH_WATER: Final = 256 * 1024
 IDLE_SECONDS: Final = 4.0  # below common servers' keep-alive (uvicorn 5 s), so reuse rarely races
-MAX_PER_UPSTREAM: Final = 256
+#: connections to one upstream (one app instance) at once. An app's server serves best with a
+#: few: the SDK's threaded server answered most at 16-32 connections and less with more (more
+#: threads contending for one interpreter: 5,700 req/s at 16, 4,800 at 64, 3,100 at 200 with a
+#: p99 of 1.9 s), so more requests wait their turn here, in order, rather than in the app. 64
+#: leaves room for slow handlers and long streamed answers. Every app server Atrium ships listens
+#: with a backlog of 1,024 (docs/api.md "What the shell calls on an app").
+MAX_PER_UPSTREAM: Final = 64
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
@@ -394,7 +406,7 @@ class HttpPool:
         streamed = body is not None and not isinstance(body, bytes)
         retry = method in IDEMPOTENT
         head = _head(method, target, key, headers, body, content_length)
-        await self._acquire(key)
+        await self._acquire(key, read_timeout)
         try:
             conn = None if streamed else self._checkout(key)
             if conn is not None:
@@ -425,19 +437,32 @@ class HttpPool:
         self._settle(conn.key)
 
     # -- internals -------------------------------------------------------------------------
-    async def _acquire(self, key: Key) -> None:
+    async def _acquire(self, key: Key, wait_seconds: float) -> None:
+        """A slot for one exchange with ``key``: at once when fewer than the cap are busy, else
+        after those queued before (rule 6), waiting at most ``wait_seconds``."""
         active = self._active.get(key, 0)
-        if active >= self._max:
-            waiter = asyncio.get_running_loop().create_future()
-            self._queued.setdefault(key, deque()).append(waiter)
-            try:
-                await waiter  # `_settle` hands over its slot
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._settle(key)  # the slot arrived with the cancellation: pass it on
-                raise
+        if active < self._max:
+            self._active[key] = active + 1
             return
-        self._active[key] = active + 1
+        waiter = asyncio.get_running_loop().create_future()
+        queued = self._queued.setdefault(key, deque())
+        queued.append(waiter)
+        try:
+            async with asyncio.timeout(wait_seconds):
+                await waiter  # `_settle` hands over its slot
+        except BaseException as err:
+            if waiter.done() and not waiter.cancelled():
+                self._settle(key)  # the slot arrived with the cancellation: pass it on
+            elif waiter in queued:
+                queued.remove(waiter)
+            if not queued and self._queued.get(key) is queued:
+                del self._queued[key]
+            if isinstance(err, TimeoutError):
+                raise TimeoutError(
+                    f"all {self._max} connections to {key[0]}:{key[1]} stayed busy for "
+                    f"{wait_seconds:g} s"
+                ) from None
+            raise
 
     def _settle(self, key: Key) -> None:
         """One exchange with ``key`` is over: hand its slot to a queued request, or free it."""
@@ -447,7 +472,13 @@ class HttpPool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
-        self._active[key] -= 1
+        if queued is not None:
+            del self._queued[key]
+        left = self._active[key] - 1
+        if left:
+            self._active[key] = left
+        else:
+            del self._active[key]  # instances come and go: their ports leave no entries behind
 
     def _checkout(self, key: Key) -> _Connection | None:
         idle = self._idle.get(key)

@@ -504,8 +504,14 @@ class App:
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection (no cap of its own: the shell opens at most 64 connections to an
+    instance at once, docs/api.md "What the shell calls on an app")."""
+
     daemon_threads = True
     block_on_close = False
+    #: the listen backlog (`http.server`'s is 5): a burst of the shell's connections must all
+    #: fit, or the kernel drops the rest and their requests wait for TCP's retries (1, 3, 7 s...)
+    request_queue_size = 1024
 
     def handle_error(self, request: object, client_address: object) -> None:
         error = sys.exc_info()[1]

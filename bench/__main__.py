@@ -15,6 +15,7 @@ from bench import (
     intents,
     lifecycle,
     rollback,
+    sdkload,
     soak,
     streaming,
     theme,
@@ -36,6 +37,7 @@ BENCHES = {
     "wake": wake.main,
     "rollback": rollback.main,
     "authoring": authoring.main,
+    "sdkload": sdkload.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

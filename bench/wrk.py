@@ -17,6 +17,11 @@ SOCKET_ERRORS = re.compile(
     r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", re.MULTILINE
 )
 NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)", re.MULTILINE)
+#: the thread stats' latency line: average, standard deviation, max, share within one deviation
+LATENCY = re.compile(
+    r"^\s+Latency\s+([\d.]+)(us|ms|s|m|h)\s+([\d.]+)(us|ms|s|m|h)\s+([\d.]+)(us|ms|s|m|h)",
+    re.MULTILINE,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,10 @@ class WrkResult:
     #: responses with a status ≥ 400 (wrk's "Non-2xx or 3xx responses")
     bad_status: int
     output: str
+    #: the slowest answer (0 when wrk printed no latency line)
+    max_ms: float = 0.0
+    #: requests not answered within wrk's --timeout (part of socket_errors)
+    timeouts: int = 0
 
     @property
     def errors(self) -> int:
@@ -46,6 +55,7 @@ def parse(output: str) -> WrkResult:
         raise ValueError(f"unexpected wrk output:\n{output}")
     socket_errors = SOCKET_ERRORS.search(output)
     non_2xx = NON_2XX.search(output)
+    latency = LATENCY.search(output)
     return WrkResult(
         requests=int(requests.group(1)),
         seconds=float(requests.group(2)) * UNITS[requests.group(3)] / 1000,
@@ -55,6 +65,8 @@ def parse(output: str) -> WrkResult:
         socket_errors=sum(int(n) for n in socket_errors.groups()) if socket_errors else 0,
         bad_status=int(non_2xx.group(1)) if non_2xx else 0,
         output=output,
+        max_ms=float(latency.group(5)) * UNITS[latency.group(6)] if latency else 0.0,
+        timeouts=int(socket_errors.group(4)) if socket_errors else 0,
     )
 
 
@@ -66,7 +78,11 @@ def command(
     script: Path | None = None,
     script_args: Sequence[str] = (),
     threads: int | None = None,
+    headers: Sequence[str] = (),
+    timeout_seconds: float | None = None,
 ) -> list[str]:
+    """``headers`` are extra ``Name: value`` lines; ``timeout_seconds`` is wrk's --timeout (2 s
+    unless given): a request not answered within it counts as a timeout, not a latency."""
     cmd = [
         "wrk",
         f"-t{threads or min(connections, 2)}",
@@ -74,8 +90,12 @@ def command(
         f"-d{seconds}s",
         "--latency",
     ]
+    if timeout_seconds is not None:
+        cmd += ["--timeout", f"{timeout_seconds:g}s"]
     if token:
         cmd += ["-H", f"Authorization: Bearer {token}"]
+    for header in headers:
+        cmd += ["-H", header]
     if script is not None:
         cmd += ["-s", str(script)]
     cmd.append(url)

@@ -134,6 +134,9 @@ class Handler(BaseHTTPRequestHandler):
 if __name__ == "__main__":
     host = os.environ.get("OS_HOST", "127.0.0.1")
     port = int(os.environ.get("OS_PORT") or os.environ.get("PORT") or "0")
+    # the shell may open up to 64 connections at once: listen with room for all of them
+    # (http.server's backlog is 5; the kernel drops what does not fit, and TCP retries late)
+    ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     server.serve_forever()

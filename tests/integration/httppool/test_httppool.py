@@ -374,6 +374,36 @@ async def test_at_most_max_per_upstream_connections_at_once() -> None:
         assert up.most_open == 2
 
 
+async def test_a_request_waits_for_a_busy_upstream_in_turn_and_at_most_its_timeout() -> None:
+    """Rule 6: with every slot busy, a request waits for one at most its read timeout (then a
+    TimeoutError naming the cause, and it leaves the queue); those that wait are served in the
+    order they asked."""
+    release = asyncio.Event()
+
+    async def held(exchange: Exchange) -> bool:
+        await release.wait()
+        return await echo(exchange)
+
+    async with upstream(held) as up, HttpPool(max_per_upstream=1) as pool:
+        first = asyncio.create_task(get(pool, up, b"/first"))
+        while not up.requests:
+            await asyncio.sleep(0.01)
+        with pytest.raises(
+            TimeoutError, match=r"all 1 connections to 127\.0\.0\.1:\d+ stayed busy"
+        ):
+            # the outer limit only keeps a pool that waits forever from hanging the test
+            await asyncio.wait_for(get(pool, up, b"/late", read_timeout=0.2), 20)
+        waiting = []
+        for n in range(5):
+            waiting.append(asyncio.create_task(get(pool, up, f"/{n}".encode())))
+            await asyncio.sleep(0)  # each asks before the next
+        release.set()
+        assert await first == b"GET /first 0"
+        assert await asyncio.gather(*waiting) == [f"GET /{n} 0".encode() for n in range(5)]
+        assert [e.target for e in up.requests] == ["/first", *(f"/{n}" for n in range(5))]
+        assert up.connections == 1  # one slot, one connection, reused in turn
+
+
 async def test_an_unread_answer_closes_its_connection_on_release() -> None:
     async with upstream(echo) as up, HttpPool() as pool:
         response = await pool.request("GET", "127.0.0.1", up.port, b"/", [])
