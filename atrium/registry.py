@@ -83,6 +83,8 @@ def read_copy(scope: Scope, path: Path) -> AppCopy:
         return _problem(scope, path, f"{MANIFEST_FILE} is missing")
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return _problem(scope, path, f"{MANIFEST_FILE} is unreadable: {err}")
+    except RecursionError:
+        return _problem(scope, path, f"{MANIFEST_FILE} is unreadable: nested too deeply")
     try:
         manifest = parse_manifest(data, path.name)
     except ManifestInvalid as err:

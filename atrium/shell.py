@@ -13,6 +13,7 @@ from pathlib import Path
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
+from atrium.distribution import spool
 from atrium.distribution.backups import BackupStore
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
@@ -96,6 +97,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         await recover(layout, repos)
         # and the backup removals and snapshots a kill cut off
         await asyncio.to_thread(BackupStore(settings.home / "backups").recover)
+        # the import uploads and exports a killed shell left in cache/ (no request runs yet)
+        for line in await asyncio.to_thread(spool.sweep, settings.home):
+            _LOGGER.warning("%s", line)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))

@@ -27,6 +27,7 @@ from starlette.types import Scope as AsgiScope
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
 from atrium.api.errors import shutting_down
+from atrium.distribution import spool
 from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval
@@ -261,7 +262,7 @@ async def export(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     shell = shell_of(request)
     scope = scope_named(request.query_params.get("scope"))
-    folder = shell.settings.home / "cache" / "exports"
+    folder = spool.folder(shell.settings.home, "exports")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = folder / f"{app_id}-{secrets.token_hex(6)}.tar.zst"
     try:
@@ -283,22 +284,7 @@ async def import_app(request: Request, caller: Caller) -> Response:
     params = request.query_params
     scope = scope_named(params.get("scope")) or Scope.GLOBAL
     auto = params.get("autoApprove", "").lower() in {"1", "true", "yes"}
-    folder = shell.settings.home / "cache" / "imports"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    archive = folder / f"{secrets.token_hex(8)}.tar.zst"
-    size = 0
-    try:
-        with archive.open("wb") as file:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_ARCHIVE:
-                    raise InvalidRequest(f"the archive is larger than {MAX_ARCHIVE} bytes")
-                await asyncio.to_thread(file.write, chunk)
-        if size == 0:
-            raise InvalidRequest("the body must be the archive that `atrium export` wrote")
-    except BaseException:
-        archive.unlink(missing_ok=True)
-        raise
+    archive = await spool.receive(request.stream(), shell.settings.home, MAX_ARCHIVE)
 
     async def events() -> AsyncGenerator[ProgressEvent, None]:
         try:

@@ -6,15 +6,16 @@ journals and the quarantined staging they keep (the cause of ``409 scope_needs_r
 staging folders, install records that cannot be read or whose app folder is missing, uncommitted
 changes in the scope repositories, the KV database's ``PRAGMA quick_check``, backups whose files
 do not match their ``backup.json``, and, when no shell holds the home, backup removals and
-snapshots a kill cut off and processes still running from it. Exit status 1 when something needs
-the operator, 0 when all is well.
+snapshots a kill cut off, import uploads and exports a killed shell left in ``cache/``
+(`atrium.distribution.spool`) and processes still running from it. Exit status 1 when something
+needs the operator, 0 when all is well.
 
 ``--repair`` takes ``run/serve.lock`` first (so it never races a shell; it refuses, naming the
 shell, while one runs), runs the shell's own start-up recovery, brings each scope back to its last
 commit (`atrium.distribution.repair`: nothing deleted, what is set aside goes to
 ``lost+found/<stamp>/``), finishes what start-up does for backups and sets damaged ones aside in
-``lost+found/<stamp>/backups/``, and rebuilds a damaged KV file from its readable rows, keeping
-the original beside it. Then it reports again.
+``lost+found/<stamp>/backups/``, removes the uploads and exports a start would, and rebuilds a
+damaged KV file from its readable rows, keeping the original beside it. Then it reports again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Annotated
 
 import typer
 
+from atrium.distribution import spool
 from atrium.distribution.backups import DELETING, BackupStore
 from atrium.distribution.install import recover
 from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADABLE_SUFFIX
@@ -105,6 +107,15 @@ def _backup_problems(store: BackupStore, shell_running: bool) -> list[str]:
     return problems
 
 
+def _spool_problems(home: Path) -> list[str]:
+    """Import uploads and exports a killed shell left in ``cache/``."""
+    return [
+        f"{what} {path} left by a shell that was killed: the next start or "
+        "`atrium doctor --repair` removes it"
+        for path, what in spool.leftovers(home)
+    ]
+
+
 def _kv_problem(path: Path) -> tuple[str | None, bool]:
     """What is wrong with the KV file, and whether it is damage (which ``--repair`` rebuilds)."""
     if not path.exists():
@@ -169,6 +180,7 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
     for scope, repo in repos.items():
         done += await repair_scope(layout, repo, scope, lost)
     done += await asyncio.to_thread(repair_backups, BackupStore(settings.home / "backups"), lost)
+    done += await asyncio.to_thread(spool.sweep, settings.home)
     problem, damaged = _kv_problem(settings.kv_path)
     if problem is not None and damaged:
         kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp)
@@ -222,6 +234,8 @@ def doctor(
     kv_problem, _ = _kv_problem(settings.kv_path)
     problems += [kv_problem] if kv_problem else []
     shell_running = _lock_held(settings.lock_path)
+    # while a shell runs, a file in cache/imports or cache/exports is a request in progress
+    problems += [] if shell_running else _spool_problems(settings.home)
     problems += _backup_problems(BackupStore(settings.home / "backups"), shell_running)
     if settings.home.is_dir() and not shell_running:
         problems += _home_processes(settings.home)

@@ -78,6 +78,8 @@ def read_app_manifest(app_dir: Path) -> Manifest:
         raise parse_error(app_dir, f"{MANIFEST_FILE} is missing") from None
     except (OSError, ValueError) as err:
         raise parse_error(app_dir, f"{MANIFEST_FILE} is not readable JSON: {err}") from err
+    except RecursionError as err:
+        raise parse_error(app_dir, f"{MANIFEST_FILE} is nested too deeply") from err
     return parse_manifest(data, app_dir.name)
 
 

@@ -7,14 +7,19 @@ backup taken for the export, so it is consistent) and, last, `export.json`:
 `{format, formatVersion, appId, version, record, exportedAt, files}` where `files` maps every
 other member to its SHA-256. `unpack` refuses anything it does not recognise — another format
 name or version, a member outside those folders, a link, a missing, extra or changed file —
-before anything is installed, with the reason.
+before anything is installed, with the reason. The archive is input like any other: each member
+is judged from its header, against the members before it, before a byte of it is written, so
+that what tarfile would do with a contradiction (write a file over another, put a folder where a
+file is, fail on a name or a time no disk takes) never happens.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -31,7 +36,7 @@ from pydantic import ValidationError
 
 from atrium.distribution.fdcopy import open_regular
 from atrium.distribution.records import InstallRecord
-from atrium.errors import InvalidRequest
+from atrium.errors import InvalidRequest, StorageFailed, StorageFull
 
 FORMAT: Final = "atrium-app-export"
 FORMAT_VERSION: Final = 1
@@ -57,6 +62,12 @@ _HEADER_TYPES: Final = frozenset(
         tarfile.SOLARIS_XHDTYPE,
     }
 )
+#: the only member types an export holds (pack writes regular files; folders are accepted)
+_PLAIN: Final = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE})
+#: the largest export.json: it is read whole (200,000 members' names and digests take ~40 MiB)
+MAX_MANIFEST: Final = 64 * 1024**2
+#: a modification time beyond this (either way) fits no platform's time_t: os.utime overflows
+MAX_MTIME: Final = 2**62
 MAX_EXPANDED: Final = 64 * 1024**3
 DISK_RESERVE: Final = 512 * 1024**2
 CHUNK: Final = 1024 * 1024
@@ -164,15 +175,18 @@ def unpack(archive: Path, into: Path) -> Unpacked:
     for data in data_dirs:
         if not folder.fullmatch(data.name):
             raise _refused(f"data/{data.name} is not a runtime data folder of {app_id}")
+        if data.is_symlink() or not data.is_dir():  # (refused member by member already)
+            raise _refused(f"data/{data.name} is not a folder")
     app_dir = root / "app"
     try:
         app_manifest = json.loads((app_dir / "app.manifest.json").read_bytes())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise _refused("it holds no readable app tree (app/app.manifest.json)") from err
     named_id = app_manifest.get("id") if isinstance(app_manifest, dict) else None
     if named_id != app_id:
         raise _refused(f"it is the export of {app_id}, but its app tree is {str(named_id)[:120]!r}")
-    named = root / app_id
+    # beside the archive's root, where no member can be (an app id may be `export.json`)
+    named = into / app_id
     app_dir.rename(named)
     return Unpacked(named, data_dirs, record, manifest)
 
@@ -181,13 +195,13 @@ def _export_json(root: Path) -> tuple[dict[str, Any], InstallRecord]:
     """`export.json` and the install record it holds, checked."""
     try:
         manifest = json.loads((root / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # nested deeper than the parser goes
         raise _refused(f"it has no readable {ROOT}/{MANIFEST}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _refused(f"it is not an Atrium app export (format {FORMAT!r} expected)")
     if manifest.get("formatVersion") != FORMAT_VERSION:
         raise _refused(
-            f"its format version is {manifest.get('formatVersion')!r}; this shell reads "
+            f"its format version is {_short(manifest.get('formatVersion'))}; this shell reads "
             f"version {FORMAT_VERSION}"
         )
     try:
@@ -224,11 +238,13 @@ def _extract(archive: Path, into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
     budget = min(MAX_EXPANDED, shutil.disk_usage(into).free - DISK_RESERVE)
     expanded = members = 0
+    seen = _Seen()
     with archive.open("rb") as raw:
         reader = zstandard.ZstdDecompressor().stream_reader(raw)
         with tarfile.open(fileobj=reader, mode="r|", tarinfo=_CheckedInfo) as tar:
             for member in tar:
                 _check_member(member)
+                seen.add(member)
                 expanded += member.size
                 members += 1
                 if expanded > budget or members > MAX_MEMBERS:
@@ -236,24 +252,86 @@ def _extract(archive: Path, into: Path) -> None:
                         f"it expands to more than {max(budget, 0) // 1024**2} MiB or "
                         f"{MAX_MEMBERS} members (the limit, or the free disk space)"
                     )
-                tar.extract(member, into, filter="data")
+                try:
+                    tar.extract(member, into, filter="data")
+                except OSError as err:
+                    raise _unwritten(member.name, into, err) from err
 
 
 def _check_member(member: tarfile.TarInfo) -> None:
+    """What one header says, on its own: where, what kind, how big, which name and time."""
     name = member.name
     inside = name == f"{ROOT}/{MANIFEST}" or name.startswith((f"{ROOT}/app/", f"{ROOT}/data/"))
-    top = member.isdir() and name in {ROOT, f"{ROOT}/app", f"{ROOT}/data"}
+    top = name in {ROOT, f"{ROOT}/app", f"{ROOT}/data"}
+    if top and member.isfile():
+        raise _refused(f"{name[:120]!r} is a file, not a folder")
     if not (inside or top):
         raise _refused(f"it holds {name[:120]!r}, outside what an export contains")
-    if ".." in name.split("/") or name.startswith("/"):
+    parts = name.split("/")
+    if any(part in {"", ".", ".."} for part in parts):  # (an absolute name is outside)
         raise _refused(f"it holds the path {name[:120]!r}")
-    if not (member.isfile() or member.isdir()):
+    if "\0" in name:
+        raise _refused(f"{name[:120]!r} holds a NUL character, which no file name can")
+    if member.type not in _PLAIN or member.issparse():
         raise _refused(f"{name[:120]!r} is a link or a special file")
     if member.size < 0 or (member.isdir() and member.size != 0):
         raise _refused(f"{name[:120]!r} announces a size of {member.size}")
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) > MAX_PATH or any(len(part) > NAME_MAX for part in raw.split(b"/")):
         raise _refused(f"{name[:120]!r}… is a longer path or name than a disk takes")
+    mtime = member.mtime
+    if not (isinstance(mtime, int | float) and math.isfinite(mtime) and abs(mtime) < MAX_MTIME):
+        raise _refused(f"{name[:120]!r} announces a modification time no disk holds")
+    if name == f"{ROOT}/{MANIFEST}" and not member.isfile():
+        raise _refused(f"{name[:120]!r} is not a file")
+    if name == f"{ROOT}/{MANIFEST}" and member.size > MAX_MANIFEST:
+        raise _refused(f"{name[:120]!r} is larger than {MAX_MANIFEST} bytes")
+    if len(parts) == 3 and parts[1] == "data" and not member.isdir():
+        raise _refused(f"{name[:120]!r} is a file, not a runtime data folder")
+
+
+class _Seen:
+    """The members so far, to judge the next against them before it is written: tarfile would
+    write a second member of a name over the first, keep a file where a later folder of its name
+    goes (the folder's files then fail to be written) and fail on a folder in a file's place."""
+
+    def __init__(self) -> None:
+        self.files: set[str] = set()
+        self.folders: set[str] = set()
+        #: folders a member's name implies (``a/b`` for ``a/b/c``), named or not
+        self.implied: set[str] = set()
+
+    def add(self, member: tarfile.TarInfo) -> None:
+        name = member.name
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in self.files:
+                raise _refused(f"{name[:120]!r} is under {parent[:120]!r}, a file")
+            self.implied.add(parent)
+        if member.isdir() and name in self.files:
+            raise _refused(f"{name[:120]!r} is both a file and a folder")
+        if not member.isdir() and (name in self.folders or name in self.implied):
+            raise _refused(f"{name[:120]!r} is both a folder and a file")
+        if name in self.files or name in self.folders:
+            raise _refused(f"it holds {name[:120]!r} twice")
+        (self.folders if member.isdir() else self.files).add(name)
+
+
+def _unwritten(name: str, into: Path, err: OSError) -> InvalidRequest | StorageFailed:
+    """An error writing a checked member: the disk's (full: `507`, other: `503`, naming the
+    folder), or a name the filesystem refuses (`400`)."""
+    if err.errno in {errno.ENOSPC, errno.EDQUOT}:
+        return StorageFull(f"cannot unpack the archive into {into}: {err.strerror}", path=str(into))
+    if err.errno in {errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL}:
+        return _refused(f"{name[:120]!r} cannot be written here ({err.strerror})")
+    return StorageFailed(f"cannot unpack the archive into {into}: {err.strerror}", path=str(into))
+
+
+def _short(value: object) -> str:
+    """A value from the archive, for a message: at most 60 characters."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "a huge number"
+    return text if len(text) <= 60 else f"{text[:60]}…"
 
 
 def _check_files(root: Path, files: object) -> None:

@@ -11,6 +11,7 @@ before and restarts them after.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from atrium.distribution.journal import (
 from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore
 from atrium.distribution.swap import exchange, move_new
 from atrium.distribution.validate import runtime_dir_re
-from atrium.errors import InstallFailed
+from atrium.errors import InstallFailed, StorageFull
 from atrium.files import sync_dir
 from atrium.git import GitError, ScopeRepo, run_git
 from atrium.scopes import Scope, ScopeLayout
@@ -53,6 +54,14 @@ class InstallPlan:
     @property
     def scope(self) -> Scope:
         return Scope(self.record.scope)
+
+
+def _disk_full(err: OSError | GitError) -> bool:
+    """Whether the disk was full: the errno of a write, or git's own words (it runs with
+    LC_ALL=C, so they are strerror's)."""
+    if isinstance(err, GitError):
+        return "No space left on device" in err.stderr or "Disk quota exceeded" in err.stderr
+    return err.errno in {errno.ENOSPC, errno.EDQUOT}
 
 
 def app_paths(app_id: str) -> tuple[str, str]:
@@ -85,7 +94,13 @@ async def commit_app(repo: ScopeRepo, app_id: str, message: str) -> bool:
         status = await run_git("status", "--porcelain", "--", *known, cwd=repo.root)
         if not status.strip():
             return False
-        await run_git("commit", "--quiet", "-m", message, "--", *known, cwd=repo.root)
+        # the index, staged above, is the commit when it holds no other change: a commit naming
+        # paths reads every path the last commit held again from disk, and fails on a file that
+        # became a folder ("does not have a commit checked out")
+        staged = await run_git("diff", "--cached", "--name-only", "-z", cwd=repo.root)
+        others = [f for f in staged.split("\0") if f and not any(_lists(f, p) for p in known)]
+        only = ["--", *known] if others else []
+        await run_git("commit", "--quiet", "-m", message, *only, cwd=repo.root)
         return True
 
 
@@ -215,6 +230,13 @@ class Installer:
         except (OSError, GitError) as err:
             _LOGGER.warning("uninstall of %s from %s failed, undoing it: %s", app_id, scope, err)
             await self._undo_or_leave(journal, err)
+            if _disk_full(err):
+                root = self._layout.root(scope)
+                raise StorageFull(
+                    f"removing {app_id!r} failed for want of space in {root}, nothing was "
+                    f"changed: {err}",
+                    path=str(root),
+                ) from err
             raise InstallFailed(app_id, str(err)) from err
         await asyncio.to_thread(self._clean_up, journal)
 

@@ -72,7 +72,7 @@ def source_for(entry: IndexEntry, channel: str | None) -> tuple[OciRef | GitRef,
 def _read_preview(directory: Path) -> Mapping[str, Any] | None:
     try:
         data = json.loads((directory / MANIFEST_FILE).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (validation names the problem)
         return None
     return data if isinstance(data, dict) else None
 
