@@ -17,7 +17,7 @@ from typing import Any
 from atrium.distribution.backups import Backup, BackupStore, swap_data
 from atrium.distribution.exports import pack
 from atrium.distribution.journal import JournalStore, faultpoint
-from atrium.distribution.operations import AppLocks, mutable, staging
+from atrium.distribution.operations import AppLocks, in_thread, mutable, staging
 from atrium.distribution.records import RecordStore
 from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import runtime_folders
@@ -57,9 +57,7 @@ class DataKeeping:
             return None
         version = record.version if record else "unknown"
         try:
-            return await asyncio.to_thread(
-                self.backups.snapshot, scope, app_id, version, folders, reason
-            )
+            return await in_thread(self.backups.snapshot, scope, app_id, version, folders, reason)
         except OSError as err:
             error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
             raise error(
@@ -102,7 +100,7 @@ class DataKeeping:
                     "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
                 )
             # under the lock: no restore or rollback of this app is reading a backup it removes
-            await asyncio.to_thread(self.backups.prune, scope, app_id)
+            await in_thread(self.backups.prune, scope, app_id)
         return taken
 
     async def restore(
@@ -122,8 +120,8 @@ class DataKeeping:
                 faultpoint("restore-snapshot")
                 async with staging(self._layout, self._journals, scope) as path:
                     app_dir = self._layout.app_dir(scope, app_id)
-                    await asyncio.to_thread(swap_data, backup, app_dir, path)
-            await asyncio.to_thread(self.backups.prune, scope, app_id)
+                    await in_thread(swap_data, backup, app_dir, path)
+            await in_thread(self.backups.prune, scope, app_id)
         _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
         return {
             "ok": True,
@@ -148,6 +146,6 @@ class DataKeeping:
                 taken = await self.snapshot(scope, app_id, "export")
             app_dir = self._layout.app_dir(scope, app_id)
             data = taken.data_dirs if taken else []
-            await asyncio.to_thread(pack, target, app_dir, data, record, app_id)
-            await asyncio.to_thread(self.backups.prune, scope, app_id)
+            await in_thread(pack, target, app_dir, data, record, app_id)
+            await in_thread(self.backups.prune, scope, app_id)
         return target

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -92,7 +93,7 @@ async def staging(layout: ScopeLayout, journals: JournalStore, scope: Scope) -> 
             await asyncio.to_thread(shutil.rmtree, path, True)
 
 
-async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
+async def run_to_completion(coro: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
     """Await ``coro`` to its end even if the caller is cancelled (a client that hangs up while
     its app is being swapped must not leave it half-installed); the caller's cancellation is
     raised afterwards."""
@@ -108,3 +109,14 @@ async def run_to_completion(coro: Coroutine[Any, Any, T]) -> T:
     if interrupted:
         raise asyncio.CancelledError
     return task.result()
+
+
+async def in_thread(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a worker thread, awaited to its end even if the caller is cancelled
+    (then the cancellation is raised after it). `asyncio.to_thread` gives the thread up at a
+    cancellation (a shutdown's, when its grace ends) while it goes on: the operation's cleanup
+    then ran under a copy still writing (its staging folder removed, the app's lock released,
+    its instances started again), and a restore exchanged a half-removed copy in as the app's
+    data. The thread's future is no task, so nothing else can cancel it either."""
+    loop = asyncio.get_running_loop()
+    return await run_to_completion(loop.run_in_executor(None, functools.partial(func, *args)))
