@@ -79,7 +79,7 @@ class PulledManifest:
     def json(self) -> object:
         try:
             return json.loads(self.body)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser
             raise RegistryError(f"the manifest {self.digest} is not JSON: {err}") from err
 
 
@@ -97,7 +97,7 @@ def _error_detail(body: bytes) -> str:
     try:
         errors = json.loads(body)["errors"]
         return "; ".join(f"{e['code']}: {e['message']}" for e in errors)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return body[:200].decode(errors="replace").strip()
 
 
@@ -216,7 +216,7 @@ class RegistryClient:
         try:
             answer = json.loads(body)
             token = answer.get("token") or answer.get("access_token")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             token = None
         if not isinstance(token, str) or not token:
             raise RegistryError(f"the token service {realm} answered without a token")

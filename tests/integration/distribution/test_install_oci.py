@@ -557,3 +557,38 @@ def test_an_artifact_without_a_title_is_named_by_its_layers_top_folder(
     assert (record["id"], record["digest"], record["source"]) == (app_id, digest, "oci")
     assert (home / "scopes/global/apps" / app_id / "app.manifest.json").is_file()
     assert up_to_date(api.post(f"/api/dist/update/{app_id}").json())
+
+
+def test_json_nested_past_the_parser_from_a_registry_is_fetch_failed(api: httpx.Client) -> None:
+    """A registry answering a manifest (or an error body) nested 100,000 deep made json.loads
+    raise RecursionError, which no ValueError handler caught: the install answered 500."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    nested = b"[" * 100_000 + b"]" * 100_000
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            manifest = "/manifests/" in self.path
+            self.send_response(200 if manifest or self.path == "/v2/" else 404)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            body = nested if self.path != "/v2/" else b"{}"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = f"oci://127.0.0.1:{server.server_address[1]}/com.example.nested:1.0.0"
+        response = install(api, ref, autoApprove=True)
+        assert response.status_code == 502, response.text
+        assert response.json()["error"]["code"] == "fetch_failed"
+    finally:
+        server.shutdown()
+        server.server_close()
