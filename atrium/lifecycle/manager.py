@@ -28,6 +28,7 @@ from atrium.errors import (
     LifecycleTransitionError,
     NotFound,
     NotServing,
+    ShuttingDown,
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
@@ -84,10 +85,12 @@ class LifecycleManager(InstanceIndex):
         )
         self._activities = Activities(upstream, bus)
         self.views = ViewDesk(self)
-        self.pool = WarmPool(self, registry, bus)
         self._operations = operations or NoOperations()
+        self.pool = WarmPool(self, registry, bus, self._operations)
         self.headless = HeadlessProviders(self, self._operations)
         self.trials = Trials(self)
+        #: set by shutdown: nothing boots after it (an operation ending later brings nothing back)
+        self._closed = False
 
     async def __aenter__(self) -> Self:
         return self
@@ -163,7 +166,14 @@ class LifecycleManager(InstanceIndex):
             await self._resumed(instance)
 
     async def _boot(self, instance: Instance) -> None:
-        """`installed|error → creating → created → starting → started` (the caller holds the lock)."""
+        """`installed|error → creating → created → starting → started` (the caller holds the lock).
+
+        Refused once the manager has shut down: an operation whose copy outlived the shutdown
+        grace restarts the instances it stopped when it ends, and a child spawned then would
+        outlive every instance the shutdown destroyed."""
+        if self._closed:
+            self._forget(instance)
+            raise ShuttingDown()
         instance.enter(S.CREATING)
         instance.error = None
         await self._booter.spawn(instance)
@@ -397,6 +407,7 @@ class LifecycleManager(InstanceIndex):
 
     async def shutdown(self) -> None:
         """Destroy every instance: children killed, ports freed; no hooks when they hang."""
+        self._closed = True
         self.pool.close()
         for task in list(self._tasks):
             task.cancel()

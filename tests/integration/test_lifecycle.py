@@ -493,3 +493,30 @@ def test_a_spawn_whose_log_cannot_be_opened_goes_to_error_and_retries(
     logs.unlink()
     assert act(api, iid, "retry").json()["state"] == "started"
     assert api.delete(f"/api/instances/{iid}").status_code == 200
+
+
+def test_nothing_boots_once_the_lifecycle_has_shut_down(
+    lifecycle_shell: RunningShell, api: httpx.Client
+) -> None:
+    """An operation whose copy outlives the shutdown grace restarts the instances it stopped when
+    it ends (same ids); after the lifecycle's shutdown that spawned a child nothing would stop."""
+    import asyncio
+
+    from atrium.errors import ShuttingDown
+
+    first = launch(api, "test.sdk.echo")["instanceId"]
+    lifecycle = lifecycle_shell.shell.lifecycle
+    loop = lifecycle_shell.server._loop
+    assert loop is not None
+
+    async def shut_then_bring_back() -> BaseException | None:
+        await lifecycle.shutdown()
+        try:
+            await lifecycle.create("test.sdk.echo", new=True, instance_id=first)
+        except ShuttingDown as err:
+            return err
+        return None
+
+    refused = asyncio.run_coroutine_threadsafe(shut_then_bring_back(), loop).result(30)
+    assert isinstance(refused, ShuttingDown)
+    assert lifecycle.all() == []
