@@ -68,9 +68,10 @@ test: system-deps $(STAMP) check
 unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-# random kill -9 of a real shell during install/update/uninstall/launch, then the promises checked;
-# CHAOS_RUNS runs (100), CHAOS_SEED replays one (docs/reliability.md)
-CHAOS_RUNS ?= 100
+# random kill -9 of a real shell during install, update, uninstall, launch, backup, restore,
+# rollback, export, import and wake, then the promises checked;
+# CHAOS_RUNS runs (200), CHAOS_SEED replays one (docs/reliability.md)
+CHAOS_RUNS ?= 200
 CHAOS_SEED ?=
 chaos: system-deps $(STAMP)
 	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) $(BIN)/python -m bench chaos
