@@ -4,6 +4,12 @@ The pool owns which instances are pooled (a set of ids, not a flag on the instan
 registry itself (an app installed or changed refills its pool, one removed drains it) and hands
 an instance over on `claim`, refilling behind it. What it needs of the lifecycle manager is the
 narrow `PoolHost`.
+
+Nothing is pooled while an operation holds the app (`OperationGate`, the distribution's per-app
+lock): an update's registry event and its own restart both ask for a refill while it still holds
+the app, and a pooled instance started then took the next free id, which is the id (and the
+runtime data) of an instance the update was about to bring back. A refill waits for the
+operation's end, and checks again before each instance it adds.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any, Protocol
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError
 from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
+from atrium.lifecycle.headless import NoOperations, OperationGate
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
 from atrium.registry import AppRegistry
@@ -40,12 +47,21 @@ class PoolHost(Protocol):
 class WarmPool:
     """Pre-spawned instances per app; see the module docstring."""
 
-    def __init__(self, host: PoolHost, registry: AppRegistry, bus: EventBus) -> None:
+    def __init__(
+        self,
+        host: PoolHost,
+        registry: AppRegistry,
+        bus: EventBus,
+        operations: OperationGate | None = None,
+    ) -> None:
         self._host = host
         self._registry = registry
         self._bus = bus
+        self._operations = operations or NoOperations()
         self._pooled: set[str] = set()
         self._closing = False
+        #: refills per app waiting for the end of an operation holding it
+        self.held: dict[str, int] = {}
 
     def holds(self, instance: Instance) -> bool:
         return instance.id in self._pooled
@@ -73,10 +89,23 @@ class WarmPool:
         return pooled
 
     async def refill(self, app_id: str) -> None:
-        """Pre-spawn the app to `resumed` until its pool holds `warmPool` instances."""
-        copy = self._registry.get(app_id)
-        size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
-        while not self._closing and self._size(app_id) < size:
+        """Pre-spawn the app to `resumed` until its pool holds `warmPool` instances (of the copy
+        visible then), each once no operation holds the app."""
+        while not self._closing:
+            if self._operations.operation(app_id) is not None:
+                self.held[app_id] = self.held.get(app_id, 0) + 1
+                try:
+                    await self._operations.released(app_id)
+                finally:
+                    self.held[app_id] -= 1
+                    if not self.held[app_id]:
+                        del self.held[app_id]
+                continue
+            copy = self._registry.get(app_id)
+            size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
+            if self._size(app_id) >= size:
+                return
+            # nothing awaited between the check of the gate and the instance in the index
             instance = self._host.new_instance(app_id)
             self._pooled.add(instance.id)
             try:

@@ -1,0 +1,73 @@
+"""The warm pool starts nothing of an app while an operation holds it (docs/api.md "Waking a
+provider" says the same of a wake): an update's registry event (`app:installed` for the new
+version) and its own restart of the app's instances ask the pool to refill, while the update
+still holds the app (it is bringing its instances back, then pruning its backups). The refill
+waits for the operation's end. Real shell, real processes; the app's `onStart` hook waits on a
+file, which holds the update inside its restart of `<appId>-1`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atrium.lifecycle.instance import Instance
+from tests.integration.conftest import RunningShell, wait_for
+from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
+from tests.integration.distribution.test_wake_during_operations import BLOCKING, in_background
+
+pytestmark = pytest.mark.integration
+APP = "com.example.pooled"
+
+
+def pooled(shell: RunningShell) -> list[Instance]:
+    lifecycle = shell.shell.lifecycle
+    return [i for i in lifecycle.of_app(APP) if lifecycle.is_pooled(i)]
+
+
+def pooled_resumed(shell: RunningShell) -> list[Instance]:
+    return [i for i in pooled(shell) if i.state.value == "resumed"]
+
+
+def test_the_pool_refills_only_after_an_update_ends(
+    api: httpx.Client, make_app: MakeApp, home: Path, dist_shell: RunningShell
+) -> None:
+    source = make_app(APP, entrypoint=["python3", "blocking.py"], warmPool=1)
+    (source / "blocking.py").write_text(BLOCKING)
+    installed_ok(api, f"local:{source}")
+    wait_for(lambda: pooled_resumed(dist_shell), "the warm pool to fill")
+    launched = api.post("/api/instances", json={"appId": APP}).json()
+    data = home / "scopes/global/apps" / APP / launched["instanceId"]
+    [refilled] = wait_for(lambda: pooled_resumed(dist_shell), "the pool to refill behind it")
+    assert refilled.id != launched["instanceId"]
+
+    write_manifest(source, version="2.0.0", entrypoint=["python3", "blocking.py"], warmPool=1)
+    (data / "block-onStart").write_text("")
+    locks = dist_shell.shell.dist.locks
+    with dist_shell.client(timeout=60) as client:
+        update, answers = in_background(lambda: client.post(f"/api/dist/update/{APP}", json={}))
+        wait_for(
+            lambda: (data / "in-onStart").exists() or answers, "the update to restart the instance"
+        )
+        # nothing pooled meanwhile: a refill here took the id (and the data) of the instance the
+        # update was about to bring back, whose restart then failed
+        assert [i.id for i in pooled(dist_shell)] == []
+        assert (answers, locks.operation(APP)) == ([], "update")
+        # the new version is visible (app:installed) and the restart asked for a refill: the
+        # pool waits for the update's end
+        wait_for(lambda: APP in dist_shell.shell.lifecycle.pool.held, "the refill to wait")
+        assert [i.id for i in pooled(dist_shell)] == []
+        (data / "block-onStart").unlink()
+        update.join(60)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["record"]["version"] == "2.0.0"
+    back = dist_shell.shell.lifecycle.find(launched["instanceId"])
+    assert back is not None
+    assert not dist_shell.shell.lifecycle.is_pooled(back)
+    assert back.state.value == "started"
+    assert back.manifest.version == "2.0.0"
+    [again] = wait_for(lambda: pooled_resumed(dist_shell), "the pool to refill after the update")
+    assert again.manifest.version == "2.0.0"
+    assert APP not in dist_shell.shell.lifecycle.pool.held
