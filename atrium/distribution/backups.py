@@ -418,12 +418,45 @@ def place(folders: list[Path], staged: Path) -> None:
         copy_tree(folder, staged / folder.name)
 
 
-def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:
-    """Each of the backup's folders replaces the live one in one exchange (the live one lands
-    in the staging folder, which goes when the operation ends)."""
+def copied_problem(backup: Backup, copied: fdcopy.Copied) -> str | None:
+    """What in a copy of the backup's data does not match its `backup.json` (as `damage` words
+    it), or None. The copy is what gets used, so it is the copy that is checked: a file of the
+    backup that went or changed after the backup's own check is caught here."""
+    if backup.sizes is None:
+        if (copied.files, copied.bytes) == (backup.files, backup.bytes):
+            return None
+        return (
+            f"its copy holds {copied.files} files of {copied.bytes} bytes, {MANIFEST} says "
+            f"{backup.files} of {backup.bytes}"
+        )
+    found = copied.sizes
+    for name, size in sorted(backup.sizes.items()):
+        if name not in found:
+            return f"data/{name} is missing"
+        if found[name] != size:
+            return f"data/{name} is {found[name]} bytes, {MANIFEST} says {size}"
+    extra = sorted(set(found) - set(backup.sizes))
+    return f"data/{extra[0]} is not in {MANIFEST}" if extra else None
+
+
+def copy_checked(backup: Backup, staged: Path) -> None:
+    """Copy each of the backup's data folders into ``staged`` (by name) and check the copy
+    against its `backup.json`: BackupDamaged when they differ (``staged`` then holds the copy,
+    which goes with the staging folder)."""
+    copied = fdcopy.Copied()
     for name in backup.folders:
-        copy_tree(backup.path / "data" / name, staging_dir / name)
-        faultpoint("restore-copied")
+        fdcopy.copy_tree(backup.path / "data" / name, staged / name, into=copied, prefix=name)
+    if (problem := copied_problem(backup, copied)) is not None:
+        raise BackupDamaged(backup.app_id, backup.id, problem)
+
+
+def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:
+    """The backup's folders, copied whole and checked against its record (BackupDamaged, the live
+    data untouched, when they differ), each replace the live one in one exchange (the live one
+    lands in the staging folder, which goes when the operation ends)."""
+    copy_checked(backup, staging_dir)
+    faultpoint("restore-copied")
+    for name in backup.folders:
         if (app_dir / name).exists():
             exchange(staging_dir / name, app_dir / name)
         else:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from atrium.bus import EventBus
-from atrium.distribution.backups import Backup, place
+from atrium.distribution.backups import Backup, copy_checked, place
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.exports import unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
@@ -415,13 +415,14 @@ class Distribution:
         )
 
     async def _install_stage(
-        self, plan: InstallPlan, data: list[Path] | None = None
+        self, plan: InstallPlan, data: list[Path] | Backup | None = None
     ) -> tuple[list[str], Backup | None]:
         """Swap the staged tree in; returns the instances stopped for it (and started again) and
         the backup of the runtime data taken before an update, a rollback or an import over an
         installed copy (once they stopped).
-        ``data``: runtime data folders (a backup's, an export's) to put in the new tree instead
-        of the live data."""
+        ``data``: runtime data folders (an export's), or a backup whose folders (its copy
+        checked against its `backup.json`: BackupDamaged, nothing swapped) go in the new tree
+        instead of the live data."""
         app_id, scope = plan.record.id, plan.scope
         stopped = await self.stops.stop_if_visible(app_id, scope)
         taken: Backup | None = None
@@ -430,8 +431,11 @@ class Distribution:
                 # an import over an installed copy replaces its data too: kept first
                 reason = plan.op if plan.op != "install" else "import"
                 taken = await self.data.snapshot(scope, app_id, reason)
-            if data is not None:
+            if isinstance(data, Backup):
+                await asyncio.to_thread(copy_checked, data, plan.staged)
+            elif data is not None:
                 await asyncio.to_thread(place, data, plan.staged)
+            if data is not None:
                 plan = dataclasses.replace(plan, move_data=False)
             await self.installer.install(plan)
         finally:
@@ -518,8 +522,7 @@ class Distribution:
                     f"{target.commit[:12]})"
                 )
                 plan = InstallPlan("rollback", staged, record, message)
-                data = None if restore is None else restore.data_dirs
-                stopped, taken = await run_to_completion(self._install_stage(plan, data))
+                stopped, taken = await run_to_completion(self._install_stage(plan, restore))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
                 RESULT,

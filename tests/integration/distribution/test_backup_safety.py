@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import StartShell
+from tests.integration.conftest import RunningShell, StartShell, wait_for
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 from tests.integration.distribution.test_crash import (  # crash: the fixture
     DEADLINE,
@@ -26,6 +26,7 @@ from tests.integration.distribution.test_crash import (  # crash: the fixture
     killed_during,
 )
 from tests.integration.distribution.test_doctor_repair import doctor
+from tests.integration.distribution.test_wake_during_operations import BLOCKING, in_background
 
 pytestmark = pytest.mark.integration
 APP = "com.example.safe"
@@ -189,6 +190,54 @@ def test_a_damaged_backup_is_neither_listed_nor_restored(
     assert [b["id"] for b in listed(api)] == [intact]  # no safety copy taken either
     assert api.post(f"/api/dist/restore/{APP}", json={"backup": intact}).status_code == 200
     assert (data_dir(home) / "notes.txt").read_text() == "one"
+
+
+@pytest.mark.parametrize("operation", ["restore", "rollback"])
+def test_a_backup_damaged_after_its_check_is_not_swapped_in(
+    operation: str, api: httpx.Client, make_app: MakeApp, home: Path, dist_shell: RunningShell
+) -> None:
+    """The backup is checked, then the app's instances stop, then its data is copied: a file
+    that changes in between (here a backup file truncated while the app's `onStop` is held)
+    reaches the copy, which is compared with `backup.json` before anything is exchanged."""
+    source = make_app(APP, entrypoint=["python3", "blocking.py"])
+    (source / "blocking.py").write_text(BLOCKING)
+    installed_ok(api, f"local:{source}")
+    launched = api.post("/api/instances", json={"appId": APP}).json()
+    assert launched["instanceId"] == f"{APP}-1"
+    (data_dir(home) / "notes.txt").write_text("one")
+    if operation == "restore":
+        backup_id = take(api)
+        body: dict[str, Any] = {"backup": backup_id}
+    else:  # the update's backup: 1.0.0's data, which the rollback brings back
+        write_manifest(source, version="2.0.0", entrypoint=["python3", "blocking.py"])
+        backup_id = api.post(f"/api/dist/update/{APP}", json={}).json()["backup"]
+        body = {}
+    (data_dir(home) / "notes.txt").write_text("today")
+    (data_dir(home) / "block-onStop").write_text("")
+    with dist_shell.client(timeout=DEADLINE) as client:
+        thread, answers = in_background(
+            lambda: client.post(f"/api/dist/{operation}/{APP}", json=body)
+        )
+        wait_for(
+            lambda: (data_dir(home) / "in-onStop").exists() or answers,
+            "the operation to stop the app",
+        )
+        assert not answers, answers[0].text
+        damage(home, backup_id, "truncated")  # checked already, not yet copied
+        (data_dir(home) / "block-onStop").unlink()
+        thread.join(DEADLINE)
+    [refused] = answers
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["backup"], error["appId"]) == ("backup_damaged", backup_id, APP)
+    assert f"data/{APP}-1/notes.txt is 0 bytes" in error["problem"], error
+    assert (data_dir(home) / "notes.txt").read_text() == "today"  # the live data untouched
+    assert list((home / "scopes/global/.staging").iterdir()) == []
+    current = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+    assert current["version"] == ("1.0.0" if operation == "restore" else "2.0.0")
+    instance = dist_shell.shell.lifecycle.find(f"{APP}-1")
+    assert instance is not None
+    assert instance.state.value == "started"  # started again
 
 
 def test_a_rollback_falls_back_to_the_newest_intact_backup_of_the_version(
