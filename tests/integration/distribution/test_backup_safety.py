@@ -444,7 +444,9 @@ def test_an_uninstall_on_a_full_disk_leaves_no_journal_temporary(
         installed_ok(api, f"local:{make_app(APP)}")
         filler = fill(tiny_home, 0)
         response = api.delete(f"/api/dist/uninstall/{APP}")
-        assert response.status_code in (500, 507), response.text
+        assert response.status_code == 507, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["path"]) == ("storage_full", str(tiny_home / "scopes/global"))
         journal = tiny_home / "scopes/global/.journal"
         assert sorted(p.name for p in journal.iterdir()) == []
         filler.unlink()

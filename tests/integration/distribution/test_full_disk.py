@@ -116,9 +116,13 @@ def test_an_uninstall_on_a_full_disk_fails_cleanly(
         finally:
             os.close(fd)
         response = api.delete(f"/api/dist/uninstall/{APP}")
-        assert response.status_code in (500, 507), response.text
-        assert response.json()["error"]["code"] in ("install_failed", "storage_full")
+        assert response.status_code == 507, response.text
         scope = small_home / "scopes/global"
+        error = response.json()["error"]
+        assert (error["code"], error["path"]) == ("storage_full", str(scope)), error
+        assert "No space left on device" in error["message"], error
+        listed = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
+        assert listed["version"] == "1.0.0"
         assert (scope / "apps" / APP / "app.manifest.json").is_file()
         record = json.loads((scope / "records" / f"{APP}.json").read_text())
         assert record["version"] == "1.0.0"
