@@ -27,6 +27,7 @@ unit test keeps the two together::
     │   └── BackupDamaged               409 backup_damaged         (appId, backup, problem)
     ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
+    ├── ExportTooLarge                  422 export_too_large       (appId, path, bytes, limit)
     ├── HeadersTooLarge                 431 headers_too_large      (limit)
     ├── BadGateway                      502 (abstract)
     │   ├── UpstreamFailed              502 upstream_failed
@@ -355,6 +356,26 @@ class HeadersTooLarge(AtriumError):
 
     def __init__(self, message: str, *, limit: int) -> None:
         super().__init__(message, limit=limit)
+
+
+class ExportTooLarge(AtriumError):
+    """An export whose archive would hold more than an import takes (its files' apparent sizes:
+    a sparse file counts its whole length, every zero of which would be packed), or more
+    members; refused before anything is stopped or copied. ``path`` names the largest file."""
+
+    code = "export_too_large"
+    http_status = 422
+
+    def __init__(self, app_id: str, path: str, size: int, total: int, limit: int, why: str) -> None:
+        super().__init__(
+            f"{app_id} cannot be exported: {why}, more than an import takes ({limit} bytes "
+            f"expanded); its largest file is {path} ({size} bytes, counted at its full length "
+            "even where it holds nothing)",
+            appId=app_id,
+            path=path,
+            bytes=total,
+            limit=limit,
+        )
 
 
 class ManifestInvalid(AtriumError):

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from atrium.distribution.fdcopy import open_regular
 from atrium.distribution.records import InstallRecord
-from atrium.errors import InvalidRequest, StorageFailed, StorageFull
+from atrium.errors import ExportTooLarge, InvalidRequest, StorageFailed, StorageFull
 
 FORMAT: Final = "atrium-app-export"
 FORMAT_VERSION: Final = 1
@@ -114,13 +114,8 @@ def _member(name: str, info: os.stat_result) -> tarfile.TarInfo:
     return member
 
 
-def pack(
-    target: Path, app_dir: Path, data_dirs: list[Path], record: InstallRecord, app_id: str
-) -> None:
-    """Write the archive of ``app_dir`` (without its runtime folders, which are not even
-    entered: the app's uid writes them) and ``data_dirs``. Each member is read through a
-    descriptor opened without following a link (fdcopy.open_regular), its header taken from
-    that descriptor."""
+def _members(app_dir: Path, data_dirs: list[Path], app_id: str) -> list[tuple[str, Path]]:
+    """The archive's file members (``app/…``, ``data/<folder>/…``) and where each is read from."""
     runtime = re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
     members: list[tuple[str, Path]] = []
     for path in _files(app_dir, leave_out=runtime):
@@ -128,6 +123,45 @@ def pack(
     for folder in data_dirs:
         for path in _files(folder):
             members.append((f"data/{folder.name}/{path.relative_to(folder).as_posix()}", path))
+    return members
+
+
+def check_size(app_dir: Path, data_dirs: list[Path], app_id: str) -> None:
+    """ExportTooLarge when the archive of ``app_dir`` and ``data_dirs`` would expand to more
+    than an import takes (MAX_EXPANDED bytes, MAX_MEMBERS members): found from the files'
+    lengths before a byte is read. Blocking (one ``lstat`` per file)."""
+    _within_bounds(_members(app_dir, data_dirs, app_id), app_id)
+
+
+def _within_bounds(members: list[tuple[str, Path]], app_id: str) -> None:
+    """Apparent sizes (``st_size``): pack writes a sparse file's every zero, so a file of a few
+    TiB holding nothing would keep the digest and the compressor going for hours."""
+    total, largest = 0, ("", -1)
+    for name, path in members:
+        try:
+            size = path.lstat().st_size
+        except FileNotFoundError:
+            continue  # gone since the listing (live data): pack skips it too, or fails
+        total += size
+        largest = max(largest, (name, size), key=lambda item: item[1])
+    if total > MAX_EXPANDED:
+        why = f"its files add up to {total} bytes"
+    elif len(members) + 1 > MAX_MEMBERS:
+        why = f"it holds {len(members)} files"
+    else:
+        return
+    raise ExportTooLarge(app_id, largest[0], max(largest[1], 0), total, MAX_EXPANDED, why)
+
+
+def pack(
+    target: Path, app_dir: Path, data_dirs: list[Path], record: InstallRecord, app_id: str
+) -> None:
+    """Write the archive of ``app_dir`` (without its runtime folders, which are not even
+    entered: the app's uid writes them) and ``data_dirs``. Each member is read through a
+    descriptor opened without following a link (fdcopy.open_regular), its header taken from
+    that descriptor."""
+    members = _members(app_dir, data_dirs, app_id)
+    _within_bounds(members, app_id)
     files = {name: _digest(path) for name, path in members}
     manifest = {
         "format": FORMAT,

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atrium.distribution.backups import Backup, BackupStore, swap_data
-from atrium.distribution.exports import pack
+from atrium.distribution.backups import Backup, BackupStore, remove, swap_data
+from atrium.distribution.exports import check_size, pack
 from atrium.distribution.journal import JournalStore, faultpoint
 from atrium.distribution.operations import AppLocks, in_thread, mutable, staging
 from atrium.distribution.records import RecordStore
 from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import runtime_folders
-from atrium.errors import BackupDamaged, NotFound, StorageFailed, StorageFull
+from atrium.errors import BackupDamaged, ExportTooLarge, NotFound, StorageFailed, StorageFull
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -142,10 +142,19 @@ class DataKeeping:
                 "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
             )
         with self._locks.hold(app_id, "export"):
+            app_dir = self._layout.app_dir(scope, app_id)
+            # an archive no import takes is refused before anything stops or is copied
+            # (ExportTooLarge); pack checks the backup's copy again
+            live = runtime_folders(app_dir, app_id)
+            await asyncio.to_thread(check_size, app_dir, live, app_id)
             async with self._stops.stopped(app_id, scope):
                 taken = await self.snapshot(scope, app_id, "export")
-            app_dir = self._layout.app_dir(scope, app_id)
             data = taken.data_dirs if taken else []
-            await in_thread(pack, target, app_dir, data, record, app_id)
+            try:
+                await in_thread(pack, target, app_dir, data, record, app_id)
+            except ExportTooLarge:  # grown since the check: its backup goes with it
+                if taken is not None:
+                    await in_thread(remove, taken.path)
+                raise
             await in_thread(self.backups.prune, scope, app_id)
         return target

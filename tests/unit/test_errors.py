@@ -262,6 +262,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ManifestInvalid: lambda: errors.ManifestInvalid(
         "com.example.a", [{"field": "version", "message": "not semver"}]
     ),
+    errors.ExportTooLarge: lambda: errors.ExportTooLarge(
+        "com.example.a", "data/com.example.a-1/big", 2**40, 2**40, 2**36, "too big"
+    ),
     errors.MisdirectedRequest: lambda: errors.MisdirectedRequest("not ours", host="evil.test:1"),
     errors.HeadersTooLarge: lambda: errors.HeadersTooLarge("too long", limit=65536),
     errors.UpstreamFailed: lambda: errors.UpstreamFailed("upstream reset", authority="notes"),

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import zstandard
 
+from atrium.distribution.exports import MAX_EXPANDED
 from tests.integration.conftest import RunningShell, launch_shell
 from tests.integration.distribution.conftest import MakeApp, installed_ok
 
@@ -87,6 +88,36 @@ def test_an_app_moves_to_another_shell_with_its_data(
         assert (moved / f"{APP}-1" / "notes.txt").read_text() == "carried over"
         launched = other.post("/api/instances", json={"appId": APP}).json()
         assert (launched["instanceId"], launched["state"]) == (f"{APP}-1", "started")
+
+
+def test_an_export_larger_than_an_import_takes_is_refused_up_front(
+    api: httpx.Client, make_app: MakeApp, home: Path, dist_shell: RunningShell
+) -> None:
+    """A file of 100 GiB holding nothing (`truncate -s`, no disk) would be packed byte for byte:
+    hours of zeros through the digest and zstd, the app's operation lock held, for an archive no
+    import takes (more than MAX_EXPANDED). Refused before anything is stopped or copied."""
+    source = make_app(APP)
+    installed_ok(api, f"local:{source}")
+    instance = api.post("/api/instances", json={"appId": APP}).json()["instanceId"]
+    data = home / "scopes/global/apps" / APP / instance
+    (data / "notes.txt").write_text("kept")
+    with (data / "huge.bin").open("wb") as file:
+        file.truncate(100 * 1024**3)
+    with dist_shell.client(timeout=30) as client:  # (before: still packing zeros)
+        answer = client.get(f"/api/dist/export/{APP}")
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "export_too_large"
+    assert (error["appId"], error["path"]) == (APP, f"data/{instance}/huge.bin")
+    assert error["bytes"] > error["limit"] == MAX_EXPANDED
+    assert f"data/{instance}/huge.bin" in error["message"]
+    assert list((home / "cache/exports").glob("*")) == []
+    assert api.get(f"/api/dist/backups/{APP}").json() == []  # nothing copied
+    found = dist_shell.shell.lifecycle.find(instance)
+    assert found is not None
+    assert found.state.value == "started"  # never stopped
+    (data / "huge.bin").unlink()
+    assert api.get(f"/api/dist/export/{APP}").status_code == 200
 
 
 def test_a_damaged_or_foreign_archive_is_refused_and_changes_nothing(
