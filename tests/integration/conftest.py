@@ -4,16 +4,26 @@
 - ``home``: a fresh ``ATRIUM_HOME``.
 - ``start_shell``: a factory starting a shell on given home/system apps (restartable).
 - ``shell``: one running shell; ``api``: an httpx client holding the user's token.
+- ``serving``: `atrium serve` as a real process on a home, for as long as a block runs.
+- ``small_home`` / ``tmpfs`` / ``fill_disk``: a home on a small tmpfs of its own, and a file that
+  takes its free space (the full-disk tests; root only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,7 @@ from atrium.shell import Shell
 from tests.conftest import REPO_DIR
 
 DEADLINE = 15.0
+MIB = 1024 * 1024
 
 
 @dataclass
@@ -139,6 +150,115 @@ def shell(start_shell: StartShell) -> RunningShell:
 def api(shell: RunningShell) -> Iterator[httpx.Client]:
     with shell.client() as client:
         yield client
+
+
+@dataclass
+class ServeProcess:
+    """One `atrium serve` process and what it printed."""
+
+    proc: subprocess.Popen[str]
+    home: Path
+    url: str
+    token: str
+
+    def client(self, timeout: float = 20) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+        )
+
+
+def serve_env(home: Path, **extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    return {**clean, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0", **extra}
+
+
+@contextmanager
+def serving(
+    home: Path, *, stop: signal.Signals = signal.SIGTERM, **extra: str
+) -> Iterator[ServeProcess]:
+    """`atrium serve` on ``home`` (``extra``: more environment) until the block ends, then
+    ``stop`` (SIGTERM, or SIGKILL if it hangs; SIGKILL for a loop that may be stuck)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atrium", "serve"],
+        env=serve_env(home, **extra),
+        cwd=REPO_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 30
+        while not any("login?token=" in line for line in lines):
+            assert time.monotonic() < deadline, f"serve printed no login URL: {lines}"
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, f"serve ended: {lines}"
+            lines.append(line)
+        match = re.search(r"(http://\S+)/login\?token=(\S+)", "".join(lines))
+        assert match is not None
+        served = ServeProcess(proc, home, match.group(1), match.group(2))
+        with httpx.Client(timeout=5) as probe:
+            wait_for(lambda: probe.get(f"{served.url}/api/version").status_code == 200, "serve")
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(stop)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+
+@contextmanager
+def tmpfs(folder: Path, mib: int) -> Iterator[Path]:
+    """``folder`` on a tmpfs of ``mib`` MiB of its own, mode 0700, until the block ends (needs
+    root or CAP_SYS_ADMIN: the test is skipped without)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def small_home(home: Path) -> Iterator[Path]:
+    """``home`` on a 16 MiB tmpfs of its own (root only)."""
+    with tmpfs(home, 16) as mounted:
+        yield mounted
+
+
+def free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def fill_disk(folder: Path, leave: int = 0) -> Path:
+    """``folder/filler``, a file taking all but ``leave`` bytes of the free space of the disk
+    ``folder`` is on (0: up to the last byte a write can take)."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while (free := free_bytes(folder) - leave) > 0:
+                os.write(fd, b"\0" * min(free, MIB))
+        for chunk in (65536, 512, 1) if leave == 0 else ():
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    return filler
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:

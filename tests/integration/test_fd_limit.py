@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_storage import serving
+from tests.integration.conftest import serving
 
 pytestmark = pytest.mark.integration
 APP = "com.atrium.notes"

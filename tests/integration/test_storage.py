@@ -4,85 +4,22 @@ with one line; damaged pages and a full disk met at run time answered with stora
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import signal
 import sqlite3
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import REPO_DIR
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import fill_disk, serve_env, serving, tmpfs
 from tests.integration.test_serve import serve_refused
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Served:
-    """One `atrium serve` process and what it printed."""
-
-    proc: subprocess.Popen[str]
-    home: Path
-    url: str
-    token: str
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=20
-        )
-
-
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
-    return {**clean, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0", **extra}
-
-
-@contextmanager
-def serving(home: Path, **extra: str) -> Iterator[Served]:
-    """`atrium serve` on ``home`` until the block ends (then SIGTERM, or SIGKILL if it hangs)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=_env(home, **extra),
-        cwd=REPO_DIR,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        while not any("login?token=" in line for line in lines):
-            assert time.monotonic() < deadline, f"serve printed no login URL: {lines}"
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, f"serve ended: {lines}"
-            lines.append(line)
-        match = re.search(r"(http://\S+)/login\?token=(\S+)", "".join(lines))
-        assert match is not None
-        served = Served(proc, home, match.group(1), match.group(2))
-        with httpx.Client(timeout=5) as probe:
-            wait_for(lambda: probe.get(f"{served.url}/api/version").status_code == 200, "serve")
-        yield served
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
 
 
 def mode(path: Path) -> int:
@@ -106,7 +43,7 @@ def test_a_second_serve_on_a_home_in_use_refuses_and_names_the_running_shell(
         assert (home / "run" / "url").read_text().strip() == first.url
         result = subprocess.run(
             [sys.executable, "-m", "atrium", "apps"],
-            env=_env(home),
+            env=serve_env(home),
             cwd=REPO_DIR,
             capture_output=True,
             text=True,
@@ -347,47 +284,20 @@ def test_a_garbage_scope_head_stops_start_up_naming_the_repository(tmp_path: Pat
 
 
 @pytest.fixture
-def small_home(tmp_path: Path) -> Iterator[Path]:
+def six_mib_home(home: Path) -> Iterator[Path]:
     """A home on a 6 MiB tmpfs of its own (needs root or CAP_SYS_ADMIN; skipped without)."""
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m,mode=0700", "tmpfs", str(home)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
+    with tmpfs(home, 6) as mounted:
+        yield mounted
 
 
-def _fill_disk(path: Path) -> None:
-    """Write ``path`` until the filesystem has no byte left."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-
-
-def test_a_full_disk_answers_storage_full_and_loses_nothing_answered(small_home: Path) -> None:
-    home = small_home
+def test_a_full_disk_answers_storage_full_and_loses_nothing_answered(six_mib_home: Path) -> None:
+    home = six_mib_home
     acknowledged: dict[str, str] = {}
     with serving(home) as served, served.client() as api:
         for n in range(10):
             assert api.put(f"/api/kv/os/before{n}", json={"value": f"v{n}"}).status_code == 200
             acknowledged[f"before{n}"] = f"v{n}"
-        filler = home / "filler"
-        _fill_disk(filler)
+        filler = fill_disk(home)
         full = None
         for n in range(200):
             value = f"{n:04d}" + "x" * 20_000

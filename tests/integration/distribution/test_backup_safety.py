@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningShell, StartShell, wait_for
+from tests.integration.conftest import MIB, RunningShell, StartShell, fill_disk, wait_for
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 from tests.integration.distribution.test_crash import (  # crash: the fixture
     DEADLINE,
@@ -30,7 +28,6 @@ from tests.integration.distribution.test_wake_during_operations import BLOCKING,
 
 pytestmark = pytest.mark.integration
 APP = "com.example.safe"
-MIB = 1024 * 1024
 
 
 def data_dir(home: Path) -> Path:
@@ -360,59 +357,24 @@ def test_backups_from_before_sequences_count_as_older_and_are_still_checked(
 # -- 9, 13: full disks ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny_home(home: Path) -> Iterator[Path]:
-    """``home`` on a 16 MiB tmpfs of its own (root only)."""
-    home.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(home)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
-
-
-def fill(home: Path, leave: int) -> Path:
-    """A file taking all but ``leave`` bytes of the disk (0: every last block)."""
-    filler = home / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            stat = os.statvfs(home)
-            free = stat.f_bavail * stat.f_frsize - leave
-            if free <= 0:
-                break
-            os.write(fd, b"\0" * min(free, MIB))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def test_a_backup_on_a_full_disk_is_507_and_leaves_no_partial(
-    tiny_home: Path, start_shell: StartShell, make_app: MakeApp
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
 ) -> None:
     shell = start_shell(runner="process")
     with shell.client(timeout=DEADLINE) as api:
-        with_data(api, make_app, tiny_home)
-        (data_dir(tiny_home) / "big.bin").write_bytes(os.urandom(4 * MIB))
-        fill(tiny_home, 2 * MIB)
+        with_data(api, make_app, small_home)
+        (data_dir(small_home) / "big.bin").write_bytes(os.urandom(4 * MIB))
+        fill_disk(small_home, 2 * MIB)
         response = api.post(f"/api/dist/backups/{APP}")
         assert response.status_code == 507, response.text
         error = response.json()["error"]
-        assert (error["code"], error["path"]) == ("storage_full", str(tiny_home / "backups"))
-        assert list(backups_dir(tiny_home).iterdir()) == []  # no .partial left behind
+        assert (error["code"], error["path"]) == ("storage_full", str(small_home / "backups"))
+        assert list(backups_dir(small_home).iterdir()) == []  # no .partial left behind
         assert listed(api) == []
 
 
 def test_a_rollback_on_a_full_disk_is_507_naming_the_folder(
-    tiny_home: Path, start_shell: StartShell, make_app: MakeApp
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
 ) -> None:
     source = make_app(APP)
     (source / "blob.bin").write_bytes(os.urandom(3 * MIB))  # 1.0.0 is big, 2.0.0 is not
@@ -422,11 +384,11 @@ def test_a_rollback_on_a_full_disk_is_507_naming_the_folder(
         (source / "blob.bin").unlink()
         write_manifest(source, version="2.0.0")
         assert api.post(f"/api/dist/update/{APP}", json={}).json()["ok"] is True
-        filler = fill(tiny_home, MIB)
+        filler = fill_disk(small_home, MIB)
         response = api.post(f"/api/dist/rollback/{APP}", json={})
         assert response.status_code == 507, response.text
         error = response.json()["error"]
-        staging = tiny_home / "scopes/global/.staging"
+        staging = small_home / "scopes/global/.staging"
         assert (error["code"], error["path"]) == ("storage_full", str(staging)), error
         assert list(staging.iterdir()) == []
         current = next(a for a in api.get("/api/apps").json() if a["id"] == APP)
@@ -437,17 +399,17 @@ def test_a_rollback_on_a_full_disk_is_507_naming_the_folder(
 
 
 def test_an_uninstall_on_a_full_disk_leaves_no_journal_temporary(
-    tiny_home: Path, start_shell: StartShell, make_app: MakeApp
+    small_home: Path, start_shell: StartShell, make_app: MakeApp
 ) -> None:
     shell = start_shell(runner="process")
     with shell.client(timeout=DEADLINE) as api:
         installed_ok(api, f"local:{make_app(APP)}")
-        filler = fill(tiny_home, 0)
+        filler = fill_disk(small_home)
         response = api.delete(f"/api/dist/uninstall/{APP}")
         assert response.status_code == 507, response.text
         error = response.json()["error"]
-        assert (error["code"], error["path"]) == ("storage_full", str(tiny_home / "scopes/global"))
-        journal = tiny_home / "scopes/global/.journal"
+        assert (error["code"], error["path"]) == ("storage_full", str(small_home / "scopes/global"))
+        journal = small_home / "scopes/global/.journal"
         assert sorted(p.name for p in journal.iterdir()) == []
         filler.unlink()
         assert api.delete(f"/api/dist/uninstall/{APP}").status_code == 200

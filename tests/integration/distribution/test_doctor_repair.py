@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_DIR
-from tests.integration.conftest import StartShell
+from tests.integration.conftest import StartShell, serving
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 from tests.integration.distribution.test_crash import (  # crash: the fixture
     APP,
@@ -27,7 +27,7 @@ from tests.integration.distribution.test_crash import (  # crash: the fixture
     git,
     killed_during,
 )
-from tests.integration.test_storage import PAGE, _damage, _fill_kv, serving
+from tests.integration.test_storage import PAGE, _damage, _fill_kv
 
 pytestmark = pytest.mark.integration
 

@@ -8,36 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import StartShell
+from tests.integration.conftest import MIB, StartShell, fill_disk
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 
 pytestmark = pytest.mark.integration
 APP = "com.example.bulky"
-MIB = 1024 * 1024
-
-
-@pytest.fixture
-def small_home(home: Path) -> Iterator[Path]:
-    home.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(home)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
-
-
-def free_bytes(path: Path) -> int:
-    stat = os.statvfs(path)
-    return stat.f_bavail * stat.f_frsize
 
 
 def test_git_add_on_a_full_disk_fails_cleanly_and_the_next_update_works(
@@ -50,8 +29,7 @@ def test_git_add_on_a_full_disk_fails_cleanly_and_the_next_update_works(
         # v2 carries 3 MiB of incompressible data: the staged copy fits, git's blob does not
         (source / "blob.bin").write_bytes(os.urandom(3 * MIB))
         write_manifest(source, version="2.0.0")
-        filler = small_home / "filler"
-        filler.write_bytes(b"\0" * max(0, free_bytes(small_home) - int(4.5 * MIB)))
+        filler = fill_disk(small_home, int(4.5 * MIB))
         response = api.post(f"/api/dist/update/{APP}", json={})
         text = response.text
         assert "install_failed" in text, text
@@ -106,15 +84,7 @@ def test_an_uninstall_on_a_full_disk_fails_cleanly(
     shell = start_shell(runner="process")
     with shell.client(timeout=60) as api:
         installed_ok(api, f"local:{source}")
-        filler = small_home / "filler"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:  # every last block: git cannot write its commit
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        filler = fill_disk(small_home)  # every last block: git cannot write its commit
         response = api.delete(f"/api/dist/uninstall/{APP}")
         assert response.status_code == 507, response.text
         scope = small_home / "scopes/global"

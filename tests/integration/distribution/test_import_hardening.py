@@ -27,7 +27,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.conftest import RunningShell, StartShell, wait_for
+from tests.integration.conftest import MIB, RunningShell, StartShell, fill_disk, wait_for
 from tests.integration.distribution.conftest import MakeApp, write_manifest
 from tests.integration.distribution.test_crash import TOKEN, Served
 from tests.integration.distribution.test_doctor_repair import doctor
@@ -36,7 +36,6 @@ from tests.integration.distribution.test_export_import import zstd_of
 pytestmark = pytest.mark.integration
 APP = "com.example.carried"
 ROOT = "atrium-export"
-MIB = 1024 * 1024
 
 
 def record(source: Path) -> dict[str, Any]:
@@ -398,29 +397,11 @@ def test_random_archives_never_answer_5xx(
 # -- a full disk, and uploads a killed shell left behind ----------------------------------------
 
 
-@pytest.fixture
-def small_home(home: Path) -> Iterator[Path]:
-    home.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(home)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
-
-
 def test_an_upload_on_a_full_disk_is_storage_full_naming_the_folder_and_leaves_nothing(
     small_home: Path, start_shell: StartShell
 ) -> None:
     shell = start_shell(runner="process")
-    stat = os.statvfs(small_home)
-    free = stat.f_bavail * stat.f_frsize
-    filler = small_home / "filler"
-    filler.write_bytes(b"\0" * max(0, free - MIB))
+    filler = fill_disk(small_home, MIB)
     uploads = small_home / "cache/imports"
     with shell.client(timeout=60) as api:
         answer = api.post("/api/dist/import", content=os.urandom(3 * MIB))
