@@ -7,16 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import select
+import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -25,8 +22,15 @@ import pytest
 
 from atrium.api.server import MAX_HEAD_BYTES
 from atrium.events import MAX_GLOB_LENGTH, MAX_GLOBS
-from tests.conftest import REPO_DIR
-from tests.integration.conftest import DEADLINE, RunningShell, SseReader, StartShell, wait_for
+from tests.integration.conftest import (
+    DEADLINE,
+    RunningShell,
+    ServeProcess,
+    SseReader,
+    StartShell,
+    serving,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,35 +39,12 @@ pytestmark = pytest.mark.integration
 PATHOLOGICAL_GLOB = "**" * 60 + "z"
 
 
-@dataclass
-class Served:
-    """`atrium serve` as a real process (a stuck event loop must not stall the test itself)."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    token: str
-
-
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    home = tmp_path / "home"
-    env = {**os.environ, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        cwd=REPO_DIR,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url_file = home / "run" / "url"
-        wait_for(lambda: url_file.is_file() and url_file.read_text().strip(), "the URL file")
-        url = url_file.read_text().strip()
-        token = (home / "run" / "token").read_text().strip()
-        yield Served(proc, url, token)
-    finally:
-        proc.kill()  # SIGKILL: a loop stuck in a regex never runs a signal handler
-        proc.wait()
+def served(tmp_path: Path) -> Iterator[ServeProcess]:
+    """`atrium serve` as a real process (a stuck event loop must not stall the test itself), then
+    SIGKILL: a loop stuck in a regex never runs a signal handler."""
+    with serving(tmp_path / "home", stop=signal.SIGKILL) as shell:
+        yield shell
 
 
 def publish(shell: RunningShell, topic: str, payloads: list[dict[str, object]]) -> None:
@@ -84,7 +65,7 @@ def publish(shell: RunningShell, topic: str, payloads: list[dict[str, object]]) 
 # --- topic globs (row 4) ---------------------------------------------------------------------
 
 
-def test_a_pathological_topic_glob_does_not_stall_the_shell(served: Served) -> None:
+def test_a_pathological_topic_glob_does_not_stall_the_shell(served: ServeProcess) -> None:
     """One subscription with `**…**z` used to freeze the event loop at the next event."""
     auth = {"Authorization": f"Bearer {served.token}"}
     with httpx.Client(base_url=served.url, headers=auth, timeout=10) as api:

@@ -4,13 +4,11 @@ configuration errors (one line each on stderr, exit status 2, nothing written)."
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,39 +16,15 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_DIR
-from tests.integration.conftest import SseReader, wait_for
+from tests.integration.conftest import SseReader, serving, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, str]]:
-    home = tmp_path / "home"
-    env = {**os.environ, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        cwd=REPO_DIR,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 20
-    while not any("login?token=" in line for line in lines):
-        assert time.monotonic() < deadline, "serve printed no login URL"
-        lines.append(proc.stdout.readline())
-    login = next(
-        re.search(r"http://\S+", line).group(0)  # type: ignore[union-attr]
-        for line in lines
-        if "login?token=" in line
-    )
-    yield proc, home, login
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    proc.stdout.close()
+    with serving(tmp_path / "home") as shell:
+        yield shell.proc, shell.home, f"{shell.url}/login?token={shell.token}"
 
 
 def test_serve_writes_a_private_token_and_prints_a_working_login_url(

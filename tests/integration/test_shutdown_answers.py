@@ -6,13 +6,11 @@ then SIGTERM."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO_DIR, TESTS_DIR
-from tests.integration.conftest import StartShell, wait_for
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import StartShell, serving, wait_for
 
 pytestmark = pytest.mark.integration
 APP = "com.example.slowupdate"
@@ -49,47 +47,30 @@ def write_manifest(source: Path, **fields: Any) -> None:
 def served(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], httpx.Client]]:
     """`atrium serve` as a process, with 1.0.0 of APP installed from a local folder; its source
     then holds 2.0.0, which sleeps a minute before it serves."""
-    home = tmp_path / "home"
-    env = {**os.environ, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        cwd=REPO_DIR,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while "login?token=" not in proc.stdout.readline():
-        assert time.monotonic() < deadline, "serve printed no login URL"
-    url = (home / "run" / "url").read_text().strip()
-    token = (home / "run" / "token").read_text().strip()
     source = tmp_path / "src" / APP
     source.mkdir(parents=True)
     (source / "server.py").write_bytes(
         (TESTS_DIR / "apps/test.plain.stdlib/server.py").read_bytes()
     )
     write_manifest(source)
-    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-    installed = api.post(
-        "/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True}
-    ).json()
-    assert installed["ok"] is True, installed
-    (source / "slow.py").write_text(SLOW_START)
-    write_manifest(
-        source, version="2.0.0", entrypoint=["python3", "slow.py"], startTimeoutMs=120_000
-    )
-    try:
-        yield proc, api
-    finally:
-        api.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        # the log goes to the report when the test fails
-        sys.stderr.write(proc.stdout.read())
-        proc.stdout.close()
+    with serving(tmp_path / "home") as shell, shell.client(timeout=60) as api:
+        installed = api.post(
+            "/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True}
+        ).json()
+        assert installed["ok"] is True, installed
+        (source / "slow.py").write_text(SLOW_START)
+        write_manifest(
+            source, version="2.0.0", entrypoint=["python3", "slow.py"], startTimeoutMs=120_000
+        )
+        try:
+            yield shell.proc, api
+        finally:
+            if shell.proc.poll() is None:
+                shell.proc.kill()
+                shell.proc.wait()
+            # the log goes to the report when the test fails
+            assert shell.proc.stdout is not None
+            sys.stderr.write(shell.proc.stdout.read())
 
 
 def sigterm_while_checking(proc: subprocess.Popen[str], api: httpx.Client) -> None:
