@@ -74,6 +74,22 @@ class OperationGate(Protocol):
         """Return once no operation holds ``app_id``."""
 
 
+async def after_operation(gate: OperationGate, app_id: str, held: dict[str, int]) -> bool:
+    """Return once no operation holds ``app_id``, counted in ``held`` (waiters per app) while it
+    waits: a wake and a warm-pool refill wait the same way. True when it had to wait (the caller
+    looks again)."""
+    if gate.operation(app_id) is None:
+        return False
+    held[app_id] = held.get(app_id, 0) + 1
+    try:
+        await gate.released(app_id)
+    finally:
+        held[app_id] -= 1
+        if not held[app_id]:
+            del held[app_id]
+    return True
+
+
 class NoOperations:
     """The gate of a lifecycle manager with no distribution beside it: nothing is ever held."""
 
@@ -146,23 +162,11 @@ class HeadlessProviders:
         (a boot goes on); the boot's AtriumError when it failed."""
         async with asyncio.timeout(wait):
             while True:
-                await self._after_operation(app_id)
+                await after_operation(self._operations, app_id, self.held)
                 instance = await asyncio.shield(self._boot_task(app_id, idle_timeout))
                 if self._operations.operation(app_id) is None:
                     return instance
                 # an operation began while it booted (its stop ends it): wait for the end
-
-    async def _after_operation(self, app_id: str) -> None:
-        """Return once no operation holds ``app_id``; counted in `held` while waiting."""
-        if self._operations.operation(app_id) is None:
-            return
-        self.held[app_id] = self.held.get(app_id, 0) + 1
-        try:
-            await self._operations.released(app_id)
-        finally:
-            self.held[app_id] -= 1
-            if not self.held[app_id]:
-                del self.held[app_id]
 
     def _boot_task(self, app_id: str, idle_timeout: float) -> asyncio.Task[Instance]:
         """The boot in flight for ``app_id``, or a new one; the last failure again within

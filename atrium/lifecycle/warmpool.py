@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError
 from atrium.events import APP_INSTALLED, APP_REMOVED, AppInstalled, AppRemoved
-from atrium.lifecycle.headless import NoOperations, OperationGate
+from atrium.lifecycle.headless import NoOperations, OperationGate, after_operation
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
 from atrium.registry import AppRegistry
@@ -92,14 +92,7 @@ class WarmPool:
         """Pre-spawn the app to `resumed` until its pool holds `warmPool` instances (of the copy
         visible then), each once no operation holds the app."""
         while not self._closing:
-            if self._operations.operation(app_id) is not None:
-                self.held[app_id] = self.held.get(app_id, 0) + 1
-                try:
-                    await self._operations.released(app_id)
-                finally:
-                    self.held[app_id] -= 1
-                    if not self.held[app_id]:
-                        del self.held[app_id]
+            if await after_operation(self._operations, app_id, self.held):
                 continue
             copy = self._registry.get(app_id)
             size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
