@@ -348,17 +348,19 @@ def damage(backup: Backup) -> str | None:
                 f"of {backup.bytes}"
             )
         return None
-    if found == backup.sizes:
-        return None
-    for name, size in sorted(backup.sizes.items()):
+    return _sizes_problem(backup.sizes, found)
+
+
+def _sizes_problem(listed: Mapping[str, int], found: Mapping[str, int]) -> str | None:
+    """The first file ``listed`` (by `backup.json`) missing from ``found`` or of another size,
+    else the first found file not listed; None when they agree."""
+    for name, size in sorted(listed.items()):
         if name not in found:
             return f"data/{name} is missing"
         if found[name] != size:
             return f"data/{name} is {found[name]} bytes, {MANIFEST} says {size}"
-    extra = sorted(set(found) - set(backup.sizes))
-    if extra:
-        return f"data/{extra[0]} is not in {MANIFEST}"
-    return None
+    extra = sorted(set(found) - set(listed))
+    return f"data/{extra[0]} is not in {MANIFEST}" if extra else None
 
 
 def _sizes_of(data: dict[str, Any], folders: list[str]) -> dict[str, int] | None:
@@ -429,14 +431,7 @@ def copied_problem(backup: Backup, copied: fdcopy.Copied) -> str | None:
             f"its copy holds {copied.files} files of {copied.bytes} bytes, {MANIFEST} says "
             f"{backup.files} of {backup.bytes}"
         )
-    found = copied.sizes
-    for name, size in sorted(backup.sizes.items()):
-        if name not in found:
-            return f"data/{name} is missing"
-        if found[name] != size:
-            return f"data/{name} is {found[name]} bytes, {MANIFEST} says {size}"
-    extra = sorted(set(found) - set(backup.sizes))
-    return f"data/{extra[0]} is not in {MANIFEST}" if extra else None
+    return _sizes_problem(backup.sizes, copied.sizes)
 
 
 def copy_checked(backup: Backup, staged: Path) -> None:
