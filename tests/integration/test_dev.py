@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -119,19 +120,27 @@ def test_a_dev_copy_never_replaces_an_installed_app(
     assert "user scope only" in refused.json()["error"]["message"]
 
 
-def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
-    shell: RunningShell, api: httpx.Client, tmp_path: Path
-) -> None:
-    """The command itself: watchfiles sees the save, and SIGINT ends it cleanly."""
-    folder = create(tmp_path, APP, "node")
+def start_dev(
+    shell: RunningShell, folder: Path, preexec_fn: Callable[[], object] | None = None
+) -> subprocess.Popen[str]:
+    """`atrium dev <folder>` against ``shell`` as a real process, its output one text pipe."""
     env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "200"}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "atrium", "dev", str(folder)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=preexec_fn,
     )
+
+
+def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    """The command itself: watchfiles sees the save, and SIGINT ends it cleanly."""
+    folder = create(tmp_path, APP, "node")
+    proc = start_dev(shell, folder)
     assert proc.stdout is not None
     lines: list[str] = []
 
@@ -208,15 +217,7 @@ def test_ctrl_c_ends_atrium_dev_even_when_started_with_sigint_ignored(
     only over the default): `atrium dev` sets its own, so Ctrl-C (SIGINT) still ends the
     session and removes the dev copy."""
     folder = create(tmp_path, APP, "node")
-    env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "dev", str(folder)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=_ignore_sigint,
-    )
+    proc = start_dev(shell, folder, preexec_fn=_ignore_sigint)
     assert proc.stdout is not None
     seen = ""
     try:
