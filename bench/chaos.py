@@ -277,6 +277,25 @@ def alive(pid: int) -> bool:
     return state[state.rindex(b")") + 2 : state.rindex(b")") + 3] != b"Z"
 
 
+def running_from(home: Path) -> list[int]:
+    """Processes (other than this one) working in ``home`` or started with a path inside it: an
+    app, its keeper or sandbox, git."""
+    inside = f"{home.resolve()}/".encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = (entry / "cwd").readlink()
+        except OSError:
+            continue
+        started_inside = any(arg.startswith(inside) for arg in argv)
+        if argv != [b""] and (cwd.is_relative_to(home.resolve()) or started_inside):
+            found.append(int(entry.name))
+    return found
+
+
 def git(scope: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=scope, capture_output=True, text=True, check=False
@@ -622,8 +641,7 @@ class Chaos:
             stats.failures += 1
             self.failures.append(f"{where}: {what}")
 
-        time.sleep(0.2)
-        left = [pid for pid in shell.children if alive(pid)]
+        left = self.survivors(shell)
         if left:
             fail(f"processes of the killed shell still run: {left}")
             for pid in left:  # so that they hold no app's data folder in the next runs
@@ -664,6 +682,17 @@ class Chaos:
             fail(f"an export after the checks: {problem}")
         else:
             self.archive = Archive(answer.content, self.version, expected)
+
+    def survivors(self, shell: Shell) -> list[int]:
+        """What still runs of the killed shell after a moment: its descendants when it was
+        killed, and any process working in the home or started with a path inside it (a child
+        forked while the descendants were read is in no list)."""
+        end = time.monotonic() + 0.5
+        while True:
+            left = sorted({*(p for p in shell.children if alive(p)), *running_from(self.home)})
+            if not left or time.monotonic() > end:
+                return left
+            time.sleep(0.02)
 
     def start(self) -> Shell:
         return Shell(self.home, self.system_apps, self.rng.choice(self.runners), self.log)
