@@ -13,7 +13,9 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -27,7 +29,8 @@ from atrium.errors import SpawnFailed
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import AppUser, Runner, RunningApp, SpawnSpec
 from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works, classify_early_exit
-from atrium.lifecycle.runners.process import ProcessRunner
+from atrium.lifecycle.runners.process import ProcessRunner, _die_with
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -672,3 +675,65 @@ def test_classify_early_exit_reads_only_the_end_of_the_log(tmp_path: Path) -> No
     )
     assert classify_early_exit(log, 1) == "exited"
     assert classify_early_exit(tmp_path / "no-log", 1) == "exited"
+
+
+def test_a_sandbox_whose_shell_died_before_it_was_armed_never_runs() -> None:
+    """A kill -9 of the shell between the fork and bwrap's own --die-with-parent left bwrap and
+    the app running under init, holding the data folder's lock (`make chaos`: every later start
+    of that instance was `spawn_failed (locked)`). The child now asks for SIGKILL at the shell's
+    death before it executes, and leaves when its parent is no longer the shell."""
+
+    orphan = subprocess.run(
+        ["/bin/sh", "-c", "echo ran"],
+        preexec_fn=_die_with(os.getpid() + 1_000_000),  # a shell that is gone: another parent
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+    assert (orphan.returncode, orphan.stdout) == (1, b"")
+    armed = subprocess.run(
+        ["/bin/sh", "-c", "grep -q '^PPid' /proc/self/status && echo ran"],
+        preexec_fn=_die_with(os.getpid()),
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+    assert (armed.returncode, armed.stdout) == (0, b"ran\n")
+
+
+def test_a_sandbox_dies_with_the_thread_that_started_it(tmp_path: Path) -> None:
+    """The parent-death signal asked before exec: a process started with it dies when its
+    starter is SIGKILLed, whatever the command does with its own signals."""
+    pid_file = tmp_path / "pid"
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import os, subprocess, time
+                from atrium.lifecycle.runners.process import _die_with
+                child = subprocess.Popen(["sleep", "300"], preexec_fn=_die_with(os.getpid()))
+                open({str(pid_file)!r}, "w").write(str(child.pid))
+                time.sleep(300)
+                """
+            ),
+        ]
+    )
+    try:
+        wait_for(lambda: pid_file.is_file() and pid_file.read_text(), "the child's pid")
+        child = int(pid_file.read_text())
+        starter.kill()
+        starter.wait(timeout=30)
+        wait_for(lambda: not _alive(child), "the child's death with its starter")
+    finally:
+        starter.kill()
+        starter.wait(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"

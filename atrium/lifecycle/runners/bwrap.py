@@ -437,7 +437,9 @@ class BwrapRunner:
             argv = sandbox_argv(spec, self._bwrap, sync_fd=lock)
             label = f"{spec.app_id} instance {spec.instance_id}"
             _LOGGER.debug("sandbox for %s: %s", label, " ".join(argv))
-            process = await start_child(spec, argv, env, label=label, pass_fds=(lock,))
+            process = await start_child(
+                spec, argv, env, label=label, pass_fds=(lock,), die_with_shell=True
+            )
         finally:
             os.close(lock)
         _LOGGER.info("started %s in bwrap: pid %d, %s", label, process.pid, " ".join(spec.argv))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -28,7 +29,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Final, NamedTuple
 
@@ -397,6 +398,25 @@ def prepare_dirs(spec: SpawnSpec) -> None:
             ) from err
 
 
+#: `PR_SET_PDEATHSIG` from linux/prctl.h
+PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with(shell: int) -> Callable[[], None]:
+    """In the forked child, before exec: SIGKILL when the spawning thread dies, and an exit now
+    when the shell died before that was asked (a kill -9 of the shell between the fork and the
+    sandbox's own ``--die-with-parent`` left bwrap and the app running, holding the data folder's
+    lock: found by `make chaos`)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != shell:
+            os._exit(1)
+
+    return arm
+
+
 async def start_child(
     spec: SpawnSpec,
     argv: list[str],
@@ -404,12 +424,16 @@ async def start_child(
     *,
     label: str,
     pass_fds: Sequence[int] = (),
+    die_with_shell: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with the app's log as stdout and stderr.
 
     The shell's copy of the log descriptor is closed as soon as the child holds its own, so
     nothing leaks however the child ends. Must run on the event-loop thread (bwrap's
-    ``--die-with-parent`` follows the spawning thread).
+    ``--die-with-parent`` follows the spawning thread). ``die_with_shell``: the child asks for
+    SIGKILL at the shell's death before it executes ``argv`` and leaves when the shell is already
+    gone (`_die_with`), closing the window between the fork and the command's own
+    ``--die-with-parent``.
     """
     log: BinaryIO = spec.log_path.open("ab")
     try:
@@ -422,6 +446,7 @@ async def start_child(
             stderr=log,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
+            preexec_fn=_die_with(os.getpid()) if die_with_shell else None,
         )
     except OSError as err:
         raise SpawnFailed(
