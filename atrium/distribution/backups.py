@@ -35,7 +35,7 @@ from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
 from atrium.errors import BackupDamaged
-from atrium.files import sync_dir
+from atrium.files import sync_dir, write_atomic
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -445,16 +445,56 @@ def copy_checked(backup: Backup, staged: Path) -> None:
         raise BackupDamaged(backup.app_id, backup.id, problem)
 
 
+#: beside a restore's staging folder (`.staging/<opId>.restore.json`) while its exchanges run
+PLAN_SUFFIX: Final = ".restore.json"
+
+
 def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:
     """The backup's folders, copied whole and checked against its record (BackupDamaged, the live
     data untouched, when they differ), each replace the live one in one exchange (the live one
-    lands in the staging folder, which goes when the operation ends)."""
+    lands in the staging folder, which goes when the operation ends).
+
+    One exchange per folder, so a kill between two would leave some folders restored and the
+    others not, the old ones in staging (removed at start): a mix of two states. Before the first
+    exchange a plan names each folder and the inode of its checked copy; `finish_restore` at
+    start-up (or an exchange that fails here) completes the set from it."""
     copy_checked(backup, staging_dir)
     faultpoint("restore-copied")
+    plan = staging_dir.with_name(staging_dir.name + PLAN_SUFFIX)
+    copies = {name: (staging_dir / name).lstat().st_ino for name in backup.folders}
+    write_atomic(plan, json.dumps({"appDir": str(app_dir), "folders": copies}))
+    sync_dir(plan.parent)
     for name in backup.folders:
-        if (app_dir / name).exists():
-            exchange(staging_dir / name, app_dir / name)
-        else:
-            move_new(staging_dir / name, app_dir / name)
+        _swap_in(staging_dir / name, app_dir / name)
         sync_dir(app_dir)
         faultpoint("restore-exchanged")
+    plan.unlink()
+    sync_dir(plan.parent)
+
+
+def _swap_in(copy: Path, live: Path) -> None:
+    if live.exists():
+        exchange(copy, live)
+    else:
+        move_new(copy, live)
+
+
+def finish_restore(plan: Path) -> str:
+    """Complete the restore a kill interrupted between its exchanges: every folder whose live
+    copy is not yet the checked one (its inode) is exchanged with it, then the plan goes. The
+    copies were whole and checked before the plan was written, so forward is the one state."""
+    data = json.loads(plan.read_text())
+    app_dir = Path(data["appDir"])
+    staging_dir = plan.with_name(plan.name.removesuffix(PLAN_SUFFIX))
+    swapped = []
+    for name, inode in data["folders"].items():
+        live, copy = app_dir / name, staging_dir / name
+        if live.exists() and live.lstat().st_ino == inode:
+            continue
+        if copy.exists() and copy.lstat().st_ino == inode:
+            _swap_in(copy, live)
+            sync_dir(app_dir)
+            swapped.append(name)
+    plan.unlink()
+    sync_dir(plan.parent)
+    return f"restore into {app_dir} interrupted between its folders: finished {swapped or 'none'}"

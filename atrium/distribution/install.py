@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from atrium.distribution.backups import PLAN_SUFFIX, finish_restore
 from atrium.distribution.journal import (
     QUARANTINE_SUFFIX,
     Journal,
@@ -360,7 +361,21 @@ class Installer:
                 line = f"{journal.op} of {journal.app_id} in {scope} interrupted at {journal.step}: {verb}"
                 _LOGGER.warning("%s", line)
                 done.append(line)
+            done += await asyncio.to_thread(self._finish_restores, scope)
             await asyncio.to_thread(self._clear_staging, scope)
+        return done
+
+    def _finish_restores(self, scope: Scope) -> list[str]:
+        """Restores a kill cut between two folders' exchanges, completed (`finish_restore`)."""
+        staging = self._layout.staging_dir(scope)
+        done = []
+        for plan in sorted(staging.glob(f"*{PLAN_SUFFIX}")) if staging.is_dir() else []:
+            try:
+                done.append(finish_restore(plan))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                _LOGGER.exception("finishing the interrupted restore of %s failed", plan)
+                continue
+            _LOGGER.warning("%s", done[-1])
         return done
 
     def _clear_staging(self, scope: Scope) -> None:
