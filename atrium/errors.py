@@ -211,6 +211,24 @@ class Conflict(AtriumError):
     abstract = True
 
 
+class LastAdmin(Conflict):
+    """The change would leave no enabled admin."""
+
+    code = "last_admin"
+
+
+class UserExists(Conflict):
+    """A user with that id exists."""
+
+    code = "user_exists"
+
+
+class IdentityLinked(Conflict):
+    """The OIDC identity is linked to another user."""
+
+    code = "identity_linked"
+
+
 class LifecycleTransitionError(Conflict):
     """A move the lifecycle table does not allow."""
 

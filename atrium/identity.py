@@ -1,6 +1,7 @@
-"""Who is calling: the user, an app instance, or nobody (decisions.md "Who is calling").
+"""Who is calling: a user, an app instance, or nobody (decisions.md "Who is calling").
 
-Holds the user's token and session-cookie check and the per-instance app tokens. Knows nothing of
+Holds the bootstrap admin's token and the per-instance app tokens; sessions and personal tokens
+are `atrium.users.store`'s. Knows nothing of
 HTTP; `atrium.api.auth.identify` reads the request and asks this module.
 """
 
@@ -12,6 +13,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
+from atrium.users.model import Role
+
 SESSION_COOKIE: Final = "atrium_session"
 #: ASGI scope key under which the app-origin dispatcher passes the app it identified by origin
 CALLER_SCOPE_KEY: Final = "atrium.caller"
@@ -21,9 +24,18 @@ MIN_TOKEN_LENGTH: Final = 16
 
 @dataclass(frozen=True, slots=True)
 class UserCaller:
-    """The person at the host page (cookie) or the CLI (bearer token)."""
+    """A signed-in user: at the host page (cookie, ``session_id``) or a client with the bootstrap
+    token or a personal token (``token_id``; None for the bootstrap token)."""
 
+    user_id: str
+    role: Role
     via_cookie: bool = False
+    session_id: str | None = None
+    token_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +55,14 @@ Caller = UserCaller | AppCaller | Anonymous
 
 
 class UserAuth:
-    """The user's token; the session cookie is derived from it, so a new token ends old sessions."""
+    """The bootstrap admin's token (``run/token``). Its ``link_key`` marks the sessions the login
+    link made with it, so a new token ends the old link's sign-ins."""
 
     def __init__(self, token: str) -> None:
         if len(token) < MIN_TOKEN_LENGTH:
             raise ValueError(f"the user token must be at least {MIN_TOKEN_LENGTH} characters")
         self._token = token
-        self._session = hmac.new(
+        self._link_key = hmac.new(
             token.encode(), b"atrium host-page session", hashlib.sha256
         ).hexdigest()
 
@@ -58,14 +71,11 @@ class UserAuth:
         return self._token
 
     @property
-    def session(self) -> str:
-        return self._session
+    def link_key(self) -> str:
+        return self._link_key
 
     def is_token(self, candidate: str) -> bool:
         return hmac.compare_digest(candidate.encode(), self._token.encode())
-
-    def is_session(self, candidate: str) -> bool:
-        return hmac.compare_digest(candidate.encode(), self._session.encode())
 
 
 def new_token() -> str:

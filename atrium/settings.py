@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 import stat
 import tempfile
 from collections.abc import Collection
@@ -22,9 +21,9 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from atrium.identity import MIN_TOKEN_LENGTH
+from atrium.users.model import USER_ID_RULE, valid_user_id
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-USER_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\Z")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
 RunnerName = Literal["auto", "process", "bwrap"]
@@ -36,7 +35,7 @@ ACCEPTED: Final = {
     "port": "an integer 0-65535, 0 for any free port",
     "app_domain": "a domain name",
     "system_apps": "a directory path",
-    "user": "1-64 of a-z, 0-9, '_' and '-', starting with a letter or digit",
+    "user": USER_ID_RULE,
     "index_url": "a URL",
     "runner": "auto, process or bwrap",
     "heartbeat_seconds": "a number of seconds greater than 0",
@@ -116,7 +115,7 @@ class Settings(BaseSettings):
     @field_validator("user")
     @classmethod
     def _user_id(cls, value: str) -> str:
-        if not USER_ID_RE.fullmatch(value):
+        if not valid_user_id(value):
             raise ValueError("not a user id")
         return value
 
@@ -178,6 +177,10 @@ class Settings(BaseSettings):
     def kv_path(self) -> Path:
         return self.home / "kv.sqlite3"
 
+    @property
+    def users_path(self) -> Path:
+        return self.home / "users.sqlite3"
+
 
 #: what makes an existing, non-empty directory recognisably an Atrium home (safe to make 0700)
 HOME_MARKERS: Final = ("run", "scopes", "kv.sqlite3")
@@ -238,7 +241,11 @@ def make_private(settings: Settings) -> None:
     for folder in (home, settings.run_dir, settings.logs_dir, home / "cache"):
         if folder.is_dir() and not folder.is_symlink():
             folder.chmod(PRIVATE_DIR)
-    files = [home / f"kv.sqlite3{suffix}" for suffix in ("", "-wal", "-shm", "-journal")]
+    files = [
+        home / f"{name}{suffix}"
+        for name in ("kv.sqlite3", "users.sqlite3")
+        for suffix in ("", "-wal", "-shm", "-journal")
+    ]
     files += [
         settings.token_path,
         settings.url_path,

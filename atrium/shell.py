@@ -34,6 +34,7 @@ from atrium.settings import Settings
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
+from atrium.users.store import UserStore
 
 _LOGGER = logging.getLogger(__name__)
 SDK_SOURCE = Path(__file__).resolve().parent / "sdk.py"
@@ -50,6 +51,7 @@ class Shell:
     registry: AppRegistry
     repos: Mapping[Scope, ScopeRepo]
     user_auth: UserAuth
+    users: UserStore
     app_tokens: AppTokens
     upstream: UpstreamClient
     lifecycle: LifecycleManager
@@ -100,6 +102,12 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # the import uploads and exports a killed shell left in cache/ (no request runs yet)
         for line in await asyncio.to_thread(spool.sweep, settings.home):
             _LOGGER.warning("%s", line)
+        users = await stack.enter_async_context(
+            UserStore.open(settings.users_path, bootstrap_admin=settings.user)
+        )
+        user_auth = UserAuth(user_token)
+        # a new bootstrap token ends the sign-ins its predecessor's login link made
+        await users.end_link_sessions(keep=user_auth.link_key)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
         kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
@@ -162,7 +170,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             kv=kv,
             registry=registry,
             repos=repos,
-            user_auth=UserAuth(user_token),
+            user_auth=user_auth,
+            users=users,
             app_tokens=tokens,
             upstream=upstream,
             lifecycle=lifecycle,

@@ -37,6 +37,7 @@ class Access(Enum):
 
     ANYONE = "anyone"
     USER = "user"
+    ADMIN = "admin"
     USER_OR_APP = "user or app"
     APP = "app"
 
@@ -68,14 +69,26 @@ def identify_raw(
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
         if shell.user_auth.is_token(token):
-            return UserCaller()
+            admin = shell.users.get(shell.settings.user)
+            if admin is None or admin.disabled:
+                raise Unauthenticated(f"user {shell.settings.user!r} is disabled")
+            return UserCaller(admin.id, admin.role)
+        personal = shell.users.token(token)
+        if personal is not None:
+            user, record = personal
+            return UserCaller(user.id, user.role, token_id=record.id)
         app = shell.app_tokens.lookup(token)
         if app is None:
             raise Unauthenticated("the bearer token is not valid (expired instance or wrong token)")
         return app
     cookie = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
-    if cookie is not None and shell.user_auth.is_session(cookie):
-        return UserCaller(via_cookie=True)
+    if cookie is not None:
+        signed_in = shell.users.session(cookie)
+        if signed_in is not None:
+            user, session = signed_in
+            client = scope.get("client")
+            shell.users.seen(session, client[0] if client else "")
+            return UserCaller(user.id, user.role, via_cookie=True, session_id=session.id)
     return Anonymous()
 
 
@@ -107,11 +120,13 @@ def authorize(caller: Caller, access: Access) -> None:
             "this endpoint needs the user's token (Authorization: Bearer …, see $ATRIUM_HOME/run/token) "
             "or the host page's session"
         )
-    if access is Access.USER and isinstance(caller, AppCaller):
+    if access in (Access.USER, Access.ADMIN) and isinstance(caller, AppCaller):
         raise PermissionDenied(
             f"only the user may call this endpoint, not app {caller.app_id!r}",
             caller_app_id=caller.app_id,
         )
+    if access is Access.ADMIN and not (isinstance(caller, UserCaller) and caller.is_admin):
+        raise PermissionDenied("only an admin may call this endpoint")
     if access is Access.APP and not isinstance(caller, AppCaller):
         raise PermissionDenied("only an app may call this endpoint, with its own token")
 

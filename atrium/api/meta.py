@@ -14,6 +14,7 @@ from atrium import API_VERSION, MANIFEST_SCHEMA, __version__
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.errors import Unauthenticated
 from atrium.identity import SESSION_COOKIE, Caller
+from atrium.users.model import SessionKind
 
 WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
 
@@ -33,13 +34,32 @@ async def login(request: Request, caller: Caller) -> Response:
             "the login link's token is missing or wrong; run `atrium serve` again "
             "or read $ATRIUM_HOME/run/token"
         )
+    client = request.client
+    secret, _ = await shell.users.create_session(
+        shell.settings.user,
+        SessionKind.LINK,
+        address=client.host if client else "",
+        device=request.headers.get("user-agent", ""),
+        link_key=shell.user_auth.link_key,
+    )
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(
-        SESSION_COOKIE, shell.user_auth.session, httponly=True, samesite="strict", path="/"
-    )  # no Domain attribute: host-only
+    set_session_cookie(response, request, secret)
     response.headers["Cache-Control"] = "no-store"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+def set_session_cookie(response: Response, request: Request, secret: str) -> None:
+    """The host page's sign-in: HttpOnly, SameSite=Strict, host-only (no Domain attribute),
+    Secure when the page was served over https."""
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
 
 
 async def host_page(request: Request, caller: Caller) -> Response:

@@ -250,6 +250,11 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
         "com.example.a-1", "com.example.a", "stopped", "a view needs a serving instance"
     ),
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
+    errors.LastAdmin: lambda: errors.LastAdmin("the last admin", user="ada"),
+    errors.UserExists: lambda: errors.UserExists("exists", user="ada"),
+    errors.IdentityLinked: lambda: errors.IdentityLinked(
+        "linked", issuer="https://id.example", subject="s1"
+    ),
     errors.ApprovalStale: lambda: errors.ApprovalStale("sha256:aa", "sha256:bb"),
     errors.AuthorityConflict: lambda: errors.AuthorityConflict("notes", "com.example.a"),
     errors.NotADevCopy: lambda: errors.NotADevCopy("com.example.a", "user"),

@@ -1,4 +1,4 @@
-"""`atrium.identity`: the user's token and session check, and per-instance app tokens."""
+"""`atrium.identity`: the bootstrap token and its link key, and per-instance app tokens."""
 
 from __future__ import annotations
 
@@ -10,19 +10,15 @@ TOKEN = "t" * 16
 OTHER_TOKEN = "u" * 16
 
 
-def test_session_differs_from_the_token() -> None:
+def test_link_key_reveals_nothing_of_the_token() -> None:
     auth = UserAuth(TOKEN)
     assert auth.token == TOKEN
-    assert auth.session != TOKEN
-    assert TOKEN not in auth.session
+    assert TOKEN not in auth.link_key
 
 
-def test_session_is_deterministic_for_one_token() -> None:
-    assert UserAuth(TOKEN).session == UserAuth(TOKEN).session
-
-
-def test_session_differs_for_another_token() -> None:
-    assert UserAuth(TOKEN).session != UserAuth(OTHER_TOKEN).session
+def test_link_key_is_deterministic_for_one_token_and_differs_for_another() -> None:
+    assert UserAuth(TOKEN).link_key == UserAuth(TOKEN).link_key
+    assert UserAuth(TOKEN).link_key != UserAuth(OTHER_TOKEN).link_key
 
 
 @pytest.mark.parametrize("token", ["", "short", "x" * 15])
@@ -42,22 +38,8 @@ def test_is_token_accepts_only_the_token() -> None:
     assert not auth.is_token(TOKEN[:-1])
     assert not auth.is_token(TOKEN + "t")
     assert not auth.is_token("")
-    assert not auth.is_token(auth.session)
+    assert not auth.is_token(auth.link_key)
     assert not auth.is_token("é" * 16)
-
-
-def test_is_session_accepts_only_the_session() -> None:
-    auth = UserAuth(TOKEN)
-    assert auth.is_session(auth.session)
-    assert not auth.is_session(TOKEN)
-    assert not auth.is_session(UserAuth(OTHER_TOKEN).session)
-    assert not auth.is_session("")
-    assert not auth.is_session(auth.session.upper())
-
-
-def test_a_new_token_ends_old_sessions() -> None:
-    old = UserAuth(TOKEN)
-    assert not UserAuth(OTHER_TOKEN).is_session(old.session)
 
 
 def test_new_token_is_random_and_long_enough_for_user_auth() -> None:

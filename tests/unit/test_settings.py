@@ -33,7 +33,7 @@ def test_each_refused_value_is_one_problem(monkeypatch: pytest.MonkeyPatch) -> N
         "ATRIUM_PORT / --port '70000': input should be less than or equal to 65535; "
         "accepted: an integer 0-65535, 0 for any free port",
         "ATRIUM_USER / --user 'Bad!': not a user id; "
-        "accepted: 1-64 of a-z, 0-9, '_' and '-', starting with a letter or digit",
+        "accepted: 1-32 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
     )
 
 
