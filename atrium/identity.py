@@ -40,10 +40,12 @@ class UserCaller:
 
 @dataclass(frozen=True, slots=True)
 class AppCaller:
-    """An app instance, authenticated by its own token or by its origin."""
+    """An app instance, authenticated by its own token or by its origin; ``owner`` is the user
+    the instance belongs to (an app acts for its owner only)."""
 
     app_id: str
     instance_id: str
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +91,10 @@ class AppTokens:
         self._by_token: dict[str, AppCaller] = {}
         self._by_instance: dict[str, str] = {}
 
-    def issue(self, app_id: str, instance_id: str) -> str:
+    def issue(self, app_id: str, instance_id: str, owner: str) -> str:
         self.revoke(instance_id)
         token = new_token()
-        self._by_token[token] = AppCaller(app_id, instance_id)
+        self._by_token[token] = AppCaller(app_id, instance_id, owner)
         self._by_instance[instance_id] = token
         return token
 

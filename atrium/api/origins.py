@@ -143,7 +143,7 @@ class AppOrigins:
             return
         if path == "/_os/api" or path.startswith("/_os/api/"):
             self._check_same_origin(request, "/_os/api")
-            caller = AppCaller(instance.app_id, instance.id)
+            caller = AppCaller(instance.app_id, instance.id, instance.owner)
             raw_path: bytes = (scope.get("raw_path") or path.encode()).removeprefix(b"/_os")
             if raw_path.startswith(DATA_PREFIX):
                 await serve_data(

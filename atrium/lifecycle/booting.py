@@ -100,7 +100,7 @@ class Booter:
             raise await self._fail(instance, _setup_problem(err), "setup") from err
         instance.port, instance.host = port, self._config.app_host
         instance.secret = secrets.token_urlsafe(24)
-        token = instance.token = self._tokens.issue(instance.app_id, instance.id)
+        token = instance.token = self._tokens.issue(instance.app_id, instance.id, instance.owner)
         log_path = instance.log_path = self.layout.home / "run" / "logs" / f"{instance.id}.log"
         try:
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)

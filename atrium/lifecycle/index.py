@@ -56,10 +56,15 @@ class InstanceIndex:
         return self._instances.get(instance.id) is instance
 
     def new_instance(
-        self, app_id: str, wanted: str | None = None, data_of: str | None = None
+        self,
+        app_id: str,
+        wanted: str | None = None,
+        data_of: str | None = None,
+        owner: str | None = None,
     ) -> Instance:
         """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
-        instance id whose runtime data folder it uses (a headless provider's; default its own)."""
+        instance id whose runtime data folder it uses (a headless provider's; default its own).
+        ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``)."""
         copy = self._registry.get(app_id)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
@@ -82,6 +87,7 @@ class InstanceIndex:
             manifest=copy.manifest,
             slug=new_slug(),
             bus=self._bus,
+            owner=owner or self._layout.user,
         )
         self._instances[instance.id] = instance
         self._by_slug[instance.slug] = instance

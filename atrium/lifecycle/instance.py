@@ -60,6 +60,8 @@ class Instance:
     manifest: Manifest
     slug: str
     bus: EventBus
+    #: the user the instance belongs to (its runtime data, its views and its app token are theirs)
+    owner: str
     #: set when ``data_dir`` is another instance's (a headless provider's): what it locks instead
     lock_dir: Path | None = None
     #: the app copy it runs from when that is not the registry's (a staged version on trial)

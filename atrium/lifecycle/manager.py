@@ -201,6 +201,7 @@ class LifecycleManager(InstanceIndex):
             slug=new_slug(),
             bus=self._bus,
             source=copy,
+            owner=self._layout.user,
         )
         return await self.trials.run(copy, instance)
 

@@ -118,7 +118,7 @@ def test_a_cookie_authenticated_change_from_another_origin_is_refused(
 def test_an_app_token_identifies_the_app_which_may_read_but_not_change_the_platform(
     shell: RunningShell,
 ) -> None:
-    token = shell.shell.app_tokens.issue("com.atrium.notes", "com.atrium.notes-1")
+    token = shell.shell.app_tokens.issue("com.atrium.notes", "com.atrium.notes-1", "default")
     with shell.client(token=token) as client:
         assert client.get("/api/apps").status_code == 200
         response = client.put("/api/scopes/global/git-repo", json={"url": "https://x.test/r.git"})
@@ -132,7 +132,7 @@ def test_an_app_token_identifies_the_app_which_may_read_but_not_change_the_platf
 
 def test_a_revoked_app_token_is_401(shell: RunningShell) -> None:
     tokens = shell.shell.app_tokens
-    token = tokens.issue("com.atrium.notes", "com.atrium.notes-1")
+    token = tokens.issue("com.atrium.notes", "com.atrium.notes-1", "default")
     tokens.revoke("com.atrium.notes-1")
     with shell.client(token=token) as client:
         assert client.get("/api/apps").status_code == 401

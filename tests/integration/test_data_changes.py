@@ -40,7 +40,7 @@ def changes_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
 
 
 def as_app(shell: RunningShell, app_id: str) -> httpx.Client:
-    return shell.client(token=shell.shell.app_tokens.issue(app_id, f"{app_id}-1"))
+    return shell.client(token=shell.shell.app_tokens.issue(app_id, f"{app_id}-1", "default"))
 
 
 def announce(shell: RunningShell, body: dict[str, Any], app_id: str = ECHO) -> httpx.Response:

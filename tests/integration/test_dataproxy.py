@@ -95,7 +95,7 @@ def fresh_api(fresh_shell: RunningShell) -> Iterator[httpx.Client]:
 
 
 def as_app(shell: RunningShell, app_id: str) -> httpx.Client:
-    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1")
+    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1", "default")
     return shell.client(token=token, timeout=30)
 
 

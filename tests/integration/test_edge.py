@@ -135,7 +135,9 @@ def test_a_lone_surrogate_in_a_body_is_a_bad_request(
 def test_an_app_sending_a_lone_surrogate_to_its_own_kv_gets_400(shell: RunningShell) -> None:
     """Apps can call kv PUT: the answer is theirs too, not a 500 in the shell's log."""
     app_id = "com.atrium.notes"
-    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1")  # as a running instance holds
+    token = shell.shell.app_tokens.issue(
+        app_id, f"{app_id}-1", "default"
+    )  # as a running instance holds
     with shell.client(token) as app:
         response = app.put(
             f"/api/kv/app/{app_id}/k",

@@ -138,7 +138,7 @@ def test_forgetting_brings_the_chooser_back(api: httpx.Client) -> None:
 def test_only_the_user_remembers_or_forgets(
     defaults_shell: RunningShell, api: httpx.Client
 ) -> None:
-    token = defaults_shell.shell.app_tokens.issue("test.tie.one", "test.tie.one-1")
+    token = defaults_shell.shell.app_tokens.issue("test.tie.one", "test.tie.one-1", "default")
     with defaults_shell.client(token=token) as app:
         refused = app.post(
             "/api/intents/start", json={"action": TIE, "target": "test.tie.one", "remember": True}

@@ -129,7 +129,9 @@ def test_a_filter_naming_a_permission_starts_only_for_apps_holding_it(
         assert [(m["appId"], m["permission"]) for m in resolved] == [
             ("test.guarded", "test.guarded.write")
         ]
-        nobody = shell.shell.app_tokens.issue("test.caller.nobody", "test.caller.nobody-1")
+        nobody = shell.shell.app_tokens.issue(
+            "test.caller.nobody", "test.caller.nobody-1", "default"
+        )
         with shell.client(token=nobody, timeout=60) as app_client:
             for body in ({"action": add}, {"action": add, "target": "test.guarded"}):
                 refused = app_client.post("/api/intents/start", json=body)
@@ -139,7 +141,9 @@ def test_a_filter_naming_a_permission_starts_only_for_apps_holding_it(
                 assert error["permission"] == "test.guarded.write"
                 assert "test.caller.nobody" in error["message"]
         assert user.get("/api/instances").json() == []  # refused before anything started
-        writer = shell.shell.app_tokens.issue("test.caller.writer", "test.caller.writer-1")
+        writer = shell.shell.app_tokens.issue(
+            "test.caller.writer", "test.caller.writer-1", "default"
+        )
         with shell.client(token=writer, timeout=60) as app_client:
             started = app_client.post(
                 "/api/intents/start", json={"action": add, "extras": {"n": 1}}
@@ -148,7 +152,7 @@ def test_a_filter_naming_a_permission_starts_only_for_apps_holding_it(
         iid = started.json()["instanceId"]
         handed = user.get(f"/api/proxy/{iid}/activities").json()[started.json()["activityId"]]
         assert handed["intent"]["callerAppId"] == "test.caller.writer"
-        own = shell.shell.app_tokens.issue("test.guarded", iid)
+        own = shell.shell.app_tokens.issue("test.guarded", iid, "default")
         with shell.client(token=own, timeout=60) as app_client:  # a handler may start its own
             assert app_client.post("/api/intents/start", json={"action": add}).status_code == 200
         assert user.post("/api/intents/start", json={"action": add}).status_code == 200
@@ -201,7 +205,7 @@ def test_bad_intents_are_400(api: httpx.Client, body: dict[str, Any]) -> None:
 
 
 def test_apps_may_resolve_with_their_token(intent_shell: RunningShell) -> None:
-    token = intent_shell.shell.app_tokens.issue("test.share.text", "test.share.text-1")
+    token = intent_shell.shell.app_tokens.issue("test.share.text", "test.share.text-1", "default")
     with intent_shell.client(token=token) as app:
         assert app.post("/api/intents/resolve", json={"action": SHARE}).status_code == 200
 

@@ -125,8 +125,10 @@ def test_apps_need_kv_permissions_except_in_their_own_namespace(
     _app_with_permissions(system_apps, "com.example.plain", [])
     wait_for(lambda: shell.shell.registry.get("com.example.plain"), "the apps")
     api.put("/api/kv/os/motd", json={"value": "t"})
-    granted = shell.shell.app_tokens.issue("com.example.granted", "com.example.granted-1")
-    plain = shell.shell.app_tokens.issue("com.example.plain", "com.example.plain-1")
+    granted = shell.shell.app_tokens.issue(
+        "com.example.granted", "com.example.granted-1", "default"
+    )
+    plain = shell.shell.app_tokens.issue("com.example.plain", "com.example.plain-1", "default")
     with shell.client(token=granted) as app:
         assert app.get("/api/kv/os/motd").json()["value"] == "t"
         denied = app.put("/api/kv/os/motd", json={"value": "mine"})

@@ -141,7 +141,7 @@ def kv_apps(start_shell: StartShell, system_apps: Path) -> RunningShell:
 
 
 def read_as(shell: RunningShell, app_id: str, path: str) -> httpx.Response:
-    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1")
+    token = shell.shell.app_tokens.issue(app_id, f"{app_id}-1", "default")
     with shell.client(token=token) as app:
         return app.get(path)
 

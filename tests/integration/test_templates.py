@@ -94,7 +94,9 @@ def test_the_add_item_intent_needs_the_write_permission(
     with running.client(timeout=60) as user:
         body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True}
         assert user.post("/api/dist/install", json=body).json()["ok"] is True
-        nobody = running.shell.app_tokens.issue("test.caller.nobody", "test.caller.nobody-1")
+        nobody = running.shell.app_tokens.issue(
+            "test.caller.nobody", "test.caller.nobody-1", "default"
+        )
         with running.client(token=nobody, timeout=60) as app_client:
             refused = app_client.post("/api/intents/start", json=intent)
             assert app_client.post(items, json={"text": "from nobody"}).status_code == 403
@@ -102,7 +104,9 @@ def test_the_add_item_intent_needs_the_write_permission(
         error = refused.json()["error"]
         assert (error["code"], error["permission"]) == ("permission_denied", f"{app_id}.write")
         assert error["callerAppId"] == "test.caller.nobody"
-        writer = running.shell.app_tokens.issue("test.caller.writer", "test.caller.writer-1")
+        writer = running.shell.app_tokens.issue(
+            "test.caller.writer", "test.caller.writer-1", "default"
+        )
         with running.client(token=writer, timeout=60) as app_client:
             started = app_client.post(
                 "/api/intents/start", json={**intent, "extras": {"text": "from the writer"}}

@@ -182,6 +182,7 @@ def instance_of(strategy: str, bus: EventBus, tmp_path: Path) -> Instance:
         manifest=manifest,
         slug="abcdefabcdef",
         bus=bus,
+        owner="default",
     )
 
 

@@ -125,7 +125,7 @@ def api(server: Server) -> Iterator[httpx.Client]:
 
 def app_token(server: Server) -> str:
     assert server.shell is not None
-    return server.shell.app_tokens.issue("com.example.reader", "instance-1")
+    return server.shell.app_tokens.issue("com.example.reader", "instance-1", "default")
 
 
 def test_the_list_is_open_and_summarises(server: Server) -> None:

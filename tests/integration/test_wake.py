@@ -138,7 +138,7 @@ def test_requests_during_a_wake_share_one_spawn_and_all_succeed(
 
 
 def test_a_caller_without_permission_never_wakes_the_provider(wake_shell: RunningShell) -> None:
-    token = wake_shell.shell.app_tokens.issue(READER, f"{READER}-1")
+    token = wake_shell.shell.app_tokens.issue(READER, f"{READER}-1", "default")
     with wake_shell.client(token=token) as reader, wake_shell.anonymous() as anonymous:
         refused = reader.post("/api/data/wakeplain/items", content=b"x")
         assert refused.status_code == 403

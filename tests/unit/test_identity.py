@@ -58,24 +58,24 @@ def tokens() -> AppTokens:
 
 
 def test_issued_token_looks_up_its_instance(tokens: AppTokens) -> None:
-    token = tokens.issue("com.example.notes", "com.example.notes-0")
-    assert tokens.lookup(token) == AppCaller("com.example.notes", "com.example.notes-0")
+    token = tokens.issue("com.example.notes", "com.example.notes-0", "default")
+    assert tokens.lookup(token) == AppCaller("com.example.notes", "com.example.notes-0", "default")
 
 
 def test_unknown_token_looks_up_nothing(tokens: AppTokens) -> None:
-    tokens.issue("com.example.notes", "com.example.notes-0")
+    tokens.issue("com.example.notes", "com.example.notes-0", "default")
     assert tokens.lookup("not-a-token") is None
     assert tokens.lookup("") is None
 
 
 def test_revoked_token_looks_up_nothing(tokens: AppTokens) -> None:
-    token = tokens.issue("com.example.notes", "com.example.notes-0")
+    token = tokens.issue("com.example.notes", "com.example.notes-0", "default")
     tokens.revoke("com.example.notes-0")
     assert tokens.lookup(token) is None
 
 
 def test_revoking_an_unknown_instance_is_harmless(tokens: AppTokens) -> None:
-    token = tokens.issue("com.example.notes", "com.example.notes-0")
+    token = tokens.issue("com.example.notes", "com.example.notes-0", "default")
     tokens.revoke("com.example.notes-9")
     tokens.revoke("com.example.notes-0")
     tokens.revoke("com.example.notes-0")
@@ -83,21 +83,23 @@ def test_revoking_an_unknown_instance_is_harmless(tokens: AppTokens) -> None:
 
 
 def test_reissue_for_the_same_instance_revokes_the_old_token(tokens: AppTokens) -> None:
-    old = tokens.issue("com.example.notes", "com.example.notes-0")
-    new = tokens.issue("com.example.notes", "com.example.notes-0")
+    old = tokens.issue("com.example.notes", "com.example.notes-0", "default")
+    new = tokens.issue("com.example.notes", "com.example.notes-0", "default")
     assert new != old
     assert tokens.lookup(old) is None
-    assert tokens.lookup(new) == AppCaller("com.example.notes", "com.example.notes-0")
+    assert tokens.lookup(new) == AppCaller("com.example.notes", "com.example.notes-0", "default")
     tokens.revoke("com.example.notes-0")
     assert tokens.lookup(new) is None
 
 
 def test_each_instance_has_its_own_token(tokens: AppTokens) -> None:
-    first = tokens.issue("com.example.notes", "com.example.notes-0")
-    second = tokens.issue("com.example.notes", "com.example.notes-1")
-    other_app = tokens.issue("com.example.tasks", "com.example.tasks-0")
+    first = tokens.issue("com.example.notes", "com.example.notes-0", "default")
+    second = tokens.issue("com.example.notes", "com.example.notes-1", "default")
+    other_app = tokens.issue("com.example.tasks", "com.example.tasks-0", "default")
     assert len({first, second, other_app}) == 3
     tokens.revoke("com.example.notes-0")
     assert tokens.lookup(first) is None
-    assert tokens.lookup(second) == AppCaller("com.example.notes", "com.example.notes-1")
-    assert tokens.lookup(other_app) == AppCaller("com.example.tasks", "com.example.tasks-0")
+    assert tokens.lookup(second) == AppCaller("com.example.notes", "com.example.notes-1", "default")
+    assert tokens.lookup(other_app) == AppCaller(
+        "com.example.tasks", "com.example.tasks-0", "default"
+    )
