@@ -36,6 +36,7 @@ from atrium.api.server import ShellServer
 from atrium.identity import new_token
 from atrium.settings import Settings
 from atrium.shell import Shell
+from atrium.users.model import Role
 from tests.conftest import REPO_DIR
 
 DEADLINE = 15.0
@@ -50,6 +51,7 @@ class RunningShell:
     token: str
     thread: threading.Thread
     errors: list[BaseException] = field(default_factory=list)
+    loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
@@ -72,6 +74,23 @@ class RunningShell:
     def anonymous(self, **kwargs: Any) -> httpx.Client:
         kwargs.setdefault("timeout", DEADLINE)
         return httpx.Client(base_url=self.url, **kwargs)
+
+    def on_loop(self, coro: Any) -> Any:
+        """Run ``coro`` on the shell's own event loop and wait for its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=DEADLINE)
+
+    def add_user(self, user_id: str, role: str = "member", name: str | None = None) -> str:
+        """Add a user straight into the shell's users store; a personal token of theirs."""
+        users = self.shell.users
+
+        async def add() -> str:
+            await users.add(user_id, name, Role(role))
+            secret, _ = await users.create_token(user_id, "test", None)
+            return secret
+
+        token: str = self.on_loop(add())
+        return token
 
     def stop(self) -> None:
         self.server.request_exit()
@@ -107,10 +126,15 @@ def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShel
     token = new_token()
     server = ShellServer(Settings(**options), token)
     errors: list[BaseException] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def serve() -> None:
+        loops.append(asyncio.get_running_loop())
+        await server.serve()
 
     def run() -> None:
         try:
-            uvloop.run(server.serve())
+            uvloop.run(serve())
         except BaseException as err:  # noqa: BLE001 - reported by the fixture, not swallowed
             errors.append(err)
 
@@ -123,7 +147,7 @@ def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShel
         if time.monotonic() > deadline:
             raise TimeoutError("the shell did not start in time")
         time.sleep(0.01)
-    return RunningShell(server, token, thread, errors)
+    return RunningShell(server, token, thread, errors, loops[0])
 
 
 @pytest.fixture
