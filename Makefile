@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-run-stamp
 STAMP := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # Debian packages the test suite uses: git (scope repositories, git fetcher), bubblewrap (sandbox),
@@ -16,10 +17,15 @@ BENCH_DEB_PACKAGES := nginx-light wrk python3-uvloop python3-httptools
 
 .PHONY: run test unit check fmt bench chaos system-deps bench-deps venv clean
 
-$(STAMP): pyproject.toml
+# `make run` installs what running needs; the test and lint tools come with `make test`
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Atrium needs Python 3.11+"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -39,7 +45,7 @@ bench-deps:
 
 # git is needed (scope repositories); bubblewrap is the best sandbox: without it the shell falls
 # back to plain processes and says so
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@scripts/apt-install git
 	-@scripts/apt-install bubblewrap
 	$(BIN)/atrium serve
