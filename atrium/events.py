@@ -31,6 +31,8 @@ DIST_UNINSTALL_COMPLETE: Final = "dist:uninstall.complete"
 DIST_PUBLISH_COMPLETE: Final = "dist:publish.complete"
 DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
 DIST_PUBLISH_DONE: Final = "dist:publish.done"
+GRANT_ADDED: Final = "grant:added"
+GRANT_REVOKED: Final = "grant:revoked"
 
 
 def _camel(name: str) -> str:
@@ -211,6 +213,34 @@ class DistPublishComplete(Payload):
     ref: str
 
 
+@dataclass(frozen=True, slots=True)
+class GrantAdded(Payload):
+    """An instance was shared with ``user`` (or their role on it changed); heard by that user
+    and the instance's owner only."""
+
+    TOPIC: ClassVar[str] = GRANT_ADDED
+    grant_id: str
+    instance_id: str
+    app_id: str
+    owner: str
+    user: str
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRevoked(Payload):
+    """A grant to ``user`` was revoked; ``view_ids`` are the views of theirs it closed. Heard by
+    that user and the instance's owner only."""
+
+    TOPIC: ClassVar[str] = GRANT_REVOKED
+    grant_id: str
+    instance_id: str
+    app_id: str
+    owner: str
+    user: str
+    view_ids: list[str]
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -231,6 +261,8 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DistPublishProgress,
         DistPublishDone,
         DistPublishComplete,
+        GrantAdded,
+        GrantRevoked,
     )
 }
 

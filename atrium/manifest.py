@@ -182,6 +182,14 @@ class PermissionInfo(_ManifestPart):
     description: str = Field(default="", max_length=300)
 
 
+class Sharing(_ManifestPart):
+    """``sharing``: how the app treats users an instance is shared with."""
+
+    #: the app checks `X-Os-User-Role` itself, so the shell passes a viewer's changes on to it
+    #: instead of refusing them with 403
+    enforces_roles: bool = False
+
+
 def _own_permission(info: ValidationInfo, name: str | None, where: str) -> None:
     """Refuse a permission ``name`` (when given) that the app being validated does not own."""
     app_id = info.data.get("id")
@@ -213,6 +221,7 @@ class Manifest(_ManifestPart):
     theme_strategy: ThemeStrategy = ThemeStrategy.INHERIT
     warm_pool: bool | int = False
     background_service: bool = False
+    sharing: Sharing = Field(default_factory=Sharing)
     tools: list[str] = Field(default_factory=list)
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS

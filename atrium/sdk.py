@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # typing costs ~3 ms at import; the annotations are strings a
     H = TypeVar("H", bound=Handler)
     K = TypeVar("K", bound=HookHandler)
 
-__all__ = ["HOOKS", "App", "HttpError", "Request", "Response"]
+__all__ = ["HOOKS", "App", "HttpError", "Request", "Response", "User"]
 
 #: every hook the shell calls (``onActivityDestroy`` is called as ``onActivityDestroy/<activityId>``)
 HOOKS = (
@@ -100,6 +100,28 @@ def _is_shell_route(path: str) -> bool:
         path == prefix or path.startswith(prefix + "/")
         for prefix in ("/api/lifecycle", "/api/data")
     )
+
+
+class User:
+    """Who is looking at the app through the shell: the user's ``id``, display ``name`` and
+    ``role`` on this instance: ``owner`` (it is theirs), ``editor`` or ``viewer`` (it was shared
+    with them). A viewer's changes never reach the app unless its manifest says
+    ``sharing.enforcesRoles``; then the app refuses them itself (``user.can_change``)."""
+
+    __slots__ = ("id", "name", "role")
+
+    def __init__(self, id: str, name: str, role: str) -> None:
+        self.id = id
+        self.name = name
+        self.role = role
+
+    @property
+    def can_change(self) -> bool:
+        """The owner and an editor may change the instance's data; a viewer only looks."""
+        return self.role in ("owner", "editor")
+
+    def __repr__(self) -> str:
+        return f"User(id={self.id!r}, name={self.name!r}, role={self.role!r})"
 
 
 class Request:
@@ -151,6 +173,18 @@ class Request:
         request forwarded from the app's origin), ``data`` (the data proxy), ``hook`` or
         ``health``; callers cannot set it, the shell drops every inbound ``X-Os-*`` header."""
         return self.headers.get("X-Os-Request-Kind")
+
+    @property
+    def user(self) -> User | None:
+        """The user looking, on a ``page`` (and ``user``) request: ``X-Os-User-Id``,
+        ``X-Os-User-Name`` (percent-decoded UTF-8) and ``X-Os-User-Role``, which the shell sets
+        and callers cannot (inbound ``X-Os-*`` headers are dropped). None on the shell's own
+        calls (health, hooks, data)."""
+        user_id = self.headers.get("X-Os-User-Id")
+        if not user_id:
+            return None
+        name = unquote(self.headers.get("X-Os-User-Name") or user_id, errors="replace")
+        return User(user_id, name, self.headers.get("X-Os-User-Role") or "viewer")
 
     @property
     def caller_app_id(self) -> str | None:

@@ -34,6 +34,7 @@ from atrium.settings import Settings
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
+from atrium.users.grants import GrantStore
 from atrium.users.store import UserStore
 
 _LOGGER = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Shell:
     repos: Mapping[Scope, ScopeRepo]
     user_auth: UserAuth
     users: UserStore
+    grants: GrantStore
     app_tokens: AppTokens
     upstream: UpstreamClient
     lifecycle: LifecycleManager
@@ -105,6 +107,14 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         users = await stack.enter_async_context(
             UserStore.open(settings.users_path, bootstrap_admin=settings.user)
         )
+        grants = await stack.enter_async_context(GrantStore.open(settings.users_path))
+        grants.forget_missing(lambda user_id: users.get(user_id) is not None)
+
+        def forget_grants(user_id: str) -> None:
+            if users.get(user_id) is None:  # removed, not only disabled
+                grants.forget_user(user_id)
+
+        users.on_change.append(forget_grants)
         user_auth = UserAuth(user_token)
         # a new bootstrap token ends the sign-ins its predecessor's login link made
         await users.end_link_sessions(keep=user_auth.link_key)
@@ -172,6 +182,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             repos=repos,
             user_auth=user_auth,
             users=users,
+            grants=grants,
             app_tokens=tokens,
             upstream=upstream,
             lifecycle=lifecycle,

@@ -12,6 +12,7 @@ from atrium.api import (
     apps,
     changes,
     dist,
+    grants,
     instances,
     intents,
     kv,
@@ -134,6 +135,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *scopes.routes,
             *kv.routes,
             *changes.routes,
+            *grants.routes,  # before instances': its POST /{id}/{action} would take /grants
             *instances.routes,
             *tools.routes,
             *intents.routes,

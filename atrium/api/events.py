@@ -21,8 +21,8 @@ from atrium.api.auth import Access, authorize, identify
 from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
-from atrium.events import MAX_GLOBS, DataChanged, compile_glob
-from atrium.identity import AppCaller, Caller
+from atrium.events import MAX_GLOBS, DataChanged, GrantAdded, GrantRevoked, compile_glob
+from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.manifest import AUTHORITY_RE
 from atrium.providers import canonical_path, related
 from atrium.shell import Shell
@@ -75,14 +75,15 @@ def change_filter(
     shell: Shell, caller: Caller, watched: tuple[str, str] | None
 ) -> Callable[[Event], bool] | None:
     """Who hears which `data:changed` (docs/api.md "Change notifications"): the user every one,
-    an app only those under paths it may read; ``watched`` narrows to one subtree. Other topics
-    pass. None when nothing is filtered (the user, no ``dataPath``)."""
+    an app only those under paths it may read; ``watched`` narrows to one subtree. A grant's
+    events reach the grantee and the instance's owner only, never an app. Other topics pass."""
     app = caller if isinstance(caller, AppCaller) else None
-    if app is None and watched is None:
-        return None
+    user = caller.user_id if isinstance(caller, UserCaller) else None
 
     def admit(event: Event) -> bool:
         change = event.data
+        if isinstance(change, GrantAdded | GrantRevoked):
+            return user is not None and user in (change.user, change.owner)
         if not isinstance(change, DataChanged):
             return True
         if watched is not None and (

@@ -11,13 +11,15 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
-from atrium.api.origins import proxy_page
-from atrium.errors import InvalidRequest, PermissionDenied
+from atrium.api.origins import Looking, proxy_page
+from atrium.errors import InvalidRequest, NotFound, PermissionDenied
 from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.states import InstanceState
 from atrium.manifest import APP_ID_RE
 from atrium.shell import Shell
 from atrium.theme.prefs import html_transform_for
+from atrium.users.grants import OWNER, access_to
 from atrium.wire import WireModel
 
 MAX_LOG_LINES: Final = 5000
@@ -64,11 +66,49 @@ def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any
 
 async def list_instances(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
+    if request.query_params.get("shared", "") in {"1", "true", "yes"}:
+        return JSONResponse(shared_with(request, caller))
     return JSONResponse([_wire(request, i, caller) for i in shell.lifecycle.all()])
 
 
+def shared_with(request: Request, caller: Caller) -> list[dict[str, Any]]:
+    """`?shared=1`: the live instances other users granted the calling user a role on, each
+    with ``access`` (`viewer` or `editor`) and ``owner``. Apps are never granted anything."""
+    if not isinstance(caller, UserCaller):
+        return []
+    shell = shell_of(request)
+    found = []
+    for instance in shell.lifecycle.all():
+        access = access_to(caller, instance, shell.grants)
+        if access is None or access == OWNER:
+            continue
+        found.append(
+            {**_wire(request, instance, caller), "owner": instance.owner, "access": access}
+        )
+    return found
+
+
+def owned(shell: Shell, caller: Caller, instance_id: str) -> Instance:
+    """The caller's own instance (for an app: its owner's); anyone else's, shared with the
+    caller or not, answers as a missing instance does."""
+    instance, access = viewable(shell, caller, instance_id)
+    if access != OWNER:
+        raise NotFound("instance", instance_id)
+    return instance
+
+
+def viewable(shell: Shell, caller: Caller, instance_id: str) -> tuple[Instance, str]:
+    """The instance ``caller`` may open views on (their own, or one shared with them) and their
+    role on it; any other answers as a missing instance does."""
+    instance = shell.lifecycle.get(instance_id)
+    access = access_to(caller, instance, shell.grants)
+    if access is None:
+        raise NotFound("instance", instance_id)
+    return instance, access
+
+
 async def get_instance(request: Request, caller: Caller) -> Response:
-    instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
+    instance = owned(shell_of(request), caller, request.path_params["instance_id"])
     return JSONResponse(_wire(request, instance, caller))
 
 
@@ -81,8 +121,9 @@ async def create_instance(request: Request, caller: Caller) -> Response:
 
 
 async def instance_action(request: Request, caller: Caller) -> Response:
-    lifecycle = shell_of(request).lifecycle
-    instance = await lifecycle.act(
+    shell = shell_of(request)
+    owned(shell, caller, request.path_params["instance_id"])
+    instance = await shell.lifecycle.act(
         request.path_params["instance_id"], request.path_params["action"]
     )
     return JSONResponse(_wire(request, instance, caller))
@@ -91,7 +132,9 @@ async def instance_action(request: Request, caller: Caller) -> Response:
 async def delete_instance(request: Request, caller: Caller) -> Response:
     force = request.query_params.get("force", "") in {"1", "true", "yes"}
     instance_id = request.path_params["instance_id"]
-    problem = await shell_of(request).lifecycle.remove(instance_id, force=force)
+    shell = shell_of(request)
+    owned(shell, caller, instance_id)
+    problem = await shell.lifecycle.remove(instance_id, force=force)
     answer: dict[str, object] = {"ok": True, "instanceId": instance_id, "state": "installed"}
     if problem is not None:
         answer["problem"] = problem  # the orderly walk failed; the instance ended without it
@@ -101,7 +144,7 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
 async def instance_logs(request: Request, caller: Caller) -> Response:
     """The last ``lines`` of the log; with ``after=<byte offset>``, what was written since
     (``X-Log-End`` is the offset to ask after next: how ``atrium dev`` follows a log)."""
-    instance = shell_of(request).lifecycle.get(request.path_params["instance_id"])
+    instance = owned(shell_of(request), caller, request.path_params["instance_id"])
     raw = request.query_params.get("lines", "200")
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
@@ -132,7 +175,7 @@ async def create_activity(request: Request, caller: Caller) -> Response:
     body = (
         await read_model(request, ActivityBody) if await bounded_body(request) else ActivityBody()
     )
-    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    instance = owned(shell, caller, request.path_params["instance_id"])
     activity = await shell.lifecycle.create_activity(instance.id, body.extras)
     return JSONResponse(
         {
@@ -148,16 +191,22 @@ async def create_activity(request: Request, caller: Caller) -> Response:
 
 async def delete_activity(request: Request, caller: Caller) -> Response:
     params = request.path_params
-    await shell_of(request).lifecycle.destroy_activity(params["instance_id"], params["activity_id"])
+    shell = shell_of(request)
+    owned(shell, caller, params["instance_id"])
+    await shell.lifecycle.destroy_activity(params["instance_id"], params["activity_id"])
     return JSONResponse({"ok": True, "activityId": params["activity_id"]})
 
 
 async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await bounded_body(request) else ViewBody()
-    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    instance, access = viewable(shell, caller, request.path_params["instance_id"])
+    if access != OWNER and instance.state is InstanceState.STOPPED:
+        # a grantee cannot start it, and the owner closing their last view stopped it
+        instance = await shell.lifecycle.act(instance.id, "start")
     client = shell.presence.client_id(body.client)
-    view, ticket = shell.lifecycle.views.create(instance.id, body.path, client)
+    user = caller.user_id if isinstance(caller, UserCaller) else None
+    view, ticket = shell.lifecycle.views.create(instance.id, body.path, client, user)
     url = origin_url(shell, instance, "/_os/enter")
     return JSONResponse(
         {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}
@@ -166,9 +215,12 @@ async def create_view(request: Request, caller: Caller) -> Response:
 
 async def delete_view(request: Request, caller: Caller) -> Response:
     params = request.path_params
-    instance = await shell_of(request).lifecycle.views.release(
-        params["instance_id"], params["view_id"]
-    )
+    shell = shell_of(request)
+    instance, access = viewable(shell, caller, params["instance_id"])
+    view = instance.views.get(params["view_id"])
+    if access != OWNER and (view is None or view.user != getattr(caller, "user_id", None)):
+        raise NotFound("view", params["view_id"])  # a grantee closes their own views only
+    instance = await shell.lifecycle.views.release(instance.id, params["view_id"])
     return JSONResponse(_wire(request, instance, caller))
 
 
@@ -177,9 +229,10 @@ async def proxy(request: Request, caller: Caller) -> Response:
     if not isinstance(caller, UserCaller) or caller.via_cookie:
         raise PermissionDenied("/api/proxy/ takes the user's bearer token only")
     shell = shell_of(request)
-    instance = shell.lifecycle.get(request.path_params["instance_id"])
+    instance = owned(shell, caller, request.path_params["instance_id"])  # grantees: views only
     if instance.host is None or instance.port is None:
         raise InvalidRequest(f"instance {instance.id} is {instance.state}: no server to proxy")
+    user = shell.users.require(caller.user_id)
     return await proxy_page(
         shell,
         instance,
@@ -187,13 +240,20 @@ async def proxy(request: Request, caller: Caller) -> Response:
         "/" + request.path_params["path"],
         html_transform_for(instance, shell.theme),
         kind="user",
+        looking=Looking(user, OWNER),
     )
 
 
 ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 routes: list[BaseRoute] = [
-    endpoint("/api/instances", list_instances, methods=["GET"], access=Access.USER_OR_APP),
+    endpoint(
+        "/api/instances",
+        list_instances,
+        methods=["GET"],
+        access=Access.USER_OR_APP,
+        query={"shared": "1, true or yes: the instances other users shared with the caller"},
+    ),
     endpoint(
         "/api/instances", create_instance, methods=["POST"], access=Access.USER, body=CreateBody
     ),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 from urllib.parse import unquote
@@ -25,19 +26,31 @@ from atrium.api.events import PATH as EVENTS_PATH
 from atrium.api.events import serve_events
 from atrium.api.proxy.data import PREFIX as DATA_PREFIX
 from atrium.api.proxy.data import serve_data
-from atrium.api.proxy.pages import forward_page
+from atrium.api.proxy.pages import forward_page, user_headers
 from atrium.errors import NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
-from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
 from atrium.theme.inject import HtmlTransform
+from atrium.users.grants import GrantRole, access_to
+from atrium.users.model import User
 
 _LOGGER = logging.getLogger(__name__)
+#: a viewer's page requests, unless the app enforces roles itself
+VIEWER_METHODS: Final = frozenset({"GET", "HEAD"})
 VIEW_COOKIE: Final = "atrium_view"
 SLUG_RE: Final = re.compile(r"[a-z0-9]{12}")
 CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
 SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Looking:
+    """The user looking at an instance, and their role on it (`owner`, `editor`, `viewer`)."""
+
+    user: User
+    role: str
 
 
 #: an app's routes that only the shell calls (docs/api.md "Page requests")
@@ -131,11 +144,13 @@ class AppOrigins:
             await self._enter(shell, instance, request)(scope, receive, send)
             return
         cookie = request.cookies.get(VIEW_COOKIE, "")
-        if not cookie or shell.lifecycle.views.for_cookie(instance, cookie) is None:
+        view = shell.lifecycle.views.for_cookie(instance, cookie) if cookie else None
+        if view is None:
             raise Unauthenticated(
                 "this app origin needs a view: open it through the host page or "
                 "POST /api/instances/{id}/views"
             )
+        looking = self._looking(shell, instance, view)
         if path == "/_os/client.js":
             await FileResponse(
                 CLIENT_JS, media_type="text/javascript", headers={"Cache-Control": "no-cache"}
@@ -143,6 +158,13 @@ class AppOrigins:
             return
         if path == "/_os/api" or path.startswith("/_os/api/"):
             self._check_same_origin(request, "/_os/api")
+            if looking.role == GrantRole.VIEWER and request.method not in VIEWER_METHODS:
+                # the app's API acts for its owner: a viewer only reads through it, whatever
+                # the app enforces on its own pages
+                raise PermissionDenied(
+                    f"{looking.user.id!r} is a viewer of this instance: a {request.method} on "
+                    "/_os/api is the owner's or an editor's"
+                )
             caller = AppCaller(instance.app_id, instance.id, instance.owner)
             raw_path: bytes = (scope.get("raw_path") or path.encode()).removeprefix(b"/_os")
             if raw_path.startswith(DATA_PREFIX):
@@ -171,8 +193,33 @@ class AppOrigins:
                 "read data through /_os/api/data/<authority>/…",
             )
         self._check_same_origin(request, "this app origin")
-        response = await self._page(shell, instance, request)
+        if (
+            looking.role == GrantRole.VIEWER
+            and request.method not in VIEWER_METHODS
+            and not instance.manifest.sharing.enforces_roles
+        ):
+            raise PermissionDenied(
+                f"{looking.user.id!r} is a viewer of this instance: a {request.method} needs the "
+                "editor role (or an app whose manifest says sharing.enforcesRoles)"
+            )
+        response = await self._page(shell, instance, request, looking)
         await response(scope, receive, send)
+
+    @staticmethod
+    def _looking(shell: Shell, instance: Instance, view: View) -> Looking:
+        """Who looks through ``view`` and with what role, asked again on every request: a view
+        whose user was disabled, removed or lost their grant is dropped here and answers 401
+        (the revocation also drops it at once; this is what makes that true for every path)."""
+        user = shell.users.get(view.user or instance.owner)
+        role = (
+            access_to(user.id, instance, shell.grants)
+            if user is not None and not user.disabled
+            else None
+        )
+        if user is None or role is None:
+            instance.views.pop(view.id, None)
+            raise Unauthenticated("this view was closed: its user may no longer see the instance")
+        return Looking(user, role)
 
     @staticmethod
     def _check_same_origin(request: Request, where: str) -> None:
@@ -198,6 +245,7 @@ class AppOrigins:
         view = shell.lifecycle.views.redeem(instance.slug, ticket)
         if view is None:
             raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
+        AppOrigins._looking(shell, instance, view)  # its user may still see the instance
         path = request.query_params.get("path") or view.path
         if not path.startswith("/") or path.startswith("//"):
             path = "/"
@@ -214,7 +262,9 @@ class AppOrigins:
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
 
-    async def _page(self, shell: Shell, instance: Instance, request: Request) -> Response:
+    async def _page(
+        self, shell: Shell, instance: Instance, request: Request, looking: Looking
+    ) -> Response:
         if instance.state not in SERVING:
             return HTMLResponse(
                 f"<!doctype html><title>Starting</title><p>{instance.manifest.name} is "
@@ -229,6 +279,7 @@ class AppOrigins:
             request,
             request.url.path,
             self._transform_html(instance) if self._transform_html else None,
+            looking=looking,
         )
 
 
@@ -239,9 +290,12 @@ async def proxy_page(
     path: str,
     transform: HtmlTransform | None = None,
     kind: str = "page",
+    *,
+    looking: Looking,
 ) -> Response:
     """Forward ``request`` to the instance's own server at ``path`` (query kept); ``kind`` is
-    `page` for a browser on the app's origin, `user` for the user's bearer `/api/proxy/`."""
+    `page` for a browser on the app's origin, `user` for the user's bearer `/api/proxy/`;
+    ``looking`` is named to the app in `X-Os-User-*`."""
     return await forward_page(
         shell.upstream.pool,
         request,
@@ -250,4 +304,5 @@ async def proxy_page(
         kind=kind,
         app_id=instance.app_id,
         transform_html=transform,
+        looking=user_headers(looking.user.id, looking.user.name, looking.role),
     )

@@ -46,6 +46,8 @@ class View:
     path: str
     #: the host-page client that holds the view (its views go when it has been gone 30 s)
     client: str | None = None
+    #: the user who opened it: the one looking, named to the app on every page request
+    user: str | None = None
 
 
 @dataclass(eq=False, slots=True)

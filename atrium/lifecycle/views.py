@@ -43,9 +43,14 @@ class ViewDesk:
         self._tickets: dict[str, tuple[str, str, float]] = {}
 
     def create(
-        self, instance_id: str, path: str = "/", client: str | None = None
+        self,
+        instance_id: str,
+        path: str = "/",
+        client: str | None = None,
+        user: str | None = None,
     ) -> tuple[View, str]:
-        """A view and its one-time ticket; the instance must be serving."""
+        """A view and its one-time ticket; the instance must be serving. ``user`` is who opens
+        it (the instance's owner when None)."""
         instance = self._host.get(instance_id)
         if not path.startswith("/") or path.startswith("//"):
             raise InvalidRequest(f"view path {path!r} must start with a single '/'")
@@ -57,7 +62,11 @@ class ViewDesk:
                 "a view needs an instance in started, resuming, resumed, pausing or paused",
             )
         view = View(
-            id=secrets.token_hex(6), cookie=secrets.token_urlsafe(24), path=path, client=client
+            id=secrets.token_hex(6),
+            cookie=secrets.token_urlsafe(24),
+            path=path,
+            client=client,
+            user=user or instance.owner,
         )
         instance.views[view.id] = view
         ticket = secrets.token_urlsafe(24)
@@ -91,6 +100,27 @@ class ViewDesk:
         if not instance.views and not instance.manifest.background_service:
             await self._host.stop_unviewed(instance)
         return instance
+
+    async def release_user(self, instance_id: str, user: str) -> list[str]:
+        """Drop every view ``user`` holds on the instance (a revoked grant): their cookies and
+        unused tickets stop working at once. The ids of the views dropped."""
+        try:
+            instance = self._host.get(instance_id)
+        except NotFound:
+            return []
+        dropped = [v.id for v in instance.views.values() if v.user == user]
+        for view_id in dropped:
+            try:
+                await self.release(instance.id, view_id)
+            except AtriumError as err:
+                _LOGGER.warning(
+                    "%s %s: releasing view %s failed: %s",
+                    instance.app_id,
+                    instance.id,
+                    view_id,
+                    err.message,
+                )
+        return dropped
 
     async def release_client(self, client: str) -> None:
         """Release every view held by a host page that has gone away."""

@@ -569,3 +569,19 @@ def test_arbitrary_json_never_raises_anything_but_manifest_invalid(
         return
     assert dir_name is None or manifest.id == dir_name
     assert parse_manifest(manifest.wire(), dir_name) == manifest
+
+
+def test_sharing_says_whether_the_app_enforces_roles_and_is_strictly_typed() -> None:
+    base = {"id": "com.example.notes", "version": "1.0.0", "name": "Notes"}
+    assert parse_manifest(base, None).sharing.enforces_roles is False
+    enforced = parse_manifest({**base, "sharing": {"enforcesRoles": True}}, None)
+    assert enforced.sharing.enforces_roles is True
+    assert enforced.wire()["sharing"] == {"enforcesRoles": True}
+    for bad, field in (
+        ({"enforcesRoles": "yes"}, "sharing.enforcesRoles"),
+        ({"enforcesRoles": 1}, "sharing.enforcesRoles"),
+        (True, "sharing"),
+    ):
+        with pytest.raises(ManifestInvalid) as err:
+            parse_manifest({**base, "sharing": bad}, None)
+        assert [p["field"] for p in err.value.problems] == [field]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 from atrium.api.proxy.headers import DATA, DATA_ANSWER, INERT, PAGE, outbound
+from atrium.api.proxy.pages import user_headers
 from tests.conftest import REPO_DIR
 
 
@@ -51,3 +54,16 @@ def test_an_app_page_keeps_its_own_headers() -> None:
         (b"Content-Length", b"2"),
     ]
     assert outbound(sent, PAGE) == [(b"Set-Cookie", b"mine=1"), (b"X-Foo", b"bar")]
+
+
+def test_the_user_looking_is_named_in_ascii_and_the_name_decodes_back() -> None:
+    for name in ("Ann Smith", "Zoë 100% «ok»", "李雷", "a\x7fb", "%41"):
+        headers = dict(user_headers("ann", name, "viewer"))
+        encoded = headers[b"X-Os-User-Name"]
+        assert all(0x20 <= b <= 0x7E for b in encoded), name
+        assert unquote(encoded.decode("ascii")) == name
+    assert dict(user_headers("ann", "Ann Smith", "owner")) == {
+        b"X-Os-User-Id": b"ann",
+        b"X-Os-User-Name": b"Ann Smith",
+        b"X-Os-User-Role": b"owner",
+    }

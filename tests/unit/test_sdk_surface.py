@@ -25,11 +25,15 @@ PROMISED: dict[str, dict[str, str]] = {
         "json": "(data: 'object', status: 'int' = 200, headers: 'Mapping[str, str] | None' = None) -> 'Response'",
     },
 }
-PROMISED_PROPERTIES = {"Request": {"caller_app_id", "kind", "permission"}, "App": {"data_dir"}}
+PROMISED_PROPERTIES = {
+    "Request": {"caller_app_id", "kind", "permission", "user"},
+    "User": {"can_change"},
+    "App": {"data_dir"},
+}
 
 
 def test_every_promised_name_keeps_its_signature() -> None:
-    assert {"App", "HttpError", "Request", "Response", "HOOKS"} <= set(sdk.__all__)
+    assert {"App", "HttpError", "Request", "Response", "User", "HOOKS"} <= set(sdk.__all__)
     for class_name, methods in PROMISED.items():
         cls = getattr(sdk, class_name)
         for name, signature in methods.items():
@@ -51,5 +55,7 @@ def test_promised_attributes_and_hooks_stay() -> None:
         isinstance(inspect.getattr_static(sdk.Request, n), property)
         for n in PROMISED_PROPERTIES["Request"]
     )
+    assert isinstance(inspect.getattr_static(sdk.User, "can_change"), property)
+    assert set(sdk.User.__slots__) == {"id", "name", "role"}
     app = sdk.App("surface")
     assert hasattr(app, "data_dir")

@@ -31,6 +31,9 @@ CHANGED_BODY_HEADERS: Final = frozenset({b"etag", b"content-md5", b"last-modifie
 #: answers that never carry a body (RFC 9110 6.4.1), whatever their Content-Length says
 NO_BODY_STATUS: Final = frozenset({204, 304})
 _APP_ID: Final = APP_ID_HEADER.lower().encode()
+USER_ID_HEADER: Final = "X-Os-User-Id"
+USER_NAME_HEADER: Final = "X-Os-User-Name"
+USER_ROLE_HEADER: Final = "X-Os-User-Role"
 #: what a decoded path keeps as is when it becomes a request target again (RFC 3986 pchar and /)
 PATH_SAFE: Final = "/:@!$&'()*+,;=-._~"
 
@@ -60,12 +63,16 @@ async def forward_page(
     kind: str,
     app_id: str,
     transform_html: HtmlTransform | None = None,
+    looking: Headers | None = None,
 ) -> Response:
-    """Send ``request`` to the app's server at ``path`` (query kept) and answer with its reply."""
+    """Send ``request`` to the app's server at ``path`` (query kept) and answer with its reply.
+    ``looking``: the `X-Os-User-*` headers naming who is looking (`user_headers`)."""
     inbound = Inbound(request.scope["headers"], PAGE)
     headers = inbound.forwarded
     headers.append((SECRET_HEADER.encode(), address.secret.encode("latin-1")))
     headers.append((KIND_HEADER.encode(), kind.encode("latin-1")))
+    if looking:
+        headers.extend(looking)
     query: bytes = request.scope.get("query_string", b"")
     target = quote(path, safe=PATH_SAFE).encode("ascii") + (b"?" + query if query else b"")
     body = await request_body(request)
@@ -89,6 +96,21 @@ async def forward_page(
         upstream.release()
         raise UpstreamFailed(f"the server of {app_id} answered as {claimed.decode('latin-1')!r}")
     return _PageResponse(upstream, request.method, app_id, transform_html)
+
+
+def user_headers(user_id: str, name: str, role: str) -> Headers:
+    """`X-Os-User-Id`, `X-Os-User-Name` and `X-Os-User-Role` of a page request: who is looking
+    and what they may do with the instance (`owner`, `editor`, `viewer`). A name is any text, a
+    header value is bytes: printable ASCII but `%` passes as it is, every other byte of its UTF-8
+    is `%XX` (percent-decoding gives the name back)."""
+    encoded = "".join(
+        chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in name.encode()
+    )
+    return [
+        (USER_ID_HEADER.encode(), user_id.encode("ascii")),
+        (USER_NAME_HEADER.encode(), encoded.encode("ascii")),
+        (USER_ROLE_HEADER.encode(), role.encode("ascii")),
+    ]
 
 
 class _PageResponse(Response):

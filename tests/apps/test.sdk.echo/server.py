@@ -62,6 +62,23 @@ def activities_route(request: Request) -> dict[str, object]:
     return dict(app.activities)
 
 
+@app.route("*", "/whoami")
+def whoami(request: Request) -> dict[str, object]:
+    """A page that says who is looking: the X-Os-* headers as the app got them (each with all its
+    values) and the SDK's reading of them."""
+    user = request.user
+    return {
+        "method": request.method,
+        "kind": request.kind,
+        "headers": {
+            name: request.headers.get_all(name)
+            for name in dict.fromkeys(request.headers.keys())
+            if name.lower().startswith("x-os-user")
+        },
+        "user": None if user is None else {"id": user.id, "name": user.name, "role": user.role},
+    }
+
+
 @app.route("GET", "/raise")
 def raise_route(request: Request) -> None:
     raise RuntimeError("echo: raised on purpose")
