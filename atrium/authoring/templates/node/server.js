@@ -44,6 +44,22 @@ function error(res, status, code, message) {
   send(res, status, {error: {code, message}});
 }
 
+function escapeHtml(text) {
+  return text.replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
+}
+
+// The page, greeting who is looking: the shell names them on every page request (X-Os-User-Id,
+// X-Os-User-Name percent-encoded UTF-8, X-Os-User-Role: owner, or viewer/editor for a user the
+// instance was shared with).
+function pageFor(req) {
+  const id = req.headers["x-os-user-id"];
+  if (!id) return PAGE;
+  let name = req.headers["x-os-user-name"] || id;
+  try { name = decodeURIComponent(name); } catch { /* kept as sent */ }
+  const who = `<p class="status" id="who">Hello, ${escapeHtml(name)}</p>`;
+  return Buffer.from(PAGE.toString().replace("<!--os-user-->", () => who));
+}
+
 function load() {
   try {
     const items = JSON.parse(fs.readFileSync(path.join(DATA_DIR, "items.json"), "utf8"));
@@ -121,7 +137,7 @@ function route(req, res, raw) {
   }
   if (url === PROVIDER) return items(req, res, raw);
   if (url === "/" && (req.method === "GET" || req.method === "HEAD")) {
-    return send(res, 200, PAGE, "text/html; charset=utf-8");
+    return send(res, 200, pageFor(req), "text/html; charset=utf-8");
   }
   return error(res, 404, "not_found", `no route for ${req.method} ${url}`);
 }

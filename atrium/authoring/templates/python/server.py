@@ -14,6 +14,7 @@ rest; docs/authoring.md is the contract it meets for you.
 from __future__ import annotations
 
 import fcntl
+import html
 import json
 import os
 import threading
@@ -60,7 +61,11 @@ def add(text: str) -> dict[str, str]:
 
 @app.route("GET", "/")
 def page(request: Request) -> Response:
-    return Response.html(PAGE)
+    # the shell names who is looking on every page request: the owner, or a user the instance
+    # was shared with (`user.role` is then `viewer` or `editor`; a viewer's changes never arrive)
+    user = request.user
+    who = f'<p class="status" id="who">Hello, {html.escape(user.name)}</p>' if user else ""
+    return Response.html(PAGE.replace("<!--os-user-->", who, 1))
 
 
 @app.provider("/items")

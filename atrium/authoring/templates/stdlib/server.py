@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import fcntl
 import hmac
+import html
 import json
 import os
 import sys
 import threading
+import urllib.parse
 import urllib.request
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -83,6 +86,18 @@ def notify_change(path: str) -> None:
         print(f"notify_change {path} failed: {err}", file=sys.stderr)
 
 
+def page(headers: Message) -> bytes:
+    """The page, greeting who is looking: the shell names them on every page request
+    (`X-Os-User-Id`, `X-Os-User-Name` percent-encoded UTF-8, `X-Os-User-Role`: `owner`, or
+    `viewer`/`editor` for a user the instance was shared with)."""
+    user_id = headers.get("X-Os-User-Id")
+    if not user_id:
+        return PAGE
+    name = urllib.parse.unquote(headers.get("X-Os-User-Name") or user_id, errors="replace")
+    who = f'<p class="status" id="who">Hello, {html.escape(name)}</p>'
+    return PAGE.replace(b"<!--os-user-->", who.encode(), 1)
+
+
 class Handler(BaseHTTPRequestHandler):
     """One connection from the shell: the secret first, then the route."""
 
@@ -127,7 +142,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == PROVIDER:
             self.items(body)
         elif path == "/" and self.command in ("GET", "HEAD"):
-            self.send(200, PAGE, "text/html; charset=utf-8")
+            self.send(200, page(self.headers), "text/html; charset=utf-8")
         else:
             self.error(404, "not_found", f"no route for {self.command} {path}")
 

@@ -33,6 +33,10 @@ def test_the_app_meets_the_contract(shell: RunningShell) -> None:
 def test_items_are_shared_announced_and_kept(shell: RunningShell) -> None:
     shell.install(APP_DIR)
     instance = shell.launch(APP_ID)
+    # the page greets whoever is looking: the shell names them on every page request
+    page = shell.request("GET", f"/api/proxy/{instance['instanceId']}/")
+    assert page.status_code == 200, page.text
+    assert '<p class="status" id="who">Hello, ' in page.text
     with shell.watch("data:changed", dataPath=f"{APP_ID}/items") as events:
         added = shell.request("POST", ITEMS, json={"text": "milk"})
         assert added.status_code == 201, added.text
