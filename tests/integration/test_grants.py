@@ -295,3 +295,15 @@ def test_grants_are_kept_across_a_restart_and_go_with_their_user(
     second.stop()
     third = start_shell()
     assert [g.user_id for g in third.shell.grants.of_instance(owner, instance_id)] == ["bob"]
+
+
+def test_a_disabled_grantees_views_close_at_their_next_request(
+    echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
+) -> None:
+    instance_id = launch(api)
+    grant(api, instance_id, "bob", "editor")
+    with closing(view_client(echo_shell, bob, instance_id)) as page:
+        assert page.get("/whoami").status_code == 200
+        echo_shell.on_loop(echo_shell.shell.users.update("bob", disabled=True))
+        assert page.get("/whoami").status_code == 401
+        assert page.get("/_os/api/instances").status_code == 401
