@@ -4,6 +4,11 @@ Every event the shell publishes is one of the payload classes below, built where
 turned into wire JSON in one place (`wire`: field names in camelCase, ``from_`` as ``from``).
 Readers on the bus get the same object back (`atrium.bus.Event.data`) and match on its class, so
 mypy checks both ends; a test holds the table in docs/api.md to these classes.
+
+Every payload has an ``owner``: the user the event belongs to, or None for the platform's own. It is
+a keyword (``KvChanged(namespace, key, owner=user)``) and not part of the wire payload: the event
+stream uses it to decide who hears the event (`atrium.api.events.change_filter`), the same rule
+for live events and replay.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Final
 
@@ -45,10 +50,16 @@ class Payload:
     """What one event says; ``TOPIC`` is its topic."""
 
     TOPIC: ClassVar[str]
+    #: the user this event belongs to (their instance, their KV row, their theme); None: the
+    #: platform's, heard by every stream its other rules admit
+    owner: str | None = field(default=None, kw_only=True)
 
     def wire(self) -> dict[str, Any]:
-        """The wire JSON of the payload (without ``type``, which the bus adds)."""
-        return {_camel(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The wire JSON of the payload (without ``type``, which the bus adds, and without the
+        ``owner``, which decides who hears it)."""
+        return {
+            _camel(f.name): getattr(self, f.name) for f in dataclasses.fields(self) if not f.kw_only
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +233,19 @@ class GrantAdded(Payload):
     grant_id: str
     instance_id: str
     app_id: str
-    owner: str
     user: str
     role: str
+
+    def wire(self) -> dict[str, Any]:
+        # the instance's owner is part of this payload (the grantee learns whose instance it is)
+        return {
+            "grantId": self.grant_id,
+            "instanceId": self.instance_id,
+            "appId": self.app_id,
+            "owner": self.owner,
+            "user": self.user,
+            "role": self.role,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +257,18 @@ class GrantRevoked(Payload):
     grant_id: str
     instance_id: str
     app_id: str
-    owner: str
     user: str
     view_ids: list[str]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "grantId": self.grant_id,
+            "instanceId": self.instance_id,
+            "appId": self.app_id,
+            "owner": self.owner,
+            "user": self.user,
+            "viewIds": self.view_ids,
+        }
 
 
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")

@@ -74,16 +74,21 @@ def parse_data_path(raw: str | None) -> tuple[str, str] | None:
 def change_filter(
     shell: Shell, caller: Caller, watched: tuple[str, str] | None
 ) -> Callable[[Event], bool] | None:
-    """Who hears which `data:changed` (docs/api.md "Change notifications"): the user every one,
-    an app only those under paths it may read; ``watched`` narrows to one subtree. A grant's
-    events reach the grantee and the instance's owner only, never an app. Other topics pass."""
+    """Who hears what (docs/api.md "Event stream"). An event with an owner reaches that user's
+    streams and their apps' only; the platform's (no owner) reach everyone. Of `data:changed`
+    the user hears every one, an app only those under paths it may read; ``watched`` narrows to
+    one subtree. A grant's events reach the grantee and the instance's owner only, never an app.
+    The same test runs on replayed events."""
     app = caller if isinstance(caller, AppCaller) else None
     user = caller.user_id if isinstance(caller, UserCaller) else None
+    hearer = user if app is None else app.owner
 
     def admit(event: Event) -> bool:
         change = event.data
         if isinstance(change, GrantAdded | GrantRevoked):
             return user is not None and user in (change.user, change.owner)
+        if change is not None and change.owner is not None and change.owner != hearer:
+            return False
         if not isinstance(change, DataChanged):
             return True
         if watched is not None and (

@@ -64,7 +64,12 @@ async def add_grant(request: Request, caller: Caller) -> Response:
     )
     shell.bus.emit(
         GrantAdded(
-            grant.id, instance.id, instance.app_id, instance.owner, grantee.id, grant.role.value
+            grant.id,
+            instance.id,
+            instance.app_id,
+            grantee.id,
+            grant.role.value,
+            owner=instance.owner,
         )
     )
     return JSONResponse(_wire(shell, grant), status_code=201 if new else 200)
@@ -82,7 +87,9 @@ async def revoke_grant(request: Request, caller: Caller) -> Response:
     await shell.grants.revoke(grant)
     closed = await shell.lifecycle.views.release_user(instance.id, grant.user_id)
     shell.bus.emit(
-        GrantRevoked(grant.id, instance.id, instance.app_id, instance.owner, grant.user_id, closed)
+        GrantRevoked(
+            grant.id, instance.id, instance.app_id, grant.user_id, closed, owner=instance.owner
+        )
     )
     return JSONResponse({"ok": True, "grantId": grant.id, "closedViews": len(closed)})
 

@@ -56,7 +56,14 @@ class Activities:
         )
         instance.activities[activity_id] = activity
         self._bus.emit(
-            ActivityOpened(instance.id, instance.app_id, activity.id, activity.path, activity.title)
+            ActivityOpened(
+                instance.id,
+                instance.app_id,
+                activity.id,
+                activity.path,
+                activity.title,
+                owner=instance.owner,
+            )
         )
         return activity
 

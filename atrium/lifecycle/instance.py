@@ -120,14 +120,18 @@ class Instance:
     def report_error(self, current: InstanceState, target: InstanceState, message: str) -> None:
         """Announce a failed move: `app:lifecycle.error {instanceId, appId, from, to, message}`."""
         _LOGGER.warning("%s %s: %s → %s failed: %s", self.app_id, self.id, current, target, message)
-        self.bus.emit(AppLifecycleError(self.id, self.app_id, current.value, target.value, message))
+        self.bus.emit(
+            AppLifecycleError(
+                self.id, self.app_id, current.value, target.value, message, owner=self.owner
+            )
+        )
 
     def mark_crashed(self, exit_code: int) -> None:
         """A running child died: go to `error` without the table check (docs/api.md "States")."""
         previous = self._state
         self.error = f"crashed with exit status {exit_code} in state {previous}"
         self._set(S.ERROR)
-        self.bus.emit(AppCrashed(self.id, self.app_id, exit_code, previous.value))
+        self.bus.emit(AppCrashed(self.id, self.app_id, exit_code, previous.value, owner=self.owner))
 
     def force_installed(self) -> None:
         """Kill without hooks: any state → `installed` (decisions.md "Lifecycle")."""
@@ -136,7 +140,9 @@ class Instance:
     def _set(self, target: InstanceState) -> None:
         previous, self._state = self._state, target
         _LOGGER.info("%s %s: %s → %s", self.app_id, self.id, previous, target)
-        self.bus.emit(AppState(self.id, self.app_id, previous.value, target.value))
+        self.bus.emit(
+            AppState(self.id, self.app_id, previous.value, target.value, owner=self.owner)
+        )
 
     def wire(
         self, *, for_app: bool = False, pooled: bool = False, wake: dict[str, Any] | None = None
