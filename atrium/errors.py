@@ -8,6 +8,7 @@ unit test keeps the two together::
     ├── InvalidRequest                  400 bad_request            (problems)
     │   └── BadRef                      400 bad_ref                (ref, accepted)
     ├── Unauthenticated                 401 unauthenticated
+    │   └── BadCredentials              401 bad_credentials
     ├── Forbidden                       403 (abstract)
     │   ├── PermissionDenied            403 permission_denied      (callerAppId, permission)
     │   ├── CallerMismatch              403 caller_mismatch        (claimed, actual)
@@ -19,6 +20,9 @@ unit test keeps the two together::
     ├── Conflict                        409 (abstract)
     │   ├── LifecycleTransitionError    409 illegal_transition     (instanceId, from, to)
     │   ├── NotServing                  409 not_serving            (instanceId, appId, state)
+    │   ├── LastAdmin                   409 last_admin             (user)
+    │   ├── BootstrapAdmin              409 bootstrap_admin        (user)
+    │   ├── UserExists                  409 user_exists            (user)
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
@@ -28,6 +32,7 @@ unit test keeps the two together::
     ├── MisdirectedRequest              421 misdirected_request    (host)
     ├── ManifestInvalid                 422 invalid_manifest       (appId, problems)
     ├── ExportTooLarge                  422 export_too_large       (appId, path, bytes, limit)
+    ├── TooManyAttempts                 429 too_many_attempts      (retryAfter; Retry-After)
     ├── HeadersTooLarge                 431 headers_too_large      (limit)
     ├── BadGateway                      502 (abstract)
     │   ├── UpstreamFailed              502 upstream_failed
@@ -109,6 +114,16 @@ class Unauthenticated(AtriumError):
 
     code = "unauthenticated"
     http_status = 401
+
+
+class BadCredentials(Unauthenticated):
+    """A password sign-in that failed: unknown user, disabled user, no password or a wrong one,
+    all answered alike so that the answer tells no one which."""
+
+    code = "bad_credentials"
+
+    def __init__(self) -> None:
+        super().__init__("the user name or password is wrong")
 
 
 class Forbidden(AtriumError):
@@ -215,6 +230,13 @@ class LastAdmin(Conflict):
     """The change would leave no enabled admin."""
 
     code = "last_admin"
+
+
+class BootstrapAdmin(Conflict):
+    """The bootstrap admin (``ATRIUM_USER``, whose token is ``run/token``) cannot be deleted:
+    the shell would make them again at its next start."""
+
+    code = "bootstrap_admin"
 
 
 class UserExists(Conflict):
@@ -364,6 +386,24 @@ class MisdirectedRequest(AtriumError):
 
     def __init__(self, message: str, *, host: str | None = None) -> None:
         super().__init__(message, host=host)
+
+
+class TooManyAttempts(AtriumError):
+    """Too many failed sign-ins for one account from one address within the window."""
+
+    code = "too_many_attempts"
+    http_status = 429
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            f"too many failed sign-ins for this account from this address; try again in "
+            f"{retry_after} s",
+            retryAfter=retry_after,
+        )
+        self.retry_after = retry_after
+
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class HeadersTooLarge(AtriumError):

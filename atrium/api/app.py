@@ -22,6 +22,7 @@ from atrium.api import (
     scopes,
     theme,
     tools,
+    users,
 )
 from atrium.api.errors import (
     InternalErrorMiddleware,
@@ -142,6 +143,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *theme.routes,
             *publish.routes,
             *dist.routes,
+            *users.routes,
             *openapi.routes,
         ],
         middleware=[Middleware(InternalErrorMiddleware)],

@@ -35,7 +35,21 @@ def shell_url() -> str:
         return DEFAULT_URL
 
 
+#: the token given with `atrium --token …`, which wins over ``ATRIUM_TOKEN`` and ``run/token``
+_given_token: str | None = None
+
+
+def use_token(token: str | None) -> None:
+    """The root command's ``--token``: every command of this run calls the shell with it."""
+    global _given_token
+    _given_token = token or None
+
+
 def user_token() -> str | None:
+    """``--token``, else ``ATRIUM_TOKEN`` (a personal token, or the bootstrap admin's), else the
+    bootstrap token the running shell wrote to ``$ATRIUM_HOME/run/token``."""
+    if _given_token:
+        return _given_token
     if token := os.environ.get("ATRIUM_TOKEN"):
         return token
     try:

@@ -7,7 +7,8 @@ import json
 import typer
 
 from atrium import __version__
-from atrium.cli import authoring, commands, dev, dist, intents, lifecycle
+from atrium.cli import authoring, commands, dev, dist, intents, lifecycle, users
+from atrium.cli.client import use_token
 from atrium.cli.doctor import doctor
 from atrium.cli.publish import publish
 from atrium.cli.serve import serve
@@ -51,8 +52,23 @@ app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")
 app.add_typer(intents.intent_app, name="intent")
 app.add_typer(theme_app, name="theme")
+app.add_typer(users.users_app, name="users")
+app.add_typer(users.tokens_app, name="tokens")
 app.command()(publish)
 app.command()(doctor)
+
+
+@app.callback()
+def root(
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        help="call the shell with this token (a personal token or the bootstrap one); "
+        "default: $ATRIUM_TOKEN, else $ATRIUM_HOME/run/token",
+    ),
+) -> None:
+    """Atrium, an application platform shell."""
+    use_token(token)
 
 
 @app.command()

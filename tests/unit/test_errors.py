@@ -252,6 +252,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
     errors.LastAdmin: lambda: errors.LastAdmin("the last admin", user="ada"),
     errors.UserExists: lambda: errors.UserExists("exists", user="ada"),
+    errors.BootstrapAdmin: lambda: errors.BootstrapAdmin("the bootstrap admin", user="default"),
+    errors.BadCredentials: errors.BadCredentials,
+    errors.TooManyAttempts: lambda: errors.TooManyAttempts(60),
     errors.IdentityLinked: lambda: errors.IdentityLinked(
         "linked", issuer="https://id.example", subject="s1"
     ),

@@ -1,0 +1,70 @@
+"""What disabling or deleting an account does beyond its row: the user's instances stop, and a
+deleted user's scope is set aside in ``lost+found`` (decisions.md "Users: accounts and sign-in").
+Nothing of a user is ever deleted from disk here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from atrium.files import sync_dir
+from atrium.lifecycle.instance import Instance
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class InstanceDoor(Protocol):
+    """The part of the lifecycle manager that ends instances (`DELETE /api/instances/{id}`)."""
+
+    def all(self) -> list[Instance]: ...
+
+    async def remove(self, instance_id: str, *, force: bool = False) -> str | None: ...
+
+
+async def stop_instances_of(lifecycle: InstanceDoor, user_id: str) -> list[str]:
+    """End every live instance ``user_id`` owns, through the same door as
+    `DELETE /api/instances/{id}` (orderly, forced when a hook fails); their ids."""
+    ids = [i.id for i in lifecycle.all() if i.owner == user_id]
+    for instance_id in ids:
+        problem = await lifecycle.remove(instance_id)
+        if problem is not None:
+            _LOGGER.info(
+                "instance %s of user %s ended without its hooks: %s", instance_id, user_id, problem
+            )
+    return ids
+
+
+def user_scope(home: Path, user_id: str) -> Path:
+    return home / "scopes" / "users" / user_id
+
+
+def lost_and_found(home: Path, user_id: str, stamp: datetime | None = None) -> Path:
+    """``lost+found/users/<id>-<stamp>/``; a numbered suffix if that moment was taken."""
+    moment = (stamp or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    base = home / "lost+found" / "users"
+    target = base / f"{user_id}-{moment}"
+    n = 0
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = base / f"{user_id}-{moment}.{n}"
+    return target
+
+
+def _set_aside(home: Path, user_id: str) -> Path | None:
+    scope = user_scope(home, user_id)
+    if not scope.exists() and not scope.is_symlink():
+        return None
+    target = lost_and_found(home, user_id)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    scope.rename(target)  # same file system: one rename, never a copy and a delete
+    sync_dir(target.parent)
+    sync_dir(scope.parent)
+    return target
+
+
+async def set_aside_scope(home: Path, user_id: str) -> Path | None:
+    """Move ``scopes/users/<id>/`` to lost+found (None when the user had no scope folder)."""
+    return await asyncio.to_thread(_set_aside, home, user_id)

@@ -1,0 +1,78 @@
+"""How many failed password sign-ins one (account, address) pair may make (decisions.md "Users:
+accounts and sign-in"). Pure: the caller gives the time.
+
+After `LIMIT` failures for one account from one address within `WINDOW` seconds, that pair is
+refused until the oldest of those failures leaves the window. Only the pair: the same account from
+another address, or another account from this address, signs in as before, so whoever guesses
+cannot keep the real user out for longer than the window. The account is the name as typed, known
+or not, so the refusal tells nothing of whether it exists.
+
+The memory is bounded: at most `MAX_PAIRS` pairs are remembered, each with at most `LIMIT` times.
+When full, pairs whose failures all left the window go first, then the least recently failed. A
+client that sprays names to push its own pair out must make `MAX_PAIRS` failed sign-ins, each a full
+password verification (at most a few run at once), which takes longer than the window itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from typing import Final
+
+LIMIT: Final = 5
+WINDOW: Final = 60.0
+MAX_PAIRS: Final = 10_000
+#: the longest account name remembered (longer ones are cut: they cannot be users anyway)
+MAX_ACCOUNT: Final = 64
+
+Pair = tuple[str, str]
+
+
+class SignInThrottle:
+    """Failed sign-ins by (account, address), newest last."""
+
+    def __init__(
+        self, limit: int = LIMIT, window: float = WINDOW, max_pairs: int = MAX_PAIRS
+    ) -> None:
+        self._limit = limit
+        self._window = window
+        self._max_pairs = max_pairs
+        self._failures: OrderedDict[Pair, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    @staticmethod
+    def pair(account: str, address: str) -> Pair:
+        return account[:MAX_ACCOUNT], address
+
+    def retry_after(self, account: str, address: str, now: float) -> int | None:
+        """Whole seconds until the pair may try again, or None when it may now."""
+        times = self._failures.get(self.pair(account, address))
+        if times is None or len(times) < self._limit:
+            return None
+        left = times[0] + self._window - now
+        if left <= 0:
+            return None
+        return max(1, math.ceil(left))
+
+    def failed(self, account: str, address: str, now: float) -> None:
+        key = self.pair(account, address)
+        times = self._failures.pop(key, None)
+        if times is None:
+            times = deque(maxlen=self._limit)
+            self._make_room(now)
+        times.append(now)
+        self._failures[key] = times  # the most recently failed pair is last
+
+    def succeeded(self, account: str, address: str) -> None:
+        self._failures.pop(self.pair(account, address), None)
+
+    def _make_room(self, now: float) -> None:
+        if len(self._failures) < self._max_pairs:
+            return
+        stale = [k for k, t in self._failures.items() if t[-1] + self._window <= now]
+        for key in stale:
+            del self._failures[key]
+        while len(self._failures) >= self._max_pairs:
+            self._failures.popitem(last=False)
