@@ -92,6 +92,20 @@ def identify_raw(
     return Anonymous()
 
 
+def still_signed_in(shell: Shell, caller: UserCaller) -> bool:
+    """Whether the credential ``caller`` was identified by would still identify them: their
+    account is enabled and their session or personal token has not ended (a long request, an
+    event stream, asks when the user's sign-ins change)."""
+    user = shell.users.get(caller.user_id)
+    if user is None or user.disabled:
+        return False
+    if caller.session_id is not None:
+        return shell.users.has_session(user.id, caller.session_id)
+    if caller.token_id is not None:
+        return shell.users.has_token(user.id, caller.token_id)
+    return True
+
+
 def check_cookie_origin(request: Request, shell: Shell) -> None:
     """A cookie-authenticated change must come from the host page's own origin."""
     if request.method in SAFE_METHODS:

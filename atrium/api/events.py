@@ -17,7 +17,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from atrium.api.auth import Access, authorize, identify
+from atrium.api.auth import Access, authorize, identify, still_signed_in
 from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
@@ -135,18 +135,39 @@ async def serve_events(
     sub = shell.bus.subscribe(globs, last_id, on_drop=abort_of(scope), admit=admit)
     if client is not None:
         shell.presence.connected(client)
+    signed_out = _end_when_signed_out(shell, caller, sub)
     watcher = asyncio.create_task(_until_disconnect(receive, shell, sub), name="sse disconnect")
     try:
         await _stream(sub, send)
     except OSError:
         pass  # the client went away mid-write
     finally:
+        if signed_out is not None:
+            shell.users.on_change.remove(signed_out)
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         shell.bus.unsubscribe(sub)
         if client is not None:
             shell.presence.disconnected(client)
+
+
+def _end_when_signed_out(
+    shell: Shell, caller: Caller, sub: Subscription
+) -> Callable[[str], None] | None:
+    """A user's stream ends as soon as the credential it was opened with stops identifying them
+    (disabled, deleted, signed out, session or token ended): the check other requests make at
+    their start, made for a request that lasts. The callback is the store's to call."""
+    if not isinstance(caller, UserCaller):
+        return None
+    user_caller = caller
+
+    def changed(user_id: str) -> None:
+        if user_id == user_caller.user_id and not still_signed_in(shell, user_caller):
+            shell.bus.unsubscribe(sub)
+
+    shell.users.on_change.append(changed)
+    return changed
 
 
 def abort_of(scope: Scope) -> Callable[[], object] | None:

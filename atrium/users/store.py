@@ -113,7 +113,8 @@ class UserStore:
         self._tokens: dict[str, Token] = {}  # by hash
         self._identities: dict[tuple[str, str], Identity] = {}
         self._seen_written: dict[str, datetime] = {}
-        #: called with a user id when that user's sign-ins and tokens end or change role
+        #: called with a user id when any of that user's sign-ins or tokens ends, or their role
+        #: or disabled flag changes
         self.on_change: list[Callable[[str], None]] = []
 
     # ---- opening -------------------------------------------------------------------------
@@ -440,6 +441,12 @@ class UserStore:
             return None
         return user, token
 
+    def has_session(self, user_id: str, session_id: str) -> bool:
+        return any(s.id == session_id and s.user_id == user_id for s in self._sessions.values())
+
+    def has_token(self, user_id: str, token_id: str) -> bool:
+        return any(t.id == token_id and t.user_id == user_id for t in self._tokens.values())
+
     def tokens_of(self, user_id: str) -> list[Token]:
         found = [t for t in self._tokens.values() if t.user_id == user_id]
         return sorted(found, key=lambda t: t.created_at)
@@ -449,6 +456,7 @@ class UserStore:
             if token.id == token_id and token.user_id == user_id:
                 await self._commit(("DELETE FROM tokens WHERE id = ?", (token_id,)))
                 self._tokens.pop(key, None)
+                self._changed(user_id)
                 return True
         return False
 
@@ -476,6 +484,17 @@ class UserStore:
         )
         self._identities[(issuer, subject)] = identity
         return identity
+
+    async def unlink(self, issuer: str, subject: str, user_id: str) -> bool:
+        """Remove ``user_id``'s link to the identity; False when they have no such link."""
+        existing = self._identities.get((issuer, subject))
+        if existing is None or existing.user_id != user_id:
+            return False
+        await self._commit(
+            ("DELETE FROM identities WHERE issuer = ? AND subject = ?", (issuer, subject))
+        )
+        self._identities.pop((issuer, subject), None)
+        return True
 
 
 def _name(name: str) -> str:

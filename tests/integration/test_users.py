@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atrium.cli.main import app
-from tests.integration.conftest import RunningShell
+from tests.integration.conftest import DEADLINE, RunningShell, SseReader
 
 pytestmark = pytest.mark.integration
 
@@ -317,3 +317,31 @@ def test_a_personal_token_cannot_widen_its_own_reach(
         )
         error(leaked.put("/api/me/password", json={"password": PASSWORD}), 403, "permission_denied")
     assert shell.shell.users.password_hash("bob") is None
+
+
+def test_an_open_event_stream_ends_with_the_sign_in_it_was_opened_with(
+    shell: RunningShell, api: httpx.Client
+) -> None:
+    """Disabling a user, deleting their token or ending their session ends their streams too:
+    an open stream is not a way to keep hearing after the credential ended."""
+    dave = shell.add_user("dave")
+    spare = shell.add_user("erin")
+    with shell.client(dave) as by_token, shell.client(spare) as other:
+        disabled = SseReader(by_token)
+        deleted = SseReader(other)
+        assert api.patch("/api/users/dave", json={"disabled": True}).status_code == 200
+        assert disabled.ended.wait(DEADLINE), "a disabled user's stream went on"
+        (token,) = other.get("/api/tokens").json()
+        second = other.post("/api/tokens", json={"name": "second"}).json()["token"]
+        with shell.client(second) as kept:
+            still = SseReader(kept)
+            assert other.delete(f"/api/tokens/{token['id']}").status_code == 200
+            assert deleted.ended.wait(DEADLINE), "a deleted token's stream went on"
+            assert not still.ended.is_set()  # the user's other token streams on
+    with shell.anonymous(headers={"Origin": shell.url}) as page:
+        assert api.post("/api/users", json={"id": "fay", "password": PASSWORD}).status_code == 201
+        signed = page.post("/api/session", json={"user": "fay", "password": PASSWORD})
+        assert signed.status_code == 200, signed.text
+        by_cookie = SseReader(page)
+        assert page.delete("/api/session").status_code == 200
+        assert by_cookie.ended.wait(DEADLINE), "a signed-out cookie's stream went on"
