@@ -7,6 +7,7 @@ exactly like a missing one.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -27,7 +28,7 @@ from atrium.errors import (
     PermissionDenied,
     TooManyAttempts,
 )
-from atrium.identity import SESSION_COOKIE, Caller, UserCaller
+from atrium.identity import SESSION_COOKIE, AppCaller, Caller, UserCaller
 from atrium.shell import Shell
 from atrium.users.accounts import set_aside_scope, stop_instances_of
 from atrium.users.model import USER_ID_RULE, Role, SessionKind, User, valid_user_id
@@ -45,6 +46,15 @@ class SignIn:
     def __init__(self) -> None:
         self.passwords = Passwords()
         self.throttle = SignInThrottle()
+        self._dummy: asyncio.Future[bool] | None = None
+
+    async def ready(self) -> None:
+        """Make the dummy hash (`Passwords.verify(None, …)`) before the first check of any name:
+        made on demand by the first unknown name, it would make that answer one hash slower
+        than a known name's."""
+        if self._dummy is None:
+            self._dummy = asyncio.ensure_future(self.passwords.verify(None, "warm-up"))
+        await asyncio.shield(self._dummy)
 
     def check(self, account: str, address: str) -> None:
         """429 when the pair is over its limit; else count this attempt as failed until it
@@ -280,10 +290,15 @@ def check_sign_in_origin(request: Request, shell: Shell) -> None:
 async def sign_in(request: Request, caller: Caller) -> Response:
     """Password sign-in: the session cookie on success; one answer for every failure."""
     shell = shell_of(request)
+    if isinstance(caller, AppCaller):
+        raise PermissionDenied(
+            f"an app cannot sign anyone in (app {caller.app_id!r})", caller_app_id=caller.app_id
+        )
     check_sign_in_origin(request, shell)
     body = await read_model(request, SignInBody)
     address = address_of(request)
     limiter = sign_in_of(request)
+    await limiter.ready()
     limiter.check(body.user, address)
     user = shell.users.get(body.user)
     stored = None if user is None or user.disabled else shell.users.password_hash(user.id)

@@ -227,3 +227,25 @@ def test_signing_in_again_ends_the_sign_in_the_cookie_held(
         assert sign_in(page, "carol", PASSWORD).status_code == 200
         assert page.get("/api/me").json()["id"] == "carol"
     assert first not in [s.id for s in shell.shell.users.sessions_of("bob")]
+
+
+def test_the_dummy_check_is_ready_before_the_first_answer(shell: RunningShell, bob: str) -> None:
+    """The first unknown name must not take a hash longer than a known one (the dummy hash made
+    on demand): whichever sign-in comes first makes it, before its own check."""
+    with browser(shell) as page:
+        assert sign_in(page, "bob", PASSWORD).status_code == 200
+    sign_in_state = shell.server.app.state.sign_in
+    assert sign_in_state.passwords._dummy is not None
+
+
+def test_an_app_cannot_sign_anyone_in(shell: RunningShell, api: httpx.Client, bob: str) -> None:
+    started = api.post("/api/instances", json={"appId": "com.atrium.notes", "new": True})
+    assert started.status_code == 200, started.text
+    instance_id = started.json()["instanceId"]
+    token = next(
+        t for t, c in shell.shell.app_tokens._by_token.items() if c.instance_id == instance_id
+    )
+    with shell.client(token) as app_client:
+        answer = sign_in(app_client, "bob", PASSWORD)
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["code"] == "permission_denied"
