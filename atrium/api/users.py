@@ -47,6 +47,9 @@ class SignIn:
         self.passwords = Passwords()
         self.throttle = SignInThrottle()
         self._dummy: asyncio.Future[bool] | None = None
+        #: one account added or deleted at a time: each moves a scope folder aside, and an add
+        #: racing a delete of the same id must not move the other's folder
+        self.accounts = asyncio.Lock()
 
     async def ready(self) -> None:
         """Make the dummy hash (`Passwords.verify(None, …)`) before the first check of any name:
@@ -205,11 +208,12 @@ async def add_user(request: Request, caller: Caller) -> Response:
     hashed = (
         None if body.password is None else await sign_in_of(request).passwords.hash(body.password)
     )
-    if shell.users.get(body.id) is None:
-        await set_aside_scope(shell.settings.home, body.id)
-    user = await shell.users.add(body.id, body.name, body.role)
-    if hashed is not None:
-        await shell.users.set_password(user.id, hashed, end_sessions=False)
+    async with sign_in_of(request).accounts:
+        if shell.users.get(body.id) is None:
+            await set_aside_scope(shell.settings.home, body.id)
+        user = await shell.users.add(body.id, body.name, body.role)
+        if hashed is not None:
+            await shell.users.set_password(user.id, hashed, end_sessions=False)
     return JSONResponse(_wire(shell.users.require(user.id)), status_code=201)
 
 
@@ -256,9 +260,10 @@ async def delete_user(request: Request, caller: Caller) -> Response:
             "disable them instead",
             user=user_id,
         )
-    await shell.users.remove(user_id)
-    stopped = await stop_instances_of(shell.lifecycle, user_id)
-    moved = await set_aside_scope(shell.settings.home, user_id)
+    async with sign_in_of(request).accounts:
+        await shell.users.remove(user_id)
+        stopped = await stop_instances_of(shell.lifecycle, user_id)
+        moved = await set_aside_scope(shell.settings.home, user_id)
     return JSONResponse(
         {
             "ok": True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atrium.cli.main import app
-from tests.integration.conftest import DEADLINE, RunningShell, SseReader
+from tests.integration.conftest import DEADLINE, RunningShell, SseReader, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -345,3 +346,28 @@ def test_an_open_event_stream_ends_with_the_sign_in_it_was_opened_with(
         by_cookie = SseReader(page)
         assert page.delete("/api/session").status_code == 200
         assert by_cookie.ended.wait(DEADLINE), "a signed-out cookie's stream went on"
+
+
+def test_an_id_added_again_while_its_deletion_runs_keeps_its_new_folder(
+    shell: RunningShell, api: httpx.Client
+) -> None:
+    """A delete sets the scope aside after ending the user's instances; an add of the same id
+    arriving meanwhile must not have its new folder moved by the delete still running."""
+    shell.add_user("hana")
+    home = shell.settings.home
+    old = home / "scopes" / "users" / "hana" / "apps" / "old.txt"
+    old.parent.mkdir(parents=True)
+    old.write_text("before")
+    start_owned(shell, "hana")
+    with ThreadPoolExecutor(1) as pool:
+        deleting = pool.submit(api.delete, "/api/users/hana")
+        wait_for(lambda: shell.shell.users.get("hana") is None, "the account removed")
+        again = api.post("/api/users", json={"id": "hana"})
+        assert again.status_code == 201, again.text
+        new = home / "scopes" / "users" / "hana" / "apps" / "new.txt"
+        new.parent.mkdir(parents=True, exist_ok=True)
+        new.write_text("after")
+        assert deleting.result().status_code == 200
+    assert new.read_text() == "after"
+    moved = [p.read_text() for p in (home / "lost+found" / "users").glob("hana-*/apps/*.txt")]
+    assert moved == ["before"]
