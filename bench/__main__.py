@@ -16,6 +16,7 @@ from bench import (
     lifecycle,
     rollback,
     sdkload,
+    signin,
     soak,
     streaming,
     theme,
@@ -38,6 +39,7 @@ BENCHES = {
     "rollback": rollback.main,
     "authoring": authoring.main,
     "sdkload": sdkload.main,
+    "signin": signin.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}
