@@ -119,10 +119,33 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # a new bootstrap token ends the sign-ins its predecessor's login link made
         await users.end_link_sessions(keep=user_auth.link_key)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
-        kv = await stack.enter_async_context(KvStore.open(settings.kv_path, bus=bus))
+        kv = await stack.enter_async_context(
+            KvStore.open(settings.kv_path, bus=bus, user=settings.user)
+        )
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
         catalogue = await asyncio.to_thread(ThemeCatalogue.load, settings.home / "themes")
-        theme = await stack.enter_async_context(ThemeService(kv, bus, catalogue))
+        theme = await stack.enter_async_context(
+            ThemeService(kv, bus, catalogue, users=lambda: [u.id for u in users.all()])
+        )
+        kv_stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        for gone in await kv.set_aside_missing(lambda u: users.get(u) is not None, kv_stamp):
+            theme.forget(gone)
+        kv_tasks: set[asyncio.Task[None]] = set()
+
+        async def set_aside_kv(user_id: str) -> None:
+            try:
+                await kv.set_aside(user_id, datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
+            except Exception:  # the next start sets them aside (set_aside_missing)
+                _LOGGER.exception("setting aside the KV rows of removed user %r failed", user_id)
+            theme.forget(user_id)
+
+        def forget_kv(user_id: str) -> None:
+            if users.get(user_id) is None:  # removed, not only disabled: an id may be reused
+                task = asyncio.get_running_loop().create_task(set_aside_kv(user_id))
+                kv_tasks.add(task)
+                task.add_done_callback(kv_tasks.discard)
+
+        users.on_change.append(forget_kv)
         upstream = await stack.enter_async_context(UpstreamClient())
         tokens = AppTokens()
         runner = await asyncio.to_thread(load_runner, settings.runner)

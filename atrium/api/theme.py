@@ -13,13 +13,24 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
 from atrium.errors import InvalidRequest
-from atrium.identity import Caller
+from atrium.identity import AppCaller, Caller, UserCaller
+from atrium.kv import PLATFORM
 from atrium.theme.css import etag_matches
 from atrium.theme.model import ColorMode, theme_contrast
 from atrium.theme.prefs import ThemeService
 from atrium.wire import WireModel
 
 CSS_MODES = {"light": ColorMode.LIGHT, "dark": ColorMode.DARK}
+
+
+def viewer(caller: Caller) -> str:
+    """Whose theme a caller sees: a user their own, an app its owner's, a page nobody signed in
+    to the platform default (`PLATFORM`)."""
+    if isinstance(caller, UserCaller):
+        return caller.user_id
+    if isinstance(caller, AppCaller):
+        return caller.owner
+    return PLATFORM
 
 
 def _service(request: Request) -> ThemeService:
@@ -48,13 +59,13 @@ async def get_theme(request: Request, caller: Caller) -> Response:
 async def get_selection(request: Request, caller: Caller) -> Response:
     """The selection with the active theme, in the `theme:changed` payload's shape."""
     service = _service(request)
-    return JSONResponse(service.payload(await service.current()).wire())
+    return JSONResponse(service.payload(await service.current(viewer(caller))).wire())
 
 
 async def select(request: Request, caller: Caller) -> Response:
     body = await read_model(request, ThemeSelect)
     partial = body.model_dump(by_alias=True, exclude_none=True)
-    prefs = await _service(request).select(partial)
+    prefs = await _service(request).select(partial, viewer(caller))
     return JSONResponse(prefs.wire())
 
 
@@ -71,7 +82,7 @@ async def theme_css(request: Request, caller: Caller) -> Response:
             f"mode {raw_mode[:40]!r} is not light or dark; leave it out for the stored colour mode",
             problems=[{"field": "mode", "message": "must be light or dark"}],
         )
-    css = await _service(request).css(mode)
+    css = await _service(request).css(mode, viewer(caller))
     headers = {"ETag": css.etag, "Cache-Control": "no-cache"}
     if etag_matches(request.headers.get("if-none-match"), css.etag):
         return Response(status_code=304, headers=headers)

@@ -183,7 +183,7 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
     done += await asyncio.to_thread(spool.sweep, settings.home)
     problem, damaged = _kv_problem(settings.kv_path)
     if problem is not None and damaged:
-        kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp)
+        kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp, settings.user)
         done.append(
             f"{problem}: rebuilt with the {kept} rows still readable; original kept as {aside}"
         )

@@ -1,18 +1,22 @@
 """The theme selection (KV `os`/`theme`), `theme:changed`, the theme CSS and the HTML injection.
 
-One door for changes: the KV store. `ThemeService` registers a validator for `os`/`theme`, so
-every write there (a select, or a raw `PUT /api/kv/os/theme`) is merged with the stored selection
-and validated the same way, and it listens to `kv:changed`, so a raw write or delete of the key
-also emits `theme:changed` (once the new value is read back; only when the selection changed).
-`select` writes, updates the cached selection and publishes at once. A stored id that no longer
-names a theme of its slot's tone reads as that slot's default (decisions.md "Themes").
+Each user has their own selection (their KV row `os`/`theme`); a user without one has the
+platform's default (`global`/`theme`, written by an admin), and without that the catalogue's
+default. One door for changes: the KV store. `ThemeService` registers a validator for both keys,
+so every write there (a select, or a raw `PUT /api/kv/os/theme` or `/api/kv/global/theme`) is
+merged with the selection it replaces and validated the same way, and it listens to `kv:changed`,
+so a raw write or delete also emits `theme:changed` to each user whose selection changed (once the
+new value is read back). `select` writes, updates the cached selection and publishes at once. A
+stored id that no longer names a theme of its slot's tone reads as that slot's default
+(decisions.md "Themes", "Users: KV, events and theme").
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError, InvalidRequest, NotFound
 from atrium.events import KV_CHANGED, KvChanged, ThemeChanged
-from atrium.kv import KvStore
+from atrium.kv import GLOBAL, PLATFORM, KvStore
 from atrium.manifest import ThemeStrategy
 from atrium.theme.catalogue import CatalogueReport, ThemeCatalogue
 from atrium.theme.css import css_etag, theme_css
@@ -93,20 +97,36 @@ class ThemeService:
     a theme of the wrong tone for its slot, an unknown mode or field, or a non-string id.
     """
 
-    def __init__(self, kv: KvStore, bus: EventBus, catalogue: ThemeCatalogue) -> None:
+    def __init__(
+        self,
+        kv: KvStore,
+        bus: EventBus,
+        catalogue: ThemeCatalogue,
+        users: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
         self._kv = kv
         self._bus = bus
         self._catalogue = catalogue
-        self._selection: ThemePrefs | None = None
+        #: the ids of every user (who hears a change of the platform default)
+        self._users = users or (lambda: (kv.user,))
+        #: the platform default (`global`/`theme`, else the catalogue's)
+        self._global: ThemePrefs | None = None
+        #: the selections of the users who made their own
+        self._own: dict[str, ThemePrefs] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._unlisten: Callable[[], None] | None = None
-        self._snippets: dict[ThemeStrategy, bytes] = {}
+        self._snippets: dict[tuple[str | None, ThemeStrategy], bytes] = {}
         self._warned: set[tuple[str, str]] = set()
 
     async def __aenter__(self) -> Self:
-        self._selection = await self._read()
-        self._kv.add_validator(NAMESPACE, KEY, self._validate_write)
+        self._global = await self._read_global()
+        for user in await self._kv.owners(NAMESPACE, KEY):
+            entry = await self._kv.get(NAMESPACE, KEY, owner=user)
+            if entry is not None:
+                self._own[user] = self.resolve(entry.value)
+        self._kv.add_owned_validator(NAMESPACE, KEY, self._validate_write)
+        self._kv.add_owned_validator(GLOBAL, KEY, self._validate_write)
         self._unlisten = self._bus.listen((KV_CHANGED,), self._on_kv_changed)
         return self
 
@@ -129,10 +149,16 @@ class ThemeService:
 
     @property
     def selection(self) -> ThemePrefs:
-        """The selection as last read or written (synchronous, for the HTML transform)."""
-        if self._selection is None:
+        """The bootstrap admin's selection as last read or written (synchronous)."""
+        return self.selection_of(self._kv.user)
+
+    def selection_of(self, user: str) -> ThemePrefs:
+        """``user``'s selection as last read or written: their own, else the platform default
+        (``user`` `PLATFORM`: the platform default). Synchronous, for the HTML transform."""
+        if self._global is None:
             raise RuntimeError("the theme service is not open")
-        return self._selection
+        own = self._own.get(user)
+        return self._global if own is None else own
 
     def default_selection(self) -> ThemePrefs:
         """`auto` with the first light and the first dark theme of the catalogue."""
@@ -174,54 +200,84 @@ class ThemeService:
             resolved["colorMode"] = raw["colorMode"]
         return ThemePrefs.model_validate(resolved)
 
-    async def _read(self) -> ThemePrefs:
-        entry = await self._kv.get(NAMESPACE, KEY)
+    async def _read_global(self) -> ThemePrefs:
+        entry = await self._kv.get(GLOBAL, KEY)
         return self.resolve(None if entry is None else entry.value)
 
-    async def current(self) -> ThemePrefs:
-        """The stored selection, read from the KV store."""
-        return await self._read()
+    async def _read_own(self, user: str) -> ThemePrefs | None:
+        entry = await self._kv.get(NAMESPACE, KEY, owner=user)
+        return None if entry is None else self.resolve(entry.value)
 
-    def check(self, value: object) -> ThemePrefs:
-        """``value`` merged onto the current selection and validated (see `check_selection`)."""
-        return check_selection(value, self.selection, self._catalogue)
+    async def _read(self, user: str) -> ThemePrefs:
+        """``user``'s stored selection (their own, else the platform default; `PLATFORM`: the
+        platform default)."""
+        own = None if user == PLATFORM else await self._read_own(user)
+        return await self._read_global() if own is None else own
 
-    def _validate_write(self, value: object) -> dict[str, Any]:
-        return self.check(value).wire()
+    async def current(self, user: str | None = None) -> ThemePrefs:
+        """``user``'s stored selection, read from the KV store (None: the bootstrap admin's)."""
+        return await self._read(self._kv.user if user is None else user)
+
+    def check(self, value: object, user: str | None = None) -> ThemePrefs:
+        """``value`` merged onto ``user``'s current selection (None: the bootstrap admin's) and
+        validated (see `check_selection`)."""
+        current = self.selection_of(self._kv.user if user is None else user)
+        return check_selection(value, current, self._catalogue)
+
+    def _validate_write(self, value: object, owner: str) -> dict[str, Any]:
+        if owner == PLATFORM:  # the platform default replaces the platform default
+            return check_selection(value, self.selection_of(PLATFORM), self._catalogue).wire()
+        return self.check(value, owner).wire()
 
     # -- changing -----------------------------------------------------------------------------
 
-    async def select(self, partial: Mapping[str, object]) -> ThemePrefs:
-        """Merge ``partial`` onto the stored selection, write it in one transaction, publish
-        `theme:changed`; returns the stored selection."""
+    async def select(self, partial: Mapping[str, object], user: str | None = None) -> ThemePrefs:
+        """Merge ``partial`` onto ``user``'s selection (None: the bootstrap admin's), write it as
+        their own in one transaction, publish `theme:changed` to them; returns the selection."""
+        who = self._kv.user if user is None else user
         async with self._lock:
-            stored = await self._read()
-            entry = await self._kv.set(NAMESPACE, KEY, {**stored.wire(), **partial})
+            stored = await self._read(who)
+            entry = await self._kv.set(NAMESPACE, KEY, {**stored.wire(), **partial}, owner=who)
             prefs = ThemePrefs.model_validate(entry.value)
-            self._apply(prefs)
-            self._publish(prefs)
+            self._own[who] = prefs
+            self._snippets.clear()
+            self._publish(prefs, who)
             return prefs
 
     async def reload(self) -> CatalogueReport:
-        """Read the theme files again; `theme:changed` when the active themes changed."""
-        before = self._effective()
+        """Read the theme files again; `theme:changed` to each user whose active themes
+        changed."""
+        users = self._everyone()
+        before = {user: self._effective(user) for user in users}
         report = await asyncio.to_thread(self._catalogue.reload)
-        self._apply(await self._read())
-        if self._effective() != before:
-            self._publish(self.selection)
+        self._global = await self._read_global()
+        for user in tuple(self._own):
+            own = await self._read_own(user)
+            if own is None:
+                self._own.pop(user, None)
+            else:
+                self._own[user] = own
+        self._snippets.clear()
+        for user in users:
+            if self._effective(user) != before[user]:
+                self._publish(self.selection_of(user), user)
         return report
 
-    def _effective(self) -> tuple[ThemePrefs, Theme | None, Theme | None]:
-        prefs = self.selection
+    def forget(self, user: str) -> None:
+        """Drop a removed user's selection (their rows were set aside)."""
+        self._own.pop(user, None)
+        self._snippets.clear()
+
+    def _everyone(self) -> list[str]:
+        return sorted({*self._users(), *self._own})
+
+    def _effective(self, user: str) -> tuple[ThemePrefs, Theme | None, Theme | None]:
+        prefs = self.selection_of(user)
         return (
             prefs,
             self._catalogue.get(prefs.theme_id_light),
             self._catalogue.get(prefs.theme_id_dark),
         )
-
-    def _apply(self, prefs: ThemePrefs) -> None:
-        self._selection = prefs
-        self._snippets.clear()
 
     def payload(self, prefs: ThemePrefs) -> ThemeChanged:
         """The `theme:changed` payload (decisions.md "Themes"); in `auto` the server cannot know
@@ -237,36 +293,64 @@ class ThemeService:
             resolved_mode=None if mode is ColorMode.AUTO else mode.value,
         )
 
-    def _publish(self, prefs: ThemePrefs) -> None:
-        self._bus.emit(self.payload(prefs))
+    def _publish(self, prefs: ThemePrefs, user: str) -> None:
+        """`theme:changed` to ``user`` alone: another user's selection is not theirs to hear."""
+        payload = self.payload(prefs)
+        self._bus.emit(dataclasses.replace(payload, owner=user))
 
     def _on_kv_changed(self, event: Event) -> None:
         changed = event.data
-        if not isinstance(changed, KvChanged) or (changed.namespace, changed.key) != (
-            NAMESPACE,
-            KEY,
-        ):
+        if not isinstance(changed, KvChanged) or changed.key != KEY:
             return
-        task = asyncio.create_task(self._refresh(), name="theme selection refresh")
+        if changed.namespace == GLOBAL:
+            refresh = self._refresh_global()
+        elif changed.namespace == NAMESPACE and changed.owner is not None:
+            refresh = self._refresh_own(changed.owner)
+        else:
+            return
+        task = asyncio.create_task(refresh, name="theme selection refresh")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _refresh(self) -> None:
-        """Read back a write that did not come through `select` (raw KV write or delete)."""
+    async def _refresh_own(self, user: str) -> None:
+        """Read back a write of ``user``'s row that did not come through `select` (a raw KV
+        write or delete)."""
+        before = self.selection_of(user)
         try:
-            prefs = await self._read()
+            own = await self._read_own(user)
         except Exception:
             _LOGGER.exception("reading the theme selection back failed")
             return
-        if prefs != self._selection:
-            self._apply(prefs)
-            self._publish(prefs)
+        if own is None:
+            self._own.pop(user, None)
+        else:
+            self._own[user] = own
+        self._snippets.clear()
+        if self.selection_of(user) != before:
+            self._publish(self.selection_of(user), user)
+
+    async def _refresh_global(self) -> None:
+        """Read back the platform default; every user who has no selection of their own hears
+        the change."""
+        users = self._everyone()
+        before = {user: self.selection_of(user) for user in users}
+        try:
+            self._global = await self._read_global()
+        except Exception:
+            _LOGGER.exception("reading the platform theme default back failed")
+            return
+        self._snippets.clear()
+        for user in users:
+            if self.selection_of(user) != before[user]:
+                self._publish(self.selection_of(user), user)
 
     # -- serving ------------------------------------------------------------------------------
 
-    async def css(self, mode: ColorMode | None = None) -> ThemeCss:
-        """The CSS of the stored selection; ``mode`` (light or dark) forces one tone."""
-        prefs = await self._read()
+    async def css(self, mode: ColorMode | None = None, user: str | None = None) -> ThemeCss:
+        """The CSS of ``user``'s stored selection (None: the bootstrap admin's; `PLATFORM`: the
+        platform default, for a page nobody signed in to); ``mode`` (light or dark) forces one
+        tone."""
+        prefs = await self._read(self._kv.user if user is None else user)
         text = theme_css(
             self._catalogue.require(prefs.theme_id_light),
             self._catalogue.require(prefs.theme_id_dark),
@@ -274,11 +358,13 @@ class ThemeService:
         )
         return ThemeCss(text, css_etag(text))
 
-    def snippet(self, strategy: ThemeStrategy) -> bytes:
-        """The tags injected into an app page of ``strategy`` for the current selection."""
-        cached = self._snippets.get(strategy)
+    def snippet(self, strategy: ThemeStrategy, user: str | None = None) -> bytes:
+        """The tags injected into an app page of ``strategy`` for ``user``'s selection (None:
+        the bootstrap admin's)."""
+        who = self._kv.user if user is None else user
+        cached = self._snippets.get((who, strategy))
         if cached is None:
-            prefs = self.selection
+            prefs = self.selection_of(who)
             theme = self._catalogue.require(active_theme_id(prefs, None))
             cached = theme_snippet(
                 strategy,
@@ -286,19 +372,23 @@ class ThemeService:
                 color_mode=prefs.color_mode,
                 design_framework=theme.framework,
             )
-            self._snippets[strategy] = cached
+            self._snippets[(who, strategy)] = cached
         return cached
 
-    def html_transform(self, strategy: ThemeStrategy) -> HtmlTransform:
-        """The proxy's HTML transform for an app of ``strategy`` (reads the selection per page)."""
+    def html_transform(self, strategy: ThemeStrategy, user: str | None = None) -> HtmlTransform:
+        """The proxy's HTML transform for an app of ``strategy`` with ``user``'s selection
+        (read per page)."""
 
         def transform(body: bytes, content_type: str, content_encoding: str | None) -> bytes:
-            return transform_html(body, content_type, content_encoding, self.snippet(strategy))
+            return transform_html(
+                body, content_type, content_encoding, self.snippet(strategy, user)
+            )
 
         return transform
 
 
 def html_transform_for(instance: Instance, service: ThemeService) -> HtmlTransform | None:
     """The seam `AppOrigins(transform_html=…)` takes: the injection for the instance's
-    manifest `themeStrategy` with the current selection."""
-    return service.html_transform(instance.manifest.theme_strategy)
+    manifest `themeStrategy` with its owner's selection (the theme CSS its pages link is
+    answered for the same user, the app origin's caller)."""
+    return service.html_transform(instance.manifest.theme_strategy, instance.owner)

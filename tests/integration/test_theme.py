@@ -46,7 +46,7 @@ async def themes(tmp_path: Path) -> AsyncIterator[Themes]:
     user_dir.mkdir()
     async with (
         EventBus() as bus,
-        KvStore.open(tmp_path / "kv.sqlite3", bus=bus) as kv,
+        KvStore.open(tmp_path / "kv.sqlite3", bus=bus, user="default") as kv,
         ThemeService(kv, bus, ThemeCatalogue.load(user_dir)) as service,
     ):
         yield Themes(service, kv, bus, bus.subscribe((THEME_CHANGED,)), user_dir)
@@ -162,7 +162,10 @@ async def test_reload_adds_a_theme_and_a_vanished_selection_falls_back(themes: T
 
 
 async def test_a_stored_id_that_vanished_reads_as_the_default(tmp_path: Path) -> None:
-    async with EventBus() as bus, KvStore.open(tmp_path / "kv.sqlite3", bus=bus) as kv:
+    async with (
+        EventBus() as bus,
+        KvStore.open(tmp_path / "kv.sqlite3", bus=bus, user="default") as kv,
+    ):
         await kv.set("os", "theme", {**DEFAULT, "themeIdLight": "gone", "colorMode": "light"})
         async with ThemeService(kv, bus, ThemeCatalogue.load(None)) as service:
             assert service.selection.wire() == {**DEFAULT, "colorMode": "light"}

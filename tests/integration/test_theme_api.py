@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -37,6 +38,7 @@ from atrium.identity import AppTokens, UserAuth, new_token
 from atrium.kv import KvStore
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
+from atrium.users.store import UserStore
 from tests.integration.conftest import DEADLINE, wait_for
 from tests.unit.theme.samples import theme_data
 
@@ -51,6 +53,8 @@ class ThemeShell:
     app_tokens: AppTokens
     kv: KvStore
     theme: ThemeService
+    users: UserStore
+    settings: SimpleNamespace
     host_origins: frozenset[str] = frozenset()
 
 
@@ -75,7 +79,11 @@ class Server:
 def build_app(server: Server) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with EventBus() as bus, KvStore.open(server.home / "kv.sqlite3", bus=bus) as kv:
+        async with (
+            EventBus() as bus,
+            KvStore.open(server.home / "kv.sqlite3", bus=bus, user="default") as kv,
+            UserStore.open(server.home / "users.sqlite3", bootstrap_admin="default") as users,
+        ):
             catalogue = await asyncio.to_thread(ThemeCatalogue.load, server.home / "themes")
             async with ThemeService(kv, bus, catalogue) as theme:
 
@@ -83,7 +91,14 @@ def build_app(server: Server) -> Starlette:
                     server.events.append(dict(event.payload))
 
                 bus.listen((THEME_CHANGED,), record)
-                server.shell = ThemeShell(UserAuth(server.token), AppTokens(), kv, theme)
+                server.shell = ThemeShell(
+                    UserAuth(server.token),
+                    AppTokens(),
+                    kv,
+                    theme,
+                    users,
+                    SimpleNamespace(user="default"),
+                )
                 app.state.shell = server.shell
                 yield
 
