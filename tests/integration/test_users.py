@@ -371,3 +371,21 @@ def test_an_id_added_again_while_its_deletion_runs_keeps_its_new_folder(
     assert new.read_text() == "after"
     moved = [p.read_text() for p in (home / "lost+found" / "users").glob("hana-*/apps/*.txt")]
     assert moved == ["before"]
+
+
+def test_a_member_changes_their_own_password_with_the_cli(
+    shell: RunningShell, api: httpx.Client, cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = shell.add_user("ivan")
+    assert api.put("/api/users/ivan/password", json={"password": PASSWORD}).status_code == 200
+    monkeypatch.setenv("ATRIUM_TOKEN", token)
+    new = "ivan's own new password"
+    wrong = cli.invoke(app, ["users", "passwd", "ivan"], input=f"not it at all\n{new}\n{new}\n")
+    assert wrong.exit_code == 1
+    assert "permission_denied" in wrong.output
+    typed = f"{PASSWORD}\n{new}\n{new}\n"
+    assert run(cli, "users", "passwd", "ivan", "--json", input=typed)["id"] == "ivan"
+    with shell.anonymous() as script:
+        assert (
+            script.post("/api/session", json={"user": "ivan", "password": new}).status_code == 200
+        )
