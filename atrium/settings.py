@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from atrium.identity import MIN_TOKEN_LENGTH
 from atrium.users.model import USER_ID_RULE, valid_user_id
+from atrium.users.oidc import PROVIDERS_ACCEPTED, OidcProvider, check_unique
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -44,9 +45,10 @@ ACCEPTED: Final = {
     "stall_seconds": "a number of seconds greater than 0",
     "token": f"at least {MIN_TOKEN_LENGTH} characters, or unset for a new random token",
     "log_level": ", ".join(LOG_LEVELS),
+    "oidc_providers": PROVIDERS_ACCEPTED,
 }
-#: settings whose value is never repeated in a report
-SECRET: Final = frozenset({"token"})
+#: settings whose value is never repeated in a report (a provider list holds client secrets)
+SECRET: Final = frozenset({"token", "oidc_providers"})
 
 
 class ConfigError(Exception):
@@ -73,6 +75,8 @@ def _problems(err: ValidationError, flags: Collection[str]) -> list[str]:
     for error in err.errors(include_url=False):
         field = str(error["loc"][0]) if error["loc"] else "settings"
         name = setting_name(field, flags)
+        if len(error["loc"]) > 1:  # inside a list of objects: which one, which key
+            name += " at " + ".".join(str(part) for part in error["loc"][1:])
         if field not in SECRET and "input" in error:
             name = f"{name} {str(error['input'])!r}"
         reason = error["msg"].removeprefix("Value error, ")
@@ -111,6 +115,8 @@ class Settings(BaseSettings):
     stall_seconds: float = Field(default=30.0, gt=0)
     token: SecretStr | None = None
     log_level: str = "info"
+    #: OpenID Connect providers the sign-in page offers (docs/api.md "Sign-in with OIDC")
+    oidc_providers: tuple[OidcProvider, ...] = ()
 
     @field_validator("user")
     @classmethod
@@ -128,6 +134,11 @@ class Settings(BaseSettings):
         if len(value.get_secret_value()) < MIN_TOKEN_LENGTH:
             raise ValueError("too short")
         return value
+
+    @field_validator("oidc_providers")
+    @classmethod
+    def _providers(cls, value: tuple[OidcProvider, ...]) -> tuple[OidcProvider, ...]:
+        return check_unique(value)
 
     @field_validator("log_level")
     @classmethod
@@ -152,6 +163,12 @@ class Settings(BaseSettings):
             return cls(**{k: v for k, v in flags.items() if v is not None})
         except ValidationError as err:
             raise ConfigError(*_problems(err, flags)) from None
+        except SettingsError as err:  # a value the environment gives as JSON that is not JSON
+            field = next((f for f in cls.model_fields if f'"{f}"' in str(err)), "settings")
+            accepted = ACCEPTED.get(field, "valid JSON")
+            raise ConfigError(
+                f"{setting_name(field, flags)}: not valid JSON; accepted: {accepted}"
+            ) from None
 
     @property
     def run_dir(self) -> Path:

@@ -34,6 +34,8 @@ NOT_JSON_API: Final = {
     "/api/data/{authority}/{path}": "the data proxy: each provider app defines its own API",
     "/api/proxy/{instanceId}/{path}": "an instance's pages, forwarded as they are",
     "/api/events": "a server-sent event stream, not JSON",
+    "/auth/oidc/{provider}/login": "a browser redirect to an OIDC provider",
+    "/auth/oidc/{provider}/callback": "a browser redirect that sets the session cookie, or a page",
 }
 _PARAM: Final = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)(?::[a-z]+)?\}")
 _ERROR_REF: Final = {"$ref": "#/components/responses/Error"}
