@@ -237,20 +237,19 @@ async def finish(request: Request) -> Response:
 async def _finish(request: Request, cookie: str | None) -> Response:
     provider = _provider(request)
     clients = clients_of(request)
+    session = clients.pending.get(cookie)
+    if cookie is not None:
+        clients.pending.drop(cookie)  # one use, whatever happens next
     error = request.query_params.get("error")
     if error:
         described = request.query_params.get("error_description")
-        raise Refused(
-            400,
-            f"the provider did not sign you in: {error}" + (f" ({described})" if described else ""),
-        )
-    session = clients.pending.get(cookie)
+        said = error[:100] + (f" ({described[:200]})" if described else "")
+        raise Refused(400, f"the provider did not sign you in: {said}")
     if cookie is None or session is None:
         raise Refused(
             400,
             "this sign-in was not started in this browser, or it has expired; start it again",
         )
-    clients.pending.drop(cookie)  # one use, whatever happens next
     request.scope["session"] = session
     client = clients.client(provider.id)
     try:

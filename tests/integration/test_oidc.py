@@ -205,13 +205,23 @@ def test_a_tampered_state_another_browser_and_a_replay_are_refused(
         refused(browser.get(callback), 400, "start it again")  # the same answer replayed
 
 
-def test_a_provider_error_and_unknown_provider_are_pages(oidc_shell: RunningShell) -> None:
+def test_a_provider_error_and_unknown_provider_are_pages(
+    oidc_shell: RunningShell, provider: MockProvider
+) -> None:
+    oidc_shell.add_user("ivy")
+    oidc_shell.on_loop(oidc_shell.shell.users.link(provider.issuer, "ivy-sub", "ivy", None))
     with oidc_shell.anonymous() as browser:
-        to_provider(browser, "mock")
+        callback = at_provider(to_provider(browser, "mock"), "ivy-sub")
+        started = browser.cookies["atrium_oidc"]
         answer = browser.get(
             "/auth/oidc/mock/callback?error=access_denied&error_description=no+thanks&state=s"
         )
         refused(answer, 400, "access_denied (no thanks)")
+        # the sign-in that answer ended is over: its code does not sign in afterwards, even
+        # with the cookie the error page told the browser to forget
+        kept = {"atrium_oidc": started}
+        with oidc_shell.anonymous(cookies=kept) as again:
+            refused(again.get(callback), 400, "start it again")
         refused(browser.get("/auth/oidc/nope/login"), 404, "no sign-in provider 'nope'")
         refused(browser.get("/auth/oidc/nope/callback?code=c&state=s"), 404, "'nope'")
 
