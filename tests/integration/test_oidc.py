@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -17,6 +19,7 @@ import pytest
 
 from atrium.identity import SESSION_COOKIE
 from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.test_serve import serve_refused
 from tests.oidc_mock import MOCK_WARNINGS, MockProvider, mock_provider
 
 pytestmark = MOCK_WARNINGS
@@ -312,3 +315,19 @@ def test_identities_are_admin_only_and_one_user_each(
         assert admin.get("/api/users/gus/identities").json() == []
     with oidc_shell.anonymous() as browser:
         refused(sign_in(browser, "mock", "g"), 403, "an admin must add you")
+
+
+def test_a_bad_provider_list_stops_serve_without_printing_secrets(home: Path) -> None:
+    bad = [
+        {"id": "a", "issuer": "https://a.example", "clientId": "c", "displayName": "A"},
+        {"id": "b", "issuer": "https://b.example", "clientId": "c", "clientSecret": "s3cr3t-value"},
+    ]
+    lines = serve_refused(home, ATRIUM_OIDC_PROVIDERS=json.dumps(bad))
+    assert [line.split(":", 2)[1].strip() for line in lines] == [
+        "ATRIUM_OIDC_PROVIDERS at 0.clientSecret",
+        "ATRIUM_OIDC_PROVIDERS at 1.displayName",
+    ]
+    assert not any("s3cr3t" in line for line in lines)
+    (line,) = serve_refused(home, ATRIUM_OIDC_PROVIDERS='[{"clientSecret": "s3cr3t')
+    assert "ATRIUM_OIDC_PROVIDERS: not valid JSON" in line
+    assert "s3cr3t" not in line
