@@ -331,3 +331,15 @@ def test_a_bad_provider_list_stops_serve_without_printing_secrets(home: Path) ->
     (line,) = serve_refused(home, ATRIUM_OIDC_PROVIDERS='[{"clientSecret": "s3cr3t')
     assert "ATRIUM_OIDC_PROVIDERS: not valid JSON" in line
     assert "s3cr3t" not in line
+
+
+def test_a_discovery_document_of_another_issuer_is_refused(
+    start_shell: StartShell, provider: MockProvider
+) -> None:
+    """The issuer configured must be the one the provider's discovery document names (here a
+    trailing slash apart): tokens are checked against that document's issuer."""
+    shell = start_shell(
+        oidc_providers=[{**provider.config("slash"), "issuer": provider.issuer + "/"}]
+    )
+    with shell.anonymous() as browser:
+        refused(browser.get("/auth/oidc/slash/login"), 502, "names another issuer")
