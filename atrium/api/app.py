@@ -153,9 +153,9 @@ def create_app(settings: Settings) -> AtriumApp:
     )
 
     # app origins are dispatched before any host-page route can see the request
-    def transform_for(instance: Instance) -> HtmlTransform | None:
+    def transform_for(instance: Instance, viewer: str) -> HtmlTransform | None:
         shell = current_shell()
-        return None if shell is None else html_transform_for(instance, shell.theme)
+        return None if shell is None else html_transform_for(instance, shell.theme, viewer)
 
     return AtriumApp(
         app,

@@ -65,10 +65,28 @@ def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any
 
 
 async def list_instances(request: Request, caller: Caller) -> Response:
+    """The caller's own instances (an app's: its owner's); `?all=1` every user's, for an admin
+    only (anyone else: 403); `?shared=1` those shared with the caller."""
     shell = shell_of(request)
     if request.query_params.get("shared", "") in {"1", "true", "yes"}:
         return JSONResponse(shared_with(request, caller))
-    return JSONResponse([_wire(request, i, caller) for i in shell.lifecycle.all()])
+    if request.query_params.get("all", "") in {"1", "true", "yes"}:
+        if not (isinstance(caller, UserCaller) and caller.is_admin):
+            raise PermissionDenied("?all=1 lists every user's instances: admins only")
+        return JSONResponse([_wire(request, i, caller) for i in shell.lifecycle.all()])
+    mine = owner_of_caller(shell, caller)
+    return JSONResponse(
+        [_wire(request, i, caller) for i in shell.lifecycle.all() if i.owner == mine]
+    )
+
+
+def owner_of_caller(shell: Shell, caller: Caller) -> str:
+    """The user a caller acts for: a user themselves, an app its instance's owner."""
+    if isinstance(caller, AppCaller):
+        return caller.owner
+    if isinstance(caller, UserCaller):
+        return caller.user_id
+    raise PermissionDenied("instances belong to users")  # pragma: no cover - routes need one
 
 
 def shared_with(request: Request, caller: Caller) -> list[dict[str, Any]]:
@@ -116,7 +134,10 @@ async def create_instance(request: Request, caller: Caller) -> Response:
     body = await read_model(request, CreateBody)
     if not APP_ID_RE.fullmatch(body.app_id):
         raise InvalidRequest(f"{body.app_id!r} is not an app id (reverse-domain, lowercase)")
-    instance = await shell_of(request).lifecycle.create(body.app_id, new=body.new)
+    shell = shell_of(request)
+    instance = await shell.lifecycle.create(
+        body.app_id, new=body.new, owner=owner_of_caller(shell, caller)
+    )
     return JSONResponse(_wire(request, instance, caller))
 
 
@@ -238,7 +259,7 @@ async def proxy(request: Request, caller: Caller) -> Response:
         instance,
         request,
         "/" + request.path_params["path"],
-        html_transform_for(instance, shell.theme),
+        html_transform_for(instance, shell.theme, user.id),
         kind="user",
         looking=Looking(user, OWNER),
     )
@@ -252,7 +273,10 @@ routes: list[BaseRoute] = [
         list_instances,
         methods=["GET"],
         access=Access.USER_OR_APP,
-        query={"shared": "1, true or yes: the instances other users shared with the caller"},
+        query={
+            "shared": "1, true or yes: the instances other users shared with the caller",
+            "all": "1, true or yes: every user's instances (admins only)",
+        },
     ),
     endpoint(
         "/api/instances", create_instance, methods=["POST"], access=Access.USER, body=CreateBody

@@ -33,6 +33,7 @@ from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
 from atrium.theme.inject import HtmlTransform
+from atrium.theme.prefs import VIEWER_SCOPE_KEY
 from atrium.users.grants import GrantRole, access_to
 from atrium.users.model import User
 
@@ -99,7 +100,7 @@ class AppOrigins:
         self,
         app: ASGIApp,
         shell: Callable[[], Shell | None],
-        transform_html: Callable[[Instance], HtmlTransform | None] | None = None,
+        transform_html: Callable[[Instance, str], HtmlTransform | None] | None = None,
     ) -> None:
         self.app = app
         self._shell = shell
@@ -179,6 +180,7 @@ class AppOrigins:
             inner["path"] = path.removeprefix("/_os")
             inner["raw_path"] = raw_path
             inner[CALLER_SCOPE_KEY] = caller
+            inner[VIEWER_SCOPE_KEY] = looking.user.id  # whose theme its pages get
             await self.app(inner, receive, send)
             return
         if path.startswith("/_os/"):
@@ -278,7 +280,7 @@ class AppOrigins:
             instance,
             request,
             request.url.path,
-            self._transform_html(instance) if self._transform_html else None,
+            self._transform_html(instance, looking.user.id) if self._transform_html else None,
             looking=looking,
         )
 

@@ -17,19 +17,21 @@ from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.kv import PLATFORM
 from atrium.theme.css import etag_matches
 from atrium.theme.model import ColorMode, theme_contrast
-from atrium.theme.prefs import ThemeService
+from atrium.theme.prefs import VIEWER_SCOPE_KEY, ThemeService
 from atrium.wire import WireModel
 
 CSS_MODES = {"light": ColorMode.LIGHT, "dark": ColorMode.DARK}
 
 
-def viewer(caller: Caller) -> str:
-    """Whose theme a caller sees: a user their own, an app its owner's, a page nobody signed in
-    to the platform default (`PLATFORM`)."""
+def viewer(request: Request, caller: Caller) -> str:
+    """Whose theme a caller sees: a user their own, an app page the user's looking through the
+    view (a grantee's own), an app its owner's, a page nobody signed in to the platform default
+    (`PLATFORM`)."""
     if isinstance(caller, UserCaller):
         return caller.user_id
     if isinstance(caller, AppCaller):
-        return caller.owner
+        looking = request.scope.get(VIEWER_SCOPE_KEY)
+        return looking if isinstance(looking, str) else caller.owner
     return PLATFORM
 
 
@@ -59,13 +61,13 @@ async def get_theme(request: Request, caller: Caller) -> Response:
 async def get_selection(request: Request, caller: Caller) -> Response:
     """The selection with the active theme, in the `theme:changed` payload's shape."""
     service = _service(request)
-    return JSONResponse(service.payload(await service.current(viewer(caller))).wire())
+    return JSONResponse(service.payload(await service.current(viewer(request, caller))).wire())
 
 
 async def select(request: Request, caller: Caller) -> Response:
     body = await read_model(request, ThemeSelect)
     partial = body.model_dump(by_alias=True, exclude_none=True)
-    prefs = await _service(request).select(partial, viewer(caller))
+    prefs = await _service(request).select(partial, viewer(request, caller))
     return JSONResponse(prefs.wire())
 
 
@@ -82,7 +84,7 @@ async def theme_css(request: Request, caller: Caller) -> Response:
             f"mode {raw_mode[:40]!r} is not light or dark; leave it out for the stored colour mode",
             problems=[{"field": "mode", "message": "must be light or dark"}],
         )
-    css = await _service(request).css(mode, viewer(caller))
+    css = await _service(request).css(mode, viewer(request, caller))
     headers = {"ETag": css.etag, "Cache-Control": "no-cache"}
     if etag_matches(request.headers.get("if-none-match"), css.etag):
         return Response(status_code=304, headers=headers)

@@ -387,8 +387,15 @@ class ThemeService:
         return transform
 
 
-def html_transform_for(instance: Instance, service: ThemeService) -> HtmlTransform | None:
+#: the request scope key under which an app origin names the user looking through a view, so the
+#: theme its pages link (`/_os/api/os/theme.css`) is that user's
+VIEWER_SCOPE_KEY: Final = "atrium.theme.viewer"
+
+
+def html_transform_for(
+    instance: Instance, service: ThemeService, viewer: str | None = None
+) -> HtmlTransform | None:
     """The seam `AppOrigins(transform_html=…)` takes: the injection for the instance's
-    manifest `themeStrategy` with its owner's selection (the theme CSS its pages link is
-    answered for the same user, the app origin's caller)."""
-    return service.html_transform(instance.manifest.theme_strategy, instance.owner)
+    manifest `themeStrategy` with the selection of ``viewer``, the user looking (None: the
+    instance's owner)."""
+    return service.html_transform(instance.manifest.theme_strategy, viewer or instance.owner)

@@ -17,6 +17,7 @@ import pytest
 from atrium.kv import salvage
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
+from tests.integration.test_origins import enter
 
 pytestmark = pytest.mark.integration
 
@@ -234,3 +235,25 @@ def test_a_removed_users_rows_are_set_aside_and_a_new_user_of_that_id_starts_emp
     conn.close()
     assert len(owners) == 1
     assert owners[0].startswith("bob#removed-")
+
+
+def test_a_grantee_sees_an_instance_in_their_own_theme(
+    two: RunningShell, api: httpx.Client, bob: httpx.Client
+) -> None:
+    assert api.post("/api/os/themes/select", json={"colorMode": "dark"}).status_code == 200
+    assert bob.post("/api/os/themes/select", json={"colorMode": "light"}).status_code == 200
+    started = api.post("/api/instances", json={"appId": ECHO, "new": True})
+    assert started.status_code == 200, started.text
+    instance_id = started.json()["instanceId"]
+    granted = api.post(
+        f"/api/instances/{instance_id}/grants", json={"user": "bob", "role": "viewer"}
+    )
+    assert granted.status_code == 201, granted.text
+    for client, scheme in ((api, "color-scheme: dark;"), (bob, "color-scheme: light;")):
+        view = client.post(f"/api/instances/{instance_id}/views", json={})
+        assert view.status_code == 200, view.text
+        page, _ = enter(two, view.json()["url"])
+        css = page.get("/_os/api/os/theme.css")
+        page.close()
+        assert css.status_code == 200, css.text
+        assert scheme in css.text
