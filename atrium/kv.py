@@ -380,7 +380,8 @@ def _migrate(conn: sqlite3.Connection, user: str) -> None:
         conn.execute("ALTER TABLE kv_owned RENAME TO kv")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite already rolled back after some errors (a full disk)
+            conn.execute("ROLLBACK")
         raise
     _LOGGER.info("KV store: rows made before users now belong to %r", user)
 

@@ -14,9 +14,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atrium.kv import salvage
+from atrium.bus import EventBus
+from atrium.kv import KvStore, salvage
+from atrium.settings import ConfigError
 from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
+from tests.integration.conftest import (
+    RunningShell,
+    SseReader,
+    StartShell,
+    fill_disk,
+    run_async,
+    tmpfs,
+    wait_for,
+)
 from tests.integration.test_origins import enter
 
 pytestmark = pytest.mark.integration
@@ -257,3 +267,40 @@ def test_a_grantee_sees_an_instance_in_their_own_theme(
         page.close()
         assert css.status_code == 200, css.text
         assert scheme in css.text
+
+
+def test_a_migration_that_meets_a_full_disk_changes_nothing_and_runs_again(home: Path) -> None:
+    """The migration is one transaction: a full disk midway refuses the start with the file
+    named, the old table stays whole, and once space is freed the next open migrates."""
+    with tmpfs(home, 16) as disk:
+        path = disk / "kv.sqlite3"
+        old_file(path)
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO kv VALUES ('os', ?, ?, '2026-01-01T00:00:00.000Z')",
+            [(f"k{n:04d}", json.dumps("v" * 1000)) for n in range(1000)],
+        )
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        filler = fill_disk(disk, leave=256 * 1024)  # enough to open, not to copy the rows
+        with pytest.raises(
+            ConfigError, match=f"the KV store {path} cannot be opened: database or disk is full"
+        ):
+            run_async(open_and_read(path))
+        filler.unlink()
+        conn = sqlite3.connect(path)
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(kv)")]
+        count = conn.execute("SELECT count(*) FROM kv").fetchone()[0]
+        conn.close()
+        assert "owner" not in columns
+        assert count == 1000 + len(OLD_ROWS)
+        assert run_async(open_and_read(path)) == ("old value", 1000 + len(OLD_ROWS))
+
+
+async def open_and_read(path: Path) -> tuple[object, int]:
+    async with EventBus() as bus, KvStore.open(path, bus=bus, user="alice") as kv:
+        entry = await kv.get("os", "x", owner="alice")
+        assert entry is not None
+        return entry.value, len(await kv.keys("os", owner="alice")) + 1
