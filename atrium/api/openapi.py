@@ -82,6 +82,7 @@ def _operation(
     callers = {
         Access.ANYONE: ["anyone"],
         Access.USER: ["user"],
+        Access.ADMIN: ["admin"],
         Access.USER_OR_APP: ["user", "app"],
         Access.APP: ["app"],
     }[route.access]
