@@ -46,6 +46,7 @@ ACCEPTED: Final = {
     "token": f"at least {MIN_TOKEN_LENGTH} characters, or unset for a new random token",
     "log_level": ", ".join(LOG_LEVELS),
     "oidc_providers": PROVIDERS_ACCEPTED,
+    "audit_retention_days": "a whole number of days, 1-36500",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -117,6 +118,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     #: OpenID Connect providers the sign-in page offers (docs/api.md "Sign-in with OIDC")
     oidc_providers: tuple[OidcProvider, ...] = ()
+    #: how long the audit log keeps a record (docs/api.md "Audit log")
+    audit_retention_days: int = Field(default=90, ge=1, le=36500)
 
     @field_validator("user")
     @classmethod
@@ -198,6 +201,10 @@ class Settings(BaseSettings):
     def users_path(self) -> Path:
         return self.home / "users.sqlite3"
 
+    @property
+    def audit_path(self) -> Path:
+        return self.home / "audit.sqlite3"
+
 
 #: what makes an existing, non-empty directory recognisably an Atrium home (safe to make 0700)
 HOME_MARKERS: Final = ("run", "scopes", "kv.sqlite3")
@@ -260,7 +267,7 @@ def make_private(settings: Settings) -> None:
             folder.chmod(PRIVATE_DIR)
     files = [
         home / f"{name}{suffix}"
-        for name in ("kv.sqlite3", "users.sqlite3")
+        for name in ("kv.sqlite3", "users.sqlite3", "audit.sqlite3")
         for suffix in ("", "-wal", "-shm", "-journal")
     ]
     files += [

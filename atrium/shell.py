@@ -34,6 +34,7 @@ from atrium.settings import Settings
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
+from atrium.users.audit import AuditLog
 from atrium.users.grants import GrantStore
 from atrium.users.store import UserStore
 
@@ -54,6 +55,7 @@ class Shell:
     user_auth: UserAuth
     users: UserStore
     grants: GrantStore
+    audit: AuditLog
     app_tokens: AppTokens
     upstream: UpstreamClient
     lifecycle: LifecycleManager
@@ -108,6 +110,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             UserStore.open(settings.users_path, bootstrap_admin=settings.user)
         )
         grants = await stack.enter_async_context(GrantStore.open(settings.users_path))
+        audit = await stack.enter_async_context(
+            AuditLog.open(settings.audit_path, retention_days=settings.audit_retention_days)
+        )
         grants.forget_missing(lambda user_id: users.get(user_id) is not None)
 
         def forget_grants(user_id: str) -> None:
@@ -206,6 +211,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             user_auth=user_auth,
             users=users,
             grants=grants,
+            audit=audit,
             app_tokens=tokens,
             upstream=upstream,
             lifecycle=lifecycle,

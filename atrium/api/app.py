@@ -10,6 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from atrium.api import (
     apps,
+    audit,
     changes,
     dist,
     grants,
@@ -145,6 +146,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *publish.routes,
             *dist.routes,
             *users.routes,
+            *audit.routes,
             *oidc.routes,
             *openapi.routes,
         ],

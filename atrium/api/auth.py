@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Scope
 
-from atrium.errors import PermissionDenied, Unauthenticated
+from atrium.errors import AtriumError, PermissionDenied, Unauthenticated
 from atrium.identity import (
     CALLER_SCOPE_KEY,
     SESSION_COOKIE,
@@ -26,8 +26,13 @@ from atrium.identity import (
     UserCaller,
 )
 from atrium.shell import Shell
+from atrium.users.audit import ANONYMOUS, app_actor
 
 SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+#: where a sign-in route names the account it concerns, for the audit record (`audit_subject`)
+AUDIT_SUBJECT_KEY: Final = "atrium.audit.subject"
+#: ids a route adds to its audit record's target (`audit_target`)
+AUDIT_TARGET_KEY: Final = "atrium.audit.target"
 
 Handler = Callable[[Request, Caller], Awaitable[Response]]
 
@@ -145,6 +150,53 @@ def authorize(caller: Caller, access: Access) -> None:
         raise PermissionDenied("only an app may call this endpoint, with its own token")
 
 
+def actor_of(caller: Caller) -> str:
+    """How the audit log names a caller."""
+    if isinstance(caller, UserCaller):
+        return caller.user_id
+    if isinstance(caller, AppCaller):
+        return app_actor(caller.app_id, caller.instance_id)
+    return ANONYMOUS
+
+
+def audit_subject(request: Request, user_id: str) -> None:
+    """Name the existing account a sign-in concerns: the record's target, and its actor once the
+    sign-in succeeds. Only an existing user id is ever named, so a password typed into the user
+    field never reaches the log."""
+    request.scope[AUDIT_SUBJECT_KEY] = user_id
+
+
+def audit_target(request: Request, **ids: str) -> None:
+    """Add ids that are not in the path (an instance a launch made) to the audit record's target.
+    Only ids: never a body's other fields."""
+    added = request.scope.setdefault(AUDIT_TARGET_KEY, {})
+    added.update(ids)
+
+
+def audit_request(
+    request: Request, shell: Shell, caller: Caller, action: str, status: int, error: str | None
+) -> None:
+    """Append the record of one request (docs/api.md "Audit log"): who, which route, the ids in
+    its path, how it ended, from where. Never a body, a query string, a header or a cookie."""
+    subject = request.scope.get(AUDIT_SUBJECT_KEY)
+    ids = {**request.path_params, **request.scope.get(AUDIT_TARGET_KEY, {})}
+    target = ",".join(f"{k}={v}" for k, v in ids.items())
+    actor = actor_of(caller)
+    if isinstance(subject, str):
+        target = ",".join(t for t in (f"user={subject}", target) if t)
+        if status < 400:  # whoever held the browser before, they are now this account
+            actor = subject
+    client = request.client
+    shell.audit.append(
+        actor=actor,
+        action=action,
+        target=target,
+        status=status,
+        address=client.host if client else "",
+        error=error,
+    )
+
+
 class Endpoint(Route):
     """A route of the JSON API with what the OpenAPI document says of it (`atrium.api.openapi`):
     who may call, the body model the handler parses, and the query parameters it reads."""
@@ -166,23 +218,47 @@ def endpoint(
     body: type[BaseModel] | None = None,
     body_required: bool = True,
     query: Mapping[str, str] | None = None,
+    audit_safe: bool = False,
 ) -> Endpoint:
     """A route whose handler receives the identified, authorized caller.
 
     ``body`` names the model the handler reads with `read_model` (``body_required=False`` when
     an empty body means the defaults); ``query`` maps each query parameter the handler reads to
     its description. Both only feed the OpenAPI document.
+
+    Every call that may change state (any method but GET, HEAD and OPTIONS, and a safe one when
+    ``audit_safe``, such as the sign-in link) is recorded in the audit log under the route's name,
+    whoever calls and however it ends; the safe calls cost nothing more.
     """
+    route_name = name or handler.__name__
 
     async def guarded(request: Request) -> Response:
         shell = shell_of(request)
-        caller = identify(request, shell)
-        authorize(caller, access)
-        if isinstance(caller, UserCaller) and caller.via_cookie:
-            check_cookie_origin(request, shell)
-        return await handler(request, caller)
+        if request.method in SAFE_METHODS and not audit_safe:
+            known = identify(request, shell)
+            authorize(known, access)
+            return await handler(request, known)
+        caller: Caller = Anonymous()
+        status = 499  # unless the handler ends some other way
+        error: str | None = "disconnected"
+        try:
+            caller = identify(request, shell)
+            authorize(caller, access)
+            if isinstance(caller, UserCaller) and caller.via_cookie:
+                check_cookie_origin(request, shell)
+            response = await handler(request, caller)
+            status, error = response.status_code, None
+            return response
+        except AtriumError as err:
+            status, error = err.http_status, err.code
+            raise
+        except Exception:
+            status, error = 500, "internal"
+            raise
+        finally:
+            audit_request(request, shell, caller, route_name, status, error)
 
-    route = Endpoint(path, guarded, methods=list(methods), name=name or handler.__name__)
+    route = Endpoint(path, guarded, methods=list(methods), name=route_name)
     route.access = access
     route.body = body
     route.body_required = body_required

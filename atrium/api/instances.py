@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, audit_target, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import Looking, proxy_page
 from atrium.errors import InvalidRequest, NotFound, PermissionDenied
@@ -134,10 +134,12 @@ async def create_instance(request: Request, caller: Caller) -> Response:
     body = await read_model(request, CreateBody)
     if not APP_ID_RE.fullmatch(body.app_id):
         raise InvalidRequest(f"{body.app_id!r} is not an app id (reverse-domain, lowercase)")
+    audit_target(request, app_id=body.app_id)
     shell = shell_of(request)
     instance = await shell.lifecycle.create(
         body.app_id, new=body.new, owner=owner_of_caller(shell, caller)
     )
+    audit_target(request, instance_id=instance.id)
     return JSONResponse(_wire(request, instance, caller))
 
 

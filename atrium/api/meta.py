@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.staticfiles import StaticFiles
 
 from atrium import API_VERSION, MANIFEST_SCHEMA, __version__
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, audit_subject, endpoint, shell_of
 from atrium.errors import Unauthenticated
 from atrium.identity import SESSION_COOKIE, Caller
 from atrium.users.model import SessionKind
@@ -34,6 +34,7 @@ async def login(request: Request, caller: Caller) -> Response:
             "the login link's token is missing or wrong; run `atrium serve` again "
             "or read $ATRIUM_HOME/run/token"
         )
+    audit_subject(request, shell.settings.user)
     client = request.client
     secret, _ = await shell.users.create_session(
         shell.settings.user,
@@ -69,7 +70,12 @@ async def host_page(request: Request, caller: Caller) -> Response:
 routes: list[BaseRoute] = [
     endpoint("/api/version", version, methods=["GET"], access=Access.ANYONE),
     endpoint(
-        "/login", login, methods=["GET"], access=Access.ANYONE, query={"token": "the user token"}
+        "/login",
+        login,
+        methods=["GET"],
+        access=Access.ANYONE,
+        query={"token": "the user token"},
+        audit_safe=True,
     ),
     endpoint("/", host_page, methods=["GET"], access=Access.ANYONE),
     Mount("/static", app=StaticFiles(directory=WEB_DIR), name="static"),

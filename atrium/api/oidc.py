@@ -34,11 +34,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from atrium.api.auth import Access, endpoint, identify, shell_of
+from atrium.api.auth import Access, audit_request, audit_subject, endpoint, identify, shell_of
 from atrium.api.bodies import read_model
 from atrium.api.meta import set_session_cookie
 from atrium.errors import AtriumError, InvalidRequest, NotFound
-from atrium.identity import Caller, UserCaller
+from atrium.identity import Anonymous, Caller, UserCaller
 from atrium.users.accounts import set_aside_scope
 from atrium.users.model import Role, SessionKind
 from atrium.users.oidc import OidcProvider, email_problem, new_user_id
@@ -224,11 +224,16 @@ async def start(request: Request) -> Response:
 async def finish(request: Request) -> Response:
     """`GET /auth/oidc/{provider}/callback`: check the answer, find (or make) the user, sign in."""
     cookie = request.cookies.get(PENDING_COOKIE)
+    error = None
     try:
         response = await _finish(request, cookie)
     except Refused as refused:
         _LOGGER.info("OIDC sign-in refused (%s): %s", refused.status, refused.reason)
         response = page(refused.status, "Sign-in failed", refused.reason)
+        error = "refused"
+    audit_request(
+        request, shell_of(request), Anonymous(), "oidc_callback", response.status_code, error
+    )
     if cookie:
         response.delete_cookie(PENDING_COOKIE, path="/auth/oidc/", httponly=True, samesite="lax")
     return response
@@ -292,6 +297,7 @@ async def _sign_in(request: Request, provider: OidcProvider, claims: dict[str, A
             f"you have no account here yet: an admin must add you first, linking your "
             f"{provider.display_name} identity (issuer {issuer}, subject {subject}) to a user",
         )
+    audit_subject(request, user.id)
     secret, _ = await shell.users.create_session(
         user.id,
         SessionKind.OIDC,

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, audit_subject, endpoint, shell_of
 from atrium.api.bodies import read_model
 from atrium.api.meta import set_session_cookie
 from atrium.errors import (
@@ -306,6 +306,8 @@ async def sign_in(request: Request, caller: Caller) -> Response:
     await limiter.ready()
     limiter.check(body.user, address)
     user = shell.users.get(body.user)
+    if user is not None:
+        audit_subject(request, user.id)
     stored = None if user is None or user.disabled else shell.users.password_hash(user.id)
     if not await limiter.passwords.verify(stored, body.password) or user is None:
         raise BadCredentials()

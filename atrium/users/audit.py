@@ -1,0 +1,296 @@
+"""The audit log: one append-only table in SQLite (``$ATRIUM_HOME/audit.sqlite3``, 0600).
+
+Every state-changing API call and every sign-in attempt becomes one `AuditRecord`. Appending never
+waits for the disk: `AuditLog.append` queues the record in memory and the one writer thread writes
+whatever is queued in one transaction (WAL, synchronous=NORMAL: a crash of the process loses
+nothing written, a power cut may lose the last moments). A query runs on the same thread after
+every record queued before it, so a caller reads its own writes.
+
+Nothing changes or deletes a record except `prune`, which drops records older than the retention
+(`ATRIUM_AUDIT_RETENTION_DAYS`), at open and once a day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from atrium.settings import ConfigError, create_private
+
+T = TypeVar("T")
+_LOGGER = logging.getLogger(__name__)
+PRUNE_EVERY: Final = timedelta(days=1)
+MAX_LIMIT: Final = 1000
+DEFAULT_LIMIT: Final = 100
+#: a field longer than this is cut (a path segment an attacker chose, an unknown user name)
+MAX_FIELD: Final = 200
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    time TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    error TEXT,
+    address TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
+CREATE INDEX IF NOT EXISTS audit_actor ON audit (actor, seq);
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+"""
+
+ANONYMOUS: Final = "anonymous"
+
+
+def stamp(when: datetime) -> str:
+    """How a time is stored: UTC, milliseconds, ``Z`` (sorts as text)."""
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def app_actor(app_id: str, instance_id: str) -> str:
+    return f"app:{app_id}/{instance_id}"
+
+
+def _cut(value: str) -> str:
+    cleaned = "".join(ch if ch.isprintable() else "?" for ch in value)
+    return cleaned[:MAX_FIELD]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One audited request. ``actor`` is a user id, ``app:<appId>/<instanceId>`` or ``anonymous``;
+    ``outcome`` is ``success`` (2xx/3xx) or ``failure``, with the HTTP ``status`` and error code."""
+
+    time: str
+    actor: str
+    action: str
+    target: str
+    status: int
+    address: str
+    error: str | None = None
+    seq: int = 0
+
+    @property
+    def outcome(self) -> str:
+        return "success" if self.status < 400 else "failure"
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.seq,
+            "time": self.time,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "outcome": self.outcome,
+            "status": self.status,
+            "error": self.error,
+            "address": self.address,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """The filters of `GET /api/audit`, already checked."""
+
+    since: str | None = None
+    actor: str | None = None
+    action: str | None = None
+    limit: int = DEFAULT_LIMIT
+
+
+class AuditLog:
+    """The append-only audit table and its one writer thread."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, retention: timedelta
+    ) -> None:
+        self._conn = conn
+        self._executor = executor
+        self._retention = retention
+        self._queue: list[AuditRecord] = []
+        self._flush_scheduled = False
+        self._pending: set[asyncio.Future[None]] = set()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, path: Path, *, retention_days: int) -> AsyncIterator[AuditLog]:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await loop.run_in_executor(executor, _connect, path)
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        log = cls(conn, executor, timedelta(days=retention_days))
+        pruner: asyncio.Task[None] | None = None
+        try:
+            await log.prune()
+            pruner = asyncio.create_task(log._prune_daily(), name="audit prune")
+            yield log
+        finally:
+            if pruner is not None:
+                pruner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pruner
+            await log._run(log._flush)
+            await loop.run_in_executor(executor, conn.close)
+            executor.shutdown(wait=True)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def append(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        status: int,
+        address: str,
+        error: str | None = None,
+        when: datetime | None = None,
+    ) -> None:
+        """Queue one record; it reaches the file in the writer thread's next transaction. Never
+        blocks and never raises into the request it records (a failed write is logged)."""
+        self._queue.append(
+            AuditRecord(
+                time=stamp(when or datetime.now(UTC)),
+                actor=_cut(actor),
+                action=_cut(action),
+                target=_cut(target),
+                status=status,
+                address=_cut(address),
+                error=error,
+            )
+        )
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._flush)
+            self._pending.add(future)
+            future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future[None]) -> None:
+        self._pending.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            _LOGGER.error("the audit log could not be written: %s", future.exception())
+
+    def _flush(self) -> None:
+        # the list swap happens on the writer thread; the loop only appends (the GIL keeps
+        # both whole), and a record appended after the swap schedules its own flush
+        self._flush_scheduled = False
+        batch, self._queue = self._queue, []
+        if not batch:
+            return
+        c = self._conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            c.executemany(
+                "INSERT INTO audit (time, actor, action, target, outcome, status, error, address)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.time, r.actor, r.action, r.target, r.outcome, r.status, r.error, r.address)
+                    for r in batch
+                ],
+            )
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    # ---- reading -------------------------------------------------------------------------
+
+    async def search(self, query: AuditQuery) -> list[AuditRecord]:
+        """Newest first; written records and every one queued before this call."""
+        return await self._run(lambda: self._search(query))
+
+    def _search(self, query: AuditQuery) -> list[AuditRecord]:
+        self._flush()
+        where, args = [], list[object]()
+        if query.since is not None:
+            where.append("time >= ?")
+            args.append(query.since)
+        if query.actor is not None:
+            where.append("actor = ?")
+            args.append(query.actor)
+        if query.action is not None:
+            where.append("action = ?")
+            args.append(query.action)
+        sql = "SELECT seq, time, actor, action, target, status, error, address FROM audit"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq DESC LIMIT ?"
+        args.append(query.limit)
+        return [
+            AuditRecord(
+                seq=seq,
+                time=time,
+                actor=actor,
+                action=action,
+                target=target,
+                status=status,
+                error=error,
+                address=address,
+            )
+            for seq, time, actor, action, target, status, error, address in self._conn.execute(
+                sql, args
+            )
+        ]
+
+    # ---- retention -----------------------------------------------------------------------
+
+    async def prune(self, now: datetime | None = None) -> int:
+        """Drop the records older than the retention; the only removal there is."""
+        cutoff = stamp((now or datetime.now(UTC)) - self._retention)
+        return await self._run(lambda: self._prune(cutoff))
+
+    def _prune(self, cutoff: str) -> int:
+        self._flush()
+        cursor = self._conn.execute("DELETE FROM audit WHERE time < ?", (cutoff,))
+        if cursor.rowcount:
+            _LOGGER.info("audit log: %d records older than %s pruned", cursor.rowcount, cutoff)
+        return cursor.rowcount
+
+    async def _prune_daily(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_EVERY.total_seconds())
+            try:
+                await self.prune()
+            except sqlite3.Error as err:
+                _LOGGER.error("the audit log could not be pruned: %s", err)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        create_private(path)
+        for suffix in ("", "-wal", "-shm"):
+            sibling = path.with_name(path.name + suffix)
+            if sibling.is_file():
+                sibling.chmod(0o600)
+    except OSError as err:
+        raise ConfigError(f"the audit log {path} cannot be opened: {err.strerror or err}") from err
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+    except sqlite3.Error as err:
+        conn.close()
+        raise ConfigError(f"the audit log {path} cannot be opened: {err}") from err
+    return conn
