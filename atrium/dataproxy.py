@@ -2,8 +2,10 @@
 
 Knows nothing of HTTP bodies: `DataProxy.route` returns where to send the request and the headers
 the shell asserts, or raises the error to answer (decisions.md "Data proxy"). The provider table
-follows the visible apps; the registered instance of each provider app is the first to reach
-`resumed`, kept until it leaves `resumed` (docs/api.md "Data proxy").
+follows the visible apps; the registered instance of each provider app, per user, is that
+user's first instance of it to reach `resumed`, kept until it leaves `resumed` (docs/api.md "Data
+proxy"). A request goes to the provider instance of the user it is made for: a user's own, an
+app's owner's, an anonymous caller's the bootstrap admin's; never another user's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from atrium.errors import (
     Unauthenticated,
 )
 from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE, AppState
-from atrium.identity import Anonymous, AppCaller, Caller
+from atrium.identity import Anonymous, AppCaller, Caller, UserCaller
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.headless import Woken
 from atrium.lifecycle.instance import Instance
@@ -48,6 +50,8 @@ class Route:
     caller_app_id: str | None
     authority: str
     woken: Woken | None = None
+    #: the user whose provider instance serves it (and is woken for it)
+    owner: str = ""
 
 
 class DataProxy:
@@ -57,7 +61,8 @@ class DataProxy:
         self._registry = registry
         self._lifecycle = lifecycle
         self.table = ProviderTable()
-        self._registered: dict[str, str] = {}
+        #: (app id, owner) → the instance id registered for that user's requests
+        self._registered: dict[tuple[str, str], str] = {}
         self._unlisten: list[Callable[[], None]] = []
         self.rebuild()
         self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), lambda e: self.rebuild()))
@@ -83,27 +88,39 @@ class DataProxy:
                 clash.served_by,
             )
 
-    def registered(self, app_id: str) -> str | None:
-        return self._registered.get(app_id)
+    def registered(self, app_id: str, owner: str | None = None) -> str | None:
+        """The instance registered for ``owner``'s requests (default the bootstrap admin's)."""
+        return self._registered.get((app_id, owner or self._lifecycle.bootstrap_user))
+
+    def owner_for(self, caller: Caller) -> str:
+        """Whose provider instance a request is for: the user's own, an app's owner's; an
+        anonymous caller (open entries only) reaches the bootstrap admin's."""
+        if isinstance(caller, AppCaller):
+            return caller.owner
+        if isinstance(caller, UserCaller):
+            return caller.user_id
+        return self._lifecycle.bootstrap_user
 
     def _on_state(self, event: Event) -> None:
         if not isinstance(event.data, AppState):
             return
         app_id, instance_id = event.data.app_id, event.data.instance_id
+        owner = event.data.owner or self._lifecycle.bootstrap_user
+        key = (app_id, owner)
         if event.data.to == RESUMED:
-            self._registered.setdefault(app_id, instance_id)
-        elif event.data.from_ == RESUMED and self._registered.get(app_id) == instance_id:
-            del self._registered[app_id]
+            self._registered.setdefault(key, instance_id)
+        elif event.data.from_ == RESUMED and self._registered.get(key) == instance_id:
+            del self._registered[key]
             successor = next(
                 (
                     i
-                    for i in self._lifecycle.of_app(app_id)
+                    for i in self._lifecycle.of_owner(app_id, owner)
                     if i.state is InstanceState.RESUMED and i.id != instance_id
                 ),
                 None,
             )
             if successor is not None:
-                self._registered[app_id] = successor.id
+                self._registered[key] = successor.id
 
     def route(
         self,
@@ -130,25 +147,31 @@ class DataProxy:
                 permission=needed,
             )
         self._authorize(caller, match.app_id, needed, authority, path, method)
-        instance = self._serving(match.app_id)
+        owner = self.owner_for(caller)
+        instance = self._serving(match.app_id, owner)
         if instance is not None:
             woken = self._lifecycle.headless.record(instance.id)
-            return Route(instance.address, match.app_id, needed, caller_app, authority, woken)
+            return Route(
+                instance.address, match.app_id, needed, caller_app, authority, woken, owner
+            )
         copy = self._registry.get(match.app_id)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None or not provider.wake:
-            raise self._unavailable(match.app_id, authority)
-        return Route(None, match.app_id, needed, caller_app, authority)
+            raise self._unavailable(match.app_id, authority, owner)
+        return Route(None, match.app_id, needed, caller_app, authority, owner=owner)
 
-    def _serving(self, app_id: str) -> Instance | None:
-        instance_id = self._registered.get(app_id)
+    def _serving(self, app_id: str, owner: str) -> Instance | None:
+        instance_id = self._registered.get((app_id, owner))
         instance = self._lifecycle.find(instance_id) if instance_id is not None else None
         if instance is None or instance.state is not InstanceState.RESUMED or instance.port is None:
             return None
         return instance
 
-    def _unavailable(self, app_id: str, authority: str, why: str = "") -> ProviderUnavailable:
-        states = [i.state.value for i in self._lifecycle.of_app(app_id)]
+    def _unavailable(
+        self, app_id: str, authority: str, owner: str, why: str = ""
+    ) -> ProviderUnavailable:
+        """503; the state it names is of the user's own instances only."""
+        states = [i.state.value for i in self._lifecycle.of_owner(app_id, owner)]
         return ProviderUnavailable(authority, states[0] if states else None, why)
 
     async def wake(self, route: Route) -> Route:
@@ -163,6 +186,7 @@ class DataProxy:
         try:
             woken = await self._lifecycle.headless.wake(
                 route.app_id,
+                route.owner,
                 wait=provider.wake_timeout_ms / 1000,
                 idle_timeout=provider.idle_timeout_ms / 1000,
             )
@@ -174,19 +198,21 @@ class DataProxy:
                 else f"a {operation} of the app holds it (nothing of it starts until that ends) "
                 f"and did not end within {provider.wake_timeout_ms} ms"
             )
-            raise self._unavailable(route.app_id, route.authority, why) from None
+            raise self._unavailable(route.app_id, route.authority, route.owner, why) from None
         except AtriumError as err:
             if self.table.app_for(route.authority) != route.app_id:
                 # uninstalled (or the authority given up) while the request was held
                 raise NoProvider(route.authority, "/") from err
             raise self._unavailable(
-                route.app_id, route.authority, f"waking it failed: {err.message}"
+                route.app_id, route.authority, route.owner, f"waking it failed: {err.message}"
             ) from err
-        instance = self._serving(route.app_id)
+        instance = self._serving(route.app_id, route.owner)
         if instance is None and woken.state is InstanceState.RESUMED and woken.port is not None:
             instance = woken
         if instance is None:
-            raise self._unavailable(route.app_id, route.authority, "it woke but left `resumed`")
+            raise self._unavailable(
+                route.app_id, route.authority, route.owner, "it woke but left `resumed`"
+            )
         record = self._lifecycle.headless.record(instance.id)
         return Route(
             instance.address,
@@ -195,6 +221,7 @@ class DataProxy:
             route.caller_app_id,
             route.authority,
             record,
+            route.owner,
         )
 
     def _authorize(

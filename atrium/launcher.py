@@ -180,9 +180,12 @@ class Launcher:
         *,
         remember: bool = False,
         caller_app_id: str | None = None,
+        owner: str | None = None,
     ) -> Started | Chooser:
         """Start the handler's activity; ``caller_app_id`` is the app that asks (None: the user),
-        refused before anything starts when the chosen filter names a permission it lacks."""
+        refused before anything starts when the chosen filter names a permission it lacks.
+        ``owner``: the user it starts for (an app's intent: its owner), whose own instance of the
+        handler is reused or started (default the bootstrap admin)."""
         resolution = await self.resolve(intent)
         matches = resolution.matches
         if not matches:
@@ -205,7 +208,7 @@ class Launcher:
         self._authorize(chosen, intent, caller_app_id)
         if remember:
             await self._remember(intent, chosen.app_id)
-        instance = await self._lifecycle.create(chosen.app_id)
+        instance = await self._lifecycle.create(chosen.app_id, owner=owner)
         activity = await self._lifecycle.create_activity(
             instance.id, intent.extras, intent=intent_body(intent, caller_app_id)
         )

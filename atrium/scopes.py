@@ -72,9 +72,24 @@ class ScopeLayout:
         """Where the scope's runtime data lives (per app, per instance beneath)."""
         return self.root(scope) / "apps"
 
-    def runtime_dir(self, scope: Scope, app_id: str, instance_id: str) -> Path:
-        """The instance's runtime data, mounted at ``/data`` inside the sandbox."""
-        return self.data_dir(scope) / app_id / instance_id
+    def runtime_dir(
+        self, scope: Scope, app_id: str, instance_id: str, owner: str | None = None
+    ) -> Path:
+        """The instance's runtime data, mounted at ``/data`` inside the sandbox.
+
+        The bootstrap admin's (``owner`` None or ``user``) is where it always was, beside or inside
+        the app directory; any other user's lives under their own folder,
+        ``scopes/users/<owner>/runtime/<scope>/<appId>/<instanceId>``, so that all of a user's
+        data is in one place (moved aside whole when the user is deleted) and none of it is ever
+        inside an app directory another user's instance sees (decisions.md "Users: instances
+        and their data")."""
+        if owner is None or owner == self.user:
+            return self.data_dir(scope) / app_id / instance_id
+        return self.user_root(owner) / "runtime" / scope.value / app_id / instance_id
+
+    def user_root(self, user_id: str) -> Path:
+        """A user's own folder (their user scope's repository, and their runtime data)."""
+        return self.home / "scopes" / "users" / user_id
 
     def staging_dir(self, scope: Scope) -> Path:
         return self.root(scope) / ".staging"

@@ -11,7 +11,7 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
-from atrium.api.instances import origin_url
+from atrium.api.instances import origin_url, owner_of_caller
 from atrium.errors import InvalidRequest, PermissionDenied
 from atrium.identity import AppCaller, Caller
 from atrium.intentdefaults import dump
@@ -68,6 +68,7 @@ async def start(request: Request, caller: Caller) -> Response:
         body.target,
         remember=body.remember,
         caller_app_id=caller.app_id if isinstance(caller, AppCaller) else None,
+        owner=owner_of_caller(shell, caller),
     )
     if isinstance(result, Chooser):
         return JSONResponse(

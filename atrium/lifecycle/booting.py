@@ -181,7 +181,10 @@ class Booter:
             tools=tuple(manifest.tools),
             toolchain_dir=self._config.toolchain_dir,
             ro_paths=interpreter_paths(self.layout.home),
-            user=app_user(instance.app_id),
+            user=app_user(
+                instance.app_id,
+                None if instance.owner == self.layout.user else instance.owner,
+            ),
             home=self.layout.home,
         )
 

@@ -4,9 +4,13 @@
 A provider app that sets `dataProvider.wake` gets one headless instance when a data request finds
 none of its instances `resumed`. Every request that arrives while it boots waits on the same boot
 (one spawn for all); the callers give up after the app's `wakeTimeoutMs` each, the boot goes on.
-The instance has its own id (`<appId>-provider`) and no view, so nothing the user opened is
-touched, but it runs on the data folder of the app's first instance (`<appId>-1`): a provider's
-data is the data its app shows, whichever process serves it (decisions.md "Waking a provider").
+Each user has their own: a request wakes the provider instance of the user it is made for (an
+app's request: its owner's), never another user's. The instance has its own id
+(`<appId>-provider`, or `<appId>~<owner>-provider` for a user other than the bootstrap admin) and
+no view, so nothing the user opened is touched, but it runs on the data folder of that user's
+first instance of the app (`<appId>-1`, `<appId>~<owner>-1`): a provider's data is the data its
+app shows, whichever process serves it (decisions.md "Waking a provider", "Users: instances and
+their data").
 When it has had no data request for `idleTimeoutMs`, it is stopped and destroyed through the
 normal moves (hooks and `app:state` events).
 
@@ -52,8 +56,14 @@ class WakeHost(Protocol):
     def holds(self, instance: Instance) -> bool: ...
 
     def new_instance(
-        self, app_id: str, wanted: str | None = None, data_of: str | None = None
+        self,
+        app_id: str,
+        wanted: str | None = None,
+        data_of: str | None = None,
+        owner: str | None = None,
     ) -> Instance: ...
+
+    def id_prefix(self, app_id: str, owner: str) -> str: ...
 
     async def boot_resumed(self, instance: Instance) -> None: ...
 
@@ -136,8 +146,9 @@ class HeadlessProviders:
         self._host = host
         self._operations = operations
         self._woken: dict[str, Woken] = {}
-        self._booting: dict[str, asyncio.Task[Instance]] = {}
-        self._failed: dict[str, tuple[float, AtriumError]] = {}
+        #: per (app id, owner)
+        self._booting: dict[tuple[str, str], asyncio.Task[Instance]] = {}
+        self._failed: dict[tuple[str, str], tuple[float, AtriumError]] = {}
         #: wakes started per app since the shell started
         self.wakes: dict[str, int] = {}
         #: requests per app waiting for the end of an operation before they wake it
@@ -156,37 +167,41 @@ class HeadlessProviders:
         """The operation holding ``app_id`` now (a wake waits for its end), or None."""
         return self._operations.operation(app_id)
 
-    async def wake(self, app_id: str, *, wait: float, idle_timeout: float) -> Instance:
-        """The app's headless instance once `resumed`, booting it if needed (one boot for every
-        caller), after any operation holding the app has ended. TimeoutError after ``wait`` s
-        (a boot goes on); the boot's AtriumError when it failed."""
+    async def wake(self, app_id: str, owner: str, *, wait: float, idle_timeout: float) -> Instance:
+        """``owner``'s headless instance of the app once `resumed`, booting it if needed (one
+        boot for every caller), after any operation holding the app has ended. TimeoutError
+        after ``wait`` s (a boot goes on); the boot's AtriumError when it failed."""
         async with asyncio.timeout(wait):
             while True:
                 await after_operation(self._operations, app_id, self.held)
-                instance = await asyncio.shield(self._boot_task(app_id, idle_timeout))
+                instance = await asyncio.shield(self._boot_task(app_id, owner, idle_timeout))
                 if self._operations.operation(app_id) is None:
                     return instance
                 # an operation began while it booted (its stop ends it): wait for the end
 
-    def _boot_task(self, app_id: str, idle_timeout: float) -> asyncio.Task[Instance]:
-        """The boot in flight for ``app_id``, or a new one; the last failure again within
-        `RETRY_AFTER` s of it."""
-        task = self._booting.get(app_id)
-        failed = self._failed.get(app_id)
+    def _boot_task(self, app_id: str, owner: str, idle_timeout: float) -> asyncio.Task[Instance]:
+        """The boot in flight for (``app_id``, ``owner``), or a new one; the last failure again
+        within `RETRY_AFTER` s of it."""
+        key = (app_id, owner)
+        task = self._booting.get(key)
+        failed = self._failed.get(key)
         if task is None and failed is not None and time.monotonic() - failed[0] < RETRY_AFTER:
             raise failed[1]
         if task is None:
-            task = self._host.spawn_task(self._boot(app_id, idle_timeout), f"wake {app_id}")
-            self._booting[app_id] = task
-            task.add_done_callback(lambda done: self._boot_done(app_id, done))
+            task = self._host.spawn_task(
+                self._boot(app_id, owner, idle_timeout), f"wake {app_id} for {owner}"
+            )
+            self._booting[key] = task
+            task.add_done_callback(lambda done: self._boot_done(key, done))
         return task
 
-    def _boot_done(self, app_id: str, task: asyncio.Task[Instance]) -> None:
-        if self._booting.get(app_id) is task:
-            del self._booting[app_id]
+    def _boot_done(self, key: tuple[str, str], task: asyncio.Task[Instance]) -> None:
+        if self._booting.get(key) is task:
+            del self._booting[key]
 
-    async def _boot(self, app_id: str, idle_timeout: float) -> Instance:
-        wanted = f"{app_id}{SUFFIX}"
+    async def _boot(self, app_id: str, owner: str, idle_timeout: float) -> Instance:
+        prefix = self._host.id_prefix(app_id, owner)
+        wanted = f"{prefix}{SUFFIX.removeprefix('-')}"
         existing = self._host.find(wanted)
         if existing is not None:
             if existing.state is InstanceState.RESUMED and self.holds(existing):
@@ -197,7 +212,7 @@ class HeadlessProviders:
         # awaited between this check and the instance entering the index)
         while self._operations.operation(app_id) is not None:
             await self._operations.released(app_id)
-        instance = self._host.new_instance(app_id, wanted, data_of=f"{app_id}-1")
+        instance = self._host.new_instance(app_id, wanted, data_of=f"{prefix}1", owner=owner)
         woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
         self.wakes[app_id] = self.wakes.get(app_id, 0) + 1
         _LOGGER.info("%s: waking a headless provider instance %s", app_id, instance.id)
@@ -205,9 +220,9 @@ class HeadlessProviders:
             await self._host.boot_resumed(instance)
         except AtriumError as err:
             _LOGGER.warning("%s: the provider did not wake: %s", app_id, err.message)
-            self._failed[app_id] = (time.monotonic(), err)
+            self._failed[(app_id, owner)] = (time.monotonic(), err)
             raise
-        self._failed.pop(app_id, None)
+        self._failed.pop((app_id, owner), None)
         woken.wake_ms = (time.monotonic() - woken.asked_at) * 1000
         woken.last_used = time.monotonic()
         _LOGGER.info("%s %s: woke in %.0f ms", app_id, instance.id, woken.wake_ms)

@@ -33,6 +33,11 @@ class InstanceIndex:
         self._instances: dict[str, Instance] = {}
         self._by_slug: dict[str, Instance] = {}
 
+    @property
+    def bootstrap_user(self) -> str:
+        """The bootstrap admin: the owner of instances nobody else started."""
+        return self._layout.user
+
     def all(self) -> list[Instance]:
         return sorted(self._instances.values(), key=lambda i: i.id)
 
@@ -51,6 +56,25 @@ class InstanceIndex:
     def of_app(self, app_id: str) -> list[Instance]:
         return [i for i in self.all() if i.app_id == app_id]
 
+    def of_owner(self, app_id: str, owner: str) -> list[Instance]:
+        """The app's instances that belong to ``owner``."""
+        return [i for i in self.all() if i.app_id == app_id and i.owner == owner]
+
+    def id_prefix(self, app_id: str, owner: str) -> str:
+        """What ``owner``'s instance ids of the app start with: `<appId>-` for the bootstrap
+        admin (ids as they always were), `<appId>~<owner>-` for anyone else. Each user numbers
+        their own, so a relaunch takes the same id, and so the same data folder, whatever other
+        users run. `~` is in neither an app id nor a user id, so no two (app, owner) pairs share
+        a prefix."""
+        return f"{app_id}-" if owner == self._layout.user else f"{app_id}~{owner}-"
+
+    def owner_of(self, app_id: str, instance_id: str) -> str:
+        """The owner an instance id of the app names (`id_prefix` read back)."""
+        rest = instance_id.removeprefix(f"{app_id}~")
+        if rest == instance_id:
+            return self._layout.user
+        return rest.rpartition("-")[0] or self._layout.user
+
     def holds(self, instance: Instance) -> bool:
         """Whether ``instance`` is still live (not removed or forced out meanwhile)."""
         return self._instances.get(instance.id) is instance
@@ -64,30 +88,33 @@ class InstanceIndex:
     ) -> Instance:
         """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
         instance id whose runtime data folder it uses (a headless provider's; default its own).
-        ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``)."""
+        ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``); its
+        id is the lowest free of that owner's (`id_prefix`), its data that owner's folder."""
         copy = self._registry.get(app_id)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
+        owner = owner or self._layout.user
+        prefix = self.id_prefix(app_id, owner)
         taken = set(self._instances)
-        if wanted is not None and (wanted in taken or not wanted.startswith(f"{app_id}-")):
+        if wanted is not None and (wanted in taken or not wanted.startswith(prefix)):
             raise InvalidRequest(f"instance id {wanted!r} is taken or not one of {app_id}'s")
         n = 1
-        while f"{app_id}-{n}" in taken:
+        while f"{prefix}{n}" in taken:
             n += 1
-        instance_id = wanted or f"{app_id}-{n}"
+        instance_id = wanted or f"{prefix}{n}"
         instance = Instance(
             id=instance_id,
             app_id=app_id,
             scope=copy.scope,
             app_dir=copy.path,
-            data_dir=self._layout.runtime_dir(copy.scope, app_id, data_of or instance_id),
+            data_dir=self._layout.runtime_dir(copy.scope, app_id, data_of or instance_id, owner),
             lock_dir=None
             if data_of is None
-            else self._layout.runtime_dir(copy.scope, app_id, instance_id),
+            else self._layout.runtime_dir(copy.scope, app_id, instance_id, owner),
             manifest=copy.manifest,
             slug=new_slug(),
             bus=self._bus,
-            owner=owner or self._layout.user,
+            owner=owner,
         )
         self._instances[instance.id] = instance
         self._by_slug[instance.slug] = instance

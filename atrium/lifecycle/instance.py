@@ -153,6 +153,7 @@ class Instance:
         return {
             "instanceId": self.id,
             "appId": self.app_id,
+            "owner": self.owner,
             "name": self.manifest.name,
             "scope": self.scope.value,
             "state": self._state.value,

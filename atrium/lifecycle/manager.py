@@ -125,19 +125,28 @@ class LifecycleManager(InstanceIndex):
     # -- creating -------------------------------------------------------------------------------
 
     async def create(
-        self, app_id: str, *, new: bool = False, instance_id: str | None = None
+        self,
+        app_id: str,
+        *,
+        new: bool = False,
+        instance_id: str | None = None,
+        owner: str | None = None,
     ) -> Instance:
-        """Reuse the app's live instance unless ``new``, else a warm-pool one, else spawn one and
-        walk it `installed → … → started`. ``instance_id`` brings back a given instance (same id,
-        same runtime data), as an update does after replacing the app.
+        """Reuse ``owner``'s live instance of the app unless ``new``, else a warm-pool one (the
+        bootstrap admin's only: `warmpool`), else spawn one and walk it `installed → … →
+        started`. ``owner``: the user it is for (default the bootstrap admin; with
+        ``instance_id``, the one that id names). ``instance_id`` brings back a given instance
+        (same id, same runtime data), as an update does after replacing the app.
 
         No new instance is spawned while an operation holds the app (409 busy): it has the app's
         instances stopped so that what it copies or swaps is one state (the instances it brings
         back itself, with their ``instance_id``, are its own)."""
+        if owner is None:
+            owner = self.owner_of(app_id, instance_id) if instance_id else self._layout.user
         if not new:
             live = [
                 i
-                for i in self.of_app(app_id)
+                for i in self.of_owner(app_id, owner)
                 if not self.is_pooled(i)
                 and not self.is_headless(i)
                 and not self.trials.holds(i)
@@ -148,13 +157,13 @@ class LifecycleManager(InstanceIndex):
                 if instance.state is S.STOPPED:
                     await self.act(instance.id, "start")
                 return instance
-            pooled = self.pool.claim(app_id)
+            pooled = self.pool.claim(app_id, owner)
             if pooled is not None:
                 return pooled
         operation = self._operations.operation(app_id) if instance_id is None else None
         if operation is not None:
             raise Busy(app_id, operation)
-        instance = self.new_instance(app_id, instance_id)
+        instance = self.new_instance(app_id, instance_id, owner=owner)
         async with instance.lock:
             await self._boot(instance)
         return instance

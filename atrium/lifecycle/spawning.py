@@ -26,16 +26,20 @@ APP_UID_SPAN: Final = 1 << 24
 SDK_FILES: Final = ("__init__.py", "sdk.py")
 
 
-def app_user(app_id: str) -> AppUser | None:
+def app_user(app_id: str, owner: str | None = None) -> AppUser | None:
     """The uid/gid ``app_id`` runs as when the shell is root; None otherwise (a user's shell
     cannot change identity, and its apps run as that user, confined by the sandbox only).
 
-    One id per app, stable across restarts and hosts, with no table to keep: its data folders
-    stay its own. Two apps share an id only on a hash collision (about 1 in 30,000 for 100 apps).
+    One id per app and user, stable across restarts and hosts, with no table to keep: its data
+    folders (mode 0700) stay its own. The bootstrap admin's instances (``owner`` None) run as the
+    app's id as they always did; another user's as the id of (app, user), so one user's instance
+    cannot read another's data folder even where it can name it. Two share an id only on a hash
+    collision (about 1 in 30,000 for 100 of them).
     """
     if os.geteuid() != 0:
         return None
-    digest = hashlib.sha256(app_id.encode()).digest()
+    key = app_id if owner is None else f"{app_id}\0{owner}"
+    digest = hashlib.sha256(key.encode()).digest()
     uid = APP_UID_BASE + int.from_bytes(digest[:3], "big") % APP_UID_SPAN
     return AppUser(uid=uid, gid=uid)
 

@@ -72,13 +72,17 @@ class WarmPool:
     def close(self) -> None:
         self._closing = True
 
-    def claim(self, app_id: str) -> Instance | None:
-        """A pooled instance of the app in `resumed`, now the caller's; the pool refills."""
+    def claim(self, app_id: str, owner: str) -> Instance | None:
+        """A pooled instance of the app in `resumed` that belongs to ``owner``, now handed out;
+        the pool refills. Pooled instances are the bootstrap admin's, booted on their data
+        folders, so only they are served from the pool: anyone else's launch spawns their own
+        (a pooled instance cannot change owner: its data folder and app token are whose it was
+        booted for)."""
         pooled = next(
             (
                 i
                 for i in self._host.of_app(app_id)
-                if self.holds(i) and i.state is InstanceState.RESUMED
+                if self.holds(i) and i.owner == owner and i.state is InstanceState.RESUMED
             ),
             None,
         )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -333,6 +334,21 @@ def _ro_paths(spec: SpawnSpec) -> list[Path]:
     return kept
 
 
+def runtime_folders_in(app_dir: Path, app_id: str) -> list[Path]:
+    """The instances' data folders kept inside the app directory (`<appId>-<n>`,
+    `<appId>-provider`: the bootstrap admin's, for apps of the global and user scopes): each is
+    covered by an empty read-only tmpfs in the sandbox, so an instance sees no data but its own,
+    at ``/data``. A folder made after the sandbox was built is not covered, but it is mode 0700
+    and owned by the uid of (app, user) when the shell is root (`app_user`), which no other
+    user's instance runs as (decisions.md "Users: instances and their data")."""
+    names = re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
+    try:
+        entries = sorted(app_dir.iterdir())
+    except OSError:
+        return []
+    return [e for e in entries if names.fullmatch(e.name) and e.is_dir() and not e.is_symlink()]
+
+
 def setpriv_command() -> Path | None:
     """util-linux's ``setpriv`` on this host (Debian: always installed)."""
     found = shutil.which("setpriv", path=_SYSTEM_PATH)
@@ -390,6 +406,8 @@ def sandbox_argv(spec: SpawnSpec, bwrap: str, *, sync_fd: int | None = None) -> 
         inside = SANDBOX_PYTHONPATH if path == python_path else str(path)
         options += ["--ro-bind", str(path), inside]
     options += ["--ro-bind", app_dir, app_dir]
+    for folder in runtime_folders_in(Path(app_dir), spec.app_id):
+        options += ["--tmpfs", str(folder), "--remount-ro", str(folder)]
     options += ["--bind", str(spec.data_dir), SANDBOX_DATA, "--chdir", app_dir]
     if sync_fd is not None:
         options += ["--sync-fd", str(sync_fd)]
