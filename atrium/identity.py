@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
+from atrium.errors import PermissionDenied
 from atrium.users.model import Role
 
 SESSION_COOKIE: Final = "atrium_session"
@@ -105,3 +106,19 @@ class AppTokens:
 
     def lookup(self, token: str) -> AppCaller | None:
         return self._by_token.get(token)
+
+
+def user_id_of(caller: Caller) -> str | None:
+    """The user a caller acts for: a user themself, an app its instance's owner, else None."""
+    if isinstance(caller, UserCaller):
+        return caller.user_id
+    if isinstance(caller, AppCaller):
+        return caller.owner
+    return None
+
+
+def require_admin(caller: Caller, what: str) -> None:
+    """Only an admin user may ``what`` (the shared scopes, platform defaults): anyone else gets
+    ``403 permission_denied``."""
+    if not (isinstance(caller, UserCaller) and caller.is_admin):
+        raise PermissionDenied(f"only an admin may {what}")

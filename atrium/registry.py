@@ -26,6 +26,7 @@ from atrium.events import AppInstalled, AppRemoved
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from atrium.permissions import GrantChange, PermissionWords, migrate_grants, permission_owner
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
+from atrium.users.model import USER_ID
 
 _LOGGER = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 256 * 1024
@@ -137,29 +138,41 @@ def scan_scope(scope: Scope, apps_dir: Path) -> dict[str, AppCopy]:
 
 
 class AppRegistry:
-    """Which apps exist in which scope, which copy is visible, and what is wrong with the rest."""
+    """Which apps exist in which scope, which copy is visible to whom, and what is wrong with the
+    rest.
+
+    The system and global scopes are shared; every user has their own user scope
+    (``scopes/users/<id>/``), so what is visible depends on the user: their user scope over global
+    over system. ``user`` arguments default to the bootstrap admin (``layout.user``), the one user
+    of a one-user shell. A user scope is loaded when its folder exists at start or when
+    ``ensure_user`` is first called for that user.
+    """
 
     def __init__(self, layout: ScopeLayout, bus: EventBus, *, watch: bool = True) -> None:
         self._layout = layout
         self._bus = bus
         self._watch = watch
-        self._copies: dict[Scope, dict[str, AppCopy]] = {s: {} for s in Scope}
-        self._visible: dict[str, AppCopy] = {}
+        self._shared: dict[Scope, dict[str, AppCopy]] = {Scope.SYSTEM: {}, Scope.GLOBAL: {}}
+        self._users: dict[str, dict[str, AppCopy]] = {}
+        self._visible: dict[str, dict[str, AppCopy]] = {}
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()
 
     async def __aenter__(self) -> Self:
-        for scope in Scope:
-            self._copies[scope] = await asyncio.to_thread(
+        for scope in self._shared:
+            self._shared[scope] = await asyncio.to_thread(
                 scan_scope, scope, self._layout.apps_dir(scope)
             )
-        self._visible = self._compute_visible()
-        for copy in self._visible.values():
+        for user in await asyncio.to_thread(self._users_on_disk):
+            self._users[user] = await asyncio.to_thread(self._scan_user, user)
+        for user in self._users:
+            self._visible[user] = self._compute_visible(user)
+        for copy in self._visible[self._layout.user].values():
             _log_grant_changes(copy)
         if self._watch:
-            self._task = asyncio.create_task(self._watch_loop(), name="registry watcher")
+            self._start_watching()
             await asyncio.wait_for(self._watching.wait(), timeout=10)
         return self
 
@@ -174,102 +187,189 @@ class AppRegistry:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def _users_on_disk(self) -> list[str]:
+        """The bootstrap admin, then every other user whose folder holds a user scope."""
+        found = [self._layout.user]
+        root = self._layout.users_root()
+        if root.is_dir():
+            found.extend(
+                sorted(
+                    entry.name
+                    for entry in root.iterdir()
+                    if entry.name != self._layout.user
+                    and USER_ID.fullmatch(entry.name)
+                    and (entry / "apps").is_dir()
+                )
+            )
+        return found
+
+    def _scan_user(self, user: str) -> dict[str, AppCopy]:
+        return scan_scope(Scope.USER, self._layout.apps_dir(Scope.USER, user))
+
+    def _user(self, user: str | None) -> str:
+        return user or self._layout.user
+
     # -- queries --------------------------------------------------------------------------------
 
-    def get(self, app_id: str) -> AppCopy | None:
-        """The visible copy of ``app_id`` (highest-priority valid copy), or None."""
-        return self._visible.get(app_id)
+    @property
+    def default_user(self) -> str:
+        """The bootstrap admin: whose view a ``user`` of None means."""
+        return self._layout.user
 
-    def visible(self) -> list[AppCopy]:
-        return [self._visible[k] for k in sorted(self._visible)]
+    def users(self) -> list[str]:
+        """The users whose user scope is loaded."""
+        return list(self._users)
 
-    def copies(self, app_id: str) -> list[AppCopy]:
-        """Every copy of ``app_id``, highest priority first."""
-        return [self._copies[s][app_id] for s in BY_PRIORITY if app_id in self._copies[s]]
+    def get(self, app_id: str, user: str | None = None) -> AppCopy | None:
+        """The copy of ``app_id`` visible to ``user`` (highest-priority valid copy), or None."""
+        seen = self._visible.get(self._user(user))
+        return (seen if seen is not None else self._shared_visible()).get(app_id)
 
-    def permission_labels(self) -> PermissionWords:
+    def visible(self, user: str | None = None) -> list[AppCopy]:
+        """The apps ``user`` sees: their user scope over global over system."""
+        seen = self._visible.get(self._user(user))
+        if seen is None:
+            seen = self._shared_visible()
+        return [seen[k] for k in sorted(seen)]
+
+    def _scope_copies(self, scope: Scope, user: str | None) -> Mapping[str, AppCopy]:
+        if scope is Scope.USER:
+            return self._users.get(self._user(user), {})
+        return self._shared[scope]
+
+    def copies(self, app_id: str, user: str | None = None) -> list[AppCopy]:
+        """Every copy of ``app_id`` ``user`` can see, highest priority first."""
+        return [
+            copies[app_id] for s in BY_PRIORITY if app_id in (copies := self._scope_copies(s, user))
+        ]
+
+    def permission_labels(self, user: str | None = None) -> PermissionWords:
         """What words the visible apps' permissions: each app's `permissionInfo` for the
         permissions it owns, and the apps' names (for the KV permissions naming them)."""
+        visible = self.visible(user)
         return PermissionWords(
             declared={
                 name: (info.label, info.description, copy.id)
-                for copy in self.visible()
+                for copy in visible
                 if copy.manifest is not None
                 for name, info in copy.manifest.permission_info.items()
                 if permission_owner(name) == copy.id
             },
-            app_names={c.id: c.manifest.name for c in self.visible() if c.manifest is not None},
+            app_names={c.id: c.manifest.name for c in visible if c.manifest is not None},
         )
 
-    def count(self, scope: Scope) -> int:
-        return sum(1 for c in self._copies[scope].values() if c.is_valid)
+    def count(self, scope: Scope, user: str | None = None) -> int:
+        return sum(1 for c in self._scope_copies(scope, user).values() if c.is_valid)
 
-    def views(self) -> list[AppView]:
+    def views(self, user: str | None = None) -> list[AppView]:
         """Visible apps with what they mask, then every invalid copy with its problems."""
         out: list[AppView] = []
-        for copy in self.visible():
-            lower = [c.scope for c in self.copies(copy.id) if c.is_valid and c is not copy]
+        for copy in self.visible(user):
+            lower = [c.scope for c in self.copies(copy.id, user) if c.is_valid and c is not copy]
             out.append(AppView(copy, tuple(lower)))
         for scope in BY_PRIORITY:
-            out.extend(AppView(c) for c in self._copies[scope].values() if not c.is_valid)
+            out.extend(
+                AppView(c) for c in self._scope_copies(scope, user).values() if not c.is_valid
+            )
         return out
 
     # -- changes --------------------------------------------------------------------------------
 
-    async def rescan(self, scopes: Iterable[Scope] | None = None) -> None:
-        """Re-read ``scopes`` (all by default) and announce what became visible or went away."""
+    async def ensure_user(self, user: str) -> None:
+        """Load ``user``'s user scope (empty until something is installed there); a no-op when it
+        is loaded. The watcher covers the user scopes found at start: a scope made later is
+        re-read by the install pipeline's own rescans, and watched from the next start."""
+        if user in self._users:
+            return
         async with self._lock:
-            for scope in scopes if scopes is not None else Scope:
-                self._copies[scope] = await asyncio.to_thread(
+            if user in self._users:
+                return
+            self._users[user] = await asyncio.to_thread(self._scan_user, user)
+            self._visible[user] = self._compute_visible(user)
+
+    async def rescan(self, scopes: Iterable[Scope] | None = None, user: str | None = None) -> None:
+        """Re-read ``scopes`` (all by default; the user scope is ``user``'s, or every loaded
+        user's when ``user`` is None and ``scopes`` is None) and announce what became visible or
+        went away to the users who see it."""
+        async with self._lock:
+            wanted = set(scopes) if scopes is not None else set(Scope)
+            for scope in wanted - {Scope.USER}:
+                self._shared[scope] = await asyncio.to_thread(
                     scan_scope, scope, self._layout.apps_dir(scope)
                 )
-            before = self._visible
-            self._visible = self._compute_visible()
-            self._announce(before, self._visible)
+            if Scope.USER in wanted:
+                targets = [self._user(user)] if user or scopes is not None else list(self._users)
+                for target in targets:
+                    self._users[target] = await asyncio.to_thread(self._scan_user, target)
+            for target in self._users:
+                before = self._visible.get(target, {})
+                self._visible[target] = self._compute_visible(target)
+                self._announce(before, self._visible[target], target)
 
-    def _compute_visible(self) -> dict[str, AppCopy]:
+    def _shared_visible(self) -> dict[str, AppCopy]:
         visible: dict[str, AppCopy] = {}
-        for scope in BY_PRIORITY:
-            for app_id, copy in self._copies[scope].items():
+        for scope in (Scope.GLOBAL, Scope.SYSTEM):
+            for app_id, copy in self._shared[scope].items():
                 if copy.is_valid and app_id not in visible:
                     visible[app_id] = copy
         return visible
 
-    def _announce(self, before: Mapping[str, AppCopy], after: Mapping[str, AppCopy]) -> None:
+    def _compute_visible(self, user: str) -> dict[str, AppCopy]:
+        visible = {
+            app_id: copy for app_id, copy in self._users.get(user, {}).items() if copy.is_valid
+        }
+        for app_id, copy in self._shared_visible().items():
+            visible.setdefault(app_id, copy)
+        return visible
+
+    def _announce(
+        self, before: Mapping[str, AppCopy], after: Mapping[str, AppCopy], user: str
+    ) -> None:
+        """Tell ``user`` (and only them: the event's owner) what changed in what they see."""
         for app_id in sorted(before.keys() - after.keys()):
-            _LOGGER.info("app %s removed from scope %s", app_id, before[app_id].scope)
-            self._bus.emit(AppRemoved(app_id, before[app_id].scope.value))
+            _LOGGER.info("app %s removed from scope %s for %s", app_id, before[app_id].scope, user)
+            self._bus.emit(AppRemoved(app_id, before[app_id].scope.value, owner=user))
         for app_id in sorted(after):
             old, new = before.get(app_id), after[app_id]
             if old is None or old.scope is not new.scope or old.manifest != new.manifest:
-                _LOGGER.info("app %s visible from scope %s", app_id, new.scope)
+                _LOGGER.info("app %s visible from scope %s for %s", app_id, new.scope, user)
                 _log_grant_changes(new)
-                self._bus.emit(AppInstalled(app_id, new.scope.value))
+                self._bus.emit(AppInstalled(app_id, new.scope.value, owner=user))
 
     # -- the watcher ----------------------------------------------------------------------------
 
-    def _watched(self) -> dict[Path, Scope]:
-        dirs: dict[Path, Scope] = {}
-        for scope in Scope:
+    def _start_watching(self) -> None:
+        self._task = asyncio.create_task(self._watch_loop(), name="registry watcher")
+
+    def _watched(self) -> dict[Path, tuple[Scope, str | None]]:
+        dirs: dict[Path, tuple[Scope, str | None]] = {}
+        for scope in self._shared:
             apps_dir = self._layout.apps_dir(scope)
             if apps_dir.is_dir():
-                dirs[apps_dir] = scope
+                dirs[apps_dir] = (scope, None)
+        for user in self._users:
+            apps_dir = self._layout.apps_dir(Scope.USER, user)
+            if apps_dir.is_dir():
+                dirs[apps_dir] = (Scope.USER, user)
         return dirs
 
     @staticmethod
-    def _scope_of(path: Path, dirs: Mapping[Path, Scope]) -> Scope | None:
-        """The scope whose listing a change at ``path`` can alter: an app directory itself or its
-        manifest. Runtime data and other files inside an app are ignored."""
-        for apps_dir, scope in dirs.items():
+    def _scope_of(
+        path: Path, dirs: Mapping[Path, tuple[Scope, str | None]]
+    ) -> tuple[Scope, str | None] | None:
+        """The scope (and user, for a user scope) whose listing a change at ``path`` can alter:
+        an app directory itself or its manifest. Runtime data and other files inside an app are
+        ignored."""
+        for apps_dir, where in dirs.items():
             try:
                 rel = path.relative_to(apps_dir)
             except ValueError:
                 continue
             parts = rel.parts
             if len(parts) == 1 or (len(parts) == 2 and parts[1] in {MANIFEST_FILE, ""}):
-                return scope
+                return where
             if len(parts) == 2 and not path.exists():
-                return scope  # a removed subtree: cheap to re-check
+                return where  # a removed subtree: cheap to re-check
         return None
 
     async def _watch_loop(self) -> None:
@@ -296,8 +396,39 @@ class AppRegistry:
                     self._watching.set()
                     await self.rescan()
                 continue
-            scopes = {s for _, raw in changes if (s := self._scope_of(Path(raw), dirs)) is not None}
+            hit = {w for _, raw in changes if (w := self._scope_of(Path(raw), dirs)) is not None}
             try:
-                await self.rescan(scopes)
+                shared = {scope for scope, user in hit if user is None}
+                if shared:
+                    await self.rescan(shared)
+                for user in sorted({user for _, user in hit if user is not None}):
+                    await self.rescan([Scope.USER], user)
             except OSError:
-                _LOGGER.exception("rescanning %s after a change on disk failed", sorted(scopes))
+                _LOGGER.exception("rescanning %s after a change on disk failed", sorted(hit))
+
+
+class UserApps:
+    """The registry as one user sees it: what the install pipeline of that user's scope works on
+    (their user scope over global over system)."""
+
+    def __init__(self, registry: AppRegistry, user: str) -> None:
+        self.registry = registry
+        self.user = user
+
+    def get(self, app_id: str) -> AppCopy | None:
+        return self.registry.get(app_id, self.user)
+
+    def visible(self) -> list[AppCopy]:
+        return self.registry.visible(self.user)
+
+    def copies(self, app_id: str) -> list[AppCopy]:
+        return self.registry.copies(app_id, self.user)
+
+    def permission_labels(self) -> PermissionWords:
+        return self.registry.permission_labels(self.user)
+
+    def count(self, scope: Scope) -> int:
+        return self.registry.count(scope, self.user)
+
+    async def rescan(self, scopes: Iterable[Scope] | None = None) -> None:
+        await self.registry.rescan(scopes if scopes is not None else list(Scope), self.user)

@@ -49,24 +49,29 @@ class ScopeLayout:
     system_apps: Path
     user: str = "default"
 
-    def root(self, scope: Scope) -> Path:
-        """The scope's directory; for global and user, its git repository."""
+    def root(self, scope: Scope, user: str | None = None) -> Path:
+        """The scope's directory; for global and user, its git repository. ``user``: whose user
+        scope (default the bootstrap admin's, ``scopes/users/<user>``); ignored for the others."""
         match scope:
             case Scope.SYSTEM:
                 return self.home / "scopes" / "system"
             case Scope.GLOBAL:
                 return self.home / "scopes" / "global"
             case Scope.USER:
-                return self.home / "scopes" / "users" / self.user
+                return self.user_root(user or self.user)
 
-    def apps_dir(self, scope: Scope) -> Path:
+    def apps_dir(self, scope: Scope, user: str | None = None) -> Path:
         """Install path: the system scope's apps are the platform's own ``apps/`` folder."""
         if scope is Scope.SYSTEM:
             return self.system_apps
-        return self.root(scope) / "apps"
+        return self.root(scope, user) / "apps"
 
-    def app_dir(self, scope: Scope, app_id: str) -> Path:
-        return self.apps_dir(scope) / app_id
+    def app_dir(self, scope: Scope, app_id: str, user: str | None = None) -> Path:
+        return self.apps_dir(scope, user) / app_id
+
+    def users_root(self) -> Path:
+        """The folder holding every user's own folder (``scopes/users``)."""
+        return self.home / "scopes" / "users"
 
     def data_dir(self, scope: Scope) -> Path:
         """Where the scope's runtime data lives (per app, per instance beneath)."""

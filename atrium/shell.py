@@ -28,7 +28,7 @@ from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import load_runner
-from atrium.registry import AppRegistry
+from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
 from atrium.theme.catalogue import ThemeCatalogue
@@ -37,6 +37,7 @@ from atrium.upstream import UpstreamClient
 from atrium.users.audit import AuditLog
 from atrium.users.grants import GrantStore
 from atrium.users.store import UserStore
+from atrium.userscopes import UserScopes
 
 _LOGGER = logging.getLogger(__name__)
 SDK_SOURCE = Path(__file__).resolve().parent / "sdk.py"
@@ -64,6 +65,8 @@ class Shell:
     launcher: Launcher
     theme: ThemeService
     dist: Distribution
+    #: every user's user scope (repository, install pipeline); ``dist`` is the bootstrap admin's
+    user_scopes: UserScopes
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -185,15 +188,25 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(dataproxy.close)
         launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))
         stack.callback(launcher.close)
-        dist = Distribution(
-            layout=layout,
-            repos=repos,
-            registry=registry,
-            lifecycle=lifecycle,
-            bus=bus,
-            index=IndexClient(settings.index_url, settings.home / "cache" / "index.json"),
-            locks=locks,
-        )
+        index = IndexClient(settings.index_url, settings.home / "cache" / "index.json")
+
+        def make_dist(
+            user_layout: ScopeLayout, user_repos: Mapping[Scope, ScopeRepo], apps: UserApps
+        ) -> Distribution:
+            return Distribution(
+                layout=user_layout,
+                repos=user_repos,
+                registry=apps,
+                lifecycle=lifecycle,
+                bus=bus,
+                index=index,
+                locks=locks,
+            )
+
+        dist = make_dist(layout, repos, UserApps(registry, layout.user))
+        user_scopes = UserScopes(layout, registry, repos, dist, make_dist)
+        for user_id in registry.users():
+            await user_scopes.open(user_id)  # each user scope found at start: recovered, loaded
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
@@ -220,4 +233,5 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             launcher=launcher,
             theme=theme,
             dist=dist,
+            user_scopes=user_scopes,
         )

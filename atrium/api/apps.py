@@ -14,22 +14,22 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.errors import NotFound
-from atrium.identity import Caller
+from atrium.identity import Caller, user_id_of
 from atrium.permissions import describe
 from atrium.registry import AppView
 from atrium.shell import Shell
 
 
-def record_of(shell: Shell, view: AppView) -> dict[str, Any] | None:
+def record_of(shell: Shell, view: AppView, user: str | None = None) -> dict[str, Any] | None:
     """The install record of the listed copy (decisions.md "Lifecycle": null for apps placed by
-    hand)."""
-    record = shell.dist.record(view.copy.scope, view.copy.id)
+    hand); a user scope's copy is ``user``'s."""
+    record = shell.user_scopes.dist(user).record(view.copy.scope, view.copy.id)
     return record.wire() if record else None
 
 
-def app_wire(shell: Shell, view: AppView) -> dict[str, Any]:
+def app_wire(shell: Shell, view: AppView, user: str | None = None) -> dict[str, Any]:
     """An app as listed, with the authorities it declares that another visible app serves."""
-    body = view.wire(record_of(shell, view))
+    body = view.wire(record_of(shell, view, user))
     body["conflicts"] = [
         {"authority": clash.authority, "servedBy": clash.served_by}
         for clash in shell.dataproxy.table.clashes
@@ -40,18 +40,20 @@ def app_wire(shell: Shell, view: AppView) -> dict[str, Any]:
 
 async def list_apps(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    return JSONResponse([app_wire(shell, view) for view in shell.registry.views()])
+    user = user_id_of(caller)
+    return JSONResponse([app_wire(shell, view, user) for view in shell.registry.views(user)])
 
 
 async def get_app(request: Request, caller: Caller) -> Response:
     app_id = request.path_params["app_id"]
     shell = shell_of(request)
-    for view in shell.registry.views():
+    user = user_id_of(caller)
+    for view in shell.registry.views(user):
         if view.copy.id == app_id:
-            body = app_wire(shell, view)
+            body = app_wire(shell, view, user)
             if view.copy.manifest is not None:
                 body["manifest"] = view.copy.manifest.wire()
-                labels = shell.registry.permission_labels()
+                labels = shell.registry.permission_labels(user)
                 body["permissions"] = [
                     describe(name, labels) for name in view.copy.manifest.permissions
                 ]
@@ -80,7 +82,7 @@ MAX_ICON: Final = 512 * 1024
 async def app_icon(request: Request, caller: Caller) -> Response:
     """The visible copy's icon file (an SVG, PNG, WebP, JPEG or GIF in the app directory)."""
     app_id = request.path_params["app_id"]
-    copy = shell_of(request).registry.get(app_id)
+    copy = shell_of(request).registry.get(app_id, user_id_of(caller))
     icon = copy.manifest.icon if copy and copy.manifest else None
     if copy is None or icon is None or len(icon) <= 3:
         raise NotFound("icon", app_id, f"{app_id} has no icon file (a glyph or none)")

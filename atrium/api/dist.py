@@ -30,11 +30,11 @@ from atrium.api.errors import shutting_down
 from atrium.distribution import spool
 from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
-from atrium.distribution.pipeline import Approval
+from atrium.distribution.pipeline import Approval, Distribution
 from atrium.distribution.refs import parse_ref
 from atrium.errors import AtriumError, InvalidRequest, ShuttingDown
 from atrium.events import ERROR, RESULT
-from atrium.identity import Caller
+from atrium.identity import Caller, require_admin, user_id_of
 from atrium.manifest import APP_ID_RE
 from atrium.scopes import Scope, parse_scope
 from atrium.wire import WireModel
@@ -119,10 +119,32 @@ async def optional_body(request: Request, model: type[B]) -> B:
     return await read_model(request, model) if raw.strip() else model()
 
 
-def scope_or_winning(request: Request, app_id: str) -> Scope:
-    """The `scope` query parameter, else the winning changeable scope holding the app."""
-    dist = shell_of(request).dist
-    return scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
+async def dist_of(caller: Caller, request: Request) -> Distribution:
+    """The caller's own pipeline: their user scope (made on first use) over the shared ones."""
+    shell = shell_of(request)
+    return await shell.user_scopes.open(user_id_of(caller) or shell.layout.user)
+
+
+async def dist_for(
+    caller: Caller, request: Request, scope: Scope | None, app_id: str | None, what: str
+) -> tuple[Distribution, Scope]:
+    """The caller's pipeline and the scope the operation works in (``scope``, else the winning
+    changeable scope holding ``app_id`` for them); the global scope is shared, so changing it
+    (``what``) is an admin's: a member gets ``403 permission_denied``."""
+    dist = await dist_of(caller, request)
+    target = scope or (dist.mutable_scope_of(app_id) if app_id else Scope.GLOBAL)
+    if target is Scope.GLOBAL:
+        require_admin(caller, f"{what} in the global scope (a member's is --scope user)")
+    return dist, target
+
+
+async def scope_or_winning(
+    caller: Caller, request: Request, app_id: str
+) -> tuple[Distribution, Scope]:
+    """The caller's pipeline, and the `scope` query parameter, else the winning changeable scope
+    holding the app for them."""
+    dist = await dist_of(caller, request)
+    return dist, scope_named(request.query_params.get("scope")) or dist.mutable_scope_of(app_id)
 
 
 def app_id_of(request: Request) -> str:
@@ -185,39 +207,37 @@ async def collect(events: AsyncGenerator[ProgressEvent, None]) -> Response:
 
 async def install(request: Request, caller: Caller) -> Response:
     body = await read_model(request, InstallBody)
-    scope = scope_named(body.scope) or Scope.GLOBAL
-    events = shell_of(request).dist.install(
-        parse_ref(body.ref), scope, body.approval(), dev=body.dev
-    )
+    dist, scope = await dist_for(caller, request, scope_named(body.scope), None, "install")
+    events = dist.install(parse_ref(body.ref), scope, body.approval(), dev=body.dev)
     return await _answer(request, events)
 
 
 async def preview(request: Request, caller: Caller) -> Response:
     body = await read_model(request, PreviewBody)
     scope = scope_named(body.scope) or Scope.GLOBAL
-    return await _answer(request, shell_of(request).dist.preview(parse_ref(body.ref), scope))
+    dist = await dist_of(caller, request)
+    return await _answer(request, dist.preview(parse_ref(body.ref), scope))
 
 
 async def update(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     body = await optional_body(request, UpdateBody)
-    events = shell_of(request).dist.update(app_id, body.approval(), body.check)
+    dist, _ = await dist_for(caller, request, None, app_id, "update an app")
+    events = dist.update(app_id, body.approval(), body.check)
     return await _answer(request, events)
 
 
 async def rollback(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     body = await optional_body(request, RollbackBody)
-    events = shell_of(request).dist.rollback(
-        app_id, scope_named(body.scope), body.to, body.keep_data
-    )
+    dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "roll back")
+    events = dist.rollback(app_id, scope, body.to, body.keep_data)
     return await _answer(request, events)
 
 
 async def history(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
-    dist = shell_of(request).dist
-    scope = scope_or_winning(request, app_id)
+    dist, scope = await scope_or_winning(caller, request, app_id)
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
     backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
@@ -235,8 +255,9 @@ async def history(request: Request, caller: Caller) -> Response:
 async def list_backups(request: Request, caller: Caller) -> Response:
     """The app's data backups in a scope, newest first."""
     app_id = app_id_of(request)
-    dist = shell_of(request).dist
-    scope = scope_or_winning(request, app_id)
+    dist, scope = await scope_or_winning(caller, request, app_id)
+    if scope is Scope.GLOBAL:
+        require_admin(caller, "list the data backups of an app")
     backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
     return JSONResponse([b.wire() for b in backups])
 
@@ -245,7 +266,8 @@ async def backup(request: Request, caller: Caller) -> Response:
     """Back up the app's runtime data now."""
     app_id = app_id_of(request)
     body = await optional_body(request, BackupBody)
-    taken = await shell_of(request).dist.data.backup(app_id, scope_named(body.scope))
+    dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "back up")
+    taken = await dist.data.backup(app_id, scope)
     return JSONResponse(taken.wire())
 
 
@@ -253,7 +275,8 @@ async def restore(request: Request, caller: Caller) -> Response:
     """Put a backup's data back."""
     app_id = app_id_of(request)
     body = await read_model(request, RestoreBody)
-    answer = await shell_of(request).dist.data.restore(app_id, body.backup, scope_named(body.scope))
+    dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "restore")
+    answer = await dist.data.restore(app_id, body.backup, scope)
     return JSONResponse(answer)
 
 
@@ -262,11 +285,12 @@ async def export(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     shell = shell_of(request)
     scope = scope_named(request.query_params.get("scope"))
+    dist, scope = await dist_for(caller, request, scope, app_id, "export an app")
     folder = spool.folder(shell.settings.home, "exports")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = folder / f"{app_id}-{secrets.token_hex(6)}.tar.zst"
     try:
-        await shell.dist.data.export(app_id, target, scope)
+        await dist.data.export(app_id, target, scope)
     except BaseException:
         target.unlink(missing_ok=True)
         raise
@@ -282,13 +306,13 @@ async def import_app(request: Request, caller: Caller) -> Response:
     """Install an exported app with its data; the body is the archive."""
     shell = shell_of(request)
     params = request.query_params
-    scope = scope_named(params.get("scope")) or Scope.GLOBAL
+    dist, scope = await dist_for(caller, request, scope_named(params.get("scope")), None, "import")
     auto = params.get("autoApprove", "").lower() in {"1", "true", "yes"}
     archive = await spool.receive(request.stream(), shell.settings.home, MAX_ARCHIVE)
 
     async def events() -> AsyncGenerator[ProgressEvent, None]:
         try:
-            run = shell.dist.import_archive(archive, scope, Approval(auto_approve=auto))
+            run = dist.import_archive(archive, scope, Approval(auto_approve=auto))
             async with aclosing(run) as steps:
                 async for item in steps:
                     yield item
@@ -310,7 +334,8 @@ async def uninstall(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     scope = scope_named(request.query_params.get("scope"))
     dev_only = request.query_params.get("devOnly", "").lower() in {"1", "true", "yes"}
-    return JSONResponse(await shell_of(request).dist.uninstall(app_id, scope, dev_only=dev_only))
+    dist, target = await dist_for(caller, request, scope, app_id, "uninstall")
+    return JSONResponse(await dist.uninstall(app_id, target if scope else None, dev_only=dev_only))
 
 
 async def index(request: Request, caller: Caller) -> Response:
@@ -321,7 +346,7 @@ async def index(request: Request, caller: Caller) -> Response:
 
 
 async def installed(request: Request, caller: Caller) -> Response:
-    dist = shell_of(request).dist
+    dist = await dist_of(caller, request)
     damaged = [{**d, "damaged": True} for d in await asyncio.to_thread(dist.records.damaged)]
     return JSONResponse([r.wire() for r in dist.installed()] + damaged)
 

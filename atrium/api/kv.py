@@ -77,7 +77,7 @@ def _check(shell: Shell, caller: Caller, namespace: str, key: str, verb: Verb) -
     needed = kv_permission_needed(
         caller.app_id, "os" if namespace == GLOBAL else namespace, key, verb
     )
-    copy = shell.registry.get(caller.app_id)
+    copy = shell.registry.get(caller.app_id, caller.owner)
     granted = copy.manifest.permissions if copy and copy.manifest else []
     if not holds(granted, needed):
         raise PermissionDenied(

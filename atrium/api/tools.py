@@ -90,9 +90,9 @@ routes: list[BaseRoute] = [
         "/api/tools/{name}",
         add_tool,
         methods=["PUT"],
-        access=Access.USER,
+        access=Access.ADMIN,  # the toolchain is the whole shell's
         body=ToolBody,
         body_required=False,
     ),
-    endpoint("/api/tools/{name}", remove_tool, methods=["DELETE"], access=Access.USER),
+    endpoint("/api/tools/{name}", remove_tool, methods=["DELETE"], access=Access.ADMIN),
 ]

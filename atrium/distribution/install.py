@@ -342,11 +342,12 @@ class Installer:
 
     # -- recovery at start ------------------------------------------------------------------------
 
-    async def recover(self) -> list[str]:
+    async def recover(self, scopes: tuple[Scope, ...] = (Scope.GLOBAL, Scope.USER)) -> list[str]:
         """Finish or undo every interrupted operation, then clear staging; returns what was done,
-        one line per operation (for the log). Runs before the registry's first scan."""
+        one line per operation (for the log). Runs before the registry's first scan of
+        ``scopes`` (a user scope first opened later recovers alone: never the live global one)."""
         done: list[str] = []
-        for scope in (Scope.GLOBAL, Scope.USER):
+        for scope in scopes:
             for journal in await asyncio.to_thread(self.journals.pending, scope):
                 finished = self.is_done(journal)
                 try:
@@ -390,6 +391,10 @@ class Installer:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-async def recover(layout: ScopeLayout, repos: Mapping[Scope, ScopeRepo]) -> list[str]:
-    """Start-up recovery of every mutable scope (see `Installer.recover`)."""
-    return await Installer(layout, repos, RecordStore(layout)).recover()
+async def recover(
+    layout: ScopeLayout,
+    repos: Mapping[Scope, ScopeRepo],
+    scopes: tuple[Scope, ...] = (Scope.GLOBAL, Scope.USER),
+) -> list[str]:
+    """Start-up recovery of the mutable ``scopes`` (see `Installer.recover`)."""
+    return await Installer(layout, repos, RecordStore(layout)).recover(scopes)

@@ -69,7 +69,7 @@ from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.manifest import Manifest
 from atrium.permissions import describe
-from atrium.registry import AppCopy, AppRegistry
+from atrium.registry import AppCopy, UserApps
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Distribution:
         *,
         layout: ScopeLayout,
         repos: Mapping[Scope, ScopeRepo],
-        registry: AppRegistry,
+        registry: UserApps,
         lifecycle: LifecycleManager,
         bus: EventBus,
         index: IndexClient,
@@ -599,7 +599,8 @@ class Distribution:
             await asyncio.to_thread(self.data.backups.remove_all, scope, app_id)
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
-            self._bus.emit(AppRemoved(app_id, scope.value))
+            owner = self._registry.user if scope is Scope.USER else None
+            self._bus.emit(AppRemoved(app_id, scope.value, owner=owner))
         await self._registry.rescan([scope])
         visible = self._registry.get(app_id)
         unmasked = visible.scope.value if visible else None

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from atrium.errors import AtriumError, NotFound
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
-from atrium.registry import AppRegistry
+from atrium.registry import UserApps
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ _LOGGER = logging.getLogger(__name__)
 class InstanceStops:
     """Stop and restart an app's instances for the distribution service."""
 
-    def __init__(self, lifecycle: LifecycleManager, registry: AppRegistry) -> None:
+    def __init__(self, lifecycle: LifecycleManager, registry: UserApps) -> None:
         self._lifecycle = lifecycle
         self._registry = registry
 

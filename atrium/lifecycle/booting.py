@@ -88,7 +88,7 @@ class Booter:
     async def spawn(self, instance: Instance) -> None:
         """Start the child and wait for its `/health` identity; any failure → `error` and
         SpawnFailed with its cause."""
-        copy = instance.source or self._registry.get(instance.app_id)
+        copy = instance.source or self._registry.get(instance.app_id, instance.owner)
         if copy is None or copy.manifest is None:
             raise await self._fail(instance, "the app is no longer installed", "exited")
         instance.manifest = copy.manifest

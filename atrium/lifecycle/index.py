@@ -90,10 +90,10 @@ class InstanceIndex:
         instance id whose runtime data folder it uses (a headless provider's; default its own).
         ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``); its
         id is the lowest free of that owner's (`id_prefix`), its data that owner's folder."""
-        copy = self._registry.get(app_id)
+        owner = owner or self._layout.user
+        copy = self._registry.get(app_id, owner)  # the copy its owner sees (masking is per user)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
-        owner = owner or self._layout.user
         prefix = self.id_prefix(app_id, owner)
         taken = set(self._instances)
         if wanted is not None and (wanted in taken or not wanted.startswith(prefix)):

@@ -129,6 +129,11 @@ class WarmPool:
         """Keep the pools in step with the visible apps; returns the remover."""
 
         def on_app(event: Event) -> None:
+            if event.data is not None and event.data.owner not in (
+                None,
+                self._registry.default_user,
+            ):
+                return  # the pool holds the bootstrap admin's instances: another user's view
             if isinstance(event.data, AppInstalled):
                 app_id = event.data.app_id
                 self._host.spawn_task(self.refill(app_id), f"warm-pool fill {app_id}")

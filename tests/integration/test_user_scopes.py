@@ -1,0 +1,143 @@
+"""Each user's own user scope through the real shell: installs, masking, git, admin-only scopes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.distribution.conftest import SERVER, write_manifest
+
+pytestmark = pytest.mark.integration
+
+
+def make_app(root: Path, app_id: str, **fields: Any) -> Path:
+    app_dir = root / app_id
+    app_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERVER, app_dir / "server.py")
+    write_manifest(app_dir, **fields)
+    return app_dir
+
+
+def install(client: httpx.Client, source: Path, scope: str) -> httpx.Response:
+    return client.post(
+        "/api/dist/install",
+        json={"ref": f"local:{source}", "scope": scope, "autoApprove": True},
+        timeout=60,
+    )
+
+
+def visible(client: httpx.Client) -> dict[str, str]:
+    """Visible app id → the scope it is seen from (problems left out)."""
+    return {a["id"]: a["scope"] for a in client.get("/api/apps").json() if not a["problems"]}
+
+
+def git_log(repo: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "log", "--format=%s"], cwd=repo, check=True, capture_output=True, text=True
+    )
+    return out.stdout.splitlines()
+
+
+def test_a_users_install_into_their_user_scope_is_theirs_alone(
+    start_shell: StartShell, home: Path, tmp_path: Path
+) -> None:
+    shell = start_shell()
+    bob = shell.add_user("bob")
+    with shell.client() as alice, shell.client(bob) as b:
+        answer = install(b, make_app(tmp_path / "b", "com.example.bobs"), "user")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["ok"] is True
+        assert visible(b).get("com.example.bobs") == "user"
+        assert "com.example.bobs" not in visible(alice)
+        assert alice.get("/api/apps/com.example.bobs").status_code == 404
+
+        answer = install(alice, make_app(tmp_path / "a", "com.example.alices"), "user")
+        assert answer.status_code == 200, answer.text
+        assert visible(alice).get("com.example.alices") == "user"
+        assert "com.example.alices" not in visible(b)
+
+        # bob's scope is its own git repository, with its own commits
+        bobs = home / "scopes/users/bob"
+        assert (bobs / ".git").is_dir()
+        assert (bobs / "apps/com.example.bobs/app.manifest.json").is_file()
+        assert any("com.example.bobs" in line for line in git_log(bobs))
+        assert not any(
+            "com.example.bobs" in line for line in git_log(home / "scopes/users/default")
+        )
+        assert not any("com.example.alices" in line for line in git_log(bobs))
+
+        # each sees their own user scope in /api/scopes
+        b_scopes = {s["id"]: s for s in b.get("/api/scopes").json()}
+        a_scopes = {s["id"]: s for s in alice.get("/api/scopes").json()}
+        assert b_scopes["user"]["appsDir"] == str(bobs / "apps")
+        assert a_scopes["user"]["appsDir"] == str(home / "scopes/users/default/apps")
+        assert (b_scopes["user"]["appCount"], a_scopes["user"]["appCount"]) == (1, 1)
+
+    # a restart keeps bob's scope and what it holds
+    shell.stop()
+    again = start_shell()
+    with again.client() as alice, again.client(bob) as b:
+        assert visible(b).get("com.example.bobs") == "user"
+        assert "com.example.bobs" not in visible(alice)
+
+
+def test_a_users_app_masks_a_global_app_for_that_user_only(
+    shell: RunningShell, tmp_path: Path
+) -> None:
+    bob = shell.add_user("bob")
+    with shell.client() as alice, shell.client(bob) as b:
+        source = make_app(tmp_path / "g", "com.example.shared", version="1.0.0")
+        assert install(alice, source, "global").status_code == 200
+        assert visible(b)["com.example.shared"] == "global"
+        mine = make_app(tmp_path / "b", "com.example.shared", version="2.0.0")
+        answer = install(b, mine, "user")
+        assert answer.status_code == 200, answer.text
+        assert visible(b)["com.example.shared"] == "user"
+        assert visible(alice)["com.example.shared"] == "global"
+        bobs_view = b.get("/api/apps/com.example.shared").json()
+        assert bobs_view["manifest"]["version"] == "2.0.0"
+        assert alice.get("/api/apps/com.example.shared").json()["manifest"]["version"] == "1.0.0"
+
+
+def test_a_member_cannot_change_the_global_scope(shell: RunningShell, tmp_path: Path) -> None:
+    bob = shell.add_user("bob")
+    source = make_app(tmp_path / "g", "com.example.global")
+    with shell.client(bob) as b, shell.client() as alice:
+        refused = install(b, source, "global")
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "permission_denied"
+        assert "com.example.global" not in visible(b)
+        remote = b.put("/api/scopes/global/git-repo", json={"url": "https://git.example/r.git"})
+        assert remote.status_code == 403
+        assert remote.json()["error"]["code"] == "permission_denied"
+        # their own user scope's remote is theirs to set
+        own = b.put("/api/scopes/user/git-repo", json={"url": "https://git.example/bob.git"})
+        assert own.status_code == 200, own.text
+        scopes = {s["id"]: s for s in b.get("/api/scopes").json()}
+        assert scopes["user"]["remote"] == "https://git.example/bob.git"
+        assert {s["id"]: s for s in alice.get("/api/scopes").json()}["user"]["remote"] is None
+        # an admin installs into global; the member may neither update nor uninstall it
+        assert install(alice, source, "global").status_code == 200
+        gone = b.delete("/api/dist/uninstall/com.example.global")
+        assert gone.status_code == 403, gone.text
+        assert b.post("/api/dist/update/com.example.global").status_code == 403
+        assert "com.example.global" in visible(alice)
+
+
+def test_the_toolchain_is_an_admins_to_change(shell: RunningShell) -> None:
+    bob = shell.add_user("bob")
+    git_path = shutil.which("git")
+    with shell.client(bob) as b, shell.client() as alice:
+        refused = b.put("/api/tools/git", json={"path": git_path})
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "permission_denied"
+        assert "git" not in {t["name"] for t in b.get("/api/tools").json()}
+        assert alice.put("/api/tools/git", json={"path": git_path}).status_code == 200
+        assert b.delete("/api/tools/git").status_code == 403
+        assert "git" in {t["name"] for t in alice.get("/api/tools").json()}
