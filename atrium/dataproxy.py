@@ -154,7 +154,7 @@ class DataProxy:
             return Route(
                 instance.address, match.app_id, needed, caller_app, authority, woken, owner
             )
-        copy = self._registry.get(match.app_id)
+        copy = self._registry.get(match.app_id, owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None or not provider.wake:
             raise self._unavailable(match.app_id, authority, owner)
@@ -179,7 +179,7 @@ class DataProxy:
         provider instance is `resumed` (docs/api.md "Waking a provider"), which waits for the
         end of any operation holding the app; then route it there, or to whichever instance
         registered meanwhile. 503 when it does not wake in time."""
-        copy = self._registry.get(route.app_id)
+        copy = self._registry.get(route.app_id, route.owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None:  # uninstalled while the request was on its way
             raise NoProvider(route.authority, "/")
@@ -255,7 +255,9 @@ class DataProxy:
             )
         if caller.app_id == provider_app:
             return None  # a provider may call its own authority
-        copy = self._registry.get(caller.app_id)
+        copy = self._registry.get(
+            caller.app_id, caller.owner
+        )  # the caller's copy, as its owner sees it
         granted = copy.manifest.permissions if copy and copy.manifest else []
         if not holds(granted, needed):
             return PermissionDenied(

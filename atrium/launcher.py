@@ -110,6 +110,8 @@ class Launcher:
             task.cancel()
 
     def _on_app(self, event: Event) -> None:
+        if event.data is not None and event.data.owner not in (None, self._registry.default_user):
+            return  # the intent index is built from the bootstrap admin's view of the apps
         if isinstance(event.data, AppInstalled | AppRemoved):
             self._refresh(event.data.app_id)
         if isinstance(event.data, AppRemoved) and not self._registry.copies(event.data.app_id):

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.conftest import RunningShell, SseReader, StartShell
 from tests.integration.distribution.conftest import SERVER, write_manifest
 
 pytestmark = pytest.mark.integration
@@ -141,3 +141,23 @@ def test_the_toolchain_is_an_admins_to_change(shell: RunningShell) -> None:
         assert alice.put("/api/tools/git", json={"path": git_path}).status_code == 200
         assert b.delete("/api/tools/git").status_code == 403
         assert "git" in {t["name"] for t in alice.get("/api/tools").json()}
+
+
+def test_an_install_in_a_users_scope_is_announced_to_that_user_only(
+    shell: RunningShell, tmp_path: Path
+) -> None:
+    bob = shell.add_user("bob")
+    topics = {"topics": "app:installed"}
+    with shell.client() as alice, shell.client(bob) as b:
+        alices_events, bobs_events = SseReader(alice, params=topics), SseReader(b, params=topics)
+        assert install(b, make_app(tmp_path / "b", "com.example.bobs"), "user").status_code == 200
+        assert (
+            install(alice, make_app(tmp_path / "a", "com.example.alices"), "user").status_code
+            == 200
+        )
+        bobs_events.wait(1)
+        alices_events.wait(1)
+        assert [e.data["appId"] for e in bobs_events.of("app:installed")] == ["com.example.bobs"]
+        assert [e.data["appId"] for e in alices_events.of("app:installed")] == [
+            "com.example.alices"
+        ]
