@@ -60,7 +60,11 @@ def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any
         pooled=lifecycle.is_pooled(instance),
         wake=None
         if woken is None
-        else {**woken.wire(), "wakes": lifecycle.headless.wakes.get(instance.app_id, 0)},
+        else {
+            **woken.wire(),
+            # the owner's own wakes: another user's are none of theirs
+            "wakes": lifecycle.headless.wakes_of.get((instance.app_id, instance.owner), 0),
+        },
     )
 
 

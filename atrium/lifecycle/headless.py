@@ -151,6 +151,8 @@ class HeadlessProviders:
         self._failed: dict[tuple[str, str], tuple[float, AtriumError]] = {}
         #: wakes started per app since the shell started
         self.wakes: dict[str, int] = {}
+        #: the same per (app, user): what an instance object shows its owner
+        self.wakes_of: dict[tuple[str, str], int] = {}
         #: requests per app waiting for the end of an operation before they wake it
         self.held: dict[str, int] = {}
 
@@ -215,6 +217,7 @@ class HeadlessProviders:
         instance = self._host.new_instance(app_id, wanted, data_of=f"{prefix}1", owner=owner)
         woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
         self.wakes[app_id] = self.wakes.get(app_id, 0) + 1
+        self.wakes_of[(app_id, owner)] = self.wakes_of.get((app_id, owner), 0) + 1
         _LOGGER.info("%s: waking a headless provider instance %s", app_id, instance.id)
         try:
             await self._host.boot_resumed(instance)

@@ -154,6 +154,7 @@ def test_the_data_proxy_wakes_and_reaches_the_callers_own_provider_instance(
         assert [n["text"] for n in alice.get("/api/data/notes/notes").json()] == ["alice's"]
         [woken] = bob.get("/api/instances").json()
         assert (woken["owner"], woken["headless"]) == ("bob", True)
+        assert woken["wake"]["wakes"] == 1  # B's own wakes: A's are none of B's business
         # B's launch of Notes shows B's notes (the data the provider wrote), never A's
         mine = launch(bob, NOTES)
         assert mine["instanceId"] != woken["instanceId"]
@@ -260,3 +261,17 @@ def test_under_bwrap_another_users_instance_cannot_list_or_read_the_data_of_the_
             "dataDir": "/data"
         }
         assert peek(Path("/data"))["read"] == "bob's"
+
+
+def test_an_intent_starts_an_instance_of_the_starting_user(shell: RunningShell) -> None:
+    with shell.client() as alice, shell.client(shell.add_user("bob")) as bob:
+        intent = {"action": "os.intent.action.CREATE_NOTE", "type": "text/plain"}
+        hers = alice.post("/api/intents/start", json={**intent, "target": NOTES})
+        assert hers.status_code == 200, hers.text
+        theirs = bob.post("/api/intents/start", json={**intent, "target": NOTES})
+        assert theirs.status_code == 200, theirs.text
+        her_id, their_id = hers.json()["instanceId"], theirs.json()["instanceId"]
+        assert her_id != their_id  # B's intent never lands on A's live instance
+        assert bob.get(f"/api/instances/{their_id}").json()["owner"] == "bob"
+        as_missing(bob.get(f"/api/instances/{her_id}"), her_id)
+        as_missing(alice.get(f"/api/instances/{their_id}"), their_id)
