@@ -281,7 +281,7 @@ function selectVersionsOf(appId) {
 
 function showError(err) {
   if (err.status === 401) {
-    banner("Your session has ended: open the login link that `atrium serve` printed.");
+    banner("Your session has ended: sign in again (reload the page).");
   } else {
     toast(err.message);
   }
@@ -418,6 +418,7 @@ async function refreshProcs() {
   instances.clear();
   for (const instance of listed) instances.set(instance.instanceId, instance);
   renderProcs();
+  await loadShared();
 }
 
 function renderProcs() {
@@ -428,7 +429,8 @@ function renderProcs() {
     const buttons = el("td", {},
       el("button", { className: "ghost", type: "button", textContent: "stop", ariaLabel: `Stop ${i.instanceId}`, onclick: () => loudly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
       el("button", { className: "ghost", type: "button", textContent: "destroy", ariaLabel: `Destroy ${i.instanceId}`, onclick: () => loudly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
-      el("button", { className: "ghost", type: "button", textContent: "logs", ariaLabel: `Logs of ${i.instanceId}`, onclick: () => loudly(showLogs(i.instanceId)) }));
+      el("button", { className: "ghost", type: "button", textContent: "logs", ariaLabel: `Logs of ${i.instanceId}`, onclick: () => loudly(showLogs(i.instanceId)) }),
+      el("button", { className: "ghost", type: "button", textContent: "share", ariaLabel: `Share ${i.instanceId}`, onclick: () => loudly(openShare(i)) }));
     const row = el("tr", {}, el("td", { textContent: i.instanceId }), state,
       el("td", { textContent: i.port ?? "" }), el("td", { textContent: i.scope }), el("td", {}, chip), buttons);
     row.dataset.instanceId = i.instanceId;
@@ -761,8 +763,215 @@ function connectEvents() {
   return source;
 }
 
+// ---------------------------------------------------------------- users
+let me = null;                   // {id, name, role} of the signed-in user
+
+/** No session: the sign-in form (password, and a button per OIDC provider) instead of the shell. */
+async function showSignIn() {
+  document.querySelector("header.bar").hidden = true;
+  document.querySelector("body > main:not(#signin)").hidden = true;
+  $("signin").hidden = false;
+  document.body.classList.add("signing-in");
+  const providers = await api("GET", "/api/auth/providers").catch(() => []);
+  $("signin-providers").replaceChildren(...providers.map((p) =>
+    el("a", { className: "button ghost", href: `/auth/oidc/${encodeURIComponent(p.id)}/login`, textContent: `Sign in with ${p.name}` })));
+  $("signin-form").onsubmit = (event) => { event.preventDefault(); quietly(signIn()); };
+  $("signin-user").focus();
+  document.body.dataset.signin = "true";
+}
+
+async function signIn() {
+  const result = $("signin-result");
+  result.textContent = "";
+  $("signin-go").disabled = true;
+  try {
+    await api("POST", "/api/session", { user: $("signin-user").value.trim(), password: $("signin-password").value });
+    location.reload();
+  } catch (err) {
+    $("signin-password").value = "";
+    if (err.code === "bad_credentials" || err.status === 401) result.textContent = "Wrong user or password.";
+    else if (err.status === 429) result.textContent = "Too many attempts: wait a minute, then try again.";
+    else result.textContent = err.message;
+    $("signin-go").disabled = false;
+    $("signin-password").focus();
+    throw err;
+  }
+}
+
+async function loadMe() {
+  me = await api("GET", "/api/me");
+  $("open-account").textContent = me.name || me.id;
+  $("open-account").setAttribute("aria-label", `Account: ${me.name || me.id}`);
+  $("account-who").textContent = `Signed in as ${me.name || me.id} (${me.id}, ${me.role})`;
+  $("open-users").hidden = me.role !== "admin";
+}
+
+async function signOut() {
+  await api("DELETE", "/api/session");
+  location.assign("/");
+}
+
+/** "Chrome on Linux" from a User-Agent header: the sign-ins list names devices, not strings. */
+function deviceLabel(agent) {
+  if (!agent) return "";
+  const browser = [["Edg/", "Edge"], ["Firefox/", "Firefox"], ["Chrome/", "Chrome"], ["Safari/", "Safari"], ["curl/", "curl"], ["python", "Python"]]
+    .find(([mark]) => agent.includes(mark))?.[1];
+  const system = [["Android", "Android"], ["iPhone", "iPhone"], ["iPad", "iPad"], ["Windows", "Windows"], ["Mac OS", "macOS"], ["Linux", "Linux"]]
+    .find(([mark]) => agent.includes(mark))?.[1];
+  if (!browser) return agent.slice(0, 40);
+  return system ? `${browser} on ${system}` : browser;
+}
+
+const when = (stamp) => (stamp ? new Date(typeof stamp === "number" ? stamp * 1000 : stamp).toLocaleString() : "");
+
+async function loadAccount() {
+  const [tokens, sessions] = await Promise.all([api("GET", "/api/tokens"), api("GET", "/api/sessions")]);
+  $("token-rows").replaceChildren(...tokens.map((t) => el("li", {},
+    el("span", { textContent: `${t.name}${t.expiresAt ? ` · expires ${when(t.expiresAt)}` : ""}` }),
+    el("button", { className: "ghost", type: "button", textContent: "revoke", ariaLabel: `Revoke token ${t.name}`,
+      onclick: () => loudly(api("DELETE", `/api/tokens/${encodeURIComponent(t.id)}`).then(loadAccount)) }))));
+  $("session-rows").replaceChildren(...sessions.map((s) => el("li", {},
+    el("span", { title: s.device || "", textContent: `${deviceLabel(s.device) || s.kind}${s.address ? ` · ${s.address}` : ""} · last seen ${when(s.lastSeen)}${s.current ? " (this one)" : ""}` }),
+    s.current ? "" : el("button", { className: "ghost", type: "button", textContent: "end", ariaLabel: `End sign-in ${deviceLabel(s.device) || s.kind} last seen ${when(s.lastSeen)}`,
+      onclick: () => loudly(api("DELETE", `/api/sessions/${encodeURIComponent(s.id)}`).then(loadAccount)) }))));
+}
+
+async function createToken() {
+  const body = { name: $("token-name").value.trim() };
+  const days = $("token-days").value;
+  if (days) body.expiresInDays = Number(days);
+  const made = await api("POST", "/api/tokens", body);
+  $("token-secret").value = made.token;
+  $("token-new").hidden = false;
+  $("token-secret").select();
+  $("token-form").reset();
+  await loadAccount();
+}
+
+async function loadUsers() {
+  const users = await api("GET", "/api/users");
+  $("user-rows").replaceChildren(...users.map((u) => {
+    const role = el("select", { ariaLabel: `Role of ${u.id}` },
+      ...["member", "admin"].map((r) => el("option", { value: r, textContent: r, selected: r === u.role })));
+    role.onchange = () => loudly(changeUser(u.id, { role: role.value }));
+    const row = el("tr", {},
+      el("td", { textContent: u.name && u.name !== u.id ? `${u.name} (${u.id})` : u.id }),
+      el("td", {}, role),
+      el("td", { textContent: u.disabled ? "disabled" : "enabled" }),
+      el("td", { className: "actions" },
+        el("button", { className: "ghost", type: "button", textContent: u.disabled ? "enable" : "disable",
+          ariaLabel: `${u.disabled ? "Enable" : "Disable"} ${u.id}`, onclick: () => loudly(changeUser(u.id, { disabled: !u.disabled })) }),
+        el("button", { className: "ghost", type: "button", textContent: "password", ariaLabel: `Reset the password of ${u.id}`,
+          onclick: () => openPassword(u.id) })));
+    row.dataset.userId = u.id;
+    return row;
+  }));
+}
+
+async function changeUser(id, change) {
+  $("users-result").textContent = "";
+  try {
+    await api("PATCH", `/api/users/${encodeURIComponent(id)}`, change);
+  } catch (err) {
+    $("users-result").textContent = err.message;
+  }
+  await loadUsers();
+}
+
+async function addUser() {
+  const body = { id: $("user-id").value.trim(), role: $("user-role").value };
+  if ($("user-name").value.trim()) body.name = $("user-name").value.trim();
+  if ($("user-password").value) body.password = $("user-password").value;
+  try {
+    await api("POST", "/api/users", body);
+    $("user-form").reset();
+    $("users-result").textContent = `Added ${body.id}.`;
+  } catch (err) {
+    $("users-result").textContent = err.message;
+  }
+  await loadUsers();
+}
+
+let passwordFor = null;
+function openPassword(id) {
+  passwordFor = id;
+  $("password-title").textContent = `Reset the password of ${id}`;
+  $("password-result").textContent = "";
+  $("password-form").reset();
+  $("password").showModal();
+}
+
+async function resetPassword() {
+  try {
+    await api("PUT", `/api/users/${encodeURIComponent(passwordFor)}/password`, { password: $("password-new").value });
+    $("password").close();
+    $("users-result").textContent = `Password of ${passwordFor} set.`;
+  } catch (err) {
+    $("password-result").textContent = err.message;
+  }
+}
+
+let sharing = null;              // the instance the Share dialog is about
+async function openShare(instance) {
+  sharing = instance;
+  $("share-title").textContent = `Share ${instance.name || instance.instanceId}`;
+  $("share-result").textContent = "";
+  $("share-form").reset();
+  await loadGrants();
+  $("share").showModal();
+}
+
+async function loadGrants() {
+  const grants = await api("GET", `/api/instances/${sharing.instanceId}/grants`);
+  $("grant-rows").replaceChildren(...grants.map((g) => el("li", {},
+    el("span", { textContent: `${g.userName || g.user} · ${g.role}` }),
+    el("button", { className: "ghost", type: "button", textContent: "revoke", ariaLabel: `Stop sharing with ${g.user}`,
+      onclick: () => loudly(api("DELETE", `/api/instances/${sharing.instanceId}/grants/${encodeURIComponent(g.grantId)}`).then(loadGrants)) }))));
+}
+
+async function share() {
+  try {
+    await api("POST", `/api/instances/${sharing.instanceId}/grants`, { user: $("share-user").value.trim(), role: $("share-role").value });
+    $("share-result").textContent = `Shared with ${$("share-user").value.trim()}.`;
+    $("share-user").value = "";
+  } catch (err) {
+    $("share-result").textContent = err.message;
+  }
+  await loadGrants();
+}
+
+async function loadShared() {
+  const shared = await api("GET", "/api/instances?shared=1");
+  $("shared-title").hidden = $("shared").hidden = shared.length === 0;
+  $("shared").replaceChildren(...shared.map((i) => {
+    return el("li", {}, el("button", { className: "app shared-app", type: "button",
+      textContent: `${i.name || i.appId} · ${i.owner} · ${i.access}`,
+      ariaLabel: `Open ${i.name || i.appId} shared by ${i.owner} (${i.access})`,
+      onclick: () => loudly(openView(i, "/", i.name || i.appId)) }));
+  }));
+}
+
+function userPanels() {
+  $("open-account").onclick = () => {
+    $("account").hidden = !$("account").hidden;
+    if (!$("account").hidden) { $("token-new").hidden = true; quietly(loadAccount()); }
+  };
+  $("open-users").onclick = () => {
+    $("users").hidden = !$("users").hidden;
+    if (!$("users").hidden) quietly(loadUsers());
+  };
+  $("signout").onclick = () => loudly(signOut());
+  $("token-form").onsubmit = (event) => { event.preventDefault(); loudly(createToken()); };
+  $("user-form").onsubmit = (event) => { event.preventDefault(); loudly(addUser()); };
+  $("password-form").onsubmit = (event) => { event.preventDefault(); loudly(resetPassword()); };
+  $("password-close").onclick = () => $("password").close();
+  $("share-form").onsubmit = (event) => { event.preventDefault(); loudly(share()); };
+  $("share-close").onclick = () => $("share").close();
+}
+
 // ---------------------------------------------------------------- start
 function panels() {
+  userPanels();
   for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"], ["open-catalogue", "catalogue"]]) {
     $(button).onclick = () => {
       $(panel).hidden = !$(panel).hidden;
@@ -806,15 +1015,15 @@ async function start() {
     await loadApps();
   } catch (err) {
     if (err.status === 401) {
-      $("status").textContent = "Open the login link that `atrium serve` printed to use the host page.";
+      await showSignIn();
       return;
     }
     throw err;
   }
   connectEvents();
-  await Promise.all([quietly(loadInstances()), quietly(loadPicker())]);
+  await Promise.all([quietly(loadMe()), quietly(loadInstances()), quietly(loadPicker()), quietly(loadShared())]);
   document.body.dataset.ready = "true";
 }
 
-window.atrium = { launch, startIntent, tabs, instances };   // for the e2e tests and the console
+window.atrium = { launch, startIntent, tabs, instances, refreshProcs };   // for the e2e tests and the console
 start().catch(showError);
