@@ -774,7 +774,7 @@ async function showSignIn() {
   document.body.classList.add("signing-in");
   const providers = await api("GET", "/api/auth/providers").catch(() => []);
   $("signin-providers").replaceChildren(...providers.map((p) =>
-    el("a", { className: "button ghost", href: `/auth/oidc/${encodeURIComponent(p.id)}/login`, textContent: `Sign in with ${p.name}` })));
+    el("a", { className: "button ghost", href: p.loginUrl || `/auth/oidc/${encodeURIComponent(p.id)}/login`, textContent: `Sign in with ${p.displayName || p.id}` })));
   $("signin-form").onsubmit = (event) => { event.preventDefault(); quietly(signIn()); };
   $("signin-user").focus();
   document.body.dataset.signin = "true";

@@ -114,6 +114,23 @@ def test_a_linked_identity_signs_in_in_the_browser(
     assert [s["kind"] for s in sessions] == ["oidc"]
 
 
+def test_the_sign_in_page_has_a_button_per_provider(
+    fresh: Page, oidc_served: Served, provider: MockProvider
+) -> None:
+    with admin(oidc_served) as client:
+        client.post("/api/users", json={"id": "carol", "name": "Carol"}).raise_for_status()
+        client.post(
+            "/api/users/carol/identities", json={"issuer": provider.issuer, "subject": "carol-sub"}
+        ).raise_for_status()
+    fresh.goto(f"{oidc_served.url}/")
+    fresh.wait_for_selector("body[data-signin=true]")
+    fresh.click("a:has-text('Sign in with Mock mock')")
+    fresh.fill("input[name=sub]", "carol-sub")
+    fresh.click("button:has-text('Authorize')")
+    fresh.wait_for_selector("body[data-ready=true]")
+    assert fresh.text_content("#open-account") == "Carol"
+
+
 def test_an_unknown_subject_sees_the_refusal_page(fresh: Page, oidc_served: Served) -> None:
     answers: list[int] = []
     fresh.on("response", lambda r: answers.append(r.status) if "/callback" in r.url else None)
