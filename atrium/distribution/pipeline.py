@@ -587,7 +587,7 @@ class Distribution:
         record = self.records.get(scope, app_id)
         was_visible = self._registry.get(app_id) is copy
         unmasks = was_visible and any(c.is_valid and c.scope is not scope for c in copies)
-        stopped = await self.stops.stop_all(app_id) if was_visible else []
+        stopped = await self.stops.stop_all(app_id, scope) if was_visible else []
         try:
             async with staging(self._layout, self.installer.journals, scope) as path:
                 await self.installer.uninstall(scope, app_id, path, f"uninstall {app_id} {version}")

@@ -28,11 +28,29 @@ class InstanceStops:
         self._lifecycle = lifecycle
         self._registry = registry
 
-    async def stop_all(self, app_id: str) -> list[str]:
-        """Stop every instance of the app and drain its warm pool; the ids of those that were
-        running, to bring them back afterwards with the same ids."""
-        await self._lifecycle.pool.drain(app_id)
-        instances = [i for i in self._lifecycle.of_app(app_id) if not self._lifecycle.is_pooled(i)]
+    def _runs_from(self, app_id: str, owner: str, scope: Scope | None) -> bool:
+        """Whether ``owner``'s instances of the app run the copy in ``scope`` (None: any), so a
+        change there concerns them: a user scope is its one user's; the global scope concerns
+        each user who sees its copy (not one whose own copy masks it)."""
+        if scope is None:
+            return True
+        if scope is Scope.USER:
+            return owner == self._registry.user
+        seen = self._registry.registry.get(app_id, owner)
+        return seen is None or seen.scope.priority <= scope.priority
+
+    async def stop_all(self, app_id: str, scope: Scope | None = None) -> list[str]:
+        """Stop every instance of the app that runs the copy in ``scope`` (None: every one) and
+        drain its warm pool (the bootstrap admin's) when it does; the ids of those that were
+        running, to bring them back afterwards with the same ids. Another user's instances of
+        another copy are never touched."""
+        if self._runs_from(app_id, self._registry.registry.default_user, scope):
+            await self._lifecycle.pool.drain(app_id)
+        instances = [
+            i
+            for i in self._lifecycle.of_app(app_id)
+            if not self._lifecycle.is_pooled(i) and self._runs_from(app_id, i.owner, scope)
+        ]
         # a headless provider is not brought back: the next data request wakes the new version
         running = [
             i.id
@@ -60,7 +78,7 @@ class InstanceStops:
         visible = self._registry.get(app_id)
         if visible is not None and visible.scope.priority > scope.priority:
             return []
-        return await self.stop_all(app_id)
+        return await self.stop_all(app_id, scope)
 
     @contextlib.asynccontextmanager
     async def stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:

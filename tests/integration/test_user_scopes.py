@@ -37,6 +37,13 @@ def visible(client: httpx.Client) -> dict[str, str]:
     return {a["id"]: a["scope"] for a in client.get("/api/apps").json() if not a["problems"]}
 
 
+def find_instance(client: httpx.Client, instance_id: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = next(
+        (i for i in client.get("/api/instances").json() if i["instanceId"] == instance_id), None
+    )
+    return found
+
+
 def git_log(repo: Path) -> list[str]:
     out = subprocess.run(
         ["git", "log", "--format=%s"], cwd=repo, check=True, capture_output=True, text=True
@@ -161,3 +168,29 @@ def test_an_install_in_a_users_scope_is_announced_to_that_user_only(
         assert [e.data["appId"] for e in alices_events.of("app:installed")] == [
             "com.example.alices"
         ]
+
+
+def test_a_users_install_leaves_another_users_instances_running(
+    shell: RunningShell, tmp_path: Path
+) -> None:
+    bob = shell.add_user("bob")
+    with shell.client() as alice, shell.client(bob) as b:
+        source = make_app(tmp_path / "g", "com.example.shared")
+        assert install(alice, source, "global").status_code == 200
+        created = alice.post("/api/instances", json={"appId": "com.example.shared"}, timeout=60)
+        assert created.status_code in (200, 201), created.text
+        instance_id = created.json()["instanceId"]
+        assert alice.post(f"/api/instances/{instance_id}/resumed").status_code == 200
+        before = find_instance(alice, instance_id)
+        mine = make_app(tmp_path / "b", "com.example.shared", version="2.0.0")
+        assert install(b, mine, "user").status_code == 200
+        assert b.delete("/api/dist/uninstall/com.example.shared?scope=user").status_code == 200
+        # the same instance, never stopped or taken over: bob's copy is bob's
+        after = find_instance(alice, instance_id)
+        assert after is not None, "alice's instance was removed by bob's install"
+        assert before is not None
+        assert (after["state"], after["pid"], after["owner"]) == (
+            before["state"],
+            before["pid"],
+            "default",
+        )
