@@ -34,7 +34,7 @@ from atrium.distribution.pipeline import Approval, Distribution
 from atrium.distribution.refs import parse_ref
 from atrium.errors import AtriumError, InvalidRequest, ShuttingDown
 from atrium.events import ERROR, RESULT
-from atrium.identity import Caller, require_admin, user_id_of
+from atrium.identity import Caller, UserCaller, require_admin, user_id_of
 from atrium.manifest import APP_ID_RE
 from atrium.scopes import Scope, parse_scope
 from atrium.wire import WireModel
@@ -241,6 +241,8 @@ async def history(request: Request, caller: Caller) -> Response:
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
     backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
+    if scope is Scope.GLOBAL and not (isinstance(caller, UserCaller) and caller.is_admin):
+        backups = []  # a global app's backups hold every user's data: the admin's to list
     return JSONResponse(
         {
             "id": app_id,
