@@ -736,6 +736,18 @@ function connectEvents() {
     quietly(refreshProcs());
   };
   source.addEventListener("theme:changed", (e) => quietly(onThemeChanged(JSON.parse(e.data))));
+  source.addEventListener("grant:added", (e) => {
+    if (JSON.parse(e.data).user === me?.id) quietly(loadShared());
+  });
+  source.addEventListener("grant:revoked", (e) => {
+    const data = JSON.parse(e.data);
+    if (data.user !== me?.id) return;
+    // the shell closed the views of the grant: their tabs would only show an error now
+    const open = tabsOf(data.instanceId);
+    for (const tab of open) quietly(closeTab(tab.key));
+    if (open.length) toast(`${data.owner} stopped sharing ${data.appId} with you: its view was closed.`);
+    quietly(loadShared());
+  });
   for (const topic of ["app:state", "app:crashed", "app:lifecycle.error"]) {
     source.addEventListener(topic, (e) => {
       const data = JSON.parse(e.data);

@@ -163,5 +163,14 @@ def test_a_shared_instance_appears_under_shared_with_me(
         other.wait_for_selector("#shared-title:not([hidden])")
         other.click(f"#shared button:has-text('{served_admin(served)}')")
         other.wait_for_selector(f"iframe[data-instance-id='{instance_id}']")
+
+        # the owner revokes: the grantee's tab closes, the page says why, the list empties
+        page.click(f"button[aria-label='Share {instance_id}']")
+        page.click(f"button[aria-label='Stop sharing with {grantee}']")
+        page.wait_for_selector("#grant-rows li", state="detached")
+        other.wait_for_selector(f"iframe[data-instance-id='{instance_id}']", state="detached")
+        other.wait_for_selector(".toast:has-text('stopped sharing')")
+        other.wait_for_selector("#shared-title", state="hidden")
+        page.click("#share-close")
     finally:
         other.context.close()
