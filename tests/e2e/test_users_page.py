@@ -174,3 +174,13 @@ def test_a_shared_instance_appears_under_shared_with_me(
         page.click("#share-close")
     finally:
         other.context.close()
+
+
+def test_too_many_wrong_passwords_ask_to_wait(fresh: Page, served: Served) -> None:
+    user = make_user(served, "eve")
+    for _ in range(5):
+        sign_in(fresh, served, user, "wrong password")
+        fresh.wait_for_selector("#signin-result:has-text('Wrong user or password')")
+    sign_in(fresh, served, user)
+    fresh.wait_for_selector("#signin-result:has-text('Too many attempts')")
+    assert fresh.is_visible("#signin-form")
