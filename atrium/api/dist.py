@@ -31,7 +31,7 @@ from atrium.distribution import spool
 from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval, Distribution
-from atrium.distribution.refs import parse_ref
+from atrium.distribution.refs import GitRef, LocalRef, Ref, parse_ref
 from atrium.errors import AtriumError, InvalidRequest, ShuttingDown
 from atrium.events import ERROR, RESULT
 from atrium.identity import Caller, UserCaller, require_admin, user_id_of
@@ -205,18 +205,30 @@ async def collect(events: AsyncGenerator[ProgressEvent, None]) -> Response:
     return JSONResponse(result)
 
 
+def ref_for(caller: Caller, raw: str) -> Ref:
+    """The parsed ref, if ``caller`` may fetch from it: a `local:` or `git+file://` ref reads
+    whatever the shell's own account can read on its machine (other users' folders among it), so
+    only an admin may name one."""
+    ref = parse_ref(raw)
+    if isinstance(ref, LocalRef) or (isinstance(ref, GitRef) and ref.url.startswith("file://")):
+        require_admin(caller, "install from a path on the shell's machine (local: or git+file:)")
+    return ref
+
+
 async def install(request: Request, caller: Caller) -> Response:
     body = await read_model(request, InstallBody)
+    ref = ref_for(caller, body.ref)
     dist, scope = await dist_for(caller, request, scope_named(body.scope), None, "install")
-    events = dist.install(parse_ref(body.ref), scope, body.approval(), dev=body.dev)
+    events = dist.install(ref, scope, body.approval(), dev=body.dev)
     return await _answer(request, events)
 
 
 async def preview(request: Request, caller: Caller) -> Response:
     body = await read_model(request, PreviewBody)
+    ref = ref_for(caller, body.ref)
     scope = scope_named(body.scope) or Scope.GLOBAL
     dist = await dist_of(caller, request)
-    return await _answer(request, dist.preview(parse_ref(body.ref), scope))
+    return await _answer(request, dist.preview(ref, scope))
 
 
 async def update(request: Request, caller: Caller) -> Response:

@@ -1,4 +1,5 @@
-"""`POST /api/dist/publish {path, to, tag}`: publish an app directory (user only; not gated).
+"""`POST /api/dist/publish {path, to, tag}`: publish an app directory (an admin only: the path is
+read with the shell's own rights; not gated).
 
 Server-sent events when ``Accept`` names ``text/event-stream``, framed like install's (atrium.api.dist:
 ``event: <type>`` / ``data: <json with "type">``; a failure is one ``error`` event carrying the error
@@ -66,5 +67,5 @@ async def publish(request: Request, caller: Caller) -> Response:
 
 
 routes: list[BaseRoute] = [
-    endpoint("/api/dist/publish", publish, methods=["POST"], access=Access.USER, body=PublishBody),
+    endpoint("/api/dist/publish", publish, methods=["POST"], access=Access.ADMIN, body=PublishBody),
 ]

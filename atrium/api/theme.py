@@ -1,7 +1,7 @@
 """The theme API (docs/api.md "Themes"; decisions.md "Themes"): the catalogue, the selection, the CSS.
 
 `GET /api/os/themes` and `GET /api/os/theme.css` are open; reading a theme or the selection is
-open to apps; selecting and reloading are the user's.
+open to apps; selecting is each user's, reloading the catalogue an admin's.
 """
 
 from __future__ import annotations
@@ -104,6 +104,6 @@ routes: list[BaseRoute] = [
     endpoint(
         "/api/os/themes/select", select, methods=["POST"], access=Access.USER, body=ThemeSelect
     ),
-    endpoint("/api/os/themes/reload", reload, methods=["POST"], access=Access.USER),
+    endpoint("/api/os/themes/reload", reload, methods=["POST"], access=Access.ADMIN),
     endpoint("/api/os/themes/{theme_id}", get_theme, methods=["GET"], access=Access.USER_OR_APP),
 ]

@@ -38,6 +38,7 @@ from atrium.identity import AppTokens, UserAuth, new_token
 from atrium.kv import KvStore
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
+from atrium.users.audit import AuditLog
 from atrium.users.store import UserStore
 from tests.integration.conftest import DEADLINE, wait_for
 from tests.unit.theme.samples import theme_data
@@ -47,7 +48,8 @@ pytestmark = pytest.mark.integration
 
 @dataclass
 class ThemeShell:
-    """What the theme and KV routes read from `Shell` (auth, the KV store, the theme service)."""
+    """What the theme and KV routes read from `Shell` (auth, the KV store, the theme service,
+    the audit log every change is recorded in)."""
 
     user_auth: UserAuth
     app_tokens: AppTokens
@@ -55,6 +57,7 @@ class ThemeShell:
     theme: ThemeService
     users: UserStore
     settings: SimpleNamespace
+    audit: AuditLog
     host_origins: frozenset[str] = frozenset()
 
 
@@ -83,6 +86,7 @@ def build_app(server: Server) -> Starlette:
             EventBus() as bus,
             KvStore.open(server.home / "kv.sqlite3", bus=bus, user="default") as kv,
             UserStore.open(server.home / "users.sqlite3", bootstrap_admin="default") as users,
+            AuditLog.open(server.home / "audit.sqlite3", retention_days=90) as audit,
         ):
             catalogue = await asyncio.to_thread(ThemeCatalogue.load, server.home / "themes")
             async with ThemeService(kv, bus, catalogue) as theme:
@@ -98,6 +102,7 @@ def build_app(server: Server) -> Starlette:
                     theme,
                     users,
                     SimpleNamespace(user="default"),
+                    audit,
                 )
                 app.state.shell = server.shell
                 yield
