@@ -241,7 +241,7 @@ class Distribution:
                 # the same version, but is the installed tree still what was installed?
                 restored = await changed_files(self.installer.repos[scope], app_id)
                 if not restored:
-                    self._bus.emit(DistUpdateComplete(app_id, None))
+                    self._bus.emit(DistUpdateComplete(app_id, None, owner=self._owner(scope)))
                     yield event(RESULT, ok=True, record=None, upToDate=True)
                     return
                 _LOGGER.warning(
@@ -448,8 +448,13 @@ class Distribution:
             "update": DistUpdateComplete,
             "rollback": DistRollbackComplete,
         }[plan.op]
-        self._bus.emit(done(app_id, plan.record.wire()))
+        self._bus.emit(done(app_id, plan.record.wire(), owner=self._owner(scope)))
         return stopped, taken
+
+    def _owner(self, scope: Scope) -> str | None:
+        """Whose events a change of ``scope`` makes: a user scope's are its user's alone, the
+        shared scopes' everyone's."""
+        return self._registry.user if scope is Scope.USER else None
 
     # -- history and rollback -------------------------------------------------------------------
 
@@ -599,10 +604,11 @@ class Distribution:
             await asyncio.to_thread(self.data.backups.remove_all, scope, app_id)
         if unmasks:
             # the registry announces the unmasked copy as installed, not the removal itself
-            owner = self._registry.user if scope is Scope.USER else None
-            self._bus.emit(AppRemoved(app_id, scope.value, owner=owner))
+            self._bus.emit(AppRemoved(app_id, scope.value, owner=self._owner(scope)))
         await self._registry.rescan([scope])
         visible = self._registry.get(app_id)
         unmasked = visible.scope.value if visible else None
-        self._bus.emit(DistUninstallComplete(app_id, scope.value, unmasked))
+        self._bus.emit(
+            DistUninstallComplete(app_id, scope.value, unmasked, owner=self._owner(scope))
+        )
         return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}

@@ -764,10 +764,6 @@ def test_a_s_origin_shows_b_nothing(world: tuple[World, Streams]) -> None:
         assert answer.status_code in (302, 303, 401, 403, 404), (credential, answer.text[:300])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kv:changed events carry no owner yet: B's streams hear A's KV keys (live and replay)",
-)
 def test_b_s_event_streams_carry_nothing_of_a(world: tuple[World, Streams]) -> None:
     """B's live streams (open while A planted and B tried everything above) and a replay from
     the first event carry nothing of A's."""
