@@ -14,6 +14,9 @@ candidate for 64 KiB bodies; ≤ 0.3 ms added median latency at 1 connection. Th
 (Debian `nginx-light`), keepalive upstream. What Atrium's checks cost is printed as the loop time
 per request of the full path less that of the bare pool (`candidate: atrium-pool`, the same pool
 and server with no token, table or permission): a regression in the checks shows there.
+The users issue's goal: the same path in a shell holding 50 members (each with a session and a
+personal token; the bench apps launched by one of them, so every lookup is a member's) answers
+small bodies within 5 % of the shell with its admin alone, measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench import candidates
-from bench.shell import ROOT, Shell, free_port, running_shell, stop, wait_port
+from bench.shell import ROOT, USERS, Shell, free_port, running_shell, stop, wait_port
 from bench.wrk import WrkResult, wrk
 
 NODE_DIR = Path(__file__).resolve().parent / ".node"
@@ -40,6 +43,8 @@ SIZES = {"small": 200, "large": 65536}
 ANCHOR = "nginx (anchor)"
 DIRECT = "direct upstream"
 ATRIUM = "atrium data proxy"
+#: the same, in a shell holding USERS members with sessions and tokens, the apps run by one of them
+ATRIUM_USERS = f"atrium, {USERS} users (a member's apps)"
 #: Atrium's own pool with none of its checks: what the checks cost is measured against it
 BARE_POOL = "candidate: atrium-pool"
 
@@ -197,8 +202,13 @@ def main_sync() -> None:
         tmp = Path(tmp_name)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            with running_shell(tmp) as shell:
-                run(collect_targets(tmp, shell, procs))
+            (tmp / "users").mkdir()
+            with running_shell(tmp) as shell, running_shell(tmp / "users", users=USERS) as many:
+                targets = collect_targets(tmp, shell, procs)
+                targets[ATRIUM_USERS] = Target(many.data_url, many.caller_token)
+                if not answers(ATRIUM_USERS, targets[ATRIUM_USERS]):
+                    raise RuntimeError(f"{ATRIUM_USERS} does not answer correctly")
+                run(targets)
         finally:
             stop(procs)
 
@@ -239,6 +249,29 @@ def median(results: Sequence[WrkResult], field: str) -> float:
     return statistics.median(float(getattr(r, field)) for r in results)
 
 
+def comparisons(
+    results: dict[tuple[str, str, int], list[WrkResult]], targets: dict[str, Target], size: str
+) -> None:
+    """Atrium with users against Atrium alone, and Atrium's checks against the bare pool."""
+    if ATRIUM in targets and ATRIUM_USERS in targets:
+        alone = median(results[(ATRIUM, size, 32)], "rps")
+        shared = median(results[(ATRIUM_USERS, size, 32)], "rps")
+        print(
+            f"With {USERS} users: {shared / alone:.3f}x the requests/s of the shell with its "
+            f"admin alone (goal: within 5 %, >= 0.95x)"
+        )
+    if ATRIUM in targets and BARE_POOL in targets:
+        full, bare = (
+            median(results[(ATRIUM, size, 32)], "rps"),
+            median(results[(BARE_POOL, size, 32)], "rps"),
+        )
+        print(
+            f"Atrium's checks: {1e6 / full - 1e6 / bare:.1f} µs of the loop per request "
+            f"(full path {1e6 / full:.1f} µs, bare pool {1e6 / bare:.1f} µs at 32 "
+            f"connections); full path {full / bare:.2f}x of the bare pool"
+        )
+
+
 def run(targets: dict[str, Target]) -> None:
     results: dict[tuple[str, str, int], list[WrkResult]] = {}
     for size in SIZES:
@@ -271,16 +304,7 @@ def run(targets: dict[str, Target]) -> None:
                 f"{median(at32, 'p50_ms'):>11.3f} {median(at32, 'p99_ms'):>11.3f} "
                 f"{p50_1:>10.3f} {p50_1 - direct_ms:>12.3f}"
             )
-        if ATRIUM in targets and BARE_POOL in targets:
-            full, bare = (
-                median(results[(ATRIUM, size, 32)], "rps"),
-                median(results[(BARE_POOL, size, 32)], "rps"),
-            )
-            print(
-                f"Atrium's checks: {1e6 / full - 1e6 / bare:.1f} µs of the loop per request "
-                f"(full path {1e6 / full:.1f} µs, bare pool {1e6 / bare:.1f} µs at 32 "
-                f"connections); full path {full / bare:.2f}x of the bare pool"
-            )
+        comparisons(results, targets, size)
         for name in targets:
             runs = results[(name, size, 32)] + results[(name, size, 1)]
             socket_errors = sum(r.socket_errors for r in runs)

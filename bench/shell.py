@@ -152,15 +152,49 @@ def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+#: the users a shell "with users" holds besides its admin; the bench apps run as the first
+USERS = 50
+USER_PASSWORD = "bench user password"  # noqa: S105 - the bench users' own
+
+
+def add_users(url: str, admin_token: str, count: int) -> str:
+    """``count`` members, each signed in once (a session) and holding a personal token; the
+    first one's token (their apps are the bench's)."""
+    first = ""
+    admin = {"Authorization": f"Bearer {admin_token}"}
+    with httpx.Client(base_url=url, headers=admin, timeout=60) as api:
+        for n in range(count):
+            user = f"member{n}"
+            api.post(
+                "/api/users", json={"id": user, "role": "member", "password": USER_PASSWORD}
+            ).raise_for_status()
+            origin = {"Origin": url.replace("127.0.0.1", "localhost")}
+            with httpx.Client(base_url=url, headers=origin, timeout=60) as browser:
+                browser.post(
+                    "/api/session", json={"user": user, "password": USER_PASSWORD}
+                ).raise_for_status()
+                made = browser.post("/api/tokens", json={"name": "bench"})
+                made.raise_for_status()
+                if n == 0:
+                    first = str(made.json()["token"])
+    return first
+
+
 @contextmanager
-def running_shell(tmp: Path) -> Iterator[Shell]:
-    """The shell in ``tmp``/home with bench.upstream and bench.caller launched; stopped on exit."""
+def running_shell(tmp: Path, *, users: int = 0) -> Iterator[Shell]:
+    """The shell in ``tmp``/home with bench.upstream and bench.caller launched; stopped on exit.
+    With ``users``, that many members are added first and the apps run as the first of them."""
     home = tmp / "home"
     proc, url, user_token = start_shell(home)
     try:
-        upstream = launch(url, user_token, "bench.upstream")
-        launch(url, user_token, "bench.caller")
-        token_file = home / "scopes/system/apps/bench.caller/bench.caller-1/token"
+        runner = add_users(url, user_token, users) if users else user_token
+        upstream = launch(url, runner, "bench.upstream")
+        caller = launch(url, runner, "bench.caller")
+        folder = "bench.caller-1" if not users else "bench.caller~member0-1"
+        found = sorted(home.glob(f"scopes/**/bench.caller/{folder}/token"))
+        if not found:
+            raise RuntimeError(f"no token file for {caller.get('instanceId')} under {home}")
+        token_file = found[0]
         yield Shell(
             proc=proc,
             url=url,
