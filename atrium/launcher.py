@@ -110,13 +110,17 @@ class Launcher:
             task.cancel()
 
     def _on_app(self, event: Event) -> None:
-        if event.data is not None and event.data.owner not in (None, self._registry.default_user):
-            return  # the intent index is built from the bootstrap admin's view of the apps
-        if isinstance(event.data, AppInstalled | AppRemoved):
+        if not isinstance(event.data, AppInstalled | AppRemoved):
+            return
+        owner = event.data.owner
+        if owner in (None, self._registry.default_user):
+            # the intent index is built from the bootstrap admin's view of the apps
             self._refresh(event.data.app_id)
-        if isinstance(event.data, AppRemoved) and not self._registry.copies(event.data.app_id):
-            # no copy left in any scope: its remembered defaults go with it
-            task = asyncio.get_running_loop().create_task(self._forget_app(event.data.app_id))
+        if isinstance(event.data, AppRemoved):
+            # a user who sees no copy left forgets their remembered defaults for it
+            task = asyncio.get_running_loop().create_task(
+                self._forget_app(event.data.app_id, owner)
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -129,45 +133,63 @@ class Launcher:
 
     # -- remembered defaults --------------------------------------------------------------------
 
-    async def defaults(self) -> list[IntentDefault]:
-        entry = await self._kv.get(NAMESPACE, KEY)
+    async def defaults(self, owner: str | None = None) -> list[IntentDefault]:
+        """``owner``'s remembered defaults (None: the bootstrap admin's): each user's own row
+        `os/intent.defaults`, so one user's choice never decides another's intents."""
+        entry = await self._kv.get(NAMESPACE, KEY, owner=owner)
         return intentdefaults.parse(entry.value) if entry is not None else []
 
-    async def _store(self, defaults: list[IntentDefault]) -> None:
-        await self._kv.set(NAMESPACE, KEY, intentdefaults.dump(defaults))
+    async def _store(self, defaults: list[IntentDefault], owner: str | None) -> None:
+        await self._kv.set(NAMESPACE, KEY, intentdefaults.dump(defaults), owner=owner)
 
-    async def forget(self, action: str, mime: str | None) -> IntentDefault:
-        """Forget the default stored for exactly (action, type); 404 when there is none."""
+    async def forget(
+        self, action: str, mime: str | None, owner: str | None = None
+    ) -> IntentDefault:
+        """Forget ``owner``'s default stored for exactly (action, type); 404 when there is none."""
         wanted = (action, intentdefaults.normal_type(mime))
         async with self._defaults_lock:
-            defaults = await self.defaults()
+            defaults = await self.defaults(owner)
             found = next((d for d in defaults if (d.action, d.type) == wanted), None)
             if found is None:
                 raise NotFound("intent default", f"{action} ({mime or 'no type'})")
-            await self._store([d for d in defaults if d is not found])
+            await self._store([d for d in defaults if d is not found], owner)
         _LOGGER.info("forgot the default %s for %s (%s)", found.app_id, action, mime)
         return found
 
-    async def _forget_app(self, app_id: str) -> None:
+    async def _forget_app(self, app_id: str, removed_by: str | None) -> None:
+        """``app_id`` was removed from a scope (``removed_by``: a user's own scope, None: a
+        shared one): each user concerned who no longer sees a copy forgets their defaults for it."""
         async with self._defaults_lock:
-            defaults = await self.defaults()
-            kept = intentdefaults.forget_app(defaults, app_id)
-            if len(kept) != len(defaults):
-                await self._store(kept)
-                _LOGGER.info("%s is gone: forgot %d default(s)", app_id, len(defaults) - len(kept))
+            owners = await self._kv.owners(NAMESPACE, KEY)
+            for owner in owners if removed_by is None else [o for o in owners if o == removed_by]:
+                if self._registry.copies(app_id, owner):
+                    continue
+                defaults = await self.defaults(owner)
+                kept = intentdefaults.forget_app(defaults, app_id)
+                if len(kept) != len(defaults):
+                    await self._store(kept, owner)
+                    _LOGGER.info(
+                        "%s is gone for %s: forgot %d default(s)",
+                        app_id,
+                        owner,
+                        len(defaults) - len(kept),
+                    )
 
-    async def _remember(self, intent: Intent, app_id: str) -> None:
+    async def _remember(self, intent: Intent, app_id: str, owner: str | None) -> None:
         # whole seconds, as install records keep them: `newSince` compares the two
         now = datetime.now(UTC).replace(microsecond=0)
         choice = IntentDefault(intent.action, intent.mime, app_id, now)
         async with self._defaults_lock:
-            await self._store(intentdefaults.remember(await self.defaults(), choice))
+            current = await self.defaults(owner)
+            await self._store(intentdefaults.remember(current, choice), owner)
 
     # -- resolving and starting -----------------------------------------------------------------
 
-    async def resolve(self, intent: Intent) -> Resolution:
+    async def resolve(self, intent: Intent, owner: str | None = None) -> Resolution:
+        """The matches of ``intent`` with ``owner``'s remembered default (None: the bootstrap
+        admin's)."""
         matches = self.index.resolve(intent)
-        default = intentdefaults.lookup(await self.defaults(), intent.action, intent.mime)
+        default = intentdefaults.lookup(await self.defaults(owner), intent.action, intent.mime)
         if default is None or not any(m.app_id == default.app_id for m in matches):
             return Resolution(matches)
         others = [m.app_id for m in matches if m.app_id != default.app_id]
@@ -188,7 +210,7 @@ class Launcher:
         refused before anything starts when the chosen filter names a permission it lacks.
         ``owner``: the user it starts for (an app's intent: its owner), whose own instance of the
         handler is reused or started (default the bootstrap admin)."""
-        resolution = await self.resolve(intent)
+        resolution = await self.resolve(intent, owner)
         matches = resolution.matches
         if not matches:
             raise NoHandler(intent.action)
@@ -209,7 +231,7 @@ class Launcher:
             chosen = top[0]
         self._authorize(chosen, intent, caller_app_id)
         if remember:
-            await self._remember(intent, chosen.app_id)
+            await self._remember(intent, chosen.app_id, owner)
         instance = await self._lifecycle.create(chosen.app_id, owner=owner)
         activity = await self._lifecycle.create_activity(
             instance.id, intent.extras, intent=intent_body(intent, caller_app_id)

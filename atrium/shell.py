@@ -179,6 +179,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                     toolchain_dir=toolchain,
                 ),
                 operations=locks,
+                may_run=lambda owner: (user := users.get(owner)) is not None and not user.disabled,
             )
         )
         stack.callback(lifecycle.pool.follow_registry())

@@ -1,7 +1,8 @@
 """`POST /api/data-changes`: a provider announces that data under its authority changed.
 
 The shell publishes one `data:changed` per path; who hears it is the event stream's business
-(`atrium.api.events`: the user hears every one, an app only what it may read). The caller names
+(`atrium.api.events`: it belongs to the announcing instance's owner, whose streams hear every
+one, and whose apps only what they may read). The caller names
 paths only: the authority is the one its manifest serves, so an app can never announce a change
 in another app's data (docs/api.md "Change notifications").
 """
@@ -67,7 +68,8 @@ async def announce(request: Request, caller: Caller) -> Response:
     authority = shell.dataproxy.authority_of(caller.app_id)
     paths = body.all_paths()
     for path in paths:
-        shell.bus.emit(DataChanged(authority, path))
+        # the change is in the data of the caller's owner: only that user's streams hear it
+        shell.bus.emit(DataChanged(authority, path, owner=caller.owner))
     return JSONResponse({"ok": True, "authority": authority, "paths": paths})
 
 

@@ -76,7 +76,8 @@ def change_filter(
 ) -> Callable[[Event], bool] | None:
     """Who hears what (docs/api.md "Event stream"). An event with an owner reaches that user's
     streams and their apps' only; the platform's (no owner) reach everyone. Of `data:changed`
-    the user hears every one, an app only those under paths it may read; ``watched`` narrows to
+    (owned by the announcing provider's owner) the user hears every one, an app only those under
+    paths it may read; ``watched`` narrows to
     one subtree. A grant's events reach the grantee and the instance's owner only, never an app.
     The same test runs on replayed events."""
     app = caller if isinstance(caller, AppCaller) else None

@@ -45,8 +45,9 @@ class IntentBody(WireModel):
 
 
 async def resolve(request: Request, caller: Caller) -> Response:
+    shell = shell_of(request)
     body = await read_model(request, IntentBody)
-    resolution = await shell_of(request).launcher.resolve(body.intent())
+    resolution = await shell.launcher.resolve(body.intent(), owner_of_caller(shell, caller))
     return JSONResponse(resolution.wire())
 
 
@@ -90,8 +91,9 @@ async def start(request: Request, caller: Caller) -> Response:
 
 
 async def list_defaults(request: Request, caller: Caller) -> Response:
-    """The remembered default handlers, by action and type."""
-    defaults = await shell_of(request).launcher.defaults()
+    """The caller's user's remembered default handlers (an app: its owner's), by action and type."""
+    shell = shell_of(request)
+    defaults = await shell.launcher.defaults(owner_of_caller(shell, caller))
     return JSONResponse(dump(defaults))
 
 
@@ -104,7 +106,10 @@ async def forget_default(request: Request, caller: Caller) -> Response:
             "DELETE /api/intents/defaults needs ?action=… (and &type=… for a typed default)",
             problems=[{"field": "action", "message": "required"}],
         )
-    forgotten = await shell_of(request).launcher.forget(action, params.get("type") or None)
+    shell = shell_of(request)
+    forgotten = await shell.launcher.forget(
+        action, params.get("type") or None, owner_of_caller(shell, caller)
+    )
     return JSONResponse({"ok": True, "forgotten": forgotten.wire()})
 
 

@@ -28,6 +28,7 @@ from atrium.errors import (
     LifecycleTransitionError,
     NotFound,
     NotServing,
+    PermissionDenied,
     ShuttingDown,
 )
 from atrium.identity import AppTokens
@@ -68,8 +69,11 @@ class LifecycleManager(InstanceIndex):
         ports: PortAllocator,
         config: LifecycleConfig,
         operations: OperationGate | None = None,
+        may_run: Callable[[str], bool] | None = None,
     ) -> None:
-        """``operations``: which apps a distribution operation holds (no wake starts then)."""
+        """``operations``: which apps a distribution operation holds (no wake starts then).
+        ``may_run(owner)``: whether that user may have instances running (not disabled or
+        removed; default: everyone), asked before and again after an instance of theirs boots."""
         super().__init__(registry, bus, config.layout)
         self._upstream = upstream
         self._config = config
@@ -86,6 +90,7 @@ class LifecycleManager(InstanceIndex):
         self._activities = Activities(upstream, bus)
         self.views = ViewDesk(self)
         self._operations = operations or NoOperations()
+        self._may_run = may_run or (lambda _owner: True)
         self.pool = WarmPool(self, registry, bus, self._operations)
         self.headless = HeadlessProviders(self, self._operations)
         self.trials = Trials(self)
@@ -143,6 +148,7 @@ class LifecycleManager(InstanceIndex):
         back itself, with their ``instance_id``, are its own)."""
         if owner is None:
             owner = self.owner_of(app_id, instance_id) if instance_id else self._layout.user
+        self._refuse_stopped_owner(owner)
         if not new:
             live = [
                 i
@@ -165,14 +171,32 @@ class LifecycleManager(InstanceIndex):
             raise Busy(app_id, operation)
         instance = self.new_instance(app_id, instance_id, owner=owner)
         async with instance.lock:
-            await self._boot(instance)
+            await self._boot_owned(instance)
         return instance
 
     async def boot_resumed(self, instance: Instance) -> None:
         """Boot a new instance and walk it to `resumed` headless (the warm pool's)."""
         async with instance.lock:
-            await self._boot(instance)
+            await self._boot_owned(instance)
             await self._resumed(instance)
+
+    def _refuse_stopped_owner(self, owner: str, instance: Instance | None = None) -> None:
+        if not self._may_run(owner):
+            if instance is not None:
+                self._forget(instance)
+            raise PermissionDenied(
+                f"user {owner!r} is disabled or removed: no instance of theirs runs"
+            )
+
+    async def _boot_owned(self, instance: Instance) -> None:
+        """`_boot` for an instance of a user, who is asked about before and after: a user
+        disabled (or removed) while their instance was booting had their instances stopped by
+        a sweep that could not see this one yet, so it ends here instead of outliving them."""
+        self._refuse_stopped_owner(instance.owner, instance)
+        await self._boot(instance)
+        if not self._may_run(instance.owner):
+            await self.force(instance)
+            self._refuse_stopped_owner(instance.owner)
 
     async def _boot(self, instance: Instance) -> None:
         """`installed|error → creating → created → starting → started` (the caller holds the lock).
