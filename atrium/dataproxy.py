@@ -1,8 +1,9 @@
 """The data proxy's decisions: which instance serves a request and whether the caller may ask.
 
 Knows nothing of HTTP bodies: `DataProxy.route` returns where to send the request and the headers
-the shell asserts, or raises the error to answer (decisions.md "Data proxy"). The provider table
-follows the visible apps; the registered instance of each provider app, per user, is that
+the shell asserts, or raises the error to answer (decisions.md "Data proxy"). Each user's provider
+table follows the apps that user sees (made at their first request, dropped on their app events:
+decisions.md "Users: providers and intents per user"); the registered instance of each provider app, per user, is that
 user's first instance of it to reach `resumed`, kept until it leaves `resumed` (docs/api.md "Data
 proxy"). A request goes to the provider instance of the user it is made for: a user's own, an
 app's owner's, an anonymous caller's the bootstrap admin's; never another user's.
@@ -60,33 +61,64 @@ class DataProxy:
     def __init__(self, registry: AppRegistry, lifecycle: LifecycleManager, bus: EventBus) -> None:
         self._registry = registry
         self._lifecycle = lifecycle
-        self.table = ProviderTable()
+        #: user → the provider table built from the apps that user sees; made at a user's first
+        #: request and dropped on that user's app events, so a request costs one dict lookup
+        self._tables: dict[str, ProviderTable] = {}
         #: (app id, owner) → the instance id registered for that user's requests
         self._registered: dict[tuple[str, str], str] = {}
         self._unlisten: list[Callable[[], None]] = []
         self.rebuild()
-        self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), lambda e: self.rebuild()))
+        self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), self._on_app))
         self._unlisten.append(bus.listen((APP_STATE,), self._on_state))
 
     def close(self) -> None:
         for unlisten in self._unlisten:
             unlisten()
 
+    @property
+    def table(self) -> ProviderTable:
+        """The bootstrap admin's table (what an anonymous caller reaches)."""
+        return self.table_for(self._lifecycle.bootstrap_user)
+
+    def table_for(self, user: str) -> ProviderTable:
+        """The table of the apps ``user`` sees (their user scope over global over system)."""
+        table = self._tables.get(user)
+        if table is None:
+            table = self._tables[user] = self._build(user)
+        return table
+
     def rebuild(self) -> None:
-        """Rebuild the table from the visible apps' manifests."""
-        self.table = ProviderTable.build(
+        """Forget every user's table: each is built again from the registry when next needed."""
+        self._tables.clear()
+
+    def _on_app(self, event: Event) -> None:
+        owner = event.data.owner if event.data is not None else None
+        if owner is None:
+            self._tables.clear()
+            return
+        self._tables.pop(owner, None)
+        # a user whose scope the registry has not loaded sees the shared scopes only and hears
+        # no event of their own: their table follows every change
+        loaded = set(self._registry.users())
+        for user in [u for u in self._tables if u not in loaded]:
+            del self._tables[user]
+
+    def _build(self, user: str) -> ProviderTable:
+        table = ProviderTable.build(
             (copy.id, copy.manifest.data_provider)
-            for copy in self._registry.visible()
+            for copy in self._registry.visible(user)
             if copy.manifest is not None and copy.manifest.data_provider is not None
         )
-        for clash in self.table.clashes:
+        for clash in table.clashes:
             _LOGGER.warning(
-                "authority %r is declared by %s and %s; %s serves it",
+                "authority %r is declared by %s and %s for %s; %s serves it",
                 clash.authority,
                 clash.served_by,
                 clash.app_id,
+                user,
                 clash.served_by,
             )
+        return table
 
     def registered(self, app_id: str, owner: str | None = None) -> str | None:
         """The instance registered for ``owner``'s requests (default the bootstrap admin's)."""
@@ -135,7 +167,8 @@ class DataProxy:
         caller_app = caller.app_id if isinstance(caller, AppCaller) else None
         if claimed_caller is not None and claimed_caller != caller_app:
             raise CallerMismatch(claimed_caller, caller_app)
-        match = self.table.match(authority, path)
+        owner = self.owner_for(caller)
+        match = self.table_for(owner).match(authority, path)
         if match is None:
             raise NoProvider(authority, path)
         needed = match.permission(method)
@@ -147,7 +180,6 @@ class DataProxy:
                 permission=needed,
             )
         self._authorize(caller, match.app_id, needed, authority, path, method)
-        owner = self.owner_for(caller)
         instance = self._serving(match.app_id, owner)
         if instance is not None:
             woken = self._lifecycle.headless.record(instance.id)
@@ -271,23 +303,26 @@ class DataProxy:
     def may_read(self, caller: Caller, authority: str, path: str) -> bool:
         """Whether a GET of ``authority`` ``path`` through the proxy would pass steps 4 and 5
         (who may hear of a change there: docs/api.md "Change notifications")."""
-        match = self.table.match(authority, path)
+        table = self.table_for(self.owner_for(caller))
+        match = table.match(authority, path)
         if match is None:  # no entry: only the provider itself (and the user) hear of it
-            served_by = self.table.app_for(authority)
+            served_by = table.app_for(authority)
             return not isinstance(caller, AppCaller) or caller.app_id == served_by
         needed = match.permission("GET")
         return self._refusal(caller, match.app_id, needed, authority, path, "GET") is None
 
-    def authority_of(self, app_id: str) -> str:
-        """The authority ``app_id`` serves, or 403: only a provider announces its changes."""
-        copy = self._registry.get(app_id)
+    def authority_of(self, app_id: str, owner: str | None = None) -> str:
+        """The authority ``app_id`` serves for ``owner`` (its instance's owner; None: the
+        bootstrap admin), or 403: only a provider announces its changes."""
+        owner = owner or self._lifecycle.bootstrap_user
+        copy = self._registry.get(app_id, owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None:
             raise PermissionDenied(
                 f"app {app_id!r} declares no dataProvider: it has no data to announce changes of",
                 caller_app_id=app_id,
             )
-        served_by = self.table.app_for(provider.authority)
+        served_by = self.table_for(owner).app_for(provider.authority)
         if served_by != app_id:
             raise PermissionDenied(
                 f"authority {provider.authority!r} is served by {served_by!r}, not {app_id!r}",

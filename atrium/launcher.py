@@ -1,6 +1,7 @@
 """Intents end to end: the index follows the visible apps; `start` launches the winner's activity.
 
-The index is updated per app on `app:installed` / `app:removed` (no restart). A tie at the top
+Each user's index holds the apps that user sees, updated per app on that user's `app:installed` /
+`app:removed` (no restart). A tie at the top
 opens a chooser and starts nothing; `target` picks one of the matches (docs/api.md "Intents",
 decisions.md "Data proxy and intents"). A default the user remembered for the intent's action and
 type sends `start` straight to its app, tie or not (docs/api.md "Default handlers").
@@ -95,9 +96,10 @@ class Launcher:
         self._installed_at = installed_at
         self._defaults_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.index = IntentIndex()
-        for copy in registry.visible():
-            self._refresh(copy.id)
+        #: user → the intent index of the apps that user sees: made at their first intent,
+        #: kept in step by their own app events
+        self._indexes: dict[str, IntentIndex] = {}
+        self.index_for(registry.default_user)
         kv.add_validator(NAMESPACE, KEY, _validate_defaults)
         self._unlisten: list[Callable[[], None]] = [
             bus.listen((APP_INSTALLED, APP_REMOVED), self._on_app),
@@ -113,9 +115,15 @@ class Launcher:
         if not isinstance(event.data, AppInstalled | AppRemoved):
             return
         owner = event.data.owner
-        if owner in (None, self._registry.default_user):
-            # the intent index is built from the bootstrap admin's view of the apps
-            self._refresh(event.data.app_id)
+        if owner is None:
+            self._indexes.clear()
+        elif owner in self._indexes:
+            self._refresh(event.data.app_id, owner)
+        # a user whose scope the registry has not loaded sees the shared scopes only and hears no
+        # event of their own: their index is made again at their next intent
+        loaded = set(self._registry.users())
+        for user in [u for u in self._indexes if u not in loaded]:
+            del self._indexes[user]
         if isinstance(event.data, AppRemoved):
             # a user who sees no copy left forgets their remembered defaults for it
             task = asyncio.get_running_loop().create_task(
@@ -124,12 +132,22 @@ class Launcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _refresh(self, app_id: str) -> None:
-        copy = self._registry.get(app_id)
+    def index_for(self, user: str) -> IntentIndex:
+        """The intent index of the apps ``user`` sees (their user scope over global over system)."""
+        index = self._indexes.get(user)
+        if index is None:
+            index = self._indexes[user] = IntentIndex()
+            for copy in self._registry.visible(user):
+                self._refresh(copy.id, user)
+        return index
+
+    def _refresh(self, app_id: str, user: str) -> None:
+        index = self._indexes[user]
+        copy = self._registry.get(app_id, user)
         if copy is None or copy.manifest is None:
-            self.index.set_app(app_id, None, ())
+            index.set_app(app_id, None, ())
         else:
-            self.index.set_app(app_id, copy.scope, copy.manifest.intent_filters)
+            index.set_app(app_id, copy.scope, copy.manifest.intent_filters)
 
     # -- remembered defaults --------------------------------------------------------------------
 
@@ -186,9 +204,9 @@ class Launcher:
     # -- resolving and starting -----------------------------------------------------------------
 
     async def resolve(self, intent: Intent, owner: str | None = None) -> Resolution:
-        """The matches of ``intent`` with ``owner``'s remembered default (None: the bootstrap
-        admin's)."""
-        matches = self.index.resolve(intent)
+        """The matches of ``intent`` among the apps ``owner`` sees, with their remembered default
+        (None: the bootstrap admin's)."""
+        matches = self.index_for(owner or self._registry.default_user).resolve(intent)
         default = intentdefaults.lookup(await self.defaults(owner), intent.action, intent.mime)
         if default is None or not any(m.app_id == default.app_id for m in matches):
             return Resolution(matches)

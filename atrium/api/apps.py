@@ -28,11 +28,13 @@ def record_of(shell: Shell, view: AppView, user: str | None = None) -> dict[str,
 
 
 def app_wire(shell: Shell, view: AppView, user: str | None = None) -> dict[str, Any]:
-    """An app as listed, with the authorities it declares that another visible app serves."""
+    """An app as listed, with the authorities it declares that another app ``user`` sees
+    serves."""
     body = view.wire(record_of(shell, view, user))
+    table = shell.dataproxy.table_for(user) if user else shell.dataproxy.table
     body["conflicts"] = [
         {"authority": clash.authority, "servedBy": clash.served_by}
-        for clash in shell.dataproxy.table.clashes
+        for clash in table.clashes
         if clash.app_id == view.copy.id
     ]
     return body

@@ -65,7 +65,7 @@ async def announce(request: Request, caller: Caller) -> Response:
     body = await read_model(request, DataChangesBody)
     if not isinstance(caller, AppCaller):  # pragma: no cover - Access.APP lets only apps in
         raise PermissionDenied("only an app may announce changes of its data")
-    authority = shell.dataproxy.authority_of(caller.app_id)
+    authority = shell.dataproxy.authority_of(caller.app_id, caller.owner)
     paths = body.all_paths()
     for path in paths:
         # the change is in the data of the caller's owner: only that user's streams hear it
