@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ import httpx
 import pytest
 
 from tests.integration.conftest import RunningShell, SseReader, StartShell
-from tests.integration.distribution.conftest import SERVER, write_manifest
+from tests.integration.distribution.conftest import (
+    SERVER,
+    GitDaemon,
+    GitRepo,
+    git_daemon,  # noqa: F401 - a fixture these tests use
+    git_repo,  # noqa: F401 - a fixture these tests use
+    write_manifest,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +32,32 @@ def make_app(root: Path, app_id: str, **fields: Any) -> Path:
     return app_dir
 
 
+#: app folder -> the git:// URL it is served at (a member may not name a local: path)
+_SERVED: dict[Path, str] = {}
+_SERVER: list[Callable[[Path], str]] = []
+
+
+@pytest.fixture(autouse=True)
+def served(git_daemon: GitDaemon, git_repo: Callable[..., GitRepo]) -> Iterator[None]:  # noqa: F811
+    """Every app source of these tests is installed from `git daemon`, as a member would."""
+
+    def serve(source: Path) -> str:
+        base = git_daemon.base / f"s{len(_SERVED)}"
+        repo = git_repo(source, base=base)
+        return git_daemon.url(f"{base.name}/{repo.bare.name}")
+
+    _SERVER.append(serve)
+    yield
+    _SERVER.clear()
+    _SERVED.clear()
+
+
 def install(client: httpx.Client, source: Path, scope: str) -> httpx.Response:
+    if source not in _SERVED:
+        _SERVED[source] = _SERVER[0](source)
     return client.post(
         "/api/dist/install",
-        json={"ref": f"local:{source}", "scope": scope, "autoApprove": True},
+        json={"ref": _SERVED[source], "scope": scope, "autoApprove": True},
         timeout=60,
     )
 
