@@ -76,6 +76,7 @@ class UserScopes:
             else:
                 await self._registry.ensure_user(user)
             dist = self._make_dist(layout, repos, UserApps(self._registry, user))
+            dist.data.belong_to(user)  # (never the bootstrap admin: theirs is open from start)
             self._repos[user] = repos
             self._dists[user] = dist
             return dist

@@ -32,7 +32,7 @@ from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval, Distribution
 from atrium.distribution.refs import GitRef, LocalRef, Ref, parse_ref
-from atrium.errors import AtriumError, InvalidRequest, ShuttingDown
+from atrium.errors import AtriumError, InvalidRequest, NotFound, ShuttingDown
 from atrium.events import ERROR, RESULT
 from atrium.identity import Caller, UserCaller, require_admin, user_id_of
 from atrium.manifest import APP_ID_RE
@@ -255,6 +255,8 @@ async def history(request: Request, caller: Caller) -> Response:
     backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
     if scope is Scope.GLOBAL and not (isinstance(caller, UserCaller) and caller.is_admin):
         backups = []  # a global app's backups hold every user's data: the admin's to list
+    if record is None and not entries and not backups:
+        raise NotFound("app", app_id)  # nothing of it in this scope: as for an unknown id
     return JSONResponse(
         {
             "id": app_id,
@@ -273,6 +275,8 @@ async def list_backups(request: Request, caller: Caller) -> Response:
     if scope is Scope.GLOBAL:
         require_admin(caller, "list the data backups of an app")
     backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
+    if not backups and dist.record(scope, app_id) is None:
+        raise NotFound("app", app_id)  # nothing of it in this scope: as for an unknown id
     return JSONResponse([b.wire() for b in backups])
 
 

@@ -1,7 +1,9 @@
 """Snapshots of an app's runtime data (docs/api.md "Backups").
 
 A backup is `$ATRIUM_HOME/backups/<scope>/<appId>/<stamp>-<version>/` holding `backup.json` and
-`data/<appId>-<n>/…`, one folder per instance's runtime data. It is written as `<name>.partial`
+`data/<appId>-<n>/…`, one folder per instance's runtime data. The user scope's backups there are
+the bootstrap admin's; any other user's user scope keeps its own under
+`$ATRIUM_HOME/backups/users/<id>/<appId>/` (decisions.md "Users: backups per user"). It is written as `<name>.partial`
 and renamed when complete, so a listed backup is always whole. Files are cloned (reflink, the
 `FICLONE` ioctl) where the filesystem shares blocks copy-on-write, and copied otherwise; never
 hard-linked: an app that writes a file in place (SQLite does) would change its "backup" with it
@@ -103,14 +105,28 @@ def copy_tree(source: Path, target: Path) -> str:
     return fdcopy.copy_tree(source, target).method
 
 
-class BackupStore:
-    """The backups under ``root`` (`$ATRIUM_HOME/backups`)."""
+#: under the backups root: ``<id>/<appId>/``, each user's own user-scope backups
+USERS: Final = "users"
 
-    def __init__(self, root: Path) -> None:
+
+class BackupStore:
+    """The backups under ``root`` (`$ATRIUM_HOME/backups`) seen by one user's pipeline: the
+    shared scopes' and that user's user scope's. ``user`` None: the bootstrap admin's (and the
+    whole store, for start-up recovery and `atrium doctor`)."""
+
+    def __init__(self, root: Path, user: str | None = None) -> None:
         self.root = root
+        self.user = user
 
     def folder(self, scope: Scope, app_id: str) -> Path:
+        if (owner := self.owner(scope)) is not None:
+            return self.root / USERS / owner / app_id
         return self.root / scope.value / app_id
+
+    def owner(self, scope: Scope) -> str | None:
+        """Whose data folders the scope's backups hold: ``user`` for the user scope, else None
+        (the bootstrap admin's, in the app directories)."""
+        return self.user if scope is Scope.USER else None
 
     def checked(self, scope: Scope, app_id: str) -> list[tuple[Backup, str | None]]:
         """Every backup of the app, newest first, each with what is wrong with its files (None:
@@ -118,7 +134,9 @@ class BackupStore:
         folder = self.folder(scope, app_id)
         found = []
         for path in folder.iterdir() if folder.is_dir() else []:
-            backup = None if path.name.startswith(".") else _read(path, scope, app_id)
+            backup = (
+                None if path.name.startswith(".") else _read(path, scope, app_id, self.owner(scope))
+            )
             if backup is not None:
                 found.append((backup, damage(backup)))
         return sorted(found, key=lambda item: item[0].order, reverse=True)
@@ -132,7 +150,7 @@ class BackupStore:
         do not match its record."""
         if "/" in backup_id or backup_id.startswith("."):
             return None
-        backup = _read(self.folder(scope, app_id) / backup_id, scope, app_id)
+        backup = _read(self.folder(scope, app_id) / backup_id, scope, app_id, self.owner(scope))
         if backup is not None and (problem := damage(backup)) is not None:
             raise BackupDamaged(app_id, backup_id, problem)
         return backup
@@ -208,7 +226,7 @@ class BackupStore:
         sync_dir(partial)
         partial.rename(folder / name)
         sync_dir(folder)
-        backup = _read(folder / name, scope, app_id)
+        backup = _read(folder / name, scope, app_id, self.owner(scope))
         if backup is None:  # pragma: no cover - just written
             raise OSError(f"the backup {folder / name} cannot be read back")
         return backup
@@ -246,20 +264,27 @@ class BackupStore:
                     _LOGGER.warning("removing the backup %s failed: %s", path, err)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def _app_folders(self) -> Iterator[Path]:
-        for scope in Scope:
-            root = self.root / scope.value
+    def _app_folders(self) -> Iterator[tuple[Scope, str | None, Path]]:
+        """Every app's folder of backups, its scope and whose: each scope's (None: the
+        bootstrap admin's), and each other user's own user-scope ones."""
+        roots: list[tuple[Scope, str | None, Path]] = [
+            (scope, None, self.root / scope.value) for scope in Scope
+        ]
+        users = self.root / USERS
+        if users.is_dir() and not users.is_symlink():
+            roots += [(Scope.USER, folder.name, folder) for folder in sorted(users.iterdir())]
+        for scope, user, root in roots:
             if not root.is_dir() or root.is_symlink():
                 continue
             for folder in sorted(root.iterdir()):
                 if folder.is_dir() and not folder.is_symlink():
-                    yield folder
+                    yield scope, user, folder
 
     def leftovers(self) -> list[Path]:
         """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``)."""
         return [
             path
-            for folder in self._app_folders()
+            for _, _, folder in self._app_folders()
             for path in sorted(folder.iterdir())
             if path.name.startswith(DELETING)
             or (path.name.startswith(".") and path.name.endswith(PARTIAL))
@@ -283,12 +308,11 @@ class BackupStore:
         """Folders in the backups that are not intact backups of their app and scope, and why
         (for `atrium doctor`). Blocking."""
         found: list[tuple[Path, str]] = []
-        for folder in self._app_folders():
-            scope = Scope(folder.parent.name)
+        for scope, user, folder in self._app_folders():
             for path in sorted(folder.iterdir()):
                 if path.name.startswith("."):
                     continue
-                backup = _read(path, scope, folder.name)
+                backup = _read(path, scope, folder.name, user)
                 problem = (
                     f"no readable {MANIFEST} of {folder.name} in the {scope} scope"
                     if backup is None
@@ -380,15 +404,22 @@ def _sizes_of(data: dict[str, Any], folders: list[str]) -> dict[str, int] | None
     return sizes
 
 
-def _read(path: Path, scope: Scope, app_id: str) -> Backup | None:
+def data_folder_re(app_id: str, user: str | None = None) -> re.Pattern[str]:
+    """Names of the app's runtime data folders: `<appId>-<n>`, the bootstrap admin's; those of
+    another ``user``'s instances are `<appId>~<user>-<n>` (`InstanceIndex.id_prefix`)."""
+    prefix = re.escape(app_id if user is None else f"{app_id}~{user}")
+    return re.compile(rf"{prefix}-[0-9]+")
+
+
+def _read(path: Path, scope: Scope, app_id: str, user: str | None = None) -> Backup | None:
     """The backup in ``path``, when it is one of ``app_id`` in ``scope`` (its own record says
-    so): a folder placed there by other means is not taken for one. Its files are not checked
-    here (`damage`)."""
+    so) holding data folders of ``user``'s (None: the bootstrap admin's): a folder placed there
+    by other means is not taken for one. Its files are not checked here (`damage`)."""
     try:
         data = json.loads((path / MANIFEST).read_text())
         if (data["appId"], data["scope"]) != (app_id, scope.value):
             return None
-        folder = re.compile(rf"{re.escape(str(data['appId']))}-[0-9]+")
+        folder = data_folder_re(app_id, user)
         if not all(isinstance(f, str) and folder.fullmatch(f) for f in data["folders"]):
             return None  # only runtime data folders, never a path elsewhere
         sizes = _sizes_of(data, list(data["folders"]))

@@ -48,11 +48,28 @@ class DataKeeping:
         #: the app's winning changeable scope, for a call that names none
         self._scope_of = scope_of
         self.backups = BackupStore(layout.home / "backups")
+        #: another user's runtime data folder (``scopes/users/<id>/runtime``); None: the
+        #: bootstrap admin's pipeline, whose data is inside the app directories
+        self._runtime: Path | None = None
+
+    def belong_to(self, user: str) -> None:
+        """Make this the pipeline of ``user``, a user other than the bootstrap admin: their user
+        scope's backups are their own (`BackupStore` with ``user``), and its runtime data is
+        where the lifecycle keeps that user's (`ScopeLayout.runtime_dir`), not in the app
+        directory (decisions.md "Users: backups per user")."""
+        self.backups = BackupStore(self._layout.home / "backups", user)
+        self._runtime = self._layout.user_root(user) / "runtime"
+
+    def data_home(self, scope: Scope, app_id: str) -> Path:
+        """The folder holding the app's runtime data folders (``<appId>-<n>``) in ``scope``."""
+        if scope is Scope.USER and self._runtime is not None:
+            return self._runtime / scope.value / app_id
+        return self._layout.app_dir(scope, app_id)
 
     async def snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
         """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
         record = self._records.get(scope, app_id)
-        folders = runtime_folders(self._layout.app_dir(scope, app_id), app_id)
+        folders = runtime_folders(self.data_home(scope, app_id), app_id, self.backups.owner(scope))
         if not folders:
             return None
         version = record.version if record else "unknown"
@@ -119,8 +136,8 @@ class DataKeeping:
                 safety = await self.snapshot(scope, app_id, "restore")
                 faultpoint("restore-snapshot")
                 async with staging(self._layout, self._journals, scope) as path:
-                    app_dir = self._layout.app_dir(scope, app_id)
-                    await in_thread(swap_data, backup, app_dir, path)
+                    home = self.data_home(scope, app_id)
+                    await in_thread(swap_data, backup, home, path)
             await in_thread(self.backups.prune, scope, app_id)
         _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
         return {

@@ -23,9 +23,12 @@ def runtime_dir_re(app_id: str) -> re.Pattern[str]:
     return re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
 
 
-def runtime_folders(app_dir: Path, app_id: str) -> list[Path]:
-    """The instances' runtime data folders of an installed app (`<appId>-<n>`), by name."""
-    data = re.compile(rf"{re.escape(app_id)}-[0-9]+")
+def runtime_folders(app_dir: Path, app_id: str, owner: str | None = None) -> list[Path]:
+    """The instances' runtime data folders of an installed app (`<appId>-<n>`), by name;
+    ``owner``: those of that user's instances (`<appId>~<owner>-<n>`) instead of the bootstrap
+    admin's."""
+    prefix = app_id if owner is None else f"{app_id}~{owner}"
+    data = re.compile(rf"{re.escape(prefix)}-[0-9]+")
     if not app_dir.is_dir():
         return []
     return sorted(p for p in app_dir.iterdir() if p.is_dir() and data.fullmatch(p.name))

@@ -1,5 +1,6 @@
 """What disabling or deleting an account does beyond its row: the user's instances stop, and a
-deleted user's scope is set aside in ``lost+found`` (decisions.md "Users: accounts and sign-in").
+deleted user's scope (with their user scope's backups) is set aside in ``lost+found``
+(decisions.md "Users: accounts and sign-in", "Users: backups per user").
 Nothing of a user is ever deleted from disk here."""
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def _set_aside(home: Path, user_id: str) -> Path | None:
     scope.rename(target)  # same file system: one rename, never a copy and a delete
     sync_dir(target.parent)
     sync_dir(scope.parent)
+    # their user scope's backups (`BackupStore` with a user) go with it: a reused id starts
+    # with none
+    backups = home / "backups" / "users" / user_id
+    if backups.is_dir() and not backups.is_symlink():
+        backups.rename(target / "backups")
+        sync_dir(backups.parent)
     return target
 
 

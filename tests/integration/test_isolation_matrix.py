@@ -197,25 +197,7 @@ def matrix() -> list[Case]:
 
 
 #: cases that fail today, each with why (an expected failure must fail: strict)
-_USER_BACKUPS: Final = (
-    "the user scope's data backups are kept per app, not per user: B's user scope lists and "
-    "reads A's backups of her own app"
-)
-KNOWN: Final[dict[str, str]] = {
-    **{
-        f"GET /api/dist/backups/{{appId}} [{c}] appId=private": _USER_BACKUPS
-        for c in ("cookie", "token")
-    },
-    **{
-        f"GET /api/dist/history/{{appId}} [{c}] appId=private": _USER_BACKUPS
-        for c in ("cookie", "token")
-    },
-    **{
-        f"POST /api/dist/restore/{{appId}} [{c}] appId=private": _USER_BACKUPS
-        + " (B restoring A's backup id answers 500 internal)"
-        for c in ("cookie", "token")
-    },
-}
+KNOWN: Final[dict[str, str]] = {}
 
 
 def _params() -> list[Any]:
