@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from atrium.settings import ConfigError, create_private
+from atrium.users.sqlitefile import connect
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -131,7 +131,10 @@ class AuditLog:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
         loop = asyncio.get_running_loop()
         try:
-            conn = await loop.run_in_executor(executor, _connect, path)
+            conn = await loop.run_in_executor(
+                executor,
+                lambda: connect(path, "the audit log", _SCHEMA, synchronous="NORMAL"),
+            )
         except BaseException:
             executor.shutdown(wait=True)
             raise
@@ -273,24 +276,3 @@ class AuditLog:
                 await self.prune()
             except sqlite3.Error as err:
                 _LOGGER.error("the audit log could not be pruned: %s", err)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        create_private(path)
-        for suffix in ("", "-wal", "-shm"):
-            sibling = path.with_name(path.name + suffix)
-            if sibling.is_file():
-                sibling.chmod(0o600)
-    except OSError as err:
-        raise ConfigError(f"the audit log {path} cannot be opened: {err.strerror or err}") from err
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(_SCHEMA)
-    except sqlite3.Error as err:
-        conn.close()
-        raise ConfigError(f"the audit log {path} cannot be opened: {err}") from err
-    return conn

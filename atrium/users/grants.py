@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.settings import ConfigError
+from atrium.users.sqlitefile import connect
 from atrium.users.store import new_id, now
 
 T = TypeVar("T")
@@ -113,7 +113,9 @@ class GrantStore:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grants")
         loop = asyncio.get_running_loop()
         try:
-            conn = await loop.run_in_executor(executor, _connect, path)
+            conn = await loop.run_in_executor(
+                executor, lambda: connect(path, "the grants table in", _SCHEMA)
+            )
         except BaseException:
             executor.shutdown(wait=True)
             raise
@@ -229,19 +231,3 @@ def access_to(caller: Caller | str, instance: Shared, grants: GrantStore) -> str
         return OWNER
     role = grants.role_of(user_id, instance)
     return None if role is None else role.value
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-    except sqlite3.DatabaseError as err:
-        conn.close()
-        raise ConfigError(f"the grants table in {path} cannot be opened: {err}") from err
-    except BaseException:
-        conn.close()
-        raise
-    return conn

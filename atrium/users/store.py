@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from atrium.errors import IdentityLinked, InvalidRequest, LastAdmin, NotFound, UserExists
-from atrium.settings import ConfigError, create_private
 from atrium.users.model import (
     MAX_NAME,
     USER_ID_RULE,
@@ -37,6 +36,7 @@ from atrium.users.model import (
     User,
     valid_user_id,
 )
+from atrium.users.sqlitefile import connect
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -128,7 +128,9 @@ class UserStore:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="users")
         loop = asyncio.get_running_loop()
         try:
-            conn = await loop.run_in_executor(executor, _connect, path)
+            conn = await loop.run_in_executor(
+                executor, lambda: connect(path, "the users store", _SCHEMA, check=True)
+            )
         except BaseException:
             executor.shutdown(wait=True)
             raise
@@ -509,32 +511,3 @@ def _end_all(user_id: str) -> list[tuple[str, tuple[object, ...]]]:
         ("DELETE FROM sessions WHERE user_id = ?", (user_id,)),
         ("DELETE FROM tokens WHERE user_id = ?", (user_id,)),
     ]
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        create_private(path)
-        for suffix in ("", "-wal", "-shm"):
-            sibling = path.with_name(path.name + suffix)
-            if sibling.is_file():
-                sibling.chmod(0o600)
-    except OSError as err:
-        raise ConfigError(
-            f"the users store {path} cannot be opened: {err.strerror or err}"
-        ) from err
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
-        if problems != ["ok"]:
-            raise ConfigError(f"the users store {path} is damaged: {'; '.join(problems)}")
-        conn.executescript(_SCHEMA)
-    except sqlite3.DatabaseError as err:
-        conn.close()
-        raise ConfigError(f"the users store {path} cannot be opened: {err}") from err
-    except BaseException:
-        conn.close()
-        raise
-    return conn
