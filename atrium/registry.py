@@ -156,6 +156,11 @@ class AppRegistry:
         self._users: dict[str, dict[str, AppCopy]] = {}
         self._visible: dict[str, dict[str, AppCopy]] = {}
         self._lock = asyncio.Lock()
+        self._closing = False
+        # the watcher of the folders in ``_watch_dirs``: one ``watchfiles.awatch`` loop, made
+        # again when a user scope is loaded or forgotten (inotify watches fixed paths)
+        self._rewatch_lock = asyncio.Lock()
+        self._watch_dirs: dict[Path, tuple[Scope, str | None]] | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()
@@ -171,9 +176,7 @@ class AppRegistry:
             self._visible[user] = self._compute_visible(user)
         for copy in self._visible[self._layout.user].values():
             _log_grant_changes(copy)
-        if self._watch:
-            self._start_watching()
-            await asyncio.wait_for(self._watching.wait(), timeout=10)
+        await self._rewatch()
         return self
 
     async def __aexit__(
@@ -182,10 +185,9 @@ class AppRegistry:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._closing = True
+        async with self._rewatch_lock:
+            await self._stop_watching()
 
     def _users_on_disk(self) -> list[str]:
         """The bootstrap admin, then every other user whose folder holds a user scope."""
@@ -276,9 +278,9 @@ class AppRegistry:
     # -- changes --------------------------------------------------------------------------------
 
     async def ensure_user(self, user: str) -> None:
-        """Load ``user``'s user scope (empty until something is installed there); a no-op when it
-        is loaded. The watcher covers the user scopes found at start: a scope made later is
-        re-read by the install pipeline's own rescans, and watched from the next start."""
+        """Load ``user``'s user scope (empty until something is installed there) and watch its
+        apps folder from now on, as those found at start are; a no-op when it is loaded. The
+        folder must exist (opening the scope's repository makes it)."""
         if user in self._users:
             return
         async with self._lock:
@@ -286,6 +288,19 @@ class AppRegistry:
                 return
             self._users[user] = await asyncio.to_thread(self._scan_user, user)
             self._visible[user] = self._compute_visible(user)
+        await self._rewatch()
+
+    async def forget_user(self, user: str) -> None:
+        """Unload ``user``'s user scope and stop watching it: the account is gone and its folder
+        is being set aside (what they saw is nobody's now, so nothing is announced). The
+        bootstrap admin's scope stays. A later ``ensure_user`` loads the id's scope afresh."""
+        if user == self._layout.user:
+            return
+        async with self._lock:
+            if self._users.pop(user, None) is None:
+                return
+            self._visible.pop(user, None)
+        await self._rewatch()
 
     async def rescan(self, scopes: Iterable[Scope] | None = None, user: str | None = None) -> None:
         """Re-read ``scopes`` (all by default; the user scope is ``user``'s, or every loaded
@@ -338,8 +353,36 @@ class AppRegistry:
 
     # -- the watcher ----------------------------------------------------------------------------
 
-    def _start_watching(self) -> None:
-        self._task = asyncio.create_task(self._watch_loop(), name="registry watcher")
+    async def _rewatch(self) -> None:
+        """Watch the scope folders there are now: the watcher is made again when a user scope
+        was loaded or forgotten since it started (inotify watches the paths it was given, so a
+        folder made later is seen only by a new watcher, and a forgotten one must be let go: a
+        set-aside folder keeps its watch wherever it was moved). Changes made while no watcher
+        was armed are read by the new one's first rescan."""
+        if not self._watch:
+            return
+        async with self._rewatch_lock:
+            if self._closing:
+                return
+            dirs = await asyncio.to_thread(self._watched)
+            if dirs == self._watch_dirs:
+                return
+            await self._stop_watching()
+            self._watch_dirs = dirs
+            self._stop = asyncio.Event()
+            self._watching = asyncio.Event()
+            self._task = asyncio.create_task(
+                self._watch_loop(dirs, self._stop, self._watching), name="registry watcher"
+            )
+            await asyncio.wait_for(self._watching.wait(), timeout=10)
+
+    async def _stop_watching(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self._watch_dirs = None
 
     def _watched(self) -> dict[Path, tuple[Scope, str | None]]:
         dirs: dict[Path, tuple[Scope, str | None]] = {}
@@ -372,10 +415,14 @@ class AppRegistry:
                 return where  # a removed subtree: cheap to re-check
         return None
 
-    async def _watch_loop(self) -> None:
-        dirs = self._watched()
+    async def _watch_loop(
+        self,
+        dirs: Mapping[Path, tuple[Scope, str | None]],
+        stop: asyncio.Event,
+        watching: asyncio.Event,
+    ) -> None:
         if not dirs:
-            self._watching.set()
+            watching.set()
             return
 
         def keep(change: watchfiles.Change, raw: str) -> bool:
@@ -386,14 +433,14 @@ class AppRegistry:
             watch_filter=keep,
             step=5,
             debounce=200,
-            stop_event=self._stop,
+            stop_event=stop,
             rust_timeout=100,
             yield_on_timeout=True,
         ):
             if not changes:
-                if not self._watching.is_set():
+                if not watching.is_set():
                     # the first timeout proves inotify is armed; re-read what changed before that
-                    self._watching.set()
+                    watching.set()
                     await self.rescan()
                 continue
             hit = {w for _, raw in changes if (w := self._scope_of(Path(raw), dirs)) is not None}
@@ -402,7 +449,8 @@ class AppRegistry:
                 if shared:
                     await self.rescan(shared)
                 for user in sorted({user for _, user in hit if user is not None}):
-                    await self.rescan([Scope.USER], user)
+                    if user in self._users:  # not a scope forgotten since this watcher began
+                        await self.rescan([Scope.USER], user)
             except OSError:
                 _LOGGER.exception("rescanning %s after a change on disk failed", sorted(hit))
 

@@ -100,8 +100,14 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
     async with AsyncExitStack() as stack:
         repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
-        for repo in repos.values():
-            await repo.open()
+        # the two repositories are independent, each opened by a few git runs: side by side, and
+        # the first one's error (in this order) is the one start-up reports, as one after the other
+        opened = await asyncio.gather(
+            *(repo.open() for repo in repos.values()), return_exceptions=True
+        )
+        for result in opened:
+            if isinstance(result, BaseException):
+                raise result
         # finish or undo installs a crash interrupted, before anything reads the scopes
         await recover(layout, repos)
         # and the backup removals and snapshots a kill cut off
@@ -206,8 +212,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
 
         dist = make_dist(layout, repos, UserApps(registry, layout.user))
         user_scopes = UserScopes(layout, registry, repos, dist, make_dist)
-        for user_id in registry.users():
-            await user_scopes.open(user_id)  # each user scope found at start: recovered, loaded
+        await user_scopes.open_found(lambda user_id: users.get(user_id) is not None)
+        users.on_change.append(user_scopes.forgetter(lambda u: users.get(u) is not None))
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",

@@ -40,6 +40,7 @@ class UserScopes:
         self._dists: dict[str, Distribution] = {layout.user: admin_dist}
         self._make_dist = make_dist
         self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def layout_of(self, user: str) -> ScopeLayout:
         """``user``'s layout: where their user scope is (``layout.user`` names it)."""
@@ -80,3 +81,36 @@ class UserScopes:
             self._repos[user] = repos
             self._dists[user] = dist
             return dist
+
+    async def open_found(self, exists: Callable[[str], bool]) -> None:
+        """At start: open (recover, load) each user scope found on disk whose account
+        ``exists``; the folder of an account removed is nobody's and is forgotten, unwatched
+        (adding the id again sets it aside in lost+found)."""
+        for user in self._registry.users():
+            if exists(user):
+                await self.open(user)
+            else:
+                await self.forget(user)
+
+    def forgetter(self, exists: Callable[[str], bool]) -> Callable[[str], None]:
+        """A users-store ``on_change`` callback: when the changed account no longer ``exists``
+        (removed, not only disabled: its id may be reused), forget its scope."""
+
+        def changed(user: str) -> None:
+            if not exists(user):
+                task = asyncio.get_running_loop().create_task(self.forget(user))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+        return changed
+
+    async def forget(self, user: str) -> None:
+        """``user``'s account is gone: drop their pipeline and repositories and let the registry
+        unload and stop watching their scope, so a new account under the same id opens a fresh
+        one (the old folder is set aside in lost+found). The bootstrap admin's stay."""
+        if user == self._layout.user:
+            return
+        async with self._lock:
+            self._dists.pop(user, None)
+            self._repos.pop(user, None)
+            await self._registry.forget_user(user)

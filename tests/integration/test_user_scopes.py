@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -11,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningShell, SseReader, StartShell
+from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
 from tests.integration.distribution.conftest import (
     SERVER,
     GitDaemon,
@@ -224,3 +227,81 @@ def test_a_users_install_leaves_another_users_instances_running(
             before["pid"],
             "default",
         )
+
+
+def watched_inodes() -> set[int]:
+    """The inodes every inotify instance of this process watches (the shell runs in it): what
+    the registry watcher really has armed, read from /proc."""
+    found: set[int] = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            if str(fd.readlink()) != "anon_inode:inotify":
+                continue
+            info = Path(f"/proc/self/fdinfo/{fd.name}").read_text()
+        except OSError:
+            continue  # closed meanwhile
+        found.update(
+            int(ino, 16) for ino in re.findall(r"^inotify wd:\S+ ino:([0-9a-f]+)", info, re.M)
+        )
+    return found
+
+
+def app_version(client: httpx.Client, app_id: str) -> str | None:
+    found = [a for a in client.get("/api/apps").json() if a["id"] == app_id and not a["problems"]]
+    return found[0]["version"] if found else None
+
+
+def edit_version(app_dir: Path, version: str) -> None:
+    """A hand edit of an installed manifest (its file may be read-only, as installed)."""
+    manifest = app_dir / "app.manifest.json"
+    data = json.loads(manifest.read_text())
+    data["version"] = version
+    manifest.chmod(0o644)
+    manifest.write_text(json.dumps(data))
+
+
+def test_hand_edits_in_a_user_scope_made_after_start_are_seen_at_once(
+    shell: RunningShell, home: Path, tmp_path: Path
+) -> None:
+    bob = shell.add_user("bob")  # after start: the watcher found no scope of bob's then
+    with shell.client(bob) as b:
+        answer = install(b, make_app(tmp_path / "b", "com.example.later"), "user")
+        assert answer.status_code == 200, answer.text
+        assert app_version(b, "com.example.later") == "1.0.0"
+        installed = home / "scopes/users/bob/apps/com.example.later"
+        edit_version(installed, "1.0.1")
+        wait_for(lambda: app_version(b, "com.example.later") == "1.0.1", "the hand edit")
+        shutil.rmtree(installed)
+        wait_for(lambda: app_version(b, "com.example.later") is None, "the hand removal")
+
+
+def test_a_deleted_users_scope_is_no_longer_watched(
+    shell: RunningShell, home: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bob = shell.add_user("bob")
+    source = make_app(tmp_path / "b", "com.example.later")
+    bobs_apps = home / "scopes/users/bob/apps"
+    with caplog.at_level(logging.INFO), shell.client() as alice, shell.client(bob) as b:
+        assert install(b, source, "user").status_code == 200
+        wait_for(lambda: bobs_apps.stat().st_ino in watched_inodes(), "bob's scope watched")
+        answer = alice.delete("/api/users/bob")
+        assert answer.status_code == 200, answer.text
+        aside = home / answer.json()["lostAndFound"] / "apps"
+        assert (aside / "com.example.later").is_dir()
+        wait_for(lambda: aside.stat().st_ino not in watched_inodes(), "the watch let go")
+        assert "bob" not in shell.shell.registry.users()
+        # a hand edit in lost+found is nobody's app
+        edit_version(aside / "com.example.later", "9.9.9")
+
+        # the id is free again: a new bob starts empty, with a scope of its own that is watched
+        bob = shell.add_user("bob")
+        with shell.client(bob) as new_bob:
+            assert app_version(new_bob, "com.example.later") is None
+            answer = install(new_bob, source, "user")
+            assert answer.status_code == 200, answer.text
+            assert app_version(new_bob, "com.example.later") == "1.0.0"
+            edit_version(bobs_apps / "com.example.later", "1.0.2")
+            wait_for(lambda: app_version(new_bob, "com.example.later") == "1.0.2", "the edit")
+    assert (aside / "com.example.later").is_dir()  # nothing of the old bob's was touched
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not problems, caplog.text
