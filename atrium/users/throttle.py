@@ -7,6 +7,10 @@ another address, or another account from this address, signs in as before, so wh
 cannot keep the real user out for longer than the window. The account is the name as typed, known
 or not, so the refusal tells nothing of whether it exists.
 
+The address is counted as a network hands them out (`address_key`): an IPv4 address alone, an IPv6
+address by its /64 prefix (one host is routinely given a whole /64, 2^64 addresses that would each
+bring five fresh guesses), and an IPv4-mapped IPv6 address as the IPv4 address it maps.
+
 The memory is bounded: at most `MAX_PAIRS` pairs are remembered, each with at most `LIMIT` times.
 When full, pairs whose failures all left the window go first, then the least recently failed. A
 client that sprays names to push its own pair out must make `MAX_PAIRS` failed sign-ins, each a full
@@ -15,6 +19,7 @@ password verification (at most a few run at once), which takes longer than the w
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections import OrderedDict, deque
 from typing import Final
@@ -24,6 +29,8 @@ WINDOW: Final = 60.0
 MAX_PAIRS: Final = 10_000
 #: the longest account name remembered (longer ones are cut: they cannot be users anyway)
 MAX_ACCOUNT: Final = 64
+#: the prefix length an IPv6 address is counted by
+IPV6_PREFIX: Final = 64
 
 Pair = tuple[str, str]
 
@@ -44,7 +51,7 @@ class SignInThrottle:
 
     @staticmethod
     def pair(account: str, address: str) -> Pair:
-        return account[:MAX_ACCOUNT], address
+        return account[:MAX_ACCOUNT], address_key(address)
 
     def retry_after(self, account: str, address: str, now: float) -> int | None:
         """Whole seconds until the pair may try again, or None when it may now."""
@@ -76,3 +83,17 @@ class SignInThrottle:
             del self._failures[key]
         while len(self._failures) >= self._max_pairs:
             self._failures.popitem(last=False)
+
+
+def address_key(address: str) -> str:
+    """What one client address counts as: IPv4 itself, IPv6 its /64 network (a zone id
+    dropped), IPv4-mapped IPv6 the IPv4 address; anything else as given, cut to 64 characters."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address[:64]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, IPV6_PREFIX), strict=False))
+    return str(ip)

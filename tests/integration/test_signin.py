@@ -11,7 +11,7 @@ from argon2 import PasswordHasher
 
 from atrium.identity import SESSION_COOKIE
 from atrium.users.passwords import Passwords
-from tests.integration.conftest import RunningShell
+from tests.integration.conftest import RunningShell, StartShell
 
 pytestmark = pytest.mark.integration
 
@@ -249,3 +249,23 @@ def test_an_app_cannot_sign_anyone_in(shell: RunningShell, api: httpx.Client, bo
         answer = sign_in(app_client, "bob", PASSWORD)
     assert answer.status_code == 403, answer.text
     assert answer.json()["error"]["code"] == "permission_denied"
+
+
+def test_over_ipv6_the_limit_is_still_per_account_and_address(start_shell: StartShell) -> None:
+    """Served on ::1 the guesser's address is IPv6 (counted by its /64, tests/unit/
+    test_throttle.py): five failures for one account limit that account from there, and only it."""
+    shell = start_shell(host="::1")
+    url = f"http://[::1]:{shell.settings.port}"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {shell.token}"}) as admin:
+        for user in ("bob", "carol"):
+            made = admin.post("/api/users", json={"id": user, "password": PASSWORD})
+            assert made.status_code == 201, made.text
+    with httpx.Client(base_url=url, timeout=30) as guesser:
+        for _ in range(5):
+            assert sign_in(guesser, "bob", "not the password").status_code == 401
+        refused = sign_in(guesser, "bob", PASSWORD)
+        assert refused.status_code == 429, refused.text
+        assert 0 < int(refused.headers["retry-after"]) <= 60
+        carol = sign_in(guesser, "carol", PASSWORD)
+        assert carol.status_code == 200, carol.text
+        assert guesser.get("/api/sessions").json()[0]["address"] == "::1"

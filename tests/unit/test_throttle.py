@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from atrium.users.throttle import LIMIT, WINDOW, SignInThrottle
+from atrium.users.throttle import LIMIT, WINDOW, SignInThrottle, address_key
 
 
 def fail(throttle: SignInThrottle, times: int, at: float, account: str = "bob") -> None:
@@ -54,3 +54,32 @@ def test_a_long_name_is_remembered_cut() -> None:
     throttle = SignInThrottle()
     fail(throttle, LIMIT, 0.0, "x" * 10_000)
     assert throttle.retry_after("x" * 64, "10.0.0.1", 1.0) is not None
+
+
+def test_ipv6_addresses_of_one_64_prefix_share_one_count() -> None:
+    """One host given a /64 has 2^64 addresses: counted one by one, each would bring five fresh
+    guesses. The prefix is the unit an IPv6 network hands out, so it is what is counted."""
+    throttle = SignInThrottle()
+    for n in range(LIMIT):
+        throttle.failed("bob", f"2001:db8:1:2::{n + 1:x}", 0.0)
+    assert throttle.retry_after("bob", "2001:db8:1:2:ffff:ffff:ffff:ffff", 1.0) is not None
+    assert throttle.retry_after("bob", "2001:db8:1:3::1", 1.0) is None  # another /64
+    assert throttle.retry_after("carol", "2001:db8:1:2::1", 1.0) is None  # another account
+
+
+def test_ipv4_counts_by_full_address_and_mapped_ipv6_is_ipv4() -> None:
+    throttle = SignInThrottle()
+    fail(throttle, LIMIT, 0.0)
+    assert throttle.retry_after("bob", "::ffff:10.0.0.1", 1.0) is not None
+    assert throttle.retry_after("bob", "::ffff:10.0.0.2", 1.0) is None
+    assert throttle.retry_after("bob", "10.0.0.2", 1.0) is None
+
+
+def test_address_keys() -> None:
+    assert address_key("192.0.2.7") == "192.0.2.7"
+    assert address_key("::ffff:192.0.2.7") == "192.0.2.7"
+    assert address_key("2001:DB8::1") == "2001:db8::/64"
+    assert address_key("2001:db8::1%eth0") == "2001:db8::/64"
+    assert address_key("::1") == "::/64"  # loopback: one host whatever its address
+    assert address_key("") == ""
+    assert address_key("not an address" * 20) == ("not an address" * 20)[:64]
