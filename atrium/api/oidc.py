@@ -12,9 +12,11 @@ with the reason and a 4xx (or 502 when the provider cannot be reached), never a 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import html
 import logging
+import math
 import secrets
 import time
 import warnings
@@ -42,6 +44,7 @@ from atrium.identity import Anonymous, Caller, UserCaller
 from atrium.users.accounts import set_aside_scope
 from atrium.users.model import Role, SessionKind
 from atrium.users.oidc import OidcProvider, email_problem, new_user_id
+from atrium.users.throttle import RateLimit, address_key
 from atrium.wire import WireModel
 
 _LOGGER = logging.getLogger(__name__)
@@ -55,14 +58,23 @@ MAX_PENDING: Final = 10_000
 SCOPES: Final = "openid email profile"
 #: how long one request to a provider may take
 PROVIDER_TIMEOUT: Final = 10.0
+#: sign-ins one client address may start within `START_WINDOW` seconds
+START_LIMIT: Final = 30
+START_WINDOW: Final = 60.0
+#: how long a provider whose discovery failed is answered as down without being asked again
+DISCOVERY_RETRY_SECONDS: Final = 30
 
 
 class PendingSignIns:
     """Sign-ins started and not yet finished: the dict authlib keeps as ``request.session``, by
     the sha256 of a random cookie. In memory: a restart only means starting the sign-in again."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap: int = MAX_PENDING) -> None:
+        self._cap = cap
         self._flows: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._flows)
 
     def get(self, cookie: str | None) -> dict[str, Any] | None:
         if not cookie:
@@ -78,7 +90,7 @@ class PendingSignIns:
         self._flows[key] = (time.monotonic() + PENDING_SECONDS, data)
         now = time.monotonic()
         while self._flows and (
-            len(self._flows) > MAX_PENDING or next(iter(self._flows.values()))[0] < now
+            len(self._flows) > self._cap or next(iter(self._flows.values()))[0] < now
         ):
             self._flows.popitem(last=False)
 
@@ -91,12 +103,18 @@ def _hash(cookie: str) -> str:
 
 
 class OidcClients:
-    """The configured providers and one authlib client for each."""
+    """The configured providers and one authlib client for each, and the bounds on what anyone
+    may make the shell do through them: sign-ins started per address, and one discovery fetch
+    at a time per provider, not repeated for a while after it failed."""
 
     def __init__(self, providers: tuple[OidcProvider, ...]) -> None:
         self.providers = {p.id: p for p in providers}
         self.oauth = OAuth()
         self.pending = PendingSignIns()
+        self.starts = RateLimit(START_LIMIT, START_WINDOW)
+        self._discovery: dict[str, asyncio.Lock] = {}
+        #: provider id -> when (monotonic) its failed discovery may be tried again
+        self._down: dict[str, float] = {}
         for p in providers:
             self.oauth.register(
                 name=p.id,
@@ -113,6 +131,30 @@ class OidcClients:
     def client(self, provider_id: str) -> Any:
         return self.oauth.create_client(provider_id)
 
+    async def metadata(self, provider_id: str) -> dict[str, Any]:
+        """The provider's discovery document (authlib keeps it once fetched). One fetch at a
+        time per provider; after a failure, `DISCOVERY_RETRY_SECONDS` of 502 pages without
+        asking it, so starts from every browser do not each wait out a provider that is down."""
+        lock = self._discovery.setdefault(provider_id, asyncio.Lock())
+        async with lock:
+            left = self._down.get(provider_id, 0.0) - time.monotonic()
+            if left > 0:
+                raise Refused(
+                    502,
+                    "the sign-in provider could not be reached; try again later",
+                    retry_after=max(1, math.ceil(left)),
+                )
+            try:
+                metadata: dict[str, Any] = await self.client(provider_id).load_server_metadata()
+            except Exception as err:  # every failure of the provider is a page, never a 500
+                _LOGGER.warning("OIDC discovery of %s failed: %r", provider_id, err)
+                self._down[provider_id] = time.monotonic() + DISCOVERY_RETRY_SECONDS
+                refused = _provider_failure(err)
+                refused.retry_after = DISCOVERY_RETRY_SECONDS
+                raise refused from err
+            self._down.pop(provider_id, None)
+            return metadata
+
 
 def clients_of(request: Request) -> OidcClients:
     state = request.app.state
@@ -126,13 +168,14 @@ def clients_of(request: Request) -> OidcClients:
 class Refused(Exception):
     """A sign-in that ends on a page: the HTTP status and the reason shown."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after: int | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after
 
 
-def page(status: int, title: str, reason: str) -> HTMLResponse:
+def page(status: int, title: str, reason: str, retry_after: int | None = None) -> HTMLResponse:
     """The page a failed sign-in ends on (no script, nothing loaded from elsewhere)."""
     body = (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -141,15 +184,14 @@ def page(status: int, title: str, reason: str) -> HTMLResponse:
         f"<main><h1>{html.escape(title)}</h1><p id=reason>{html.escape(reason)}</p>"
         '<p><a href="/">Back to the sign-in page</a></p></main></body></html>'
     )
-    return HTMLResponse(
-        body,
-        status_code=status,
-        headers={
-            "Cache-Control": "no-store",
-            "Content-Security-Policy": "default-src 'none'; form-action 'none'",
-            "Referrer-Policy": "no-referrer",
-        },
-    )
+    headers = {
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": "default-src 'none'; form-action 'none'",
+        "Referrer-Policy": "no-referrer",
+    }
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return HTMLResponse(body, status_code=status, headers=headers)
 
 
 def _provider(request: Request) -> OidcProvider:
@@ -185,9 +227,17 @@ async def start(request: Request) -> Response:
     try:
         provider = _provider(request)
         clients = clients_of(request)
+        address = request.client.host if request.client else ""
+        wait = clients.starts.take(address_key(address), time.monotonic())
+        if wait is not None:
+            raise Refused(
+                429,
+                f"too many sign-ins started from this address; try again in {wait} s",
+                retry_after=wait,
+            )
         client = clients.client(provider.id)
+        metadata = await clients.metadata(provider.id)
         try:
-            metadata = await client.load_server_metadata()
             if metadata.get("issuer") != provider.issuer:
                 raise Refused(
                     502,
@@ -205,7 +255,7 @@ async def start(request: Request) -> Response:
             _LOGGER.warning("OIDC sign-in with %s could not start: %r", provider.id, err)
             raise _provider_failure(err) from err
     except Refused as refused:
-        return page(refused.status, "Sign-in failed", refused.reason)
+        return page(refused.status, "Sign-in failed", refused.reason, refused.retry_after)
     clients.pending.put(cookie, session)
     response.set_cookie(
         PENDING_COOKIE,

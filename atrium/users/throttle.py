@@ -85,6 +85,37 @@ class SignInThrottle:
             self._failures.popitem(last=False)
 
 
+class RateLimit:
+    """At most `limit` events per key within `window` seconds, for keys such as a client address
+    (`address_key`). A refused event is not counted, so waiting out the window always helps. At
+    most `max_keys` keys are remembered; when full, the least recently used go first."""
+
+    def __init__(self, limit: int, window: float, max_keys: int = MAX_PAIRS) -> None:
+        self._limit = limit
+        self._window = window
+        self._max_keys = max_keys
+        self._events: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def take(self, key: str, now: float) -> int | None:
+        """Count one event for ``key``; or, when it has had its share, the whole seconds until
+        it may have another (and nothing is counted)."""
+        times = self._events.pop(key, None)
+        if times is None:
+            times = deque(maxlen=self._limit)
+            while len(self._events) >= self._max_keys:
+                self._events.popitem(last=False)
+        self._events[key] = times
+        if len(times) >= self._limit:
+            left = times[0] + self._window - now
+            if left > 0:
+                return max(1, math.ceil(left))
+        times.append(now)
+        return None
+
+
 def address_key(address: str) -> str:
     """What one client address counts as: IPv4 itself, IPv6 its /64 network (a zone id
     dropped), IPv4-mapped IPv6 the IPv4 address; anything else as given, cut to 64 characters."""
