@@ -118,7 +118,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         users = await stack.enter_async_context(
             UserStore.open(settings.users_path, bootstrap_admin=settings.user)
         )
-        grants = await stack.enter_async_context(GrantStore.open(settings.users_path))
+        grants = await stack.enter_async_context(GrantStore.open(users.file))
         audit = await stack.enter_async_context(
             AuditLog.open(settings.audit_path, retention_days=settings.audit_retention_days)
         )

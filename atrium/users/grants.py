@@ -2,9 +2,9 @@
 sharing and who is looking").
 
 A grant is (owner, instance id, grantee, role). Rows live in the `grants` table of
-``$ATRIUM_HOME/users.sqlite3`` (the users store's file, 0600) through a connection and writer
-thread of this store's own, and every lookup is answered from memory: a page request asks
-`access_to` each time, so revoking takes effect on the very next request.
+``$ATRIUM_HOME/users.sqlite3`` (the users store's file, 0600) through the users store's own
+connection and writer thread (one writer per file), and every lookup is answered from memory: a
+page request asks `access_to` each time, so revoking takes effect on the very next request.
 
 `access_to` is the one answer to "what may this caller do with this instance": `owner` for the
 user it belongs to (and that user's apps), `editor` or `viewer` for a grantee, else None, which
@@ -13,19 +13,15 @@ every route answers exactly as it answers a missing instance.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.users.sqlitefile import connect
+from atrium.users.sqlitefile import SqliteFile
 from atrium.users.store import new_id, now
 
 T = TypeVar("T")
@@ -96,9 +92,9 @@ class Grant:
 class GrantStore:
     """Grants: SQLite for keeps, memory for lookups (by grant id and by (owner, instance))."""
 
-    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
-        self._conn = conn
-        self._executor = executor
+    def __init__(self, file: SqliteFile) -> None:
+        self._file = file
+        self._conn = file.conn
         self._by_id: dict[str, Grant] = {}
         #: (grantee, owner, instance id) -> grant: the lookup of every page request
         self._by_key: dict[tuple[str, str, str], Grant] = {}
@@ -107,28 +103,16 @@ class GrantStore:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path) -> AsyncIterator[GrantStore]:
-        """Open the grants table in the users store's file (which must exist: it is opened
-        first and made 0600 there)."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grants")
-        loop = asyncio.get_running_loop()
-        try:
-            conn = await loop.run_in_executor(
-                executor, lambda: connect(path, "the grants table in", _SCHEMA)
-            )
-        except BaseException:
-            executor.shutdown(wait=True)
-            raise
-        store = cls(conn, executor)
-        try:
-            await store._run(store._load)
-            yield store
-        finally:
-            await loop.run_in_executor(executor, conn.close)
-            executor.shutdown(wait=True)
+    async def open(cls, file: SqliteFile) -> AsyncIterator[GrantStore]:
+        """The grants table in the users store's file, through its connection and writer
+        thread (the users store opens and closes the file)."""
+        await file.add_schema("the grants table in", _SCHEMA)
+        store = cls(file)
+        await store._run(store._load)
+        yield store
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await self._file.run(fn)
 
     def _load(self) -> None:
         for gid, owner, iid, app_id, uid, role, created, seq in self._conn.execute(
@@ -203,7 +187,7 @@ class GrantStore:
             self._by_id.pop(grant.id, None)
             self._by_key.pop((grant.user_id, grant.owner, grant.instance_id), None)
         if gone:
-            self._executor.submit(
+            self._file.submit(
                 self._write, "DELETE FROM grants WHERE user_id = ? OR owner = ?", (user_id, user_id)
             )
         return gone

@@ -1,6 +1,6 @@
 """The users table and everything hung on it, in SQLite (``$ATRIUM_HOME/users.sqlite3``, 0600).
 
-One writer thread makes each change one transaction (synchronous=FULL), as the KV store does. What a
+One writer thread (shared with the grants kept in the same file) makes each change one transaction (synchronous=FULL), as the KV store does. What a
 request needs to know who is calling — users, the sha256 of each session cookie and personal token —
 is also held in memory and changed only after its row was written, so identifying a caller never
 touches the disk (the data proxy asks for every request).
@@ -11,13 +11,11 @@ cannot be disabled, demoted or deleted (`LastAdmin`).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -36,7 +34,7 @@ from atrium.users.model import (
     User,
     valid_user_id,
 )
-from atrium.users.sqlitefile import connect
+from atrium.users.sqlitefile import SqliteFile
 
 T = TypeVar("T")
 _LOGGER = logging.getLogger(__name__)
@@ -103,9 +101,10 @@ def new_id(prefix: str) -> str:
 class UserStore:
     """Users, sessions, tokens and identities: SQLite for keeps, memory for lookups."""
 
-    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
-        self._conn = conn
-        self._executor = executor
+    def __init__(self, file: SqliteFile) -> None:
+        #: the file's one connection and writer thread, which the grants share
+        self.file = file
+        self._conn = file.conn
         self._users: dict[str, User] = {}
         self._passwords: dict[str, str] = {}
         self._sessions: dict[str, Session] = {}  # by hash
@@ -125,28 +124,20 @@ class UserStore:
         """Open (creating it 0600); a home without users gets ``bootstrap_admin`` as its admin,
         and a home whose bootstrap user is missing gets them back as an admin."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="users")
-        loop = asyncio.get_running_loop()
-        try:
-            conn = await loop.run_in_executor(
-                executor, lambda: connect(path, "the users store", _SCHEMA, check=True)
-            )
-        except BaseException:
-            executor.shutdown(wait=True)
-            raise
-        store = cls(conn, executor)
-        try:
+        async with SqliteFile.open(
+            path, "the users store", _SCHEMA, thread="users", check=True
+        ) as file:
+            store = cls(file)
             await store._run(store._load)
             if bootstrap_admin not in store._users:
                 await store.add(bootstrap_admin, bootstrap_admin, Role.ADMIN)
-            yield store
-        finally:
-            await store._run(store._flush_seen)
-            await loop.run_in_executor(executor, conn.close)
-            executor.shutdown(wait=True)
+            try:
+                yield store
+            finally:
+                await store._run(store._flush_seen)
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await self.file.run(fn)
 
     def _load(self) -> None:
         c = self._conn
@@ -364,7 +355,7 @@ class UserStore:
         if last is None or moment - last >= LAST_SEEN_EVERY:
             self._seen_written[session.id] = moment
             sid, when, where = session.id, session.last_seen, session.address
-            self._executor.submit(self._write_seen, sid, when, where)
+            self.file.submit(self._write_seen, sid, when, where)
 
     def _write_seen(self, sid: str, when: str, where: str) -> None:
         try:
