@@ -283,7 +283,8 @@ class ScopeRepo:
             if (self.root / ".git").is_dir():
                 await _await_no_git(self.root, git_timeout())
                 _clear_stale_locks(self.root / ".git")
-            if not (self.root / ".git").is_dir():
+            fresh = not (self.root / ".git").is_dir()
+            if fresh:
                 await run_git("init", "--quiet", "--initial-branch=main", cwd=self.root)
             # the repository's internals, its staging, journals and records are the shell's alone
             # (issue 13); apps/ holds the app trees, whose modes stay the artifact's
@@ -295,7 +296,8 @@ class ScopeRepo:
             await run_git("config", "user.name", IDENTITY[0], cwd=self.root)
             await run_git("config", "user.email", IDENTITY[1], cwd=self.root)
             await run_git("config", "commit.gpgsign", "false", cwd=self.root)
-            if await self._head() is None:
+            # a repository git has just made has no commit: no need to ask (one git run less)
+            if fresh or await self._head() is None:
                 write_atomic(self.root / MARKER, "Atrium scope repository\n")
                 write_atomic(self.root / ".gitignore", GITIGNORE)
                 await run_git("add", "--", MARKER, ".gitignore", cwd=self.root)
