@@ -39,10 +39,12 @@ from starlette.routing import BaseRoute, Route
 from atrium.api.auth import Access, audit_request, audit_subject, endpoint, identify, shell_of
 from atrium.api.bodies import read_model
 from atrium.api.meta import set_session_cookie
+from atrium.api.users import sign_in_of
 from atrium.errors import AtriumError, InvalidRequest, NotFound
 from atrium.identity import Anonymous, Caller, UserCaller
+from atrium.shell import Shell
 from atrium.users.accounts import set_aside_scope
-from atrium.users.model import Role, SessionKind
+from atrium.users.model import Identity, Role, SessionKind
 from atrium.users.oidc import OidcProvider, email_problem, new_user_id
 from atrium.users.throttle import RateLimit, address_key
 from atrium.wire import WireModel
@@ -326,27 +328,23 @@ async def _sign_in(request: Request, provider: OidcProvider, claims: dict[str, A
         raise Refused(403, problem)
     email = claims.get("email") if isinstance(claims.get("email"), str) else None
     identity = shell.users.identity(issuer, subject)
-    if identity is not None:
-        user = shell.users.get(identity.user_id)
-        if user is None or user.disabled:
-            raise Refused(403, "this account is disabled; ask an admin")
-    elif provider.allow_signup:
-        user_id = new_user_id(claims, lambda uid: shell.users.get(uid) is not None)
-        given = claims.get("name")
-        name = "".join(ch for ch in given if ch.isprintable()) if isinstance(given, str) else ""
-        try:
-            await set_aside_scope(shell.settings.home, user_id)
-            user = await shell.users.add(user_id, name.strip()[:100] or None, Role.MEMBER)
-            await shell.users.link(issuer, subject, user.id, email)
-        except AtriumError as err:  # the same person signing up twice at the same moment
-            raise Refused(409, f"the account could not be made: {err}") from err
-        _LOGGER.info("OIDC sign-up via %s made member %r", provider.id, user.id)
-    else:
+    if identity is None and provider.allow_signup:
+        # one account made at a time, sign-ups and an admin's adds and deletes alike: two
+        # callbacks of the same new person (two tabs, a double click) would otherwise both find
+        # no identity and both make a member. Under the lock the second finds the first's link.
+        async with sign_in_of(request).accounts:
+            identity = shell.users.identity(issuer, subject)
+            if identity is None:
+                identity = await _sign_up(shell, provider, claims, email)
+    if identity is None:
         raise Refused(
             403,
             f"you have no account here yet: an admin must add you first, linking your "
             f"{provider.display_name} identity (issuer {issuer}, subject {subject}) to a user",
         )
+    user = shell.users.get(identity.user_id)
+    if user is None or user.disabled:
+        raise Refused(403, "this account is disabled; ask an admin")
     audit_subject(request, user.id)
     secret, _ = await shell.users.create_session(
         user.id,
@@ -366,6 +364,26 @@ async def _sign_in(request: Request, provider: OidcProvider, claims: dict[str, A
     response.headers["Cache-Control"] = "no-store"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+async def _sign_up(
+    shell: Shell, provider: OidcProvider, claims: dict[str, Any], email: str | None
+) -> Identity:
+    """Make a member for a new identity and link it, in one transaction (the caller holds the
+    accounts lock)."""
+    issuer, subject = str(claims["iss"]), str(claims["sub"])
+    user_id = new_user_id(claims, lambda uid: shell.users.get(uid) is not None)
+    given = claims.get("name")
+    name = "".join(ch for ch in given if ch.isprintable()) if isinstance(given, str) else ""
+    try:
+        await set_aside_scope(shell.settings.home, user_id)
+        _, linked = await shell.users.add_linked(
+            user_id, name.strip()[:100] or None, Role.MEMBER, (issuer, subject), email
+        )
+    except AtriumError as err:  # made by another process's writer first; nothing half made
+        raise Refused(409, f"the account could not be made: {err}") from err
+    _LOGGER.info("OIDC sign-up via %s made member %r", provider.id, user_id)
+    return linked
 
 
 # ---- the API --------------------------------------------------------------------------------

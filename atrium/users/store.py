@@ -205,14 +205,59 @@ class UserStore:
         if user_id in self._users:
             raise UserExists(f"user {user_id!r} exists", user=user_id)
         user = User(user_id, _name(name or user_id), role, False, now())
-        await self._commit(
-            (
-                "INSERT INTO users (id, name, role, disabled, created_at) VALUES (?, ?, ?, 0, ?)",
-                (user.id, user.name, user.role.value, user.created_at),
+        try:
+            await self._commit(
+                (
+                    "INSERT INTO users (id, name, role, disabled, created_at) "
+                    "VALUES (?, ?, ?, 0, ?)",
+                    (user.id, user.name, user.role.value, user.created_at),
+                )
             )
-        )
+        except sqlite3.IntegrityError as err:  # added by another caller while this one waited
+            raise UserExists(f"user {user_id!r} exists", user=user_id) from err
         self._users[user_id] = user
         return user
+
+    async def add_linked(
+        self,
+        user_id: str,
+        name: str | None,
+        role: Role,
+        identity: tuple[str, str],
+        email: str | None,
+    ) -> tuple[User, Identity]:
+        """Add a user and link the identity (issuer, subject) to them in one transaction: a
+        sign-up either makes both or neither, so a failed link never leaves a member behind."""
+        if not valid_user_id(user_id):
+            raise InvalidRequest(f"user id {user_id!r} is not valid: {USER_ID_RULE}", field="id")
+        if user_id in self._users:
+            raise UserExists(f"user {user_id!r} exists", user=user_id)
+        issuer, subject = identity
+        if identity in self._identities:
+            raise IdentityLinked(
+                "that identity is linked to another user already", issuer=issuer, subject=subject
+            )
+        user = User(user_id, _name(name or user_id), role, False, now())
+        linked = Identity(issuer, subject, user_id, email, user.created_at)
+        try:
+            await self._commit(
+                (
+                    "INSERT INTO users (id, name, role, disabled, created_at) "
+                    "VALUES (?, ?, ?, 0, ?)",
+                    (user.id, user.name, user.role.value, user.created_at),
+                ),
+                (
+                    "INSERT INTO identities VALUES (?, ?, ?, ?, ?)",
+                    (issuer, subject, user_id, email, linked.linked_at),
+                ),
+            )
+        except sqlite3.IntegrityError as err:  # another writer made the same id or link first
+            raise UserExists(
+                f"user {user_id!r} or that identity was made at the same moment", user=user_id
+            ) from err
+        self._users[user_id] = user
+        self._identities[identity] = linked
+        return user, linked
 
     async def update(
         self,

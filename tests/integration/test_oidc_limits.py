@@ -4,16 +4,21 @@ sign up the same new identity make one member."""
 
 from __future__ import annotations
 
+import asyncio
+import html
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
 from atrium.api.oidc import DISCOVERY_RETRY_SECONDS, START_LIMIT
+from atrium.errors import UserExists
+from atrium.users.model import Role, User
 from tests.integration.conftest import RunningShell, StartShell
-from tests.integration.test_oidc import refused
+from tests.integration.test_oidc import at_provider, me, refused, to_provider
 from tests.oidc_mock import MOCK_WARNINGS, MockProvider, mock_provider
 
 pytestmark = MOCK_WARNINGS
@@ -95,3 +100,51 @@ def test_a_provider_that_is_down_is_not_asked_on_every_start(
             refused(answer, 502, "could not be reached")
             assert 0 < int(answer.headers["retry-after"]) <= DISCOVERY_RETRY_SECONDS
     assert _Down.asked == 1
+
+
+def test_two_callbacks_racing_to_sign_up_one_identity_make_one_member(
+    start_shell: StartShell, provider: MockProvider
+) -> None:
+    """The same new person finishing two sign-ins at once (two tabs, a double click): both end
+    signed in as one new member, linked once; no second member, no refusal."""
+    shell = start_shell(oidc_providers=[provider.config("open", allowSignup=True)])
+    provider.set_user("twin-sub", preferred_username="twin", name="Twin")
+    browsers = [shell.anonymous(), shell.anonymous()]
+    try:
+        callbacks = [at_provider(to_provider(b, "open"), "twin-sub") for b in browsers]
+        barrier = threading.Barrier(2)
+
+        def finish(n: int) -> httpx.Response:
+            barrier.wait()
+            return browsers[n].get(callbacks[n])
+
+        with ThreadPoolExecutor(2) as pool:
+            done = list(pool.map(finish, range(2)))
+    finally:
+        for b in browsers:
+            b.close()
+    for answer in done:
+        assert answer.status_code == 303, html.unescape(answer.text)
+    assert [me(shell, answer)["id"] for answer in done] == ["twin", "twin"]
+    assert [u.id for u in shell.shell.users.all()] == ["default", "twin"]
+    (identity,) = shell.shell.users.identities_of("twin")
+    assert identity.subject == "twin-sub"
+
+
+def test_two_adds_of_one_id_at_once_are_one_user_and_one_user_exists(shell: RunningShell) -> None:
+    """The store's own check is in memory and the row is written later: a second add of the same
+    id waiting meanwhile met SQLite's constraint and answered 500."""
+    users = shell.shell.users
+
+    async def both() -> list[User | BaseException]:
+        made = await asyncio.gather(
+            users.add("same", None, Role.MEMBER),
+            users.add("same", None, Role.MEMBER),
+            return_exceptions=True,
+        )
+        return list(made)
+
+    first, second = shell.on_loop(both())
+    assert isinstance(first, User)
+    assert isinstance(second, UserExists), repr(second)
+    assert [u.id for u in users.all()] == ["default", "same"]
