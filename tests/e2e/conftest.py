@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -109,39 +110,49 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     e2e_app(system, "test.icon.svg", name="Drawn Icon", icon="icon.svg")
     (system / "test.icon.svg" / "icon.svg").write_text(SVG_ICON)
     e2e_app(system, "test.icon.nofont", name="Private Glyph", icon="\ue000")
+    with serve_on(
+        root,
+        ATRIUM_SYSTEM_APPS=str(system),
+        ATRIUM_INDEX_URL=catalogue(root),
+    ) as served:
+        yield served
+
+
+@contextmanager
+def serve_on(root: Path, *, clean_log: bool = False, **env: str) -> Iterator[Served]:
+    """`atrium serve` on the home ``root/home`` with ``env`` added to this process's environment
+    (its own ``ATRIUM_*`` left out), its stderr in ``root/shell.log``; stopped when the block
+    ends (SIGTERM, SIGKILL after 15 s). ``clean_log``: a traceback in the log fails the test."""
     home = root / "home"
-    env = {
-        **os.environ,
-        "ATRIUM_HOME": str(home),
-        "ATRIUM_PORT": "0",
-        "ATRIUM_SYSTEM_APPS": str(system),
-        "ATRIUM_INDEX_URL": catalogue(root),
-    }
-    log = (root / "shell.log").open("wb")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    log_path = root / "shell.log"
+    log = log_path.open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "atrium", "serve"],
-        env=env,
+        env={**clean, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0", **env},
         cwd=REPO_DIR,
         stdout=subprocess.DEVNULL,
         stderr=log,
     )
-    url_file = home / "run" / "url"
-    deadline = time.monotonic() + 30
-    while not url_file.exists():
-        assert proc.poll() is None, f"the shell exited at start: {(root / 'shell.log').read_text()}"
-        assert time.monotonic() < deadline, "the shell did not start"
-        time.sleep(0.05)
-    served = Served(
-        url_file.read_text().strip(), (home / "run" / "token").read_text().strip(), home, proc
-    )
-    yield served
-    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+        url_file = home / "run" / "url"
+        deadline = time.monotonic() + 30
+        while not url_file.exists():
+            assert proc.poll() is None, f"the shell exited at start: {log_path.read_text()}"
+            assert time.monotonic() < deadline, "the shell did not start"
+            time.sleep(0.05)
+        token = (home / "run" / "token").read_text().strip()
+        yield Served(url_file.read_text().strip(), token, home, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    if clean_log:
+        assert "Traceback" not in log_path.read_text()
 
 
 @pytest.fixture(scope="module")

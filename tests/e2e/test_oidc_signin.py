@@ -5,12 +5,8 @@ return from the provider is a cross-site navigation, as with a real provider."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -18,7 +14,7 @@ from playwright.sync_api import Browser, Page, Request, Route
 
 from atrium.identity import SESSION_COOKIE
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import ARTIFACTS, Served
+from tests.e2e.conftest import ARTIFACTS, Served, serve_on
 from tests.oidc_mock import MOCK_WARNINGS, MockProvider, mock_provider
 
 pytestmark = [pytest.mark.e2e, MOCK_WARNINGS]
@@ -35,38 +31,14 @@ def oidc_served(
     tmp_path_factory: pytest.TempPathFactory, provider: MockProvider
 ) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("oidc")
-    home = root / "home"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")},
-        "ATRIUM_HOME": str(home),
-        "ATRIUM_PORT": "0",
-        "ATRIUM_SYSTEM_APPS": str(REPO_DIR / "apps"),
-        "ATRIUM_OIDC_PROVIDERS": provider.env(provider.config("mock")),
-    }
-    log = (root / "shell.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atrium", "serve"],
-        env=env,
-        cwd=REPO_DIR,
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    url_file = home / "run" / "url"
-    deadline = time.monotonic() + 30
-    while not url_file.exists():
-        assert proc.poll() is None, f"the shell exited: {(root / 'shell.log').read_text()}"
-        assert time.monotonic() < deadline, "the shell did not start"
-        time.sleep(0.05)
-    url = url_file.read_text().strip().replace("localhost", "127.0.0.1")
-    yield Served(url, (home / "run" / "token").read_text().strip(), home, proc)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-    assert "Traceback" not in (root / "shell.log").read_text()
+    with serve_on(
+        root,
+        clean_log=True,
+        ATRIUM_SYSTEM_APPS=str(REPO_DIR / "apps"),
+        ATRIUM_OIDC_PROVIDERS=provider.env(provider.config("mock")),
+    ) as served:
+        # the shell at 127.0.0.1, the provider at localhost: the return is cross-site
+        yield replace(served, url=served.url.replace("localhost", "127.0.0.1"))
 
 
 @pytest.fixture

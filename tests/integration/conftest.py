@@ -4,6 +4,8 @@
 - ``home``: a fresh ``ATRIUM_HOME``.
 - ``start_shell``: a factory starting a shell on given home/system apps (restartable).
 - ``shell``: one running shell; ``api``: an httpx client holding the user's token.
+- ``echo_shell``: a shell whose system apps also hold the SDK echo app (``ECHO``); instances.py
+  has what the tests of several users do with it.
 - ``serving``: `atrium serve` as a real process on a home, for as long as a block runs.
 - ``small_home`` / ``tmpfs`` / ``fill_disk``: a home on a small tmpfs of its own, and a file that
   takes its free space (the full-disk tests; root only).
@@ -37,10 +39,12 @@ from atrium.identity import new_token
 from atrium.settings import Settings
 from atrium.shell import Shell
 from atrium.users.model import Role
-from tests.conftest import REPO_DIR
+from tests.conftest import REPO_DIR, TESTS_DIR
 
 DEADLINE = 15.0
 MIB = 1024 * 1024
+#: the SDK app that answers `/whoami` with what the shell told it of the request
+ECHO = "test.sdk.echo"
 
 
 @dataclass
@@ -174,6 +178,18 @@ def shell(start_shell: StartShell) -> RunningShell:
 def api(shell: RunningShell) -> Iterator[httpx.Client]:
     with shell.client() as client:
         yield client
+
+
+def add_test_apps(system_apps: Path, *app_ids: str) -> None:
+    """Copy the test apps ``app_ids`` (tests/apps/) into ``system_apps``."""
+    for app_id in app_ids:
+        shutil.copytree(TESTS_DIR / "apps" / app_id, system_apps / app_id)
+
+
+@pytest.fixture
+def echo_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    add_test_apps(system_apps, ECHO)
+    return start_shell()
 
 
 @dataclass

@@ -5,7 +5,6 @@ the shell unless the app enforces roles; revoking closes the grantee's views at 
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -16,19 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
-from tests.integration.test_origins import enter, on_origin
+from tests.integration.conftest import (
+    ECHO,
+    RunningShell,
+    SseReader,
+    StartShell,
+    add_test_apps,
+    wait_for,
+)
+from tests.integration.instances import as_missing, new_instance, view_client
+from tests.integration.test_origins import on_origin
 
 pytestmark = pytest.mark.integration
-
-ECHO = "test.sdk.echo"
-
-
-@pytest.fixture
-def echo_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
-    shutil.copytree(TESTS_DIR / "apps" / ECHO, system_apps / ECHO)
-    return start_shell()
 
 
 @pytest.fixture
@@ -49,13 +47,6 @@ def carol(echo_shell: RunningShell) -> Iterator[httpx.Client]:
         yield client
 
 
-def launch(api: httpx.Client) -> str:
-    answer = api.post("/api/instances", json={"appId": ECHO, "new": True})
-    assert answer.status_code == 200, answer.text
-    instance_id: str = answer.json()["instanceId"]
-    return instance_id
-
-
 def grant(api: httpx.Client, instance_id: str, user: str, role: str) -> dict[str, Any]:
     answer = api.post(f"/api/instances/{instance_id}/grants", json={"user": user, "role": role})
     assert answer.status_code in (200, 201), answer.text
@@ -63,31 +54,10 @@ def grant(api: httpx.Client, instance_id: str, user: str, role: str) -> dict[str
     return body
 
 
-def view_client(shell: RunningShell, client: httpx.Client, instance_id: str) -> httpx.Client:
-    view = client.post(f"/api/instances/{instance_id}/views", json={})
-    assert view.status_code == 200, view.text
-    page, _ = enter(shell, view.json()["url"])
-    page.headers["Origin"] = f"http://{page.headers['Host']}"
-    return page
-
-
-def as_missing(answer: httpx.Response, instance_id: str) -> None:
-    """The answer a missing instance gets: 404 not_found, kind instance, nothing else."""
-    assert answer.status_code == 404, answer.text
-    assert answer.json() == {
-        "error": {
-            "code": "not_found",
-            "message": f"no instance {instance_id!r}",
-            "kind": "instance",
-            "id": instance_id,
-        }
-    }
-
-
 def test_the_owner_grants_lists_and_the_grantee_finds_it_shared(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client, carol: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     made = api.post(f"/api/instances/{instance_id}/grants", json={"user": "bob", "role": "viewer"})
     assert made.status_code == 201, made.text
     grant_id = made.json()["grantId"]
@@ -123,7 +93,7 @@ def test_the_owner_grants_lists_and_the_grantee_finds_it_shared(
 def test_granting_refuses_what_it_cannot_do(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     base = f"/api/instances/{instance_id}/grants"
     nobody = api.post(base, json={"user": "nobody", "role": "viewer"})
     assert nobody.status_code == 404, nobody.text
@@ -159,7 +129,7 @@ def test_granting_refuses_what_it_cannot_do(
 def test_a_grantee_may_open_views_and_nothing_else(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     grant(api, instance_id, "bob", "editor")
     page = view_client(echo_shell, bob, instance_id)
     with closing(page):
@@ -187,7 +157,7 @@ def test_a_grantee_may_open_views_and_nothing_else(
 def test_a_viewer_looks_an_editor_changes(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client, carol: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     grant(api, instance_id, "bob", "viewer")
     grant(api, instance_id, "carol", "editor")
     viewer = view_client(echo_shell, bob, instance_id)
@@ -211,15 +181,15 @@ def test_a_viewer_looks_an_editor_changes(
 def test_an_app_that_enforces_roles_decides_itself(
     start_shell: StartShell, system_apps: Path
 ) -> None:
+    add_test_apps(system_apps, ECHO)
     target = system_apps / ECHO
-    shutil.copytree(TESTS_DIR / "apps" / ECHO, target)
     manifest = json.loads((target / "app.manifest.json").read_text())
     manifest["sharing"] = {"enforcesRoles": True}
     (target / "app.manifest.json").write_text(json.dumps(manifest))
     shell = start_shell()
     with shell.client(timeout=30) as api, shell.client(shell.add_user("bob"), timeout=30) as bob:
         assert api.get(f"/api/apps/{ECHO}").json()["manifest"]["sharing"] == {"enforcesRoles": True}
-        instance_id = launch(api)
+        instance_id = new_instance(api)
         grant(api, instance_id, "bob", "viewer")
         with closing(view_client(shell, bob, instance_id)) as viewer:
             answer = viewer.post("/whoami")
@@ -230,7 +200,7 @@ def test_an_app_that_enforces_roles_decides_itself(
 def test_revoking_closes_the_grantees_views_at_once(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client, carol: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     others = SseReader(carol, {"topics": "grant:*"})
     made = grant(api, instance_id, "bob", "viewer")
     page = view_client(echo_shell, bob, instance_id)
@@ -267,7 +237,7 @@ def test_revoking_closes_the_grantees_views_at_once(
 def test_a_grantee_opens_an_instance_its_owner_stopped(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     grant(api, instance_id, "bob", "viewer")
     assert api.post(f"/api/instances/{instance_id}/stop").json()["state"] == "stopped"
     with closing(view_client(echo_shell, bob, instance_id)) as page:
@@ -277,12 +247,12 @@ def test_a_grantee_opens_an_instance_its_owner_stopped(
 def test_grants_are_kept_across_a_restart_and_go_with_their_user(
     start_shell: StartShell, system_apps: Path
 ) -> None:
-    shutil.copytree(TESTS_DIR / "apps" / ECHO, system_apps / ECHO)
+    add_test_apps(system_apps, ECHO)
     first = start_shell()
     first.add_user("bob")
     first.add_user("carol")
     with first.client(timeout=30) as api:
-        instance_id = launch(api)
+        instance_id = new_instance(api)
         grant(api, instance_id, "bob", "viewer")
         grant(api, instance_id, "carol", "editor")
     owner = first.settings.user
@@ -301,7 +271,7 @@ def test_grants_are_kept_across_a_restart_and_go_with_their_user(
 def test_a_disabled_grantees_views_close_at_their_next_request(
     echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
 ) -> None:
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     grant(api, instance_id, "bob", "editor")
     with closing(view_client(echo_shell, bob, instance_id)) as page:
         assert page.get("/whoami").status_code == 200
@@ -315,7 +285,7 @@ def test_the_users_file_has_one_connection_and_one_writer(
 ) -> None:
     """The grants keep their table in the users store's file through its connection and writer
     thread: one writer per file, never two contending for SQLite's lock."""
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     granted = grant(api, instance_id, "bob", "viewer")
     assert (
         api.get(f"/api/instances/{instance_id}/grants").json()[0]["grantId"] == granted["grantId"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,18 @@ import httpx
 import pytest
 
 from atrium.lifecycle.runners.bwrap import bwrap_works
-from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.conftest import ECHO, RunningShell, StartShell, add_test_apps
+from tests.integration.instances import as_missing, launch
 
 pytestmark = pytest.mark.integration
 
-ECHO = "test.sdk.echo"
 WRITER = "test.sdk.datawriter"
 NOTES = "com.atrium.notes"
 
 
 @pytest.fixture
 def apps_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
-    for app in (ECHO, WRITER):
-        shutil.copytree(TESTS_DIR / "apps" / app, system_apps / app)
+    add_test_apps(system_apps, ECHO, WRITER)
     return start_shell()
 
 
@@ -44,25 +41,6 @@ def alice(apps_shell: RunningShell) -> Iterator[httpx.Client]:
 def bob(apps_shell: RunningShell) -> Iterator[httpx.Client]:
     with apps_shell.client(apps_shell.add_user("bob"), timeout=30) as client:
         yield client
-
-
-def launch(api: httpx.Client, app_id: str, *, new: bool = False) -> dict[str, Any]:
-    answer = api.post("/api/instances", json={"appId": app_id, "new": new})
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
-
-
-def as_missing(answer: httpx.Response, instance_id: str) -> None:
-    assert answer.status_code == 404, answer.text
-    assert answer.json() == {
-        "error": {
-            "code": "not_found",
-            "message": f"no instance {instance_id!r}",
-            "kind": "instance",
-            "id": instance_id,
-        }
-    }
 
 
 def test_another_users_instance_answers_every_route_as_a_missing_one(

@@ -3,22 +3,18 @@ page request, set by the shell from the view's user, never from what the browser
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from contextlib import closing
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, StartShell
-from tests.integration.test_origins import enter
+from tests.integration.conftest import RunningShell
+from tests.integration.instances import new_instance, view_client
 
 pytestmark = pytest.mark.integration
 
-ECHO = "test.sdk.echo"
 FORGED = [
     ("X-Os-User-Id", "mallory"),
     ("X-Os-User-Name", "Mallory"),
@@ -29,22 +25,9 @@ FORGED = [
 
 
 @pytest.fixture
-def echo_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
-    shutil.copytree(TESTS_DIR / "apps" / ECHO, system_apps / ECHO)
-    return start_shell()
-
-
-@pytest.fixture
 def api(echo_shell: RunningShell) -> Iterator[httpx.Client]:
     with echo_shell.client(timeout=30) as client:
         yield client
-
-
-def launch(api: httpx.Client) -> str:
-    answer = api.post("/api/instances", json={"appId": ECHO, "new": True})
-    assert answer.status_code == 200, answer.text
-    instance_id: str = answer.json()["instanceId"]
-    return instance_id
 
 
 def whoami(
@@ -54,12 +37,8 @@ def whoami(
     method: str = "GET",
     headers: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    view = api.post(f"/api/instances/{instance_id}/views", json={})
-    assert view.status_code == 200, view.text
-    client, _ = enter(shell, view.json()["url"])
-    with closing(client):
-        origin = f"http://{client.headers['Host']}"
-        answer = client.request(method, "/whoami", headers=[("Origin", origin), *(headers or [])])
+    with closing(view_client(shell, api, instance_id)) as client:
+        answer = client.request(method, "/whoami", headers=headers or [])
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
     return body
@@ -67,7 +46,7 @@ def whoami(
 
 def test_the_owner_looking_is_named_to_the_app(echo_shell: RunningShell, api: httpx.Client) -> None:
     owner = echo_shell.settings.user
-    seen = whoami(echo_shell, api, launch(api))
+    seen = whoami(echo_shell, api, new_instance(api))
     assert seen["kind"] == "page"
     assert seen["headers"] == {
         "X-Os-User-Id": [owner],
@@ -81,7 +60,7 @@ def test_forged_user_headers_never_reach_the_app(
     echo_shell: RunningShell, api: httpx.Client
 ) -> None:
     owner = echo_shell.settings.user
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     for method in ("GET", "POST"):
         seen = whoami(echo_shell, api, instance_id, method, headers=FORGED)
         assert seen["headers"] == {
@@ -100,7 +79,7 @@ def test_a_name_beyond_ascii_arrives_percent_encoded_and_the_sdk_decodes_it(
     echo_shell: RunningShell, api: httpx.Client
 ) -> None:
     token = echo_shell.add_user("zoe", name="Zoë 100% «ok»")
-    instance_id = launch(api)
+    instance_id = new_instance(api)
     granted = api.post(
         f"/api/instances/{instance_id}/grants", json={"user": "zoe", "role": "viewer"}
     )

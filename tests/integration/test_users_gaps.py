@@ -3,7 +3,6 @@ to the owner of the provider that announced it, and nothing of a disabled user i
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,6 @@ import httpx
 import pytest
 
 from atrium.errors import AtriumError
-from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
 from tests.integration.test_intent_defaults import handler_source
 
@@ -59,12 +57,6 @@ def test_a_remembered_default_is_its_users_own(start_shell: StartShell, tmp_path
         # forgetting is one's own too
         assert bob.delete("/api/intents/defaults", params={"action": TIE}).status_code == 200
         assert start(alice, action=TIE)["appId"] == "test.tie.two"
-
-
-@pytest.fixture
-def echo_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
-    shutil.copytree(TESTS_DIR / "apps" / ECHO, system_apps / ECHO)
-    return start_shell()
 
 
 def test_a_data_change_reaches_its_providers_owner_only(echo_shell: RunningShell) -> None:
