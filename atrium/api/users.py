@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -33,11 +35,16 @@ from atrium.shell import Shell
 from atrium.users.accounts import set_aside_scope, stop_instances_of
 from atrium.users.model import USER_ID_RULE, Role, SessionKind, User, valid_user_id
 from atrium.users.passwords import MAX_LENGTH, Passwords, password_problem
-from atrium.users.throttle import SignInThrottle
+from atrium.users.throttle import RateLimit, SignInThrottle, address_key
 from atrium.wire import WireModel
 
 #: the longest personal token lifetime one may ask for
 MAX_TOKEN_DAYS: Final = 3650
+#: password sign-ins one client address may make per `ADDRESS_WINDOW` seconds, whatever the names
+ADDRESS_LIMIT: Final = 30
+ADDRESS_WINDOW: Final = 60.0
+#: password sign-ins of one client address being checked at once
+MAX_IN_FLIGHT: Final = 4
 
 
 class SignIn:
@@ -46,6 +53,10 @@ class SignIn:
     def __init__(self) -> None:
         self.passwords = Passwords()
         self.throttle = SignInThrottle()
+        #: every sign-in of one address, whatever the name: the per-account limit alone lets
+        #: one address try one password at every name (spraying)
+        self.per_address = RateLimit(ADDRESS_LIMIT, ADDRESS_WINDOW)
+        self._in_flight: dict[str, int] = {}
         self._dummy: asyncio.Future[bool] | None = None
         #: one account added or deleted at a time: each moves a scope folder aside, and an add
         #: racing a delete of the same id must not move the other's folder
@@ -60,13 +71,35 @@ class SignIn:
         await asyncio.shield(self._dummy)
 
     def check(self, account: str, address: str) -> None:
-        """429 when the pair is over its limit; else count this attempt as failed until it
-        succeeds, so that concurrent guesses are counted before any of them is verified."""
+        """429 when the address or the pair is over its limit; else count this attempt as
+        failed until it succeeds, so that concurrent guesses are counted before any of them is
+        verified. Every name gets the same answer: nothing here looks at who exists."""
         now = time.monotonic()
         wait = self.throttle.retry_after(account, address, now)
         if wait is not None:
             raise TooManyAttempts(wait)
+        wait = self.per_address.take(address_key(address), now)
+        if wait is not None:
+            raise TooManyAttempts(wait)
         self.throttle.failed(account, address, now)
+
+    @contextmanager
+    def checking(self, address: str) -> Iterator[None]:
+        """One of an address's `MAX_IN_FLIGHT` password checks at once. A check waits for one of
+        a few hashing slots; one address firing many at once would queue them all ahead of
+        everyone else's sign-in, so past a few it is told to come back in a second."""
+        key = address_key(address)
+        if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT:
+            raise TooManyAttempts(1)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._in_flight[key] - 1
+            if left:
+                self._in_flight[key] = left
+            else:
+                del self._in_flight[key]
 
 
 def sign_in_of(request: Request) -> SignIn:
@@ -303,14 +336,15 @@ async def sign_in(request: Request, caller: Caller) -> Response:
     body = await read_model(request, SignInBody)
     address = address_of(request)
     limiter = sign_in_of(request)
-    await limiter.ready()
-    limiter.check(body.user, address)
-    user = shell.users.get(body.user)
-    if user is not None:
-        audit_subject(request, user.id)
-    stored = None if user is None or user.disabled else shell.users.password_hash(user.id)
-    if not await limiter.passwords.verify(stored, body.password) or user is None:
-        raise BadCredentials()
+    with limiter.checking(address):
+        await limiter.ready()
+        limiter.check(body.user, address)
+        user = shell.users.get(body.user)
+        if user is not None:
+            audit_subject(request, user.id)
+        stored = None if user is None or user.disabled else shell.users.password_hash(user.id)
+        if not await limiter.passwords.verify(stored, body.password) or user is None:
+            raise BadCredentials()
     limiter.throttle.succeeded(body.user, address)
     if stored is not None and Passwords.needs_rehash(stored):
         rehashed = await limiter.passwords.hash(body.password)

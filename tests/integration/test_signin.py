@@ -3,12 +3,15 @@ per-(account, address) limit, sign-out, one's sign-ins, a password change, login
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from argon2 import PasswordHasher
 
+from atrium.api.users import ADDRESS_LIMIT, MAX_IN_FLIGHT
 from atrium.identity import SESSION_COOKIE
 from atrium.users.passwords import Passwords
 from tests.integration.conftest import RunningShell, StartShell
@@ -269,3 +272,53 @@ def test_over_ipv6_the_limit_is_still_per_account_and_address(start_shell: Start
         carol = sign_in(guesser, "carol", PASSWORD)
         assert carol.status_code == 200, carol.text
         assert guesser.get("/api/sessions").json()[0]["address"] == "::1"
+
+
+def test_one_address_spraying_one_password_over_many_names_is_limited(
+    shell: RunningShell, api: httpx.Client, bob: str
+) -> None:
+    """Password spraying: one guess at each of many accounts never meets the per-account limit.
+    One address has a share of sign-ins a minute across all names; others are not touched."""
+    with browser(shell, "127.0.0.3") as sprayer:
+        for n in range(ADDRESS_LIMIT):
+            assert sign_in(sprayer, f"user{n}", "Summer2026!").status_code == 401
+        over = sign_in(sprayer, "bob", PASSWORD)
+        assert over.status_code == 429, over.text
+        assert over.json()["error"]["code"] == "too_many_attempts"
+        assert 0 < int(over.headers["retry-after"]) <= 60
+    with browser(shell, "127.0.0.4") as owner:
+        assert sign_in(owner, "bob", PASSWORD).status_code == 200
+
+
+def test_one_address_may_not_queue_many_password_checks_at_once(
+    shell: RunningShell, bob: str
+) -> None:
+    """Each sign-in waits for one of a few argon2 slots: one address firing many at once would
+    queue them all ahead of everyone else. Past a few in flight it is told to wait instead."""
+    barrier = threading.Barrier(12)
+
+    def guess(n: int) -> httpx.Response:
+        with browser(shell, "127.0.0.5") as client:
+            barrier.wait()
+            return sign_in(client, f"name{n}", "not a password")
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(guess, range(12)))
+    statuses = sorted(a.status_code for a in answers)
+    assert set(statuses) == {401, 429}, statuses
+    assert statuses.count(401) >= MAX_IN_FLIGHT
+    waits = [a for a in answers if a.status_code == 429]
+    assert all(a.headers["retry-after"] == "1" for a in waits)
+    with browser(shell, "127.0.0.6") as owner:
+        assert sign_in(owner, "bob", PASSWORD).status_code == 200
+
+
+def test_a_megabyte_password_is_a_400_before_any_hashing(shell: RunningShell, bob: str) -> None:
+    with browser(shell, "127.0.0.7") as client:
+        answer = sign_in(client, "bob", "x" * (1 << 20))
+        assert answer.status_code == 400, answer.text[:300]
+        assert "password" in answer.json()["error"]["message"]
+        # not counted as a guess: the five failures that make the limit are still to come
+        for _ in range(5):
+            assert sign_in(client, "bob", "not the password").status_code == 401
+        assert sign_in(client, "bob", PASSWORD).status_code == 429
