@@ -3,6 +3,7 @@ per-(account, address) limit, sign-out, one's sign-ins, a password change, login
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -322,3 +323,20 @@ def test_a_megabyte_password_is_a_400_before_any_hashing(shell: RunningShell, bo
         for _ in range(5):
             assert sign_in(client, "bob", "not the password").status_code == 401
         assert sign_in(client, "bob", PASSWORD).status_code == 429
+
+
+def test_odd_spellings_of_a_name_are_other_names(shell: RunningShell, bob: str) -> None:
+    """Ids are compared exactly: case, width, a NUL or a look-alike letter never reach bob, and
+    each is the same 401; a lone surrogate is not JSON at all (400), never a 500."""
+    for name in ("Bob", "BOB", " bob", "bob\u0000", "\uff42\uff4f\uff42", "b\u043eb"):
+        with browser(shell, "127.0.0.8") as client:
+            answer = sign_in(client, name, PASSWORD)
+            assert answer.status_code == 401, (name, answer.text)
+            assert answer.json()["error"]["code"] == "bad_credentials"
+    with browser(shell, "127.0.0.8") as client:
+        body = json.dumps({"user": "\ud800", "password": PASSWORD})
+        answer = client.post(
+            "/api/session", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "bad_request"
