@@ -176,7 +176,7 @@ class AppRegistry:
             self._visible[user] = self._compute_visible(user)
         for copy in self._visible[self._layout.user].values():
             _log_grant_changes(copy)
-        await self._rewatch()
+        await self._rewatch(at_start=True)
         return self
 
     async def __aexit__(
@@ -305,7 +305,9 @@ class AppRegistry:
     async def rescan(self, scopes: Iterable[Scope] | None = None, user: str | None = None) -> None:
         """Re-read ``scopes`` (all by default; the user scope is ``user``'s, or every loaded
         user's when ``user`` is None and ``scopes`` is None) and announce what became visible or
-        went away to the users who see it."""
+        went away to the users who see it. A user scope not loaded (never, or forgotten since:
+        a pipeline or watcher finishing after its account was removed) is not read, so it is
+        never loaded behind ``ensure_user``'s back, unwatched."""
         async with self._lock:
             wanted = set(scopes) if scopes is not None else set(Scope)
             for scope in wanted - {Scope.USER}:
@@ -314,7 +316,7 @@ class AppRegistry:
                 )
             if Scope.USER in wanted:
                 targets = [self._user(user)] if user or scopes is not None else list(self._users)
-                for target in targets:
+                for target in [t for t in targets if t in self._users]:
                     self._users[target] = await asyncio.to_thread(self._scan_user, target)
             for target in self._users:
                 before = self._visible.get(target, {})
@@ -353,7 +355,7 @@ class AppRegistry:
 
     # -- the watcher ----------------------------------------------------------------------------
 
-    async def _rewatch(self) -> None:
+    async def _rewatch(self, *, at_start: bool = False) -> None:
         """Watch the scope folders there are now: the watcher is made again when a user scope
         was loaded or forgotten since it started (inotify watches the paths it was given, so a
         folder made later is seen only by a new watcher, and a forgotten one must be let go: a
@@ -371,10 +373,26 @@ class AppRegistry:
             self._watch_dirs = dirs
             self._stop = asyncio.Event()
             self._watching = asyncio.Event()
-            self._task = asyncio.create_task(
+            task = self._task = asyncio.create_task(
                 self._watch_loop(dirs, self._stop, self._watching), name="registry watcher"
             )
-            await asyncio.wait_for(self._watching.wait(), timeout=10)
+            armed = asyncio.ensure_future(self._watching.wait())
+            await asyncio.wait({armed, task}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            armed.cancel()
+            if self._watching.is_set():
+                return
+            # inotify refused (its watch limit) or never armed: at start that is fatal, as it
+            # always was; later, the scope works without hand edits being seen, and the next
+            # change of folders tries again
+            await self._stop_watching()
+            problem = task.exception() if task.done() and not task.cancelled() else None
+            if at_start:
+                raise problem or TimeoutError("the registry watcher did not start in 10 s")
+            _LOGGER.error(
+                "the registry watcher did not start again (%s): hand edits in the scopes are "
+                "seen at the next install or restart",
+                problem or "not armed in 10 s",
+            )
 
     async def _stop_watching(self) -> None:
         self._stop.set()
@@ -449,8 +467,7 @@ class AppRegistry:
                 if shared:
                     await self.rescan(shared)
                 for user in sorted({user for _, user in hit if user is not None}):
-                    if user in self._users:  # not a scope forgotten since this watcher began
-                        await self.rescan([Scope.USER], user)
+                    await self.rescan([Scope.USER], user)  # (not if forgotten since)
             except OSError:
                 _LOGGER.exception("rescanning %s after a change on disk failed", sorted(hit))
 
