@@ -17,6 +17,7 @@ import termios
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Final
 
 import httptools
@@ -634,6 +635,32 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: AtriumApp) -> None:
         super().__init__(config)
         self._app = app
+        self._wake: asyncio.Event | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        """uvicorn's, but a request to stop (`wake`) ends the wait at once: uvicorn's looks at
+        ``should_exit`` every 0.1 s, so each stop waited up to that long for nothing."""
+        self._wake = asyncio.Event()
+        self._wake_loop = asyncio.get_running_loop()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    def wake(self) -> None:
+        """Make the main loop look at ``should_exit`` now; safe from any thread and from a
+        signal handler (the event is set on the loop's own thread)."""
+        loop, event = self._wake_loop, self._wake
+        if loop is not None and event is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.wake()
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -740,5 +767,6 @@ class ShellServer:
         """Ask the server to stop; safe from any thread."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(setattr, self._server, "should_exit", True)
+            self._server.wake()  # after the line above: the loop sets should_exit first
         else:
             self._server.should_exit = True
