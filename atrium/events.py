@@ -38,6 +38,9 @@ DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
 DIST_PUBLISH_DONE: Final = "dist:publish.done"
 GRANT_ADDED: Final = "grant:added"
 GRANT_REVOKED: Final = "grant:revoked"
+DEV_RELOADING: Final = "dev:reloading"
+DEV_RELOADED: Final = "dev:reloaded"
+DEV_FAILED: Final = "dev:failed"
 
 
 def _camel(name: str) -> str:
@@ -271,6 +274,36 @@ class GrantRevoked(Payload):
         }
 
 
+@dataclass(frozen=True, slots=True)
+class DevReloading(Payload):
+    """A dev copy's new files are going in: its instances stop and start again on them. A
+    page keeps their views (their tabs) open until `DevReloaded` or `DevFailed`."""
+
+    TOPIC: ClassVar[str] = DEV_RELOADING
+    app_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DevReloaded(Payload):
+    """A dev copy's new version runs: ``instance_ids`` are its instances started again (same
+    ids), whose views a page opens anew in place."""
+
+    TOPIC: ClassVar[str] = DEV_RELOADED
+    app_id: str
+    version: str
+    instance_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DevFailed(Payload):
+    """A dev copy's save did not make a running version: its folder has problems (reported by
+    `atrium dev`, the last good version keeps running) or the new version did not start."""
+
+    TOPIC: ClassVar[str] = DEV_FAILED
+    app_id: str
+    message: str
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -293,6 +326,9 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DistPublishComplete,
         GrantAdded,
         GrantRevoked,
+        DevReloading,
+        DevReloaded,
+        DevFailed,
     )
 }
 

@@ -74,6 +74,12 @@ class InstallBody(ApprovalBody):
     dev: bool = False
 
 
+class DevProblemBody(WireModel):
+    """`POST /api/dist/dev/{id}/problems`: what `atrium dev` found wrong with a save."""
+
+    message: str = Field(min_length=1, max_length=4000)
+
+
 class RollbackBody(WireModel):
     """`POST /api/dist/rollback/{id}` (the body may be empty)."""
 
@@ -356,6 +362,16 @@ async def uninstall(request: Request, caller: Caller) -> Response:
     return JSONResponse(await dist.uninstall(app_id, target if scope else None, dev_only=dev_only))
 
 
+async def dev_problems(request: Request, caller: Caller) -> Response:
+    """`atrium dev` found a save's folder wrong (the last good version keeps running): the
+    author's page shows ``message`` over that version (`dev:failed`)."""
+    app_id = app_id_of(request)
+    body = await read_model(request, DevProblemBody)
+    dist = await dist_of(caller, request)
+    dist.dev_failed(app_id, body.message)
+    return JSONResponse({"ok": True})
+
+
 async def index(request: Request, caller: Caller) -> Response:
     refresh = request.query_params.get("refresh", "").lower() in {"1", "true", "yes"}
     client = shell_of(request).dist.index
@@ -451,4 +467,11 @@ routes: list[BaseRoute] = [
         query={"refresh": "1, true or yes: fetch the index again"},
     ),
     endpoint("/api/dist/installed", installed, methods=["GET"], access=Access.USER),
+    endpoint(
+        "/api/dist/dev/{app_id}/problems",
+        dev_problems,
+        methods=["POST"],
+        access=Access.USER,
+        body=DevProblemBody,
+    ),
 ]

@@ -4,8 +4,10 @@ The folder becomes a dev copy in the user scope (`POST /api/dist/install` with `
 installed as it is on disk, marked as a dev copy wherever apps are listed, its permissions
 granted without asking (the author's own app). Every save is validated first; a valid folder is
 installed again, which restarts the app's running instance on the new files under the same id; a
-folder with problems keeps the last good version running and lists what is wrong. The instance's
-log is followed throughout. Ctrl-C uninstalls the dev copy, its data and its backups.
+folder with problems keeps the last good version running and lists what is wrong, in the terminal
+and over the author's open tab (`dev:failed`). It prints the host page's address that opens the
+app; a save reloads that tab in place (`dev:reloaded`). The instance's log is followed throughout.
+Ctrl-C uninstalls the dev copy, its data and its backups.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class DevSession:
                 console.print(f"[yellow]{self.app_id}: {len(problems)} problem(s), not reloaded:")
                 for p in problems:
                     console.print(f"  [yellow]{p['field']}: {p['message']}", soft_wrap=True)
+                self.report("\n".join(f"{p['field']}: {p['message']}" for p in problems))
             self.shown_problems = problems
             return False
         self.shown_problems = None
@@ -66,6 +69,7 @@ class DevSession:
             if answer.json().get("error", {}).get("code") == "not_a_dev_copy":
                 self.installed = False  # what is there now is not ours to remove
                 raise typer.Exit(1)
+            self.report(f"not installed: {describe_error(answer)}")
             return False
         result = answer.json()
         if not result.get("ok"):
@@ -83,6 +87,14 @@ class DevSession:
                 soft_wrap=True,
             )
         return instance is not None
+
+    def report(self, message: str) -> None:
+        """Show ``message`` on the author's open tabs of the app, over its last good version
+        (`dev:failed`); nothing to show it on before the first install."""
+        if self.installed:
+            self.client.send(
+                "POST", f"/api/dist/dev/{self.app_id}/problems", json={"message": message[:4000]}
+            )
 
     def ensure_running(self) -> dict[str, Any] | None:
         """The app's instance, started (or retried after a failed start); None when it failed."""
@@ -169,6 +181,7 @@ def dev(
             signal.signal(sig, _interrupt)
         try:
             session.sync()
+            console.print(f"Open {client.url}/#app={session.app_id}", soft_wrap=True)
             console.print(f"Watching {folder} (Ctrl-C stops and removes the dev copy)")
             for changes in watchfiles.watch(
                 folder,

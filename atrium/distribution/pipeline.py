@@ -64,6 +64,9 @@ from atrium.events import (
     DistRollbackComplete,
     DistUninstallComplete,
     DistUpdateComplete,
+    DevFailed,
+    DevReloaded,
+    DevReloading,
 )
 from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
@@ -154,6 +157,9 @@ class Distribution:
     def record(self, scope: Scope, app_id: str) -> InstallRecord | None:
         return self.records.get(scope, app_id)
 
+        #: a dev copy's instances whose start on a save failed (and were let go): the next
+        #: save brings them back, under the ids the author's open tabs show
+        self._dev_failed: dict[str, list[str]] = {}
     def mutable_scope_of(self, app_id: str) -> Scope:
         """The winning mutable scope holding ``app_id`` (a copy, valid or not)."""
         copies = self._registry.copies(app_id)
@@ -424,7 +430,12 @@ class Distribution:
         checked against its `backup.json`: BackupDamaged, nothing swapped) go in the new tree
         instead of the live data."""
         app_id, scope = plan.record.id, plan.scope
-        stopped = await self.stops.stop_if_visible(app_id, scope)
+        if plan.record.dev:
+            self._bus.emit(DevReloading(app_id, owner=self._owner(scope)))
+        stopped = await self.stops.stop_if_visible(app_id, scope, errored_too=plan.record.dev)
+        if plan.record.dev:
+            stopped += [i for i in self._dev_failed.pop(app_id, []) if i not in stopped]
+        failed: dict[str, str] = {}
         taken: Backup | None = None
         try:
             if plan.op != "install" or data is not None:
@@ -440,7 +451,10 @@ class Distribution:
             await self.installer.install(plan)
         finally:
             await self._registry.rescan([scope])
-            await self.stops.restart(app_id, stopped)
+            failed = await self.stops.restart(app_id, stopped)
+            if plan.record.dev:
+                self._dev_failed[app_id] = list(failed)
+                self._dev_outcome(plan, stopped, failed)
         # only a finished operation drops old backups: a failed one never deletes any
         await asyncio.to_thread(self.data.backups.prune, scope, app_id)
         done = {
@@ -494,6 +508,24 @@ class Distribution:
             restore, note = (
                 (None, "")
                 if keep_data
+    def dev_failed(self, app_id: str, message: str) -> None:
+        """`atrium dev` found the folder of this user's dev copy wrong: `DevFailed` for their
+        page. Anything but their own dev copy is answered as missing."""
+        record = self.records.get(Scope.USER, app_id)
+        if record is None or not record.dev:
+            raise NotFound("dev copy", app_id)
+        self._bus.emit(DevFailed(app_id, message, owner=self._owner(Scope.USER)))
+
+    def _dev_outcome(self, plan: InstallPlan, stopped: list[str], failed: dict[str, str]) -> None:
+        """Tell the author's page how a dev copy's save went (`DevReloaded` / `DevFailed`)."""
+        owner, app_id = self._owner(plan.scope), plan.record.id
+        if failed:
+            first = next(iter(failed.values()))
+            self._bus.emit(DevFailed(app_id, f"did not start: {first}", owner=owner))
+        else:
+            version = plan.record.version
+            self._bus.emit(DevReloaded(app_id, version, stopped, owner=owner))
+
                 else await asyncio.to_thread(self.data.backup_of, scope, app_id, old.version)
             )
             yield event(
@@ -612,3 +644,5 @@ class Distribution:
             DistUninstallComplete(app_id, scope.value, unmasked, owner=self._owner(scope))
         )
         return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}
+            if scope is Scope.USER:
+                self._dev_failed.pop(app_id, None)

@@ -39,7 +39,9 @@ class InstanceStops:
         seen = self._registry.registry.get(app_id, owner)
         return seen is None or seen.scope.priority <= scope.priority
 
-    async def stop_all(self, app_id: str, scope: Scope | None = None) -> list[str]:
+    async def stop_all(
+        self, app_id: str, scope: Scope | None = None, *, errored_too: bool = False
+    ) -> list[str]:
         """Stop every instance of the app that runs the copy in ``scope`` (None: every one) and
         drain its warm pool (the bootstrap admin's) when it does; the ids of those that were
         running, to bring them back afterwards with the same ids. Another user's instances of
@@ -55,7 +57,8 @@ class InstanceStops:
         running = [
             i.id
             for i in instances
-            if i.state is not InstanceState.ERROR and not self._lifecycle.is_headless(i)
+            if (errored_too or i.state is not InstanceState.ERROR)
+            and not self._lifecycle.is_headless(i)
         ]
         for instance in instances:
             try:
@@ -73,12 +76,16 @@ class InstanceStops:
                     await self._lifecycle.remove(instance.id, force=True)
         return running
 
-    async def stop_if_visible(self, app_id: str, scope: Scope) -> list[str]:
-        """`stop_all` when ``scope`` holds the app's visible copy (a masked copy runs nothing)."""
+    async def stop_if_visible(
+        self, app_id: str, scope: Scope, *, errored_too: bool = False
+    ) -> list[str]:
+        """`stop_all` when ``scope`` holds the app's visible copy (a masked copy runs nothing).
+        ``errored_too``: an instance that failed is brought back too (a dev copy's save after
+        one that did not start: the author's open tab is on it)."""
         visible = self._registry.get(app_id)
         if visible is not None and visible.scope.priority > scope.priority:
             return []
-        return await self.stop_all(app_id, scope)
+        return await self.stop_all(app_id, scope, errored_too=errored_too)
 
     @contextlib.asynccontextmanager
     async def stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:
@@ -90,15 +97,22 @@ class InstanceStops:
         finally:
             await self.restart(app_id, stopped)
 
-    async def restart(self, app_id: str, instance_ids: list[str]) -> None:
+    async def restart(self, app_id: str, instance_ids: list[str]) -> dict[str, str]:
         """Start the given instances again (same ids) and refill the app's warm pool; a failure
-        is logged, never raised: the change that stopped them has happened."""
+        is logged and returned (instance id to message), never raised: the change that stopped
+        them has happened."""
+        failed: dict[str, str] = {}
         for instance_id in instance_ids:
             try:
-                await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
+                instance = await self._lifecycle.create(app_id, new=True, instance_id=instance_id)
             except AtriumError as err:
                 _LOGGER.warning("%s: restarting an instance failed: %s", app_id, err.message)
+                failed[instance_id] = err.message
+                continue
+            if instance.state is InstanceState.ERROR:  # a failed start is a state, not raised
+                failed[instance_id] = instance.error or "it failed to start"
         if self._registry.get(app_id) is not None:
             self._lifecycle.spawn_task(
                 self._lifecycle.pool.refill(app_id), f"warm-pool fill {app_id}"
             )
+        return failed

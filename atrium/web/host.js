@@ -288,8 +288,8 @@ function showError(err) {
   console.error(err);
 }
 
-function toast(message) {
-  const note = el("div", { className: "toast", role: "status", textContent: message });
+function toast(message, kind = "") {
+  const note = el("div", { className: `toast ${kind}`.trim(), role: "status", textContent: message });
   $("toasts").append(note);
   setTimeout(() => note.remove(), 8000);
 }
@@ -358,6 +358,7 @@ async function activate(key) {
   active = key;
   for (const tab of tabs.values()) {
     tab.iframe.hidden = tab.key !== key;
+    if (tab.problem) tab.problem.hidden = tab.key !== key;
     tab.el.classList.toggle("active", tab.key === key);
     tab.el.setAttribute("aria-selected", String(tab.key === key));
   }
@@ -391,6 +392,7 @@ async function closeTab(key) {
   tabs.delete(key);
   tab.el.remove();
   tab.iframe.remove();
+  tab.problem?.remove();
   syncCloseButton();
   if (active === key) {
     active = null;
@@ -720,6 +722,50 @@ function hideDiff() {
   $("install-deny").hidden = true;
 }
 
+// ---------------------------------------------------------------- the author loop (`atrium dev`)
+const devReloading = new Set();  // app ids whose dev copy is being swapped: their tabs stay
+
+/** A dev copy's new version runs: each of its tabs gets a fresh view of the same instance in
+ * the same iframe (the tab, its place and the activity stay), and a note says so. */
+async function onDevReloaded(data) {
+  devReloading.delete(data.appId);
+  const open = [...tabs.values()].filter((t) => t.appId === data.appId);
+  for (const tab of open) {
+    if (!data.instanceIds.includes(tab.instanceId)) continue;   // not restarted: left as it is
+    const view = await api("POST", `/api/instances/${tab.instanceId}/views`, { path: "/", client: clientId });
+    if (!tabs.has(tab.key)) continue;   // closed meanwhile
+    tab.viewId = view.viewId;
+    tab.origin = new URL(view.url).origin;
+    tab.loaded = false;
+    tab.problem?.remove();
+    tab.problem = null;
+    tab.iframe.src = view.url;
+    if (active === tab.key) quietly(api("POST", `/api/instances/${tab.instanceId}/resume`));
+  }
+  if (open.length) toast(`${appName(data.appId)} ${data.version} reloaded`, "ok");
+}
+
+/** A dev copy's save made no running version: the reason over each of its tabs, whose page
+ * stays the last good one. */
+function onDevFailed(data) {
+  devReloading.delete(data.appId);
+  for (const tab of tabs.values()) {
+    if (tab.appId !== data.appId) continue;
+    if (!tab.problem) {
+      tab.problem = el("div", { className: "dev-problem", role: "alert" });
+      tab.iframe.before(tab.problem);
+    }
+    tab.problem.replaceChildren(
+      el("strong", { textContent: `${appName(data.appId)}: not reloaded, showing the last good version` }),
+      el("pre", { textContent: data.message }));
+    tab.problem.hidden = active !== tab.key;
+  }
+}
+
+function appName(appId) {
+  return tabs && [...tabs.values()].find((t) => t.appId === appId)?.el.textContent.replace(/×$/, "") || appId;
+}
+
 // ---------------------------------------------------------------- the event stream
 function connectEvents() {
   const source = new EventSource(`/api/events?client=${clientId}`);
@@ -753,8 +799,9 @@ function connectEvents() {
       const data = JSON.parse(e.data);
       const known = instances.get(data.instanceId);
       if (known && topic === "app:state") known.state = data.to;
-      // a destroyed instance's tabs go: reloading them would show the shell's error page
-      if (topic === "app:state" && data.to === "installed") {
+      // a destroyed instance's tabs go: reloading them would show the shell's error page (a
+      // dev copy's reload stops and starts its instances: their tabs stay, see onDevReloaded)
+      if (topic === "app:state" && data.to === "installed" && !devReloading.has(data.appId)) {
         for (const tab of tabsOf(data.instanceId)) quietly(closeTab(tab.key));
       }
       if (known && topic === "app:crashed") {
@@ -766,6 +813,9 @@ function connectEvents() {
     });
   }
   for (const topic of ["app:installed", "app:removed"]) source.addEventListener(topic, () => quietly(loadApps()));
+  source.addEventListener("dev:reloading", (e) => devReloading.add(JSON.parse(e.data).appId));
+  source.addEventListener("dev:reloaded", (e) => quietly(onDevReloaded(JSON.parse(e.data))));
+  source.addEventListener("dev:failed", (e) => onDevFailed(JSON.parse(e.data)));
   source.addEventListener("activity:opened", (e) => {
     const data = JSON.parse(e.data);
     if ([...tabs.values()].some((t) => t.activityId === data.activityId)) return;
@@ -1035,6 +1085,16 @@ async function start() {
   connectEvents();
   await Promise.all([quietly(loadMe()), quietly(loadInstances()), quietly(loadPicker()), quietly(loadShared())]);
   document.body.dataset.ready = "true";
+  openFromAddress();
+  window.addEventListener("hashchange", openFromAddress);
+}
+
+/** `#app=<id>` (what `atrium dev` prints) opens that app once the page is ready. */
+function openFromAddress() {
+  const wanted = new URLSearchParams(location.hash.slice(1)).get("app");
+  if (!wanted) return;
+  history.replaceState(null, "", location.pathname + location.search);
+  loudly(launch(wanted));
 }
 
 window.atrium = { launch, startIntent, tabs, instances, refreshProcs };   // for the e2e tests and the console

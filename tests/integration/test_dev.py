@@ -20,7 +20,7 @@ import typer
 from atrium.authoring.scaffold import create
 from atrium.cli.client import ShellClient
 from atrium.cli.dev import DevSession
-from tests.integration.conftest import RunningShell, wait_for
+from tests.integration.conftest import RunningShell, SseReader, wait_for
 
 pytestmark = pytest.mark.integration
 APP = "com.example.devloop"
@@ -238,3 +238,58 @@ def test_ctrl_c_ends_atrium_dev_even_when_started_with_sigint_ignored(
     assert "the dev copy was removed" in seen + out, seen + out
     assert proc.returncode == 0
     wait_for(lambda: api.get(f"/api/apps/{APP}").status_code == 404, "the dev copy gone")
+
+
+def test_the_authors_page_hears_each_save_reloaded_or_why_not(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    """The author's host page learns of each save on its event stream: `dev:reloading` then
+    `dev:reloaded` (the same instance ids, now on the new version), or `dev:failed` with the
+    reason (a folder with problems, the last good version still serving; a version that did not
+    start). Another user's stream hears none of it; their report of problems is a 404."""
+    folder = create(tmp_path, APP, "stdlib")
+    other = shell.client(shell.add_user("bob"))
+    mine = SseReader(api, params={"topics": "dev:*"})
+    theirs = SseReader(other, params={"topics": "dev:*"})
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        assert session.sync()
+        instance = session.instance_id
+        index = folder / "index.html"
+        index.write_text(index.read_text().replace("<h1>Devloop</h1>", "<h1>Saved</h1>"))
+        assert session.sync()
+        wait_for(lambda: mine.of("dev:reloaded"), "dev:reloaded")
+        assert [e.event for e in mine.events][-2:] == ["dev:reloading", "dev:reloaded"]
+        assert mine.of("dev:reloaded")[-1].data == {
+            "appId": APP,
+            "version": "0.1.0",
+            "instanceIds": [instance],
+            "type": "dev:reloaded",
+        }
+
+        manifest = folder / "app.manifest.json"
+        good = manifest.read_text()
+        manifest.write_text(good.replace('"version": "0.1.0"', '"version": "zero"'))
+        assert not session.sync()
+        wait_for(lambda: mine.of("dev:failed"), "dev:failed")
+        assert "version: 'zero' is not a semver" in mine.of("dev:failed")[-1].data["message"]
+        assert "<h1>Saved</h1>" in page_of(api, instance or "")
+
+        manifest.write_text(good)
+        server = folder / "server.py"
+        working = server.read_text()
+        server.write_text(working + "\ndef broken(:\n")
+        assert not session.sync()
+        wait_for(lambda: len(mine.of("dev:failed")) == 2, "a second dev:failed")
+        assert mine.of("dev:failed")[-1].data["message"].startswith("did not start")
+
+        server.write_text(working)
+        assert session.sync()
+        wait_for(lambda: mine.events[-1].event == "dev:reloaded", "reloaded after the fix")
+        assert mine.of("dev:reloaded")[-1].data["instanceIds"] == [instance]
+
+        refused = other.post(f"/api/dist/dev/{APP}/problems", json={"message": "x"})
+        assert refused.status_code == 404
+        assert refused.json()["error"]["code"] == "not_found"
+        session.remove()
+    assert theirs.events == []
