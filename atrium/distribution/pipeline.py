@@ -60,13 +60,13 @@ from atrium.events import (
     ROLLBACK_START,
     VALIDATE_DONE,
     AppRemoved,
+    DevFailed,
+    DevReloaded,
+    DevReloading,
     DistInstallComplete,
     DistRollbackComplete,
     DistUninstallComplete,
     DistUpdateComplete,
-    DevFailed,
-    DevReloaded,
-    DevReloading,
 )
 from atrium.git import ScopeRepo
 from atrium.lifecycle.manager import LifecycleManager
@@ -140,6 +140,9 @@ class Distribution:
         self.resolver = Resolver(index, docker_config)
         self.locks = locks or AppLocks()
         self.stops = InstanceStops(lifecycle, registry)
+        #: a dev copy's instances whose start on a save failed (and were let go): the next
+        #: save brings them back, under the ids the author's open tabs show
+        self._dev_failed: dict[str, list[str]] = {}
         self.data = DataKeeping(
             layout=layout,
             records=self.records,
@@ -157,9 +160,6 @@ class Distribution:
     def record(self, scope: Scope, app_id: str) -> InstallRecord | None:
         return self.records.get(scope, app_id)
 
-        #: a dev copy's instances whose start on a save failed (and were let go): the next
-        #: save brings them back, under the ids the author's open tabs show
-        self._dev_failed: dict[str, list[str]] = {}
     def mutable_scope_of(self, app_id: str) -> Scope:
         """The winning mutable scope holding ``app_id`` (a copy, valid or not)."""
         copies = self._registry.copies(app_id)
@@ -465,6 +465,24 @@ class Distribution:
         self._bus.emit(done(app_id, plan.record.wire(), owner=self._owner(scope)))
         return stopped, taken
 
+    def dev_failed(self, app_id: str, message: str) -> None:
+        """`atrium dev` found the folder of this user's dev copy wrong: `DevFailed` for their
+        page. Anything but their own dev copy is answered as missing."""
+        record = self.records.get(Scope.USER, app_id)
+        if record is None or not record.dev:
+            raise NotFound("dev copy", app_id)
+        self._bus.emit(DevFailed(app_id, message, owner=self._owner(Scope.USER)))
+
+    def _dev_outcome(self, plan: InstallPlan, stopped: list[str], failed: dict[str, str]) -> None:
+        """Tell the author's page how a dev copy's save went (`DevReloaded` / `DevFailed`)."""
+        owner, app_id = self._owner(plan.scope), plan.record.id
+        if failed:
+            first = next(iter(failed.values()))
+            self._bus.emit(DevFailed(app_id, f"did not start: {first}", owner=owner))
+        else:
+            version = plan.record.version
+            self._bus.emit(DevReloaded(app_id, version, stopped, owner=owner))
+
     def _owner(self, scope: Scope) -> str | None:
         """Whose events a change of ``scope`` makes: a user scope's are its user's alone, the
         shared scopes' everyone's."""
@@ -508,24 +526,6 @@ class Distribution:
             restore, note = (
                 (None, "")
                 if keep_data
-    def dev_failed(self, app_id: str, message: str) -> None:
-        """`atrium dev` found the folder of this user's dev copy wrong: `DevFailed` for their
-        page. Anything but their own dev copy is answered as missing."""
-        record = self.records.get(Scope.USER, app_id)
-        if record is None or not record.dev:
-            raise NotFound("dev copy", app_id)
-        self._bus.emit(DevFailed(app_id, message, owner=self._owner(Scope.USER)))
-
-    def _dev_outcome(self, plan: InstallPlan, stopped: list[str], failed: dict[str, str]) -> None:
-        """Tell the author's page how a dev copy's save went (`DevReloaded` / `DevFailed`)."""
-        owner, app_id = self._owner(plan.scope), plan.record.id
-        if failed:
-            first = next(iter(failed.values()))
-            self._bus.emit(DevFailed(app_id, f"did not start: {first}", owner=owner))
-        else:
-            version = plan.record.version
-            self._bus.emit(DevReloaded(app_id, version, stopped, owner=owner))
-
                 else await asyncio.to_thread(self.data.backup_of, scope, app_id, old.version)
             )
             yield event(
@@ -615,6 +615,8 @@ class Distribution:
         with self.locks.hold(app_id, "uninstall"):
             if dev_only:
                 self._no_install_under(app_id, scope)
+            if scope is Scope.USER:
+                self._dev_failed.pop(app_id, None)
             return await run_to_completion(self._uninstall_stage(app_id, scope))
 
     async def _uninstall_stage(self, app_id: str, scope: Scope) -> dict[str, Any]:
@@ -644,5 +646,3 @@ class Distribution:
             DistUninstallComplete(app_id, scope.value, unmasked, owner=self._owner(scope))
         )
         return {"ok": True, "id": app_id, "scope": scope.value, "unmasked": unmasked}
-            if scope is Scope.USER:
-                self._dev_failed.pop(app_id, None)
