@@ -17,7 +17,7 @@ import uvloop
 
 from atrium.api.server import ShellServer, settle_heap
 from atrium.files import write_atomic
-from atrium.identity import new_token
+from atrium.identity import MIN_TOKEN_LENGTH, new_token
 from atrium.settings import ConfigError, HomeLock, Settings, prepare_home
 
 
@@ -94,5 +94,15 @@ def _refuse(err: ConfigError) -> NoReturn:
 
 
 def _user_token(settings: Settings) -> str:
-    """ATRIUM_TOKEN (already checked by Settings), else a new random one."""
-    return settings.token.get_secret_value() if settings.token else new_token()
+    """ATRIUM_TOKEN (already checked by Settings), else the one the last start wrote to
+    ``run/token``, else a new random one. Kept across restarts so that a bookmarked login link and
+    the sign-ins it made keep working; setting ``ATRIUM_TOKEN`` (or deleting the file) replaces
+    it, and a new token ends the link sign-ins of the old one."""
+    if settings.token:
+        return settings.token.get_secret_value()
+    try:
+        kept = settings.token_path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        kept = ""
+    # a damaged or foreign file is not a token: a fresh one replaces it
+    return kept if len(kept) >= MIN_TOKEN_LENGTH and kept.isprintable() else new_token()
