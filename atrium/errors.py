@@ -23,6 +23,7 @@ unit test keeps the two together::
     │   ├── LastAdmin                   409 last_admin             (user)
     │   ├── BootstrapAdmin              409 bootstrap_admin        (user)
     │   ├── UserExists                  409 user_exists            (user)
+    │   ├── TooManyTokens               409 too_many_tokens        (limit)
     │   ├── Busy                        409 busy                   (appId, operation)
     │   ├── ApprovalStale               409 approval_stale         (approvedDigest, digest)
     │   ├── AuthorityConflict           409 authority_conflict     (authority, appId)
@@ -243,6 +244,19 @@ class UserExists(Conflict):
     """A user with that id exists."""
 
     code = "user_exists"
+
+
+class TooManyTokens(Conflict):
+    """The user holds as many personal tokens as one may (``limit``): delete one first."""
+
+    code = "too_many_tokens"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"you hold {limit} personal tokens, the most one user may; delete one you no longer "
+            "use (DELETE /api/tokens/{id}) and try again",
+            limit=limit,
+        )
 
 
 class IdentityLinked(Conflict):

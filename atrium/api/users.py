@@ -29,6 +29,7 @@ from atrium.errors import (
     NotFound,
     PermissionDenied,
     TooManyAttempts,
+    TooManyTokens,
 )
 from atrium.identity import SESSION_COOKIE, AppCaller, Caller, UserCaller
 from atrium.shell import Shell
@@ -40,6 +41,8 @@ from atrium.wire import WireModel
 
 #: the longest personal token lifetime one may ask for
 MAX_TOKEN_DAYS: Final = 3650
+#: the most personal tokens one user holds: each is a row and a lookup entry kept in memory
+MAX_TOKENS: Final = 100
 #: password sign-ins one client address may make per `ADDRESS_WINDOW` seconds, whatever the names
 ADDRESS_LIMIT: Final = 30
 ADDRESS_WINDOW: Final = 60.0
@@ -176,7 +179,8 @@ class NewToken(WireModel):
     """`POST /api/tokens`."""
 
     name: str = Field(min_length=1, max_length=100)
-    expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS)
+    #: strict: a string, a boolean or a float is refused, not read as a number of days
+    expires_in_days: int | None = Field(default=None, ge=1, le=MAX_TOKEN_DAYS, strict=True)
 
 
 # ---- me -------------------------------------------------------------------------------------
@@ -419,6 +423,8 @@ async def create_token(request: Request, caller: Caller) -> Response:
     you = _user(caller)
     body = await read_model(request, NewToken)
     _no_longer_than_the_caller(request, you, body.expires_in_days)
+    if len(shell_of(request).users.tokens_of(you.user_id)) >= MAX_TOKENS:
+        raise TooManyTokens(MAX_TOKENS)
     secret, token = await shell_of(request).users.create_token(
         you.user_id, body.name, body.expires_in_days
     )

@@ -240,6 +240,7 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.CallerMismatch: lambda: errors.CallerMismatch("com.example.a", "com.example.b"),
     errors.SystemScopeImmutable: lambda: errors.SystemScopeImmutable("install"),
     errors.ApprovalDenied: lambda: errors.ApprovalDenied("com.example.a", {"appId": "x"}),
+    errors.TooManyTokens: lambda: errors.TooManyTokens(100),
     errors.NotFound: lambda: errors.NotFound("app", "com.example.a"),
     errors.NoProvider: lambda: errors.NoProvider("notes", "/notes/5"),
     errors.NoHandler: lambda: errors.NoHandler("os.intent.action.VIEW"),
