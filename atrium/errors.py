@@ -13,7 +13,8 @@ unit test keeps the two together::
     │   ├── PermissionDenied            403 permission_denied      (callerAppId, permission)
     │   ├── CallerMismatch              403 caller_mismatch        (claimed, actual)
     │   ├── SystemScopeImmutable        403 system_scope_immutable (scope)
-    │   └── ApprovalDenied              403 approval_denied        (diff)
+    │   ├── ApprovalDenied              403 approval_denied        (diff)
+    │   └── UntrustedArtifact           403 untrusted_artifact     (appId, ref, signature)
     ├── NotFound                        404 not_found              (kind, id)
     │   ├── NoProvider                  404 no_provider            (authority, path)
     │   └── NoHandler                   404 no_handler             (action)
@@ -181,6 +182,28 @@ class ApprovalDenied(Forbidden):
     def __init__(self, app_id: str, diff: JsonFields | None = None) -> None:
         super().__init__(
             f"the user denied the permissions asked by {app_id!r}", appId=app_id, diff=diff
+        )
+
+
+class UntrustedArtifact(Forbidden):
+    """The scope's trust policy is ``require`` and the artifact has no trusted signature."""
+
+    code = "untrusted_artifact"
+
+    def __init__(self, app_id: str, ref: str, signature: JsonFields, scope: str) -> None:
+        status = signature.get("status")
+        why = {
+            "unsigned": "it is not signed",
+            "unknown_signer": "no key trusted in that scope signed it",
+            "invalid": "its signature does not sign this artifact",
+        }.get(str(status), f"its signature is {status}")
+        super().__init__(
+            f"the {scope} scope requires a trusted signature and {ref} ({app_id}) has none: "
+            f"{why}; nothing was installed (trust the signer's key with `atrium trust add`, or "
+            f"set the policy with `atrium trust policy {scope} warn`)",
+            appId=app_id,
+            ref=ref,
+            signature=signature,
         )
 
 

@@ -28,13 +28,16 @@ from atrium.identity import Caller
 
 
 class PublishBody(BaseModel):
-    """``{path, to, tag}``: an absolute app directory on the shell's machine, the target, the tag."""
+    """``{path, to, tag, sign?}``: an absolute app directory on the shell's machine, the target,
+    the tag, and the private key file to sign with."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     path: str = Field(min_length=1, max_length=4096)
     to: str = Field(min_length=1, max_length=2048)
     tag: str = Field(min_length=1, max_length=128)
+    #: an absolute path to the private key to sign with (`atrium keygen` writes one)
+    sign: str | None = Field(default=None, min_length=1, max_length=4096)
 
 
 def wants_event_stream(request: Request) -> bool:
@@ -45,7 +48,8 @@ async def publish(request: Request, caller: Caller) -> Response:
     body = await read_model(request, PublishBody)
     shell = shell_of(request)
     publisher = Publisher(publish_event=shell.bus.emit)
-    plan = await publisher.plan(Path(body.path), body.to, body.tag)
+    sign = Path(body.sign) if body.sign is not None else None
+    plan = await publisher.plan(Path(body.path), body.to, body.tag, sign)
     events = publisher.run(plan)
     if wants_event_stream(request):
         return StreamingResponse(

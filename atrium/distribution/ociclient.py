@@ -251,12 +251,19 @@ class RegistryClient:
 
     async def manifest(self, reference: str) -> PulledManifest:
         """GET a manifest by tag or digest; its digest is computed from the bytes as served."""
+        found = await self.find_manifest(reference)
+        if found is None:
+            raise RegistryError(
+                f"manifest unknown: {self.repository} has no {reference!r} in {self.registry}"
+            )
+        return found
+
+    async def find_manifest(self, reference: str) -> PulledManifest | None:
+        """``manifest``, or None when the registry has no such tag or digest (404)."""
         headers = {"Accept": ", ".join(artifact.MANIFEST_TYPES)}
         async with self._call("GET", self._url("manifests", reference), headers=headers) as resp:
             if resp.status == 404:
-                raise RegistryError(
-                    f"manifest unknown: {self.repository} has no {reference!r} in {self.registry}"
-                )
+                return None
             body = await _read_capped(resp, MAX_MANIFEST)
             if resp.status != 200:
                 raise self._refused(resp.status, body, f"reading manifest {reference!r}")

@@ -22,7 +22,7 @@ from atrium.bus import EventBus
 from atrium.distribution.backups import Backup, copy_checked, place
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.exports import unpack
-from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for
+from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for, verify_source
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
@@ -31,7 +31,9 @@ from atrium.distribution.operations import AppLocks, mutable, run_to_completion,
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
 from atrium.distribution.resolve import Resolver
+from atrium.distribution.signing import Verdict, refuses
 from atrium.distribution.stops import InstanceStops
+from atrium.distribution.trust import read_trust
 from atrium.distribution.validate import check_authority, runtime_folders, validate_staged
 from atrium.errors import (
     ApprovalDenied,
@@ -42,6 +44,7 @@ from atrium.errors import (
     NotADevCopy,
     NotFound,
     SystemScopeImmutable,
+    UntrustedArtifact,
 )
 from atrium.events import (
     CHECK_DONE,
@@ -99,6 +102,16 @@ class Approval:
     def check(self, resolved: ResolvedRef) -> None:
         if self.approved_digest is not None and self.approved_digest != resolved.digest:
             raise ApprovalStale(self.approved_digest, resolved.digest)
+
+
+def _signature(verdict: Verdict | None, changed: bool = False) -> dict[str, Any]:
+    """The ``signature`` field of the review and the result (absent under policy ``off``)."""
+    if verdict is None:
+        return {}
+    wire = verdict.wire()
+    if changed:
+        wire["signerChanged"] = True
+    return {"signature": wire}
 
 
 def same_app(app_id: str, ref: str, found: str) -> None:
@@ -209,6 +222,7 @@ class Distribution:
             async with aclosing(self._fetch(resolved, path)) as fetching:
                 async for item in fetching:
                     yield item
+            verdict = await self._verify(resolved, scope)
             manifest, diff = await self._check(resolved, path, scope)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             note = self.data_note(manifest.id, scope)
@@ -219,6 +233,7 @@ class Distribution:
                 requiresApproval=requires_approval(diff),
                 resolved=resolved.wire(),
                 **({"note": note} if note else {}),
+                **_signature(verdict),
             )
 
     async def update(
@@ -292,11 +307,14 @@ class Distribution:
             async with aclosing(self._fetch(resolved, path)) as fetching:
                 async for item in fetching:
                     yield item
+            verdict = await self._verify(resolved, scope)
             manifest, diff = await self._check(resolved, path, scope)
             if expected_id is not None:
                 same_app(expected_id, ref_text, manifest.id)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
-            if requires_approval(diff) or approval.approve is False:
+            signer_changed = self._signer_changed(scope, manifest.id, verdict, op)
+            signed = _signature(verdict, signer_changed)
+            if requires_approval(diff) or signer_changed or approval.approve is False:
                 labels = self._registry.permission_labels()
                 described = [describe(name, labels) for name in diff.permissions_added]
                 yield event(
@@ -304,6 +322,7 @@ class Distribution:
                     diff=diff.wire(),
                     resolved=resolved.wire(),
                     permissions=described,
+                    **signed,
                 )
                 if approval.approve is False:
                     yield event(PERMISSION_DENIED, diff=diff.wire())
@@ -318,6 +337,7 @@ class Distribution:
                         resolved=resolved.wire(),
                         permissions=described,
                         **({"note": note} if note else {}),
+                        **signed,
                     )
                     return
                 yield event(PERMISSION_APPROVED, digest=resolved.digest)
@@ -328,6 +348,8 @@ class Distribution:
                 yield event(CHECK_DONE, appId=manifest.id, ms=round(took * 1000, 1))
             yield event(INSTALL_START, appId=manifest.id, scope=scope.value)
             record = self._new_record(manifest, scope, resolved, ref_text, dev)
+            if verdict is not None and verdict.signer is not None:
+                record = record.model_copy(update={"signed_by": verdict.signer})
             plan = InstallPlan(
                 op,
                 path / resolved.dir_name,
@@ -341,7 +363,27 @@ class Distribution:
                 extra["backup"] = taken.id if taken else None
             if op == "install" and (note := self.data_note(manifest.id, scope)):
                 extra["note"] = note
-            yield event(RESULT, ok=True, record=record.wire(), **extra)
+            yield event(RESULT, ok=True, record=record.wire(), **extra, **signed)
+
+    async def _verify(self, resolved: ResolvedRef, scope: Scope) -> Verdict | None:
+        """The fetched artifact's signature against ``scope``'s trust store (decisions.md
+        "Signed apps"); None under policy ``off`` (nothing is asked of the source).
+        UntrustedArtifact under ``require`` without a trusted signature, before anything moves."""
+        trust = await asyncio.to_thread(read_trust, self._layout.root(scope))
+        if trust.policy == "off":
+            return None
+        verdict = await verify_source(resolved, trust, self._docker_config)
+        if refuses(trust.policy, verdict):
+            raise UntrustedArtifact(resolved.dir_name, str(resolved.ref), verdict.wire(), scope)
+        return verdict
+
+    def _signer_changed(self, scope: Scope, app_id: str, verdict: Verdict | None, op: str) -> bool:
+        """An update signed by another key (or no longer signed, or newly signed) than the
+        installed copy: asked like a permission change."""
+        if verdict is None or op != "update":
+            return False
+        previous = self.records.get(scope, app_id)
+        return previous is not None and previous.signed_by != verdict.signer
 
     def _is_running(self, app_id: str) -> bool:
         """Whether any instance of the app has a live child (warm-pool ones included)."""

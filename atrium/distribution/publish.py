@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any, Final, TypeAlias
 from urllib.parse import unquote
 
-from atrium.distribution import artifact
+from atrium.distribution import artifact, signing
 from atrium.distribution.oci import push_app
 from atrium.distribution.refs import TAG_RE, GitRef, OciRef, parse_ref
+from atrium.distribution.signatures import push_signature
 from atrium.errors import BadRef, InvalidRequest, UpstreamFailed
 from atrium.events import (
     PUBLISH_DONE,
@@ -33,6 +34,7 @@ from atrium.events import (
     DistPublishProgress,
     Payload,
 )
+from atrium.files import write_atomic
 from atrium.git import GitError, run_git
 from atrium.manifest import Manifest
 
@@ -60,6 +62,8 @@ class PublishPlan:
     app_dir: Path
     manifest: Manifest
     target: Target
+    #: the signing key (an ECDSA P-256 private key, PEM) when the publish is signed
+    sign_key: bytes | None = None
 
     @property
     def ref(self) -> str:
@@ -113,8 +117,9 @@ class Publisher:
         self._publish_event = publish_event
         self._docker_config = docker_config
 
-    async def plan(self, app_dir: Path, to: str, tag: str) -> PublishPlan:
-        """Check the request: InvalidRequest, BadRef or ManifestInvalid before anything moves."""
+    async def plan(self, app_dir: Path, to: str, tag: str, sign: Path | None = None) -> PublishPlan:
+        """Check the request: InvalidRequest, BadRef or ManifestInvalid before anything moves.
+        ``sign``: the private key file to sign with (read and checked now)."""
         if not app_dir.is_absolute():
             raise InvalidRequest(f"{str(app_dir)!r} must be an absolute path")
         if not await asyncio.to_thread(app_dir.is_dir):
@@ -125,7 +130,8 @@ class Publisher:
         await asyncio.to_thread(lambda: list(artifact.app_files(app_dir, manifest.id)))
         if isinstance(target, GitRef):
             await _check_tag_name(target)
-        return PublishPlan(app_dir, manifest, target)
+        key = None if sign is None else await asyncio.to_thread(_read_signing_key, sign)
+        return PublishPlan(app_dir, manifest, target, key)
 
     async def publish(self, app_dir: Path, to: str, tag: str) -> AsyncGenerator[PublishEvent, None]:
         plan = await self.plan(app_dir, to, tag)
@@ -176,6 +182,9 @@ class Publisher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await push
         yield f"pushed {plan.ref} as {digest}"
+        if plan.sign_key is not None:
+            tag = await push_signature(plan.target, digest, plan.sign_key, self._docker_config)
+            yield f"signed {digest} (the signature is the tag {tag})"
         yield _Published(digest)
 
     async def _to_git(self, plan: PublishPlan) -> AsyncGenerator[str | _Published, None]:
@@ -207,7 +216,15 @@ class Publisher:
             yield f"committed {commit[:12]}; tagging {tag}"
             identity = await _identity(work)
             message = f"publish {app_id} {plan.manifest.version}"
-            await _git(*identity, "tag", "--annotate", "--message", message, tag, cwd=work)
+            if plan.sign_key is None:
+                await _git(*identity, "tag", "--annotate", "--message", message, tag, cwd=work)
+            else:
+                signer = await asyncio.to_thread(_ssh_signing_key, plan.sign_key, tmp)
+                await _git(
+                    *identity, "-c", "gpg.format=ssh", "-c", f"user.signingkey={signer}",
+                    "tag", "--sign", "--message", message, tag, cwd=work,
+                )  # fmt: skip
+                yield f"signed the tag {tag} with an SSH signature"
             yield f"pushing {branch} and {tag} to {url}"
             refspecs = (f"HEAD:refs/heads/{branch}", f"refs/tags/{tag}")
             await _git("push", "--quiet", "--atomic", url, *refspecs, cwd=work)
@@ -217,6 +234,30 @@ class Publisher:
                 f"{plan.target.name!r} is not {app_id!r}, so name the repository {app_id}.git"
             )
         yield _Published(commit)
+
+
+def _read_signing_key(path: Path) -> bytes:
+    """The private key file's PEM, checked to be an ECDSA P-256 key (InvalidRequest if not)."""
+    if not path.is_absolute():
+        raise InvalidRequest(f"the signing key {str(path)!r} must be an absolute path")
+    try:
+        pem = path.read_bytes()[: 1 << 16]
+    except OSError as err:
+        raise InvalidRequest(f"the signing key {path} cannot be read: {err.strerror}") from err
+    try:
+        signing.load_private_key(pem)
+    except signing.KeyProblem as err:
+        raise InvalidRequest(f"{path}: {err}") from err
+    return pem
+
+
+def _ssh_signing_key(pem: bytes, folder: Path) -> Path:
+    """The key as ssh-keygen signs with it: the PEM (0600) with its SSH public line beside it."""
+    key_file = folder / "signing.key"
+    write_atomic(key_file, pem)
+    public = signing.load_private_key(pem).public_key()
+    (folder / "signing.key.pub").write_text(signing.ssh_public_line(public) + "\n")
+    return key_file
 
 
 def _local_path(url: str) -> Path | None:

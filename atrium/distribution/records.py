@@ -46,14 +46,20 @@ class InstallRecord(WireModel):
     #: a dev copy (`atrium dev`): an author's folder run in place of an install, removed with
     #: its backups when the author stops
     dev: bool = False
+    #: the trusted key that signed what was installed (checked under a `warn` or `require`
+    #: trust policy); None: unsigned, or not checked
+    signed_by: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        """The wire form; ``rollbackOf`` only on a rollback's record, ``dev`` only when true."""
+        """The wire form; ``rollbackOf`` only on a rollback's record, ``dev`` only when true,
+        ``signedBy`` only when a trusted key signed it."""
         data = super().wire()
         if data["rollbackOf"] is None:
             del data["rollbackOf"]
         if not data["dev"]:
             del data["dev"]
+        if data["signedBy"] is None:
+            del data["signedBy"]
         return data
 
 

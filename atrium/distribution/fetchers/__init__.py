@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from atrium.distribution.refs import Ref
+from atrium.distribution.signing import Trust, Verdict, verify_signatures
 
 Source = Literal["oci", "git", "local"]
 ProgressEvent = Mapping[str, Any]
@@ -77,3 +78,22 @@ def fetcher_for(resolved: ResolvedRef, docker_config: Path | None = None) -> Fet
     from atrium.distribution.fetchers.oci import OciFetcher
 
     return OciFetcher(docker_config)
+
+
+async def verify_source(
+    resolved: ResolvedRef, trust: Trust, docker_config: Path | None = None
+) -> Verdict:
+    """What the source says about who signed ``resolved.digest``, judged by ``trust``'s keys: an
+    OCI artifact's cosign-style signatures, a git tag's SSH signature; a local folder carries
+    none (decisions.md "Signed apps")."""
+    if resolved.source == "oci":
+        from atrium.distribution.fetchers.oci import oci_ref
+        from atrium.distribution.signatures import fetch_signatures
+
+        found = await fetch_signatures(oci_ref(resolved), resolved.digest, docker_config)
+        return verify_signatures(found, resolved.digest, trust.public_keys())
+    if resolved.source == "git":
+        from atrium.distribution.fetchers.git import verify_tag
+
+        return await verify_tag(resolved, trust)
+    return Verdict("unsigned", reason="a local folder carries no signature")

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Final
 
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
+from atrium.distribution.signing import Trust, Verdict
 from atrium.distribution.tree import UnsafeTree, check_tree
 from atrium.errors import FetchFailed
 from atrium.git import GitError, GitTimeout, run_git
 
 COMMIT_RE: Final = re.compile(r"[0-9a-f]{7,64}")
+SSH_SIGNATURE: Final = "-----BEGIN SSH SIGNATURE-----"
 NO_PROGRESS: Final[tuple[ProgressEvent, ...]] = ()
 
 
@@ -118,3 +120,53 @@ def _strip_and_check(target: Path) -> None:
     refuses (a committed `.hg/`, a link chain that leaves) fails the fetch."""
     shutil.rmtree(target / ".git")
     check_tree(target)
+
+
+async def verify_tag(resolved: ResolvedRef, trust: Trust) -> Verdict:
+    """Who signed the tag ``resolved.git_ref`` (SSH signatures, ``gpg.format=ssh``, with an
+    allowed-signers file written from ``trust``): ``signed`` by a trusted key's name when the tag
+    is an annotated tag on ``resolved.digest`` whose signature a trusted key verifies. A branch,
+    a lightweight or unsigned tag is ``unsigned``; a signed tag no trusted key verifies is
+    ``unknown_signer``; a signed tag on another commit ``invalid``."""
+    ref = str(resolved.ref)
+    tag = resolved.git_ref
+    if not tag:
+        return Verdict("unsigned", reason="a default branch carries no signature; install a tag")
+    with tempfile.TemporaryDirectory(prefix="atrium-verify-") as tmp_name:
+        tmp = Path(tmp_name)
+        try:
+            await run_git_command("init", "--quiet", "--bare", "repo", cwd=tmp)
+            repo = tmp / "repo"
+            fetched = await run_git_command(
+                "ls-remote", "--tags", resolved.address, f"refs/tags/{tag}", cwd=repo
+            )
+            if not fetched.strip():
+                return Verdict("unsigned", reason=f"{tag!r} is a branch, not a signed tag")
+            await run_git_command(
+                "fetch", "--quiet", "--depth=1", "--no-tags", resolved.address,
+                f"+refs/tags/{tag}:refs/tags/{tag}", cwd=repo,
+            )  # fmt: skip
+            kind = await run_git_command("cat-file", "-t", f"refs/tags/{tag}", cwd=repo)
+            if kind.strip() != "tag":
+                return Verdict("unsigned", reason=f"{tag!r} is a lightweight tag")
+            body = await run_git_command("cat-file", "tag", f"refs/tags/{tag}", cwd=repo)
+            target = await run_git_command("rev-parse", f"refs/tags/{tag}^{{commit}}", cwd=repo)
+        except GitCommandFailed as err:
+            raise FetchFailed(ref, f"reading the tag {tag!r}: {err}") from err
+        if SSH_SIGNATURE not in body:
+            return Verdict("unsigned", reason=f"the tag {tag!r} is not signed")
+        if target.strip() != resolved.digest:
+            return Verdict("invalid", reason=f"the tag {tag!r} no longer names {resolved.digest}")
+        for key in trust.keys:
+            # one allowed-signers file per key: git's exit status alone says which key signed
+            signers = tmp / f"allowed_signers.{key.name}"
+            await asyncio.to_thread(signers.write_text, Trust(keys=[key]).allowed_signers())
+            try:
+                await run_git(
+                    "-c", "gpg.format=ssh", "-c", f"gpg.ssh.allowedSignersFile={signers}",
+                    "verify-tag", f"refs/tags/{tag}", cwd=repo,
+                )  # fmt: skip
+            except GitError:
+                continue
+            return Verdict("signed", key.name)
+    return Verdict("unknown_signer", reason="no trusted key verifies the tag's signature")

@@ -66,7 +66,7 @@ class OciFetcher:
         self.docker_config = docker_config
 
     async def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]:
-        ref = _oci_ref(resolved)
+        ref = oci_ref(resolved)
         raw = str(resolved.ref)
         layer_file = staging / f".{resolved.digest.removeprefix('sha256:')[:32]}.layer"
         try:
@@ -91,7 +91,7 @@ class OciFetcher:
             await asyncio.to_thread(layer_file.unlink, missing_ok=True)
 
 
-def _oci_ref(resolved: ResolvedRef) -> OciRef:
+def oci_ref(resolved: ResolvedRef) -> OciRef:
     """The repository to pull from: the resolved address (pinned), else the ref itself."""
     try:
         pinned = parse_ref(resolved.address)
