@@ -7,7 +7,13 @@ nothing written, a power cut may lose the last moments). A query runs on the sam
 every record queued before it, so a caller reads its own writes.
 
 Nothing changes or deletes a record except `prune`, which drops records older than the retention
-(`ATRIUM_AUDIT_RETENTION_DAYS`), at open and once a day.
+(`ATRIUM_AUDIT_RETENTION_DAYS`) and the oldest anonymous records beyond `MAX_ANONYMOUS_ROWS`, at
+open and once a day.
+
+Anonymous records (no credentials, or refused ones) are bounded, since anyone who can reach the
+shell can make them: within one `WINDOW`, an address gets `PER_ADDRESS` records of its own and all
+addresses together `ALL_ADDRESSES`; every further anonymous call is only counted, and the counts
+are written as one record per address and action with its ``count`` (`AnonymousBudget`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -33,6 +39,13 @@ MAX_LIMIT: Final = 1000
 DEFAULT_LIMIT: Final = 100
 #: a field longer than this is cut (a path segment an attacker chose, an unknown user name)
 MAX_FIELD: Final = 200
+#: the bounds on anonymous records (see the module's docstring)
+WINDOW: Final = timedelta(minutes=10)
+PER_ADDRESS: Final = 20
+ALL_ADDRESSES: Final = 100
+#: addresses counted one by one in a window; the rest are counted together under ``*``
+MAX_COUNTED: Final = 50
+MAX_ANONYMOUS_ROWS: Final = 100_000
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS audit (
@@ -44,7 +57,8 @@ CREATE TABLE IF NOT EXISTS audit (
     outcome TEXT NOT NULL,
     status INTEGER NOT NULL,
     error TEXT,
-    address TEXT NOT NULL
+    address TEXT NOT NULL,
+    count INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
 CREATE INDEX IF NOT EXISTS audit_actor ON audit (actor, seq);
@@ -82,6 +96,8 @@ class AuditRecord:
     address: str
     error: str | None = None
     seq: int = 0
+    #: how many calls this record stands for: more than 1 for anonymous calls counted together
+    count: int = 1
 
     @property
     def outcome(self) -> str:
@@ -98,6 +114,7 @@ class AuditRecord:
             "status": self.status,
             "error": self.error,
             "address": self.address,
+            "count": self.count,
         }
 
 
@@ -109,6 +126,54 @@ class AuditQuery:
     actor: str | None = None
     action: str | None = None
     limit: int = DEFAULT_LIMIT
+
+
+class AnonymousBudget:
+    """Which anonymous records are written one by one, and the counts of the others (pure).
+
+    Windows are `WINDOW` long and start at the first anonymous call after the last one ended. In a
+    window an address has `PER_ADDRESS` records of its own and all addresses `ALL_ADDRESSES`; a call
+    beyond that adds one to the count of its (address, action), of which `MAX_COUNTED` are kept
+    apart and the rest counted together as address ``*``, action ``*``. The counts are handed out
+    when the window ends and whenever someone reads the log (`drain`), so an attack in progress is
+    visible at once: at most ``ALL_ADDRESSES + MAX_COUNTED + 1`` rows a window, however many calls.
+    """
+
+    def __init__(self) -> None:
+        self._start: datetime | None = None
+        self._own: dict[str, int] = {}
+        self._total = 0
+        self._counted: dict[tuple[str, str], AuditRecord] = {}
+
+    def admit(self, record: AuditRecord, when: datetime) -> tuple[bool, list[AuditRecord]]:
+        """Whether ``record`` is written on its own, and the counts of a window that has ended."""
+        ended: list[AuditRecord] = []
+        if self._start is None or not self._start <= when < self._start + WINDOW:
+            ended = self.drain()
+            self._start, self._own, self._total = when, {}, 0
+        own = self._own.get(record.address, 0)
+        if own < PER_ADDRESS and self._total < ALL_ADDRESSES:
+            self._own[record.address] = own + 1
+            self._total += 1
+            return True, ended
+        key = (record.address, record.action)
+        if key not in self._counted and len(self._counted) >= MAX_COUNTED:
+            key = ("*", "*")
+        before = self._counted.get(key)
+        self._counted[key] = replace(
+            record,
+            address=key[0],
+            action=key[1],
+            target="",
+            count=(before.count if before else 0) + 1,
+        )
+        return False, ended
+
+    def drain(self) -> list[AuditRecord]:
+        """The counts so far (each the last call's time, status and error); counting restarts."""
+        counted = list(self._counted.values())
+        self._counted = {}
+        return counted
 
 
 class AuditLog:
@@ -123,6 +188,7 @@ class AuditLog:
         self._queue: list[AuditRecord] = []
         self._flush_scheduled = False
         self._pending: set[asyncio.Future[None]] = set()
+        self._budget = AnonymousBudget()
 
     @classmethod
     @asynccontextmanager
@@ -133,7 +199,7 @@ class AuditLog:
         try:
             conn = await loop.run_in_executor(
                 executor,
-                lambda: connect(path, "the audit log", _SCHEMA, synchronous="NORMAL"),
+                lambda: _upgrade(connect(path, "the audit log", _SCHEMA, synchronous="NORMAL")),
             )
         except BaseException:
             executor.shutdown(wait=True)
@@ -149,6 +215,7 @@ class AuditLog:
                 pruner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pruner
+            log._queue.extend(log._budget.drain())
             await log._run(log._flush)
             await loop.run_in_executor(executor, conn.close)
             executor.shutdown(wait=True)
@@ -170,18 +237,29 @@ class AuditLog:
         when: datetime | None = None,
     ) -> None:
         """Queue one record; it reaches the file in the writer thread's next transaction. Never
-        blocks and never raises into the request it records (a failed write is logged)."""
-        self._queue.append(
-            AuditRecord(
-                time=stamp(when or datetime.now(UTC)),
-                actor=_cut(actor),
-                action=_cut(action),
-                target=_cut(target),
-                status=status,
-                address=_cut(address),
-                error=error,
-            )
+        blocks and never raises into the request it records (a failed write is logged). An
+        anonymous record may only be counted (`AnonymousBudget`)."""
+        now = when or datetime.now(UTC)
+        record = AuditRecord(
+            time=stamp(now),
+            actor=_cut(actor),
+            action=_cut(action),
+            target=_cut(target),
+            status=status,
+            address=_cut(address),
+            error=error,
         )
+        if record.actor == ANONYMOUS:
+            alone, ended = self._budget.admit(record, now)
+            self._queue.extend(ended)
+            if not alone:
+                if ended:
+                    self._schedule()
+                return
+        self._queue.append(record)
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             future = asyncio.get_running_loop().run_in_executor(self._executor, self._flush)
@@ -204,10 +282,21 @@ class AuditLog:
         c.execute("BEGIN IMMEDIATE")
         try:
             c.executemany(
-                "INSERT INTO audit (time, actor, action, target, outcome, status, error, address)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO audit"
+                " (time, actor, action, target, outcome, status, error, address, count)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (r.time, r.actor, r.action, r.target, r.outcome, r.status, r.error, r.address)
+                    (
+                        r.time,
+                        r.actor,
+                        r.action,
+                        r.target,
+                        r.outcome,
+                        r.status,
+                        r.error,
+                        r.address,
+                        r.count,
+                    )
                     for r in batch
                 ],
             )
@@ -219,7 +308,9 @@ class AuditLog:
     # ---- reading -------------------------------------------------------------------------
 
     async def search(self, query: AuditQuery) -> list[AuditRecord]:
-        """Newest first; written records and every one queued before this call."""
+        """Newest first; written records and every one queued before this call, with the
+        anonymous calls counted so far."""
+        self._queue.extend(self._budget.drain())
         return await self._run(lambda: self._search(query))
 
     def _search(self, query: AuditQuery) -> list[AuditRecord]:
@@ -234,7 +325,7 @@ class AuditLog:
         if query.action is not None:
             where.append("action = ?")
             args.append(query.action)
-        sql = "SELECT seq, time, actor, action, target, status, error, address FROM audit"
+        sql = "SELECT seq, time, actor, action, target, status, error, address, count FROM audit"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq DESC LIMIT ?"
@@ -249,16 +340,18 @@ class AuditLog:
                 status=status,
                 error=error,
                 address=address,
+                count=count,
             )
-            for seq, time, actor, action, target, status, error, address in self._conn.execute(
-                sql, args
+            for seq, time, actor, action, target, status, error, address, count in (
+                self._conn.execute(sql, args)
             )
         ]
 
     # ---- retention -----------------------------------------------------------------------
 
     async def prune(self, now: datetime | None = None) -> int:
-        """Drop the records older than the retention; the only removal there is."""
+        """Drop the records older than the retention, and the oldest anonymous records beyond
+        `MAX_ANONYMOUS_ROWS`; the only removal there is."""
         cutoff = stamp((now or datetime.now(UTC)) - self._retention)
         return await self._run(lambda: self._prune(cutoff))
 
@@ -267,7 +360,14 @@ class AuditLog:
         cursor = self._conn.execute("DELETE FROM audit WHERE time < ?", (cutoff,))
         if cursor.rowcount:
             _LOGGER.info("audit log: %d records older than %s pruned", cursor.rowcount, cutoff)
-        return cursor.rowcount
+        extra = self._conn.execute(
+            "DELETE FROM audit WHERE actor = ? AND seq IN (SELECT seq FROM audit WHERE actor = ?"
+            " ORDER BY seq DESC LIMIT -1 OFFSET ?)",
+            (ANONYMOUS, ANONYMOUS, MAX_ANONYMOUS_ROWS),
+        )
+        if extra.rowcount:
+            _LOGGER.info("audit log: the %d oldest anonymous records pruned", extra.rowcount)
+        return cursor.rowcount + extra.rowcount
 
     async def _prune_daily(self) -> None:
         while True:
@@ -276,3 +376,11 @@ class AuditLog:
                 await self.prune()
             except sqlite3.Error as err:
                 _LOGGER.error("the audit log could not be pruned: %s", err)
+
+
+def _upgrade(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A file written before records had a ``count`` gets the column (each such record is one)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
+    if "count" not in columns:
+        conn.execute("ALTER TABLE audit ADD COLUMN count INTEGER NOT NULL DEFAULT 1")
+    return conn

@@ -223,3 +223,58 @@ def test_the_audit_cli(audited: RunningShell, api: httpx.Client) -> None:
     bad = runner.invoke(app, ["audit", "--since", "yesterday"], env=env)
     assert bad.exit_code != 0
     assert "since" in bad.output
+
+
+def anonymous_rows(shell: RunningShell) -> list[tuple[str, str, int]]:
+    """(address, action, count) of every anonymous row in the file, read beside the shell."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{shell.settings.audit_path}?mode=ro", uri=True) as conn:
+        rows = conn.execute(
+            "SELECT address, action, count FROM audit WHERE actor = 'anonymous'"
+        ).fetchall()
+    return [(a, b, int(c)) for a, b, c in rows]
+
+
+def test_a_flood_of_refused_anonymous_calls_is_bounded_but_still_counted(
+    audited: RunningShell, api: httpx.Client
+) -> None:
+    flood = 5000
+    with httpx.Client(
+        base_url=audited.url,
+        transport=httpx.HTTPTransport(local_address="127.0.0.9"),
+        timeout=30,
+    ) as attacker:
+        for _ in range(flood):
+            assert attacker.post("/api/tokens", content=b"garbage").status_code == 401
+    # the admin's own actions are all recorded, whatever came before
+    for n in range(30):
+        assert api.put(f"/api/kv/os/own{n}", json={"value": n}).status_code == 200
+    mine = records(api, actor="default", limit=1000)
+    assert {f"key=own{n}" for n in range(30)} <= {r["target"] for r in mine}
+
+    seen = records(api, actor="anonymous", limit=1000)
+    from_attacker = [r for r in seen if r["address"] == "127.0.0.9"]
+    # the admin sees that it happened, from where, and how often
+    assert sum(r["count"] for r in from_attacker) == flood
+    assert {r["status"] for r in from_attacker} == {401}
+    assert len(from_attacker) <= 25, len(from_attacker)
+    rows = [r for r in anonymous_rows(audited) if r[0] == "127.0.0.9"]
+    assert len(rows) <= 25
+    assert sum(r[2] for r in rows) == flood
+
+    # many addresses: a cap over all of them
+    for last in range(10, 20):
+        with httpx.Client(
+            base_url=audited.url,
+            transport=httpx.HTTPTransport(local_address=f"127.0.0.{last}"),
+            timeout=30,
+        ) as other:
+            for _ in range(40):
+                assert other.post("/api/tokens", content=b"x").status_code == 401
+    records(api)  # the counts so far are written
+    rows = anonymous_rows(audited)
+    assert len(rows) <= 100 + 25 + 11, len(rows)
+    assert sum(r[2] for r in rows) == flood + 400
+    for last in range(10, 20):
+        assert sum(r[2] for r in rows if r[0] == f"127.0.0.{last}") == 40

@@ -1,0 +1,47 @@
+"""The bounds on anonymous audit records: which are written alone, and the counts of the rest."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from atrium.users.audit import (
+    ALL_ADDRESSES,
+    MAX_COUNTED,
+    PER_ADDRESS,
+    WINDOW,
+    AnonymousBudget,
+    AuditRecord,
+)
+
+START = datetime(2026, 5, 1, tzinfo=UTC)
+
+
+def refused(address: str, action: str = "token.create") -> AuditRecord:
+    return AuditRecord(
+        time="t", actor="anonymous", action=action, target="", status=401, address=address
+    )
+
+
+def test_an_address_beyond_its_share_is_counted_and_the_count_comes_out_when_the_window_ends() -> (
+    None
+):
+    budget = AnonymousBudget()
+    alone = [budget.admit(refused("192.0.2.1"), START)[0] for _ in range(PER_ADDRESS + 7)]
+    assert alone == [True] * PER_ADDRESS + [False] * 7
+    assert budget.admit(refused("192.0.2.2"), START)[0]  # another address has its own share
+    admitted, ended = budget.admit(refused("192.0.2.1"), START + WINDOW)
+    assert admitted
+    assert [(r.address, r.action, r.count) for r in ended] == [("192.0.2.1", "token.create", 7)]
+    assert budget.drain() == []
+
+
+def test_all_addresses_together_have_a_cap_and_the_counts_a_bounded_number_of_rows() -> None:
+    budget = AnonymousBudget()
+    written = sum(
+        budget.admit(refused(f"10.0.{n // 250}.{n % 250}"), START)[0] for n in range(1000)
+    )
+    assert written == ALL_ADDRESSES
+    counts = budget.drain()
+    assert len(counts) == MAX_COUNTED + 1
+    assert sum(r.count for r in counts) == 1000 - ALL_ADDRESSES
+    assert ("*", "*") in {(r.address, r.action) for r in counts}
