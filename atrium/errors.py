@@ -14,6 +14,7 @@ unit test keeps the two together::
     │   ├── CallerMismatch              403 caller_mismatch        (claimed, actual)
     │   ├── SystemScopeImmutable        403 system_scope_immutable (scope)
     │   ├── ApprovalDenied              403 approval_denied        (diff)
+    │   ├── FetchHostRefused            403 fetch_host_refused     (host, address)
     │   └── UntrustedArtifact           403 untrusted_artifact     (appId, ref, signature)
     ├── NotFound                        404 not_found              (kind, id)
     │   ├── NoProvider                  404 no_provider            (authority, path)
@@ -182,6 +183,23 @@ class ApprovalDenied(Forbidden):
     def __init__(self, app_id: str, diff: JsonFields | None = None) -> None:
         super().__init__(
             f"the user denied the permissions asked by {app_id!r}", appId=app_id, diff=diff
+        )
+
+
+class FetchHostRefused(Forbidden):
+    """A member's fetch would connect to a host they may not reach (atrium.distribution.reach)."""
+
+    code = "fetch_host_refused"
+
+    def __init__(self, host: str, address: str | None, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or (
+                f"a member's fetch may not connect to {host!r} ({address}): it is not a public "
+                "address, and the admin has not allowed it (ATRIUM_MEMBER_FETCH_HOSTS)"
+            ),
+            host=host,
+            address=address,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import os
 import stat
 import tempfile
@@ -47,6 +48,7 @@ ACCEPTED: Final = {
     "log_level": ", ".join(LOG_LEVELS),
     "oidc_providers": PROVIDERS_ACCEPTED,
     "audit_retention_days": "a whole number of days, 1-36500",
+    "member_fetch_hosts": "host names, addresses or networks, comma-separated",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -120,6 +122,17 @@ class Settings(BaseSettings):
     oidc_providers: tuple[OidcProvider, ...] = ()
     #: how long the audit log keeps a record (docs/api.md "Audit log")
     audit_retention_days: int = Field(default=90, ge=1, le=36500)
+    #: what a member's fetch may reach besides public addresses: host names, addresses and
+    #: networks, comma-separated (docs/decisions.md "Users: what a member's fetch may reach")
+    member_fetch_hosts: str = ""
+
+    @field_validator("member_fetch_hosts")
+    @classmethod
+    def _fetch_hosts(cls, value: str) -> str:
+        for entry in value.split(","):
+            if "/" in entry:
+                ipaddress.ip_network(entry.strip(), strict=False)  # ValueError names the entry
+        return value
 
     @field_validator("user")
     @classmethod

@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from atrium.bus import EventBus
 from atrium.dataproxy import DataProxy
@@ -19,6 +20,7 @@ from atrium.distribution.index import IndexClient
 from atrium.distribution.install import recover
 from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
+from atrium.distribution.reach import FetchPolicy, Reach
 from atrium.distribution.records import RecordStore
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
@@ -36,6 +38,7 @@ from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
 from atrium.users.audit import AuditLog
 from atrium.users.grants import GrantStore
+from atrium.users.model import Role
 from atrium.users.store import UserStore
 from atrium.userscopes import UserScopes
 
@@ -93,6 +96,25 @@ def installed_at(registry: AppRegistry, layout: ScopeLayout) -> Callable[[str], 
         return record.installed_at if record is not None else None
 
     return when
+
+
+def not_an_admin(users: UserStore, user_id: str) -> Callable[[], bool]:
+    """Asked at each fetch: is ``user_id`` (now) anything but an enabled admin?"""
+
+    def restricted() -> bool:
+        user = users.get(user_id)
+        return user is None or user.role is not Role.ADMIN or user.disabled
+
+    return restricted
+
+
+def member_fetch_policy(settings: Settings) -> FetchPolicy:
+    """Where a member's fetch may connect beyond public addresses: the hosts the admin listed in
+    ``ATRIUM_MEMBER_FETCH_HOSTS`` and the configured index's host."""
+    entries = settings.member_fetch_hosts.split(",")
+    if settings.index_url and (index_host := urlsplit(settings.index_url).hostname):
+        entries.append(index_host)
+    return FetchPolicy.parse(entries)
 
 
 @asynccontextmanager
@@ -196,6 +218,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))
         stack.callback(launcher.close)
         index = IndexClient(settings.index_url, settings.home / "cache" / "index.json")
+        fetch_policy = member_fetch_policy(settings)
 
         def make_dist(
             user_layout: ScopeLayout, user_repos: Mapping[Scope, ScopeRepo], apps: UserApps
@@ -208,6 +231,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 bus=bus,
                 index=index,
                 locks=locks,
+                reach=Reach(fetch_policy, restricted=not_an_admin(users, user_layout.user)),
             )
 
         dist = make_dist(layout, repos, UserApps(registry, layout.user))

@@ -21,6 +21,7 @@ from typing import Any
 
 from atrium.distribution import artifact
 from atrium.distribution.ociclient import RegistryClient, RegistryError, file_size, size_text
+from atrium.distribution.reach import Reach
 from atrium.distribution.refs import OciRef
 from atrium.errors import FetchFailed, UpstreamFailed
 
@@ -32,11 +33,15 @@ def _reference(ref: OciRef) -> str:
     return ref.digest or ref.tag or "latest"
 
 
-async def resolve_oci(ref: OciRef, docker_config: Path | None = None) -> tuple[str, dict[str, Any]]:
+async def resolve_oci(
+    ref: OciRef, docker_config: Path | None = None, reach: Reach | None = None
+) -> tuple[str, dict[str, Any]]:
     """The manifest digest ``ref`` names now, and a manifest preview (id and version) when the
     artifact's annotations carry them; FetchFailed when it is not reachable or not an app."""
     try:
-        async with RegistryClient(ref.registry, ref.repository, docker_config=docker_config) as c:
+        async with RegistryClient(
+            ref.registry, ref.repository, docker_config=docker_config, reach=reach
+        ) as c:
             pulled = await c.manifest(_reference(ref))
             found = artifact.check_app_manifest(pulled.json(), pulled.media_type)
             # no title annotation (ORAS puts titles on layers only): the layer's top folder

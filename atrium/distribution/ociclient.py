@@ -28,6 +28,7 @@ from yarl import URL
 
 from atrium.distribution import artifact
 from atrium.distribution.credentials import Credentials, load_credentials
+from atrium.distribution.reach import Reach
 
 CHUNK: Final = 64 << 10
 MAX_MANIFEST: Final = 4 << 20
@@ -109,8 +110,16 @@ class RegistryClient:
     """
 
     def __init__(
-        self, registry: str, repository: str, *, docker_config: Path | None, push: bool = False
+        self,
+        registry: str,
+        repository: str,
+        *,
+        docker_config: Path | None,
+        push: bool = False,
+        reach: Reach | None = None,
     ) -> None:
+        """``reach``: whose fetch this is (a member's connects only where it may, without the
+        shell's credentials); None is the shell's own."""
         self.registry = registry
         self.repository = repository
         self.base = base_url(registry)
@@ -118,10 +127,14 @@ class RegistryClient:
         self._actions = "pull,push" if push else "pull"
         self._authorization: str | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._reach = reach
 
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, timeout=TIMEOUT
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            timeout=TIMEOUT,
+            connector=None if self._reach is None else self._reach.connector(),
         )
         try:
             await self._probe()
@@ -166,6 +179,8 @@ class RegistryClient:
             ) from err
 
     def _credentials(self) -> Credentials | None:
+        if self._reach is not None and self._reach.restricted():
+            return None  # a member's fetch never carries the shell's own registry logins
         return load_credentials(self.registry, self._docker_config)
 
     async def _probe(self) -> None:

@@ -28,6 +28,7 @@ from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.keeping import DataKeeping
 from atrium.distribution.operations import AppLocks, mutable, run_to_completion, staging
+from atrium.distribution.reach import Reach
 from atrium.distribution.records import InstallRecord, RecordStore, now
 from atrium.distribution.refs import Ref, parse_ref
 from atrium.distribution.resolve import Resolver
@@ -140,8 +141,10 @@ class Distribution:
         index: IndexClient,
         docker_config: Path | None = None,
         locks: AppLocks | None = None,
+        reach: Reach | None = None,
     ) -> None:
-        """``locks``: the per-app operation locks, when the lifecycle's wakes honour them too."""
+        """``locks``: the per-app operation locks, when the lifecycle's wakes honour them too;
+        ``reach``: where this user's fetches may connect (atrium.distribution.reach)."""
         self._layout = layout
         self._registry = registry
         self._lifecycle = lifecycle
@@ -150,7 +153,8 @@ class Distribution:
         self.index = index
         self.records = RecordStore(layout)
         self.installer = Installer(layout, repos, self.records)
-        self.resolver = Resolver(index, docker_config)
+        self._reach = reach
+        self.resolver = Resolver(index, docker_config, reach)
         self.locks = locks or AppLocks()
         self.stops = InstanceStops(lifecycle, registry)
         #: a dev copy's instances whose start on a save failed (and were let go): the next
@@ -393,7 +397,7 @@ class Distribution:
         self, resolved: ResolvedRef, path: Path
     ) -> AsyncGenerator[ProgressEvent, None]:
         yield event(FETCH_START, source=resolved.source, address=resolved.address)
-        fetcher = fetcher_for(resolved, self._docker_config)
+        fetcher = fetcher_for(resolved, self._docker_config, self._reach)
         # every fetcher is an async generator (the contract in atrium.distribution.fetchers)
         progress = cast(AsyncGenerator[ProgressEvent, None], fetcher.fetch(resolved, path))
         async with aclosing(progress):

@@ -30,6 +30,7 @@ from atrium.distribution.index import (
     git_source,
     oci_source,
 )
+from atrium.distribution.reach import UNRESTRICTED, Reach
 from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
 from atrium.distribution.tree import UnsafeTree, check_tree, content_hash
 from atrium.errors import FetchFailed, NotFound
@@ -96,9 +97,12 @@ def _oci_dir_name(ref: OciRef, info: Mapping[str, Any]) -> str:
 class Resolver:
     """Resolves refs; bare ids go through the index."""
 
-    def __init__(self, index: IndexClient, docker_config: Path | None = None) -> None:
+    def __init__(
+        self, index: IndexClient, docker_config: Path | None = None, reach: Reach | None = None
+    ) -> None:
         self._index = index
         self._docker_config = docker_config
+        self._reach = reach or UNRESTRICTED
 
     async def resolve(self, ref: Ref) -> ResolvedRef:
         """Raises FetchFailed when the source cannot be reached or has no such ref, NotFound for
@@ -138,7 +142,7 @@ class Resolver:
 
     async def _git(self, ref: GitRef, dir_name: str, channel: str | None) -> ResolvedRef:
         try:
-            commit, git_ref = await ls_remote(ref.url, ref.ref)
+            commit, git_ref = await ls_remote(ref.url, ref.ref, self._reach)
         except GitCommandFailed as err:
             raise FetchFailed(str(ref), str(err)) from err
         return ResolvedRef(
@@ -154,7 +158,7 @@ class Resolver:
     async def _oci(self, ref: OciRef, dir_name: str | None, channel: str | None) -> ResolvedRef:
         from atrium.distribution.oci import resolve_oci
 
-        digest, info = await resolve_oci(ref, self._docker_config)
+        digest, info = await resolve_oci(ref, self._docker_config, self._reach)
         info = info if isinstance(info, dict) else {}
         title = info.get("id")
         if dir_name is not None and isinstance(title, str) and title != dir_name:

@@ -41,8 +41,14 @@ _SERVER: list[Callable[[Path], str]] = []
 
 
 @pytest.fixture(autouse=True)
-def served(git_daemon: GitDaemon, git_repo: Callable[..., GitRepo]) -> Iterator[None]:  # noqa: F811
-    """Every app source of these tests is installed from `git daemon`, as a member would."""
+def served(
+    git_daemon: GitDaemon,  # noqa: F811
+    git_repo: Callable[..., GitRepo],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[None]:
+    """Every app source of these tests is installed from `git daemon`, as a member would; the
+    admin allows members' fetches to reach it (a member's fetch reaches no loopback host else)."""
+    monkeypatch.setenv("ATRIUM_MEMBER_FETCH_HOSTS", "127.0.0.1")
 
     def serve(source: Path) -> str:
         base = git_daemon.base / f"s{len(_SERVED)}"

@@ -241,6 +241,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.SystemScopeImmutable: lambda: errors.SystemScopeImmutable("install"),
     errors.ApprovalDenied: lambda: errors.ApprovalDenied("com.example.a", {"appId": "x"}),
     errors.TooManyTokens: lambda: errors.TooManyTokens(100),
+    errors.FetchHostRefused: lambda: errors.FetchHostRefused(
+        "metadata.internal", "169.254.169.254"
+    ),
     errors.UntrustedArtifact: lambda: errors.UntrustedArtifact(
         "com.example.a", "oci://127.0.0.1:5000/a:1", {"status": "unsigned"}, "global"
     ),

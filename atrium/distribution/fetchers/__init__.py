@@ -20,9 +20,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from atrium.distribution.refs import Ref
+
+if TYPE_CHECKING:
+    from atrium.distribution.reach import Reach
 from atrium.distribution.signing import Trust, Verdict, verify_signatures
 
 Source = Literal["oci", "git", "local"]
@@ -64,7 +67,9 @@ class Fetcher(Protocol):
     def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]: ...
 
 
-def fetcher_for(resolved: ResolvedRef, docker_config: Path | None = None) -> Fetcher:
+def fetcher_for(
+    resolved: ResolvedRef, docker_config: Path | None = None, reach: Reach | None = None
+) -> Fetcher:
     """The fetcher of ``resolved.source``; imported on demand so one back-end's dependencies
     never load for another."""
     if resolved.source == "local":
@@ -74,10 +79,10 @@ def fetcher_for(resolved: ResolvedRef, docker_config: Path | None = None) -> Fet
     if resolved.source == "git":
         from atrium.distribution.fetchers.git import GitFetcher
 
-        return GitFetcher()
+        return GitFetcher(reach)
     from atrium.distribution.fetchers.oci import OciFetcher
 
-    return OciFetcher(docker_config)
+    return OciFetcher(docker_config, reach)
 
 
 async def verify_source(

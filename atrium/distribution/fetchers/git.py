@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
+from atrium.distribution.reach import UNRESTRICTED, Reach
 from atrium.distribution.signing import Trust, Verdict
 from atrium.distribution.tree import UnsafeTree, check_tree
 from atrium.errors import FetchFailed
@@ -54,11 +55,14 @@ async def run_git_command(*args: str, cwd: Path | None = None) -> str:
         raise GitCommandFailed(_reason(err.stderr, err.code)) from err
 
 
-async def ls_remote(url: str, ref: str | None) -> tuple[str, str | None]:
+async def ls_remote(
+    url: str, ref: str | None, reach: Reach = UNRESTRICTED
+) -> tuple[str, str | None]:
     """``(commit, branch or tag)`` of ``ref`` in the repository at ``url``; without ``ref``, the
     default branch (the remote's HEAD). A tag wins over a branch of the same name."""
+    options, url = await reach.git_args(url)
     if ref is None:
-        out = await run_git_command("ls-remote", "--symref", url, "HEAD")
+        out = await run_git_command(*options, "ls-remote", "--symref", url, "HEAD")
         branch = None
         commit = None
         for line in out.splitlines():
@@ -71,7 +75,7 @@ async def ls_remote(url: str, ref: str | None) -> tuple[str, str | None]:
             raise GitCommandFailed("the repository has no default branch (HEAD)")
         return commit, branch
     patterns = (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}")
-    out = await run_git_command("ls-remote", url, *patterns)
+    out = await run_git_command(*options, "ls-remote", url, *patterns)
     found: dict[str, str] = {}
     for line in out.splitlines():
         commit, _, name = line.partition("\t")
@@ -90,14 +94,18 @@ async def ls_remote(url: str, ref: str | None) -> tuple[str, str | None]:
 class GitFetcher:
     """Shallow-clones ``resolved.address`` at ``resolved.git_ref`` into staging."""
 
+    def __init__(self, reach: Reach | None = None) -> None:
+        self.reach = reach or UNRESTRICTED
+
     async def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]:
         target = staging / resolved.dir_name
-        args = ["-c", "advice.detachedHead=false", "clone", "--quiet", "--depth", "1"]
+        options, address = await self.reach.git_args(resolved.address)
+        args = [*options, "-c", "advice.detachedHead=false", "clone", "--quiet", "--depth", "1"]
         args += ["--single-branch", "--no-tags"]
         if resolved.git_ref:
             args += ["--branch", resolved.git_ref]
         try:
-            await run_git_command(*args, "--", resolved.address, str(target), cwd=staging)
+            await run_git_command(*args, "--", address, str(target), cwd=staging)
             head = await run_git_command("rev-parse", "HEAD", cwd=target)
         except GitCommandFailed as err:
             raise FetchFailed(str(resolved.ref), str(err)) from err

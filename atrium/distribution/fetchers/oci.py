@@ -29,6 +29,7 @@ from typing import Final, Protocol, Self
 from atrium.distribution import artifact
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef
 from atrium.distribution.ociclient import RegistryClient, RegistryError
+from atrium.distribution.reach import Reach
 from atrium.distribution.refs import OciRef, parse_ref
 from atrium.distribution.tree import UnsafeTree, check_tree, is_vcs_name
 from atrium.errors import BadRef, FetchFailed
@@ -62,8 +63,9 @@ class OciFetcher:
     means ``$DOCKER_CONFIG`` or ``~/.docker``.
     """
 
-    def __init__(self, docker_config: Path | None = None) -> None:
+    def __init__(self, docker_config: Path | None = None, reach: Reach | None = None) -> None:
         self.docker_config = docker_config
+        self.reach = reach
 
     async def fetch(self, resolved: ResolvedRef, staging: Path) -> AsyncIterator[ProgressEvent]:
         ref = oci_ref(resolved)
@@ -71,7 +73,7 @@ class OciFetcher:
         layer_file = staging / f".{resolved.digest.removeprefix('sha256:')[:32]}.layer"
         try:
             async with RegistryClient(
-                ref.registry, ref.repository, docker_config=self.docker_config
+                ref.registry, ref.repository, docker_config=self.docker_config, reach=self.reach
             ) as client:
                 pulled = await client.manifest(resolved.digest)
                 try:
