@@ -89,6 +89,22 @@ def run_pipeline(client: ShellClient, path: str, body: dict[str, Any]) -> dict[s
     return fail("the shell ended the stream without a result")
 
 
+def print_signature(signature: dict[str, Any] | None) -> None:
+    """Who signed what is about to be installed (absent when the scope's policy is off)."""
+    if signature is None:
+        return
+    status = signature["status"]
+    line = {
+        "signed": f"signed by {signature.get('signer')}",
+        "unsigned": "NOT SIGNED",
+        "unknown_signer": "signed by a key this scope does not trust",
+        "invalid": "its signature does not sign this artifact",
+    }.get(status, status)
+    if signature.get("signerChanged"):
+        line += " (the signer changed since the installed version)"
+    console.print(f"Signature: {line}", highlight=False)
+
+
 def approve_and_run(
     client: ShellClient, path: str, body: dict[str, Any], yes: bool
 ) -> dict[str, Any]:
@@ -97,6 +113,7 @@ def approve_and_run(
     if not result.get("needsApproval"):
         return result
     print_diff(result["diff"])
+    print_signature(result.get("signature"))
     if not typer.confirm("Grant these permissions and install?", default=False):
         console.print("Not installed: the permissions were not approved.")
         raise typer.Exit(1)
@@ -320,10 +337,19 @@ def installed(as_json: bool = JSON_OPT) -> None:
         print_json(records)
         return
     rows = [
-        (r["id"], r["version"], r["scope"], r["source"], r["ref"], r["channel"], r["updatedAt"])
+        (
+            r["id"],
+            r["version"],
+            r["scope"],
+            r["source"],
+            r["ref"],
+            r["channel"],
+            r.get("signedBy") or "",
+            r["updatedAt"],
+        )
         for r in records
     ]
-    columns = ["id", "version", "scope", "source", "ref", "channel", "updated"]
+    columns = ["id", "version", "scope", "source", "ref", "channel", "signed by", "updated"]
     print_table("Installed", columns, rows)
 
 

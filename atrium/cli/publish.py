@@ -36,9 +36,19 @@ def publish(
     ],
     tag: Annotated[str, typer.Option("--tag", help="the tag to publish under")],
     as_json: Annotated[bool, typer.Option("--json", help="print the shell's JSON answer")] = False,
+    sign: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign",
+            help="the private key to sign with (`atrium keygen`): a cosign-style signature "
+            "beside an OCI artifact, an SSH-signed git tag",
+        ),
+    ] = None,
 ) -> None:
     """Publish the app in DIRECTORY to a git repository or an OCI registry under TAG."""
     body = {"path": str(directory.expanduser().resolve()), "to": absolute_target(to), "tag": tag}
+    if sign is not None:
+        body["sign"] = str(sign.expanduser().resolve())
     with ShellClient() as client:
         if as_json:
             timeout = httpx.Timeout(30.0, read=None)

@@ -14,7 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from atrium.cli.main import app
 from atrium.distribution import signing
 from tests.integration.conftest import RunningShell
 from tests.integration.distribution.conftest import GitDaemon, MakeApp, install, installed_ok
@@ -329,3 +331,51 @@ def test_trust_writes_follow_the_admin_rules(
     )
     assert bad.status_code == 400, bad.text
     assert not (home / "scopes/global/trust.json").exists()
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_the_cli_makes_keys_trusts_them_signs_and_shows_the_signer(
+    dist_shell: RunningShell,
+    make_app: MakeApp,
+    git_daemon: GitDaemon,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ATRIUM_URL", dist_shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", dist_shell.token)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.chdir(tmp_path)
+    cli = CliRunner()
+
+    made = cli.invoke(app, ["keygen", "carol"])
+    assert made.exit_code == 0, made.output
+    assert (tmp_path / "carol.key").stat().st_mode & 0o777 == 0o600
+    assert cli.invoke(app, ["keygen", "carol"]).exit_code != 0  # never overwrites a key
+    added = cli.invoke(app, ["trust", "add", "carol", "carol.pub"])
+    assert added.exit_code == 0, added.output
+    set_policy = cli.invoke(app, ["trust", "policy", "global", "require"])
+    assert set_policy.exit_code == 0, set_policy.output
+    listed = cli.invoke(app, ["trust", "list"])
+    assert "policy require" in listed.output
+    assert "carol" in listed.output
+    assert "SHA256:" in listed.output
+
+    app_id = "com.example.clisigned"
+    bare = git_daemon.base / f"{app_id}.git"
+    published = cli.invoke(
+        app,
+        ["publish", str(make_app(app_id)), "--to", str(bare), "--tag", "v1", "--sign", "carol.key"],
+    )
+    assert published.exit_code == 0, published.output
+    installed = cli.invoke(app, ["install", f"{git_daemon.url(app_id + '.git')}#v1", "--yes"])
+    assert installed.exit_code == 0, installed.output
+    row = next(
+        line for line in cli.invoke(app, ["installed"]).output.splitlines() if app_id in line
+    )
+    assert "carol" in row
+
+    removed = cli.invoke(app, ["trust", "remove", "carol"])
+    assert removed.exit_code == 0, removed.output
+    assert json.loads(cli.invoke(app, ["trust", "list", "--json"]).output)["keys"] == []
