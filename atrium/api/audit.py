@@ -17,7 +17,7 @@ from atrium.users.audit import DEFAULT_LIMIT, MAX_LIMIT, AuditQuery, stamp
 QUERY = {
     "since": "only records at or after this time (ISO 8601, e.g. 2026-01-31T12:00:00Z)",
     "actor": "only this actor: a user id, app:<appId>/<instanceId> or anonymous",
-    "action": "only this action (a route name such as put_value or sign_in)",
+    "action": 'only this action, such as kv.put or session.create (docs/api.md "Audit log")',
     "limit": f"at most this many records, newest first (1-{MAX_LIMIT}, default 100)",
 }
 

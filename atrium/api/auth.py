@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Scope
 
+from atrium.api.actions import audit_action
 from atrium.errors import AtriumError, PermissionDenied, Unauthenticated
 from atrium.identity import (
     CALLER_SCOPE_KEY,
@@ -174,10 +175,11 @@ def audit_target(request: Request, **ids: str) -> None:
 
 
 def audit_request(
-    request: Request, shell: Shell, caller: Caller, action: str, status: int, error: str | None
+    request: Request, shell: Shell, caller: Caller, route_name: str, status: int, error: str | None
 ) -> None:
-    """Append the record of one request (docs/api.md "Audit log"): who, which route, the ids in
-    its path, how it ended, from where. Never a body, a query string, a header or a cookie."""
+    """Append the record of one request (docs/api.md "Audit log"): who, which action (the route's
+    name in `AUDIT_ACTIONS`), the ids in its path, how it ended, from where. Never a body, a query
+    string, a header or a cookie."""
     subject = request.scope.get(AUDIT_SUBJECT_KEY)
     ids = {**request.path_params, **request.scope.get(AUDIT_TARGET_KEY, {})}
     target = ",".join(f"{k}={v}" for k, v in ids.items())
@@ -189,7 +191,7 @@ def audit_request(
     client = request.client
     shell.audit.append(
         actor=actor,
-        action=action,
+        action=audit_action(route_name),
         target=target,
         status=status,
         address=client.host if client else "",
@@ -206,6 +208,8 @@ class Endpoint(Route):
     body_required: bool
     query: Mapping[str, str]
     handler: Handler
+    #: whether its calls are recorded in the audit log (under `audit_action` of its name)
+    audited: bool
 
 
 def endpoint(
@@ -227,7 +231,7 @@ def endpoint(
     its description. Both only feed the OpenAPI document.
 
     Every call that may change state (any method but GET, HEAD and OPTIONS, and a safe one when
-    ``audit_safe``, such as the sign-in link) is recorded in the audit log under the route's name,
+    ``audit_safe``, such as the sign-in link) is recorded in the audit log under its route's action,
     whoever calls and however it ends; the safe calls cost nothing more.
     """
     route_name = name or handler.__name__
@@ -264,4 +268,5 @@ def endpoint(
     route.body_required = body_required
     route.query = dict(query or {})
     route.handler = handler
+    route.audited = audit_safe or any(m.upper() not in SAFE_METHODS for m in methods)
     return route

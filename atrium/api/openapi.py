@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium import API_VERSION, __version__
+from atrium.api.actions import audit_action
 from atrium.api.auth import Access, Endpoint, endpoint
 from atrium.identity import SESSION_COOKIE, Caller
 
@@ -113,6 +114,8 @@ def _operation(
             "5XX": _ERROR_REF,
         },
     }
+    if route.audited:
+        operation["x-audit-action"] = audit_action(route.name)
     if route.body is not None:
         operation["requestBody"] = {
             "required": route.body_required,

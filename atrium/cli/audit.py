@@ -17,7 +17,9 @@ def audit(
     actor: str | None = typer.Option(
         None, "--actor", help="only this actor: a user id, app:<appId>/<instanceId> or anonymous"
     ),
-    action: str | None = typer.Option(None, "--action", help="only this action (a route name)"),
+    action: str | None = typer.Option(
+        None, "--action", help="only this action, e.g. kv.put or session.create"
+    ),
     limit: int | None = typer.Option(None, "--limit", help="at most this many, newest first"),
     as_json: bool = typer.Option(False, "--json", help="print the shell's JSON answer"),
 ) -> None:
@@ -38,7 +40,9 @@ def audit(
             r["actor"],
             r["action"],
             r["target"],
-            f"{r['outcome']} {r['status']}" + (f" {r['error']}" if r["error"] else ""),
+            f"{r['outcome']} {r['status']}"
+            + (f" {r['error']}" if r["error"] else "")
+            + (f" ({r['count']} calls)" if r.get("count", 1) > 1 else ""),
             r["address"],
         )
         for r in records

@@ -5,6 +5,7 @@ own, apps none; the file is private, old records are pruned and nothing secret i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -72,17 +73,17 @@ def test_a_launch_and_a_kv_write_by_the_admin_are_recorded(
     api.get("/api/kv/os/greeting")  # a read is not recorded
 
     found = records(api)
-    launch = one(found, action="create_instance")
+    launch = one(found, action="instance.launch")
     assert launch["actor"] == "default"
     assert launch["target"] == f"app_id={ECHO},instance_id={instance_id}"
     assert (launch["outcome"], launch["status"], launch["error"]) == ("success", 200, None)
     assert launch["address"] == "127.0.0.1"
     assert launch["time"].endswith("Z")
-    write = one(found, action="put_value", target="key=greeting")
+    write = one(found, action="kv.put", target="key=greeting")
     assert (write["actor"], write["outcome"]) == ("default", "success")
-    bad = one(found, action="put_value", target="key=bad key")
+    bad = one(found, action="kv.put", target="key=bad key")
     assert (bad["outcome"], bad["status"], bad["error"]) == ("failure", 400, "bad_request")
-    assert not [r for r in found if r["action"] == "get_value"]
+    assert not [r for r in found if r["action"] == "kv.get"]
     # newest first
     assert [r["id"] for r in found] == sorted((r["id"] for r in found), reverse=True)
 
@@ -115,7 +116,7 @@ def test_sign_in_attempts_are_recorded_and_no_secret_is_written(
         assert bad_bearer.status_code == 401
 
     found = records(api)
-    failed_link = one(found, action="login", outcome="failure")
+    failed_link = one(found, action="session.link", outcome="failure")
     assert failed_link == failed_link | {
         "actor": "anonymous",
         "target": "",
@@ -123,19 +124,19 @@ def test_sign_in_attempts_are_recorded_and_no_secret_is_written(
         "error": "unauthenticated",
         "address": "127.0.0.7",
     }
-    failed = [r for r in found if r["action"] == "sign_in" and r["outcome"] == "failure"]
+    failed = [r for r in found if r["action"] == "session.create" and r["outcome"] == "failure"]
     assert {(r["actor"], r["target"], r["status"], r["address"]) for r in failed} == {
         ("anonymous", "user=bob", 401, "127.0.0.7"),
         ("anonymous", "", 401, "127.0.0.7"),
     }
-    signed = one(found, action="sign_in", outcome="success")
+    signed = one(found, action="session.create", outcome="success")
     assert (signed["actor"], signed["target"]) == ("bob", "user=bob")
-    assert one(found, action="login", outcome="success")["actor"] == "default"
-    anonymous = one(found, action="create_token", outcome="failure")
+    assert one(found, action="session.link", outcome="success")["actor"] == "default"
+    anonymous = one(found, action="token.create", outcome="failure")
     assert (anonymous["actor"], anonymous["status"]) == ("anonymous", 401)
 
     written = file_bytes(audited)
-    assert b"sign_in" in written  # the records are in this file
+    assert b"session.create" in written  # the records are in this file
     for secret in (PASSWORD, WRONG, "hunter2-typed", audited.token, secret_token, cookie, "w" * 43):
         assert secret.encode() not in written, secret
     assert "q" * 40 not in json.dumps(found)
@@ -153,12 +154,12 @@ def test_a_member_reads_only_their_own_records_and_apps_none(
         own = records(bob)
         assert own
         assert {r["actor"] for r in own} == {"bob"}
-        assert one(own, action="delete_user")["target"] == "user_id=default"
+        assert one(own, action="user.delete")["target"] == "user_id=default"
         assert records(bob, actor="default") == []
-        assert records(bob, actor="bob", action="put_value")[0]["target"] == "key=his"
+        assert records(bob, actor="bob", action="kv.put")[0]["target"] == "key=his"
     everyone = records(api)
     assert {"default", "bob"} <= {r["actor"] for r in everyone}
-    assert records(api, actor="bob", action="delete_user")[0]["outcome"] == "failure"
+    assert records(api, actor="bob", action="user.delete")[0]["outcome"] == "failure"
 
     app_token = audited.shell.app_tokens.issue(ECHO, f"{ECHO}-1", "default")
     with audited.client(app_token) as an_app:
@@ -166,17 +167,17 @@ def test_a_member_reads_only_their_own_records_and_apps_none(
         assert refused.status_code == 403
         assert refused.json()["error"]["code"] == "permission_denied"
         an_app.put(f"/api/kv/app/{ECHO}/row", json={"value": 3})
-    assert records(api, actor=f"app:{ECHO}/{ECHO}-1")[0]["action"] == "put_value"
+    assert records(api, actor=f"app:{ECHO}/{ECHO}-1")[0]["action"] == "kv.put"
 
 
 def test_filters_limits_and_bad_query_values(audited: RunningShell, api: httpx.Client) -> None:
     for n in range(5):
         assert api.put(f"/api/kv/os/k{n}", json={"value": n}).status_code == 200
     assert len(records(api, limit=2)) == 2
-    assert [r["target"] for r in records(api, action="put_value", limit=2)] == ["key=k4", "key=k3"]
+    assert [r["target"] for r in records(api, action="kv.put", limit=2)] == ["key=k4", "key=k3"]
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     assert records(api, since=later) == []
-    assert len(records(api, since="2000-01-01T00:00:00Z", action="put_value")) == 5
+    assert len(records(api, since="2000-01-01T00:00:00Z", action="kv.put")) == 5
     for name, value in (("limit", "0"), ("limit", "many"), ("limit", "1001"), ("since", "May")):
         answer = api.get("/api/audit", params={name: value})
         assert answer.status_code == 400, (name, value)
@@ -201,7 +202,7 @@ def test_the_file_is_private_and_pruning_drops_only_old_records(
     assert {r["action"] for r in records(api, actor="x")} == {"old", "recent"}
     assert audited.on_loop(log.prune()) == 1
     assert {r["action"] for r in records(api, actor="x")} == {"recent"}
-    assert one(records(api), action="put_value", target="key=now")
+    assert one(records(api), action="kv.put", target="key=now")
 
     path = audited.settings.audit_path
     for p in (path, path.with_name(path.name + "-wal")):
@@ -213,12 +214,12 @@ def test_the_audit_cli(audited: RunningShell, api: httpx.Client) -> None:
     assert api.put("/api/kv/os/cli", json={"value": 1}).status_code == 200
     runner = CliRunner()
     env = {"ATRIUM_URL": audited.url, "ATRIUM_TOKEN": audited.token, "COLUMNS": "200"}
-    result = runner.invoke(app, ["audit", "--action", "put_value", "--json"], env=env)
+    result = runner.invoke(app, ["audit", "--action", "kv.put", "--json"], env=env)
     assert result.exit_code == 0, result.output
     assert [r["target"] for r in json.loads(result.stdout)] == ["key=cli"]
     table = runner.invoke(app, ["audit", "--limit", "1"], env=env)
     assert table.exit_code == 0, table.output
-    assert "put_value" in table.output
+    assert "kv.put" in table.output
     assert "key=cli" in table.output
     bad = runner.invoke(app, ["audit", "--since", "yesterday"], env=env)
     assert bad.exit_code != 0
@@ -278,3 +279,30 @@ def test_a_flood_of_refused_anonymous_calls_is_bounded_but_still_counted(
     assert sum(r[2] for r in rows) == flood + 400
     for last in range(10, 20):
         assert sum(r[2] for r in rows if r[0] == f"127.0.0.{last}") == 40
+
+
+ACTION = re.compile(r"[a-z]+(\.[a-z_]+)+")
+
+
+def test_every_state_changing_route_has_a_named_action(
+    audited: RunningShell, api: httpx.Client
+) -> None:
+    document = api.get("/api/openapi.json").json()
+    named: dict[str, set[str]] = {}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if method in {"get", "head", "options"}:
+                continue
+            action = operation.get("x-audit-action")
+            assert isinstance(action, str), (method, path)
+            assert ACTION.fullmatch(action), (method, path, action)
+            named.setdefault(action, set()).add(operation["operationId"].split("_", 1)[1])
+    # one action is one route's name (kv.put is the same handler on two paths)
+    assert all(len(routes) == 1 for routes in named.values()), named
+    assert {"session.create", "session.delete", "user.create", "app.install", "kv.put"} <= set(
+        named
+    )
+
+    assert api.put("/api/kv/os/named", json={"value": 1}).status_code == 200
+    assert one(records(api, action="kv.put"), target="key=named")["actor"] == "default"
+    assert records(api, action="put_value") == []
