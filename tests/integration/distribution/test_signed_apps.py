@@ -379,3 +379,17 @@ def test_the_cli_makes_keys_trusts_them_signs_and_shows_the_signer(
     removed = cli.invoke(app, ["trust", "remove", "carol"])
     assert removed.exit_code == 0, removed.output
     assert json.loads(cli.invoke(app, ["trust", "list", "--json"]).output)["keys"] == []
+
+
+def test_a_damaged_trust_store_refuses_installs_rather_than_turning_off(
+    api: httpx.Client, make_app: MakeApp, registry: Registry, home: Path
+) -> None:
+    app_id = "com.example.damagedtrust"
+    publish(api, make_app(app_id), target(registry, app_id), "1.0.0")
+    (home / "scopes/global/trust.json").write_text('{"policy": "require", "keys": [')
+
+    response = install(api, f"{target(registry, app_id)}:1.0.0", autoApprove=True)
+
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "storage_damaged"
+    assert not (home / "scopes/global/apps" / app_id).exists()
