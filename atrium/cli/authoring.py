@@ -10,13 +10,15 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from rich.markup import escape
 
 from atrium.authoring.catalogue import publish_examples as publish_examples_to
 from atrium.authoring.scaffold import TEMPLATES, ScaffoldError, create
 from atrium.cli.client import ShellClient
 from atrium.cli.render import console, print_json, print_table
-from atrium.distribution.artifact import write_layer
+from atrium.distribution.artifact import app_files, write_layer
 from atrium.distribution.check import problems_of
+from atrium.distribution.ignore import IGNORE_FILE, likely_secret
 
 JSON_OPT = typer.Option(False, "--json", help="print the result as JSON")
 FOLDER = Annotated[Path, typer.Argument(help="the app folder (named after the app id)")]
@@ -87,6 +89,9 @@ def pack(
             typer.echo(f"{p['field']}: {p['message']}", err=True)
         typer.echo(f"{folder.name}: not packed ({len(problems)} problems)", err=True)
         raise typer.Exit(1)
+    shipped = [p for p in app_files(folder, folder.name) if p.is_file() or p.is_symlink()]
+    names = [p.relative_to(folder).as_posix() for p in shipped]
+    secrets = [n for n, p in zip(names, shipped, strict=True) if _looks_secret(n, p)]
     partial = output.with_name(f".{output.name}.partial")
     with partial.open("wb") as out:
         write_layer(folder, folder.name, out)
@@ -95,10 +100,38 @@ def pack(
     size = output.stat().st_size
     if as_json:
         print_json(
-            {"appId": folder.name, "path": str(output.absolute()), "bytes": size, "digest": digest}
+            {
+                "appId": folder.name,
+                "path": str(output.absolute()),
+                "bytes": size,
+                "digest": digest,
+                "files": names,
+                "likelySecrets": secrets,
+            }
         )
         return
-    console.print(f"Packed {folder.name} into {output} ({size} bytes, {digest})", soft_wrap=True)
+    for name in names:
+        console.print(f"  {name}", soft_wrap=True, markup=False, highlight=False)
+    for name in secrets:
+        console.print(
+            f"[yellow]warning: {escape(name)} looks like a secret and is shipped; "
+            f"list it in {IGNORE_FILE} to leave it out",
+            soft_wrap=True,
+        )
+    console.print(
+        f"Packed {folder.name} ({len(names)} files) into {output} ({size} bytes, {digest})",
+        soft_wrap=True,
+    )
+
+
+def _looks_secret(name: str, path: Path) -> bool:
+    """A secret's name, or a private key in the file's first 64 KiB."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(65536)
+    except OSError:
+        head = b""
+    return likely_secret(name, head)
 
 
 def publish_examples(

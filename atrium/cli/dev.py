@@ -23,7 +23,9 @@ import watchfiles
 
 from atrium.cli.client import ShellClient, describe_error
 from atrium.cli.render import console
+from atrium.distribution.artifact import ignore_rule
 from atrium.distribution.check import problems_of
+from atrium.distribution.ignore import IGNORE_FILE
 
 #: quiet time after the last change before a sync (an editor writes a file in several steps)
 STEP_MS = 30
@@ -158,6 +160,31 @@ class DevSession:
         console.print(f"{self.app_id}: the dev copy was removed")
 
 
+class Unignored(watchfiles.DefaultFilter):
+    """watchfiles' defaults, and what the folder's `.atriumignore` (over the defaults of
+    `atrium.distribution.ignore`) leaves out: a test cache or an editor's swap file is no reason
+    to reload. The rule is read again when `.atriumignore` itself changes."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+        self.rule = ignore_rule(folder)
+
+    def __call__(self, change: watchfiles.Change, path: str) -> bool:
+        if not super().__call__(change, path):
+            return False
+        relative = Path(path).relative_to(self.folder).as_posix()
+        if relative == IGNORE_FILE:
+            self.rule = ignore_rule(self.folder)
+            return True
+        parts = relative.split("/")
+        # a path is out when it or a folder above it is (a file inside `node_modules/`)
+        return not any(
+            self.rule.ignores("/".join(parts[: i + 1]), i < len(parts) - 1 or Path(path).is_dir())
+            for i in range(len(parts))
+        )
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -189,6 +216,7 @@ def dev(
                 rust_timeout=LOG_POLL_MS,
                 yield_on_timeout=True,
                 raise_interrupt=True,
+                watch_filter=Unignored(folder),
             ):
                 if changes:
                     session.sync()

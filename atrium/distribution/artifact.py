@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from atrium.distribution.ignore import IGNORE_FILE, IgnoreRule
 from atrium.distribution.tree import is_vcs_name
 from atrium.errors import InvalidRequest, ManifestInvalid
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
@@ -92,12 +93,21 @@ def is_runtime_data(app_id: str, name: str) -> bool:
     return re.fullmatch(re.escape(app_id) + r"-[0-9]+", name) is not None
 
 
+def ignore_rule(app_dir: Path) -> IgnoreRule:
+    """The folder's `.atriumignore` over the defaults (`atrium.distribution.ignore`)."""
+    own = app_dir / IGNORE_FILE
+    lines = own.read_text(errors="replace").splitlines() if own.is_file() else []
+    return IgnoreRule(lines)
+
+
 def app_files(app_dir: Path, app_id: str) -> Iterator[Path]:
-    """Every path of the app tree to publish, sorted, without git metadata, caches and runtime data.
+    """Every path of the app tree to publish, sorted, without git metadata, caches, runtime data
+    and what `.atriumignore` (over the defaults of `atrium.distribution.ignore`) leaves out.
 
     Raises InvalidRequest for what an installer would refuse: special files, links leaving the tree.
     """
     root = app_dir.resolve()
+    rule = ignore_rule(app_dir)
 
     def walk(folder: Path) -> Iterator[Path]:
         for entry in sorted(folder.iterdir(), key=lambda p: p.name):
@@ -108,6 +118,9 @@ def app_files(app_dir: Path, app_id: str) -> Iterator[Path]:
             ):
                 continue
             mode = entry.lstat().st_mode
+            relative = entry.relative_to(app_dir).as_posix()
+            if rule.ignores(relative, stat.S_ISDIR(mode)):
+                continue
             if stat.S_ISLNK(mode):
                 link = entry.readlink()
                 if link.is_absolute() or not (entry.parent / link).resolve().is_relative_to(root):

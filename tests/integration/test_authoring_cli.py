@@ -4,7 +4,10 @@ pushes, without a running shell."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -62,3 +65,52 @@ def test_every_problem_is_listed_at_once_and_nothing_is_packed(tmp_path: Path) -
     assert refused.exit_code == 1
     assert "not packed" in refused.output
     assert not archive.exists()
+
+
+def test_pack_leaves_out_what_atriumignore_and_the_defaults_name_lists_the_rest_and_warns_of_secrets(
+    tmp_path: Path,
+) -> None:
+    """`atrium pack` as a real process: caches, virtualenvs, `node_modules`, `.env`, editor
+    files and what `.atriumignore` names stay out (a `!` line brings one back); every shipped
+    file is listed, and a likely secret that is shipped is warned about."""
+    folder = notes_copy(tmp_path)
+    junk = [
+        ".pytest_cache/v/cache/nodeids",
+        ".venv/bin/python",
+        "node_modules/left-pad/index.js",
+        ".env",
+        ".benchmarks/run.json",
+        "index.html~",
+        ".index.html.swp",
+        ".idea/workspace.xml",
+        ".vscode/settings.json",
+        "notes.log",
+        "drafts/one.txt",
+    ]
+    for name in [*junk, "keep.log", "deploy/id_rsa", "certs/server.pem", "config/signing.txt"]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+    (folder / "config/signing.txt").write_text("-----BEGIN EC PRIVATE KEY-----\nabc\n")
+    (folder / ".atriumignore").write_text("# mine\n*.log\n!keep.log\ndrafts/\n")
+    archive = tmp_path / "notes.tar.gz"
+    env = {**os.environ, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-m", "atrium", "pack", str(folder), "-o", str(archive)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    with tarfile.open(archive) as tar:
+        shipped = {n.removeprefix(f"{folder.name}/") for n in tar.getnames()}
+    for name in junk:
+        assert name not in shipped, name
+    assert {"keep.log", "deploy/id_rsa", "certs/server.pem", ".atriumignore"} <= shipped
+    assert "  keep.log" in run.stdout.splitlines()
+    assert "  app.manifest.json" in run.stdout.splitlines()
+    assert not any(n in run.stdout for n in junk)
+    for secret in ("deploy/id_rsa", "certs/server.pem", "config/signing.txt"):
+        assert f"warning: {secret} looks like a secret" in run.stdout, run.stdout
+    assert "keep.log looks like" not in run.stdout

@@ -144,8 +144,8 @@ def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
     assert proc.stdout is not None
     lines: list[str] = []
 
-    def printed(words: str) -> bool:
-        while words not in "".join(lines):
+    def printed(words: str, times: int = 1) -> bool:
+        while "".join(lines).count(words) < times:
             line = proc.stdout.readline()  # type: ignore[union-attr]
             if not line:
                 return False
@@ -156,12 +156,21 @@ def test_atrium_dev_reloads_on_save_and_ctrl_c_removes_the_copy(
         assert printed("Watching"), "".join(lines)
         page = folder / "index.html"
         time.sleep(0.2)  # the watcher has started once it printed; let it settle
-        page.write_text(page.read_text().replace("<h1>Devloop</h1>", "<h1>Saved</h1>"))
+        # what `.atriumignore` and the defaults leave out is no reason to reload
+        (folder / ".atriumignore").write_text("scratch/\n")
         assert printed("reloaded"), "".join(lines)
+        for name in (".pytest_cache/v/x", "node_modules/a/b.js", ".index.html.swp", "scratch/n"):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("x")
+        time.sleep(0.5)
+        page.write_text(page.read_text().replace("<h1>Devloop</h1>", "<h1>Saved</h1>"))
+        assert printed("reloaded", 2), "".join(lines)
         assert "<h1>Saved</h1>" in page_of(api, f"{APP}-1")
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
+    # two reloads (`.atriumignore`, the page): none for the ignored files
+    assert ("".join(lines) + out).count("reloaded") == 2, "".join(lines) + out
     assert "the dev copy was removed" in "".join(lines) + out
     assert proc.returncode == 0
     wait_for(lambda: api.get(f"/api/apps/{APP}").status_code == 404, "the dev copy gone")
