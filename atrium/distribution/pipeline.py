@@ -376,7 +376,7 @@ class Distribution:
         trust = await asyncio.to_thread(read_trust, self._layout.root(scope))
         if trust.policy == "off":
             return None
-        verdict = await verify_source(resolved, trust, self._docker_config)
+        verdict = await verify_source(resolved, trust, self._docker_config, self._reach)
         if refuses(trust.policy, verdict):
             raise UntrustedArtifact(resolved.dir_name, str(resolved.ref), verdict.wire(), scope)
         return verdict

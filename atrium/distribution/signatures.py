@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from atrium.distribution import artifact, signing
 from atrium.distribution.ociclient import RegistryClient, RegistryError
+from atrium.distribution.reach import Reach
 from atrium.distribution.refs import OciRef
 from atrium.errors import FetchFailed, UpstreamFailed
 
@@ -88,14 +89,17 @@ async def _existing_layers(client: RegistryClient, tag: str) -> list[dict[str, A
 
 
 async def fetch_signatures(
-    ref: OciRef, digest: str, docker_config: Path | None = None
+    ref: OciRef, digest: str, docker_config: Path | None = None, reach: Reach | None = None
 ) -> list[signing.Signature]:
     """The signatures stored beside ``digest``: each payload blob read (digest-checked) with its
-    annotation. FetchFailed when the registry fails; [] when there is no ``.sig`` tag."""
+    annotation. FetchFailed when the registry fails; [] when there is no ``.sig`` tag.
+    ``reach``: whose fetch this is (a member's connects only where it may)."""
     tag = signing.signature_tag(digest)
     found: list[signing.Signature] = []
     try:
-        async with RegistryClient(ref.registry, ref.repository, docker_config=docker_config) as c:
+        async with RegistryClient(
+            ref.registry, ref.repository, docker_config=docker_config, reach=reach
+        ) as c:
             pulled = await c.find_manifest(tag)
             if pulled is None:
                 return []

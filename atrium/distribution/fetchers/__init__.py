@@ -86,7 +86,10 @@ def fetcher_for(
 
 
 async def verify_source(
-    resolved: ResolvedRef, trust: Trust, docker_config: Path | None = None
+    resolved: ResolvedRef,
+    trust: Trust,
+    docker_config: Path | None = None,
+    reach: Reach | None = None,
 ) -> Verdict:
     """What the source says about who signed ``resolved.digest``, judged by ``trust``'s keys: an
     OCI artifact's cosign-style signatures, a git tag's SSH signature; a local folder carries
@@ -95,10 +98,10 @@ async def verify_source(
         from atrium.distribution.fetchers.oci import oci_ref
         from atrium.distribution.signatures import fetch_signatures
 
-        found = await fetch_signatures(oci_ref(resolved), resolved.digest, docker_config)
+        found = await fetch_signatures(oci_ref(resolved), resolved.digest, docker_config, reach)
         return verify_signatures(found, resolved.digest, trust.public_keys())
     if resolved.source == "git":
         from atrium.distribution.fetchers.git import verify_tag
 
-        return await verify_tag(resolved, trust)
+        return await verify_tag(resolved, trust, reach)
     return Verdict("unsigned", reason="a local folder carries no signature")

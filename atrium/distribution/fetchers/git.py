@@ -130,7 +130,7 @@ def _strip_and_check(target: Path) -> None:
     check_tree(target)
 
 
-async def verify_tag(resolved: ResolvedRef, trust: Trust) -> Verdict:
+async def verify_tag(resolved: ResolvedRef, trust: Trust, reach: Reach | None = None) -> Verdict:
     """Who signed the tag ``resolved.git_ref`` (SSH signatures, ``gpg.format=ssh``, with an
     allowed-signers file written from ``trust``): ``signed`` by a trusted key's name when the tag
     is an annotated tag on ``resolved.digest`` whose signature a trusted key verifies. A branch,
@@ -143,15 +143,17 @@ async def verify_tag(resolved: ResolvedRef, trust: Trust) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="atrium-verify-") as tmp_name:
         tmp = Path(tmp_name)
         try:
+            # a member's fetch: checked and pinned again (the name may answer otherwise now)
+            options, address = await (reach or UNRESTRICTED).git_args(resolved.address)
             await run_git_command("init", "--quiet", "--bare", "repo", cwd=tmp)
             repo = tmp / "repo"
             fetched = await run_git_command(
-                "ls-remote", "--tags", resolved.address, f"refs/tags/{tag}", cwd=repo
+                *options, "ls-remote", "--tags", address, f"refs/tags/{tag}", cwd=repo
             )
             if not fetched.strip():
                 return Verdict("unsigned", reason=f"{tag!r} is a branch, not a signed tag")
             await run_git_command(
-                "fetch", "--quiet", "--depth=1", "--no-tags", resolved.address,
+                *options, "fetch", "--quiet", "--depth=1", "--no-tags", address,
                 f"+refs/tags/{tag}:refs/tags/{tag}", cwd=repo,
             )  # fmt: skip
             kind = await run_git_command("cat-file", "-t", f"refs/tags/{tag}", cwd=repo)
