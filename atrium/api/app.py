@@ -47,7 +47,7 @@ _WILDCARDS = frozenset({"", "0.0.0.0", "::"})  # noqa: S104
 class HostNames:
     """The ``Host`` values the shell answers to (decisions.md "HTTP edge and bus").
 
-    `localhost`, `127.0.0.1`, `[::1]`, the bind host and `<slug>.<app domain>`, each bare or with
+    `localhost`, `127.0.0.1`, `[::1]`, the bind host, the app domain and `<slug>.<app domain>`, each bare or with
     the shell's own port. A DNS-rebinding page (a name of the attacker's that now resolves to
     127.0.0.1) sends its own name and is refused, before any route, open or not, sees it.
     """
@@ -58,8 +58,11 @@ class HostNames:
         names = {"localhost", "127.0.0.1", "[::1]"}
         if host not in _WILDCARDS:
             names.add(f"[{host}]" if ":" in host else host)
-        self._exact = frozenset(names | {f"{name}:{port}" for name in names})
         domain = settings.app_domain
+        # the app domain itself names the host page: on a LAN, `atrium.lan` is the host page and
+        # `<slug>.atrium.lan` its apps (one wildcard DNS record); the operator chose the name
+        names.add(domain.lower())
+        self._exact = frozenset(names | {f"{name}:{port}" for name in names})
         self._app_suffixes = (f".{domain}:{port}", f".{domain}")
 
     def allows(self, host: str) -> bool:
@@ -118,7 +121,7 @@ def misdirected(host: str | None) -> MisdirectedRequest:
         return MisdirectedRequest("the request has no Host header; this shell needs one")
     return MisdirectedRequest(
         f"Host {host[:100]!r} is not one of this shell's names (localhost, 127.0.0.1, [::1], the "
-        "listening address, or an app origin, with the shell's port)",
+        "listening address, the app domain, or an app origin, with the shell's port)",
         host=host[:100],
     )
 

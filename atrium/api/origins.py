@@ -9,6 +9,7 @@ origin only, so an app page can never act as the user.
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 from collections.abc import Callable
@@ -81,6 +82,46 @@ def shell_route(path: str) -> bool:
     return any(canonical == route or canonical.startswith(route + "/") for route in SHELL_ROUTES)
 
 
+def wants_page(scope: Scope) -> bool:
+    """A browser's navigation: a GET or HEAD that asks for `text/html` by name, outside the
+    shell's API on the origin (`Accept: */*`, what scripts send, is not a page request)."""
+    if scope["method"] not in VIEWER_METHODS or scope["path"].startswith("/_os/api"):
+        return False
+    accept = b",".join(v for k, v in scope["headers"] if k == b"accept").decode("latin-1")
+    return "text/html" in accept.lower()
+
+
+def host_page_url(shell: Shell) -> str:
+    """The host page as a browser on the LAN names it: the app domain itself (see HostNames)."""
+    return f"http://{shell.settings.app_domain}:{shell.settings.port}/"
+
+
+def explain_page(shell: Shell, err: Unauthenticated | NotFound) -> HTMLResponse:
+    """The refusal as a page with the way back: apps open from the host page, which hands the
+    browser a one-time view of this origin."""
+    home = html.escape(host_page_url(shell), quote=True)
+    why = (
+        "No app is served on this address any more."
+        if isinstance(err, NotFound)
+        else "This address shows an app only inside Atrium: open it from the host page."
+    )
+    body = (
+        '<!doctype html><html lang="en"><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>Open it from the host page</title>"
+        "<style>body{font:16px/1.5 system-ui,sans-serif;max-width:36rem;margin:4rem auto;"
+        "padding:0 1rem}</style>"
+        f"<h1>Open it from the host page</h1><p>{html.escape(why)}</p>"
+        f'<p><a href="{home}">{home}</a></p>'
+        f"<p><small>{html.escape(err.code)}: {html.escape(err.message)}</small></p></html>"
+    )
+    return HTMLResponse(
+        body,
+        status_code=err.http_status,
+        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"},
+    )
+
+
 def slug_of(host_header: str, app_domain: str) -> str | None:
     """The slug when ``host_header`` names an app origin (`<slug>.<app domain>[:port]`)."""
     host = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
@@ -127,11 +168,27 @@ class AppOrigins:
                 await self.app(scope, receive, send)
             return
         await guard(
-            lambda sending: self._serve(shell, slug, scope, receive, sending),
+            lambda sending: self._serve_or_explain(shell, slug, scope, receive, sending),
             scope,
             receive,
             send,
         )
+
+    async def _serve_or_explain(
+        self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """An app origin opened directly in a browser (a bookmark, a used view URL, a link shared
+        on the LAN) has no view cookie: the browser gets a page that says so and links to the
+        host page instead of a raw JSON error. These refusals all come before anything is sent;
+        a script, the SDK and `/_os/api` still get the error object."""
+        try:
+            await self._serve(shell, slug, scope, receive, send)
+        except (Unauthenticated, NotFound) as err:
+            if not wants_page(scope) or (
+                isinstance(err, NotFound) and err.fields.get("kind") != "app origin"
+            ):
+                raise
+            await explain_page(shell, err)(scope, receive, send)
 
     async def _serve(
         self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send

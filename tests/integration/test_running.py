@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from atrium.identity import SESSION_COOKIE
-from tests.integration.conftest import serving
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell, serving
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +54,56 @@ def test_a_password_sign_in_and_the_token_survive_a_restart(tmp_path: Path) -> N
     # and once ATRIUM_TOKEN is unset again, the last token written stays
     with serving(home) as fourth:
         assert fourth.token == changed
+
+
+HTML = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # what a browser sends
+
+
+@pytest.fixture
+def echo_apps(start_shell: StartShell, system_apps: Path) -> RunningShell:
+    shutil.copytree(TESTS_DIR / "apps" / "test.sdk.echo", system_apps / "test.sdk.echo")
+    # a LAN's app domain (one wildcard DNS record), not the default `localhost`
+    return start_shell(app_domain="atrium.test")
+
+
+def test_an_app_origin_opened_directly_in_a_browser_links_to_the_host_page(
+    echo_apps: RunningShell,
+) -> None:
+    shell = echo_apps
+    with shell.client(timeout=30) as api:
+        instance = api.post("/api/instances", json={"appId": "test.sdk.echo", "new": True}).json()
+        view = api.post(f"/api/instances/{instance['instanceId']}/views", json={"path": "/"})
+        url = view.json()["url"]
+    parts = urlsplit(url)
+    host_page = f"http://{shell.settings.app_domain}:{shell.settings.port}/"
+    with httpx.Client(base_url=shell.url, headers={"Host": parts.netloc}, timeout=30) as origin:
+        target = f"{parts.path}?{parts.query}"
+        assert origin.get(target).status_code == 303  # the ticket is used now
+        for path in (target, "/", "/notes/7"):  # a used view URL, the origin, a page of it
+            page = origin.get(path, headers={"Accept": HTML})
+            assert page.status_code == 401
+            assert page.headers["content-type"].startswith("text/html")
+            assert page.headers["cache-control"] == "no-store"
+            assert f'<a href="{host_page}">' in page.text
+            assert "open it from the host page" in page.text
+            # a script or the SDK still gets the error object
+            for accept in ("application/json", "*/*", None):
+                headers = {"Accept": accept} if accept else {}
+                answer = origin.get(path, headers=headers)
+                assert answer.status_code == 401
+                assert answer.json()["error"]["code"] == "unauthenticated"
+        # the shell's API on the origin is never a page
+        api_answer = origin.get("/_os/api/apps", headers={"Accept": HTML})
+        assert api_answer.json()["error"]["code"] == "unauthenticated"
+    gone = f"abcdefabcdef.{shell.settings.app_domain}:{shell.settings.port}"
+    with httpx.Client(base_url=shell.url, headers={"Host": gone}, timeout=30) as origin:
+        page = origin.get("/", headers={"Accept": HTML})
+        assert page.status_code == 404
+        assert f'<a href="{host_page}">' in page.text
+        assert origin.get("/").json()["error"]["code"] == "not_found"
+    # the link works: the host page answers on the app domain's own name
+    lan = {"Host": urlsplit(host_page).netloc}
+    with httpx.Client(base_url=shell.url, headers=lan, timeout=30) as browser:
+        answer = browser.get("/", headers={"Accept": HTML})
+        assert answer.status_code == 200
+        assert "<title>Atrium</title>" in answer.text
