@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 import watchfiles
+from rich.markup import escape
 
 from atrium.cli.client import ShellClient, describe_error
 from atrium.cli.render import console
@@ -44,6 +45,15 @@ class DevSession:
         self.installed = False
         self.log_offset = 0
         self.shown_problems: list[dict[str, str]] | None = None
+        #: where the shell runs the dev copy from: its log names files there
+        self.installed_dir: str | None = None
+
+    def authors_paths(self, text: str) -> str:
+        """``text`` naming the author's folder instead of the installed copy the app runs
+        from, so a traceback points at the file to edit."""
+        if self.installed_dir is None:
+            return text
+        return text.replace(f"{self.installed_dir}/", f"{self.folder}/")
 
     def sync(self) -> bool:
         """Validate, then install and (re)start; False when the folder has problems or the
@@ -79,6 +89,10 @@ class DevSession:
             return False
         first = not self.installed
         self.installed = True
+        if self.installed_dir is None:
+            listed = self.client.send("GET", f"/api/apps/{self.app_id}")
+            if listed.status_code == 200:
+                self.installed_dir = str(listed.json().get("path") or "").rstrip("/") or None
         instance = self.ensure_running()
         took = (time.monotonic() - started) * 1000
         verb = "installed as a dev copy" if first else "reloaded"
@@ -120,7 +134,11 @@ class DevSession:
     def _started(self, answer: httpx.Response) -> dict[str, Any] | None:
         if answer.status_code >= 400:
             self.follow_log()
-            console.print(f"[red]{self.app_id} did not start: {describe_error(answer)}")
+            console.print(
+                f"[red]{self.app_id} did not start: "
+                f"{escape(self.authors_paths(describe_error(answer)))}",
+                soft_wrap=True,
+            )
             return None
         instance: dict[str, Any] = answer.json()
         if instance["instanceId"] != self.instance_id:
@@ -140,7 +158,10 @@ class DevSession:
         self.log_offset = int(answer.headers.get("X-Log-End", self.log_offset))
         for line in answer.text.splitlines():
             console.print(
-                f"{self.instance_id} | {line}", soft_wrap=True, markup=False, highlight=False
+                f"{self.instance_id} | {self.authors_paths(line)}",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
             )
 
     def remove(self) -> None:

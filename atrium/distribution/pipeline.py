@@ -523,11 +523,22 @@ class Distribution:
         """Tell the author's page how a dev copy's save went (`DevReloaded` / `DevFailed`)."""
         owner, app_id = self._owner(plan.scope), plan.record.id
         if failed:
-            first = next(iter(failed.values()))
+            first = self._authors_paths(plan, next(iter(failed.values())))
             self._bus.emit(DevFailed(app_id, f"did not start: {first}", owner=owner))
         else:
             version = plan.record.version
             self._bus.emit(DevReloaded(app_id, version, stopped, owner=owner))
+
+    def _authors_paths(self, plan: InstallPlan, text: str) -> str:
+        """``text`` (an app's log) naming the author's folder a dev copy was installed from
+        instead of the installed copy it runs from: the files the author edits."""
+        if plan.record.source != "local":
+            return text
+        authors = plan.record.ref.removeprefix("local:")
+        for copy in self._registry.copies(plan.record.id):
+            if copy.scope is plan.scope:
+                text = text.replace(f"{copy.path}/", f"{authors.rstrip('/')}/")
+        return text
 
     def _owner(self, scope: Scope) -> str | None:
         """Whose events a change of ``scope`` makes: a user scope's are its user's alone, the

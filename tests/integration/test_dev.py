@@ -302,3 +302,32 @@ def test_the_authors_page_hears_each_save_reloaded_or_why_not(
         assert refused.json()["error"]["code"] == "not_found"
         session.remove()
     assert theirs.events == []
+
+
+def test_a_traceback_in_dev_names_the_authors_own_folder(
+    shell: RunningShell,
+    api: httpx.Client,
+    home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The app runs from its installed copy; the log `atrium dev` shows, and the reason the
+    author's page gets, name the files the author edits instead."""
+    folder = create(tmp_path, APP, "python")
+    mine = SseReader(api, params={"topics": "dev:failed"})
+    installed = home / "scopes/users/default/apps" / APP
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        assert session.sync()
+        capsys.readouterr()
+        server = folder / "server.py"
+        server.write_text(server.read_text().replace("app = App()", "app = App()\n1 / 0"))
+        assert not session.sync()
+        session.follow_log()
+        out = capsys.readouterr().out
+        assert f'File "{folder}/server.py"' in out, out
+        assert str(installed) not in out
+        wait_for(lambda: mine.of("dev:failed"), "dev:failed")
+        message = mine.of("dev:failed")[-1].data["message"]
+        assert f"{folder}/server.py" in message and str(installed) not in message, message
+        session.remove()
