@@ -6,13 +6,13 @@ instance's bearer token. Never the caller's own headers (decisions.md "Who is ca
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from pydantic import BaseModel
 from starlette.requests import Request, cookie_parser
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Scope
 
@@ -199,6 +199,26 @@ def audit_request(
     )
 
 
+async def _recorded_after(
+    body: AsyncIterable[Any],
+    request: Request,
+    shell: Shell,
+    caller: Caller,
+    route_name: str,
+    status: int,
+) -> AsyncIterator[Any]:
+    """A streamed answer's body, its call's audit record appended once it ends (or is cut off:
+    then as ``disconnected``)."""
+    ended = 499  # unless the stream comes to its end
+    error: str | None = "disconnected"
+    try:
+        async for chunk in body:
+            yield chunk
+        ended, error = status, None
+    finally:
+        audit_request(request, shell, caller, route_name, ended, error)
+
+
 class Endpoint(Route):
     """A route of the JSON API with what the OpenAPI document says of it (`atrium.api.openapi`):
     who may call, the body model the handler parses, and the query parameters it reads."""
@@ -245,6 +265,7 @@ def endpoint(
         caller: Caller = Anonymous()
         status = 499  # unless the handler ends some other way
         error: str | None = "disconnected"
+        streamed = False
         try:
             caller = identify(request, shell)
             authorize(caller, access)
@@ -252,6 +273,13 @@ def endpoint(
                 check_cookie_origin(request, shell)
             response = await handler(request, caller)
             status, error = response.status_code, None
+            if isinstance(response, StreamingResponse):
+                # its work happens while the body streams: record it (with the ids it names
+                # on the way) once the stream has ended
+                response.body_iterator = _recorded_after(
+                    response.body_iterator, request, shell, caller, route_name, status
+                )
+                streamed = True
             return response
         except AtriumError as err:
             status, error = err.http_status, err.code
@@ -260,7 +288,8 @@ def endpoint(
             status, error = 500, "internal"
             raise
         finally:
-            audit_request(request, shell, caller, route_name, status, error)
+            if not streamed:
+                audit_request(request, shell, caller, route_name, status, error)
 
     route = Endpoint(path, guarded, methods=list(methods), name=route_name)
     route.access = access

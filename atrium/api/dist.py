@@ -24,7 +24,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import BaseRoute
 from starlette.types import Scope as AsgiScope
 
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, audit_target, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
 from atrium.api.errors import shutting_down
 from atrium.distribution import spool
@@ -225,6 +225,7 @@ async def install(request: Request, caller: Caller) -> Response:
     body = await read_model(request, InstallBody)
     ref = ref_for(caller, body.ref)
     dist, scope = await dist_for(caller, request, scope_named(body.scope), None, "install")
+    audit_target(request, scope=scope.value)
     events = dist.install(ref, scope, body.approval(), dev=body.dev)
     return await _answer(request, events)
 
@@ -240,7 +241,8 @@ async def preview(request: Request, caller: Caller) -> Response:
 async def update(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     body = await optional_body(request, UpdateBody)
-    dist, _ = await dist_for(caller, request, None, app_id, "update an app")
+    dist, scope = await dist_for(caller, request, None, app_id, "update an app")
+    audit_target(request, scope=scope.value)
     events = dist.update(app_id, body.approval(), body.check)
     return await _answer(request, events)
 
@@ -249,6 +251,7 @@ async def rollback(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     body = await optional_body(request, RollbackBody)
     dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "roll back")
+    audit_target(request, scope=scope.value)
     events = dist.rollback(app_id, scope, body.to, body.keep_data)
     return await _answer(request, events)
 
@@ -346,7 +349,23 @@ async def import_app(request: Request, caller: Caller) -> Response:
     return await _answer(request, events())
 
 
+async def _naming(
+    request: Request, events: AsyncGenerator[ProgressEvent, None]
+) -> AsyncGenerator[ProgressEvent, None]:
+    """The events, naming the app and version they concern in the call's audit record once the
+    pipeline knows them (an install's ref names neither, and is never written)."""
+    async with aclosing(events):
+        async for item in events:
+            app_id, version = item.get("appId"), item.get("version")
+            if isinstance(app_id, str):
+                audit_target(request, app_id=app_id)
+                if isinstance(version, str):
+                    audit_target(request, version=version)
+            yield item
+
+
 async def _answer(request: Request, events: AsyncGenerator[ProgressEvent, None]) -> Response:
+    events = _naming(request, events)
     if "text/event-stream" in request.headers.get("accept", ""):
         return StreamingResponse(
             stream(events, request.scope), media_type="text/event-stream", headers=SSE_HEADERS
@@ -359,6 +378,7 @@ async def uninstall(request: Request, caller: Caller) -> Response:
     scope = scope_named(request.query_params.get("scope"))
     dev_only = request.query_params.get("devOnly", "").lower() in {"1", "true", "yes"}
     dist, target = await dist_for(caller, request, scope, app_id, "uninstall")
+    audit_target(request, scope=target.value)
     return JSONResponse(await dist.uninstall(app_id, target if scope else None, dev_only=dev_only))
 
 

@@ -306,3 +306,32 @@ def test_every_state_changing_route_has_a_named_action(
     assert api.put("/api/kv/os/named", json={"value": 1}).status_code == 200
     assert one(records(api, action="kv.put"), target="key=named")["actor"] == "default"
     assert records(api, action="put_value") == []
+
+
+def test_install_update_and_uninstall_records_name_the_app(
+    audited: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    folder = tmp_path / ECHO
+    shutil.copytree(TESTS_DIR / "apps" / ECHO, folder)
+    body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True}
+    installed = api.post("/api/dist/install", json=body)
+    assert installed.status_code == 200, installed.text
+    version = installed.json()["record"]["version"]
+    record = one(records(api), action="app.install")
+    assert f"app_id={ECHO}" in record["target"]
+    assert f"version={version}" in record["target"]
+    assert "scope=user" in record["target"]
+    assert str(folder) not in record["target"]  # the ref is the body's, never written
+
+    # the same through the event stream: the record is written once the stream has ended
+    streamed = api.post("/api/dist/install", json=body, headers={"Accept": "text/event-stream"})
+    assert streamed.status_code == 200
+    assert "result" in streamed.text
+    installs = [r for r in records(api) if r["action"] == "app.install"]
+    assert len(installs) == 2
+    assert f"app_id={ECHO}" in installs[0]["target"]
+
+    gone = api.delete(f"/api/dist/uninstall/{ECHO}", params={"scope": "user"})
+    assert gone.status_code == 200, gone.text
+    removed = one(records(api), action="app.uninstall")
+    assert removed["target"] == f"app_id={ECHO},scope=user"
