@@ -36,7 +36,7 @@ from typing import Any, Final
 from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
-from atrium.errors import BackupDamaged
+from atrium.errors import BackupDamaged, InvalidRequest
 from atrium.files import sync_dir, write_atomic
 from atrium.scopes import Scope
 
@@ -491,16 +491,65 @@ def swap_data(backup: Backup, app_dir: Path, staging_dir: Path) -> None:
     start-up (or an exchange that fails here) completes the set from it."""
     copy_checked(backup, staging_dir)
     faultpoint("restore-copied")
+    exchange_in(staging_dir, list(backup.folders), app_dir)
+
+
+def exchange_in(staging_dir: Path, names: list[str], app_dir: Path) -> None:
+    """Each folder ``names`` of ``staging_dir`` (whole copies) replaces its live namesake in
+    ``app_dir`` in one exchange, under a plan `finish_restore` completes after a kill."""
     plan = staging_dir.with_name(staging_dir.name + PLAN_SUFFIX)
-    copies = {name: (staging_dir / name).lstat().st_ino for name in backup.folders}
+    copies = {name: (staging_dir / name).lstat().st_ino for name in names}
     write_atomic(plan, json.dumps({"appDir": str(app_dir), "folders": copies}))
     sync_dir(plan.parent)
-    for name in backup.folders:
+    for name in names:
         _swap_in(staging_dir / name, app_dir / name)
         sync_dir(app_dir)
         faultpoint("restore-exchanged")
     plan.unlink()
     sync_dir(plan.parent)
+
+
+def owned_name(name: str, app_id: str, owner: str | None) -> str:
+    """A runtime data folder's name (``<appId>-<n>`` or ``<appId>~<user>-<n>``) as ``owner``'s
+    instance of the same number names it (None: the bootstrap admin's, ``<appId>-<n>``): an
+    export holds folders of the first shape whoever made it, and an import gives them to the
+    importing user."""
+    number = name.rpartition("-")[2]
+    return f"{app_id}-{number}" if owner is None else f"{app_id}~{owner}-{number}"
+
+
+#: the longest file name (bytes) a Linux file system takes
+NAME_MAX: Final = 255
+
+
+def place_as(folders: list[Path], target: Path, app_id: str, owner: str) -> list[str]:
+    """Copy runtime data folders (an export's, ``<appId>-<n>``) into ``target`` as ``owner``'s
+    (``<appId>~<owner>-<n>``); their new names."""
+    names = [owned_name(folder.name, app_id, owner) for folder in folders]
+    for name in names:
+        if len(name.encode()) > NAME_MAX:  # (`<appId>-<n>` fitted; the user's id lengthens it)
+            raise InvalidRequest(
+                f"cannot import this archive, nothing was changed: its data folder number "
+                f"{name.rpartition('-')[2][:20]}… is too long for a folder of {owner}'s"
+            )
+    for folder, name in zip(folders, names, strict=True):
+        copy_tree(folder, target / name)
+    return names
+
+
+def replace_data(copies: Path, names: list[str], home: Path, live: list[Path]) -> None:
+    """Make the folders ``names`` of ``copies`` the live data in ``home``: the live folders
+    (``live``) of other names are set aside in ``copies``' staging, and each of ``names``
+    exchanges with its live namesake (`exchange_in`). What a rollback or an import does to the
+    data of a user whose data is not in the app's tree."""
+    aside = copies.with_name(copies.name + "-old")
+    aside.mkdir(exist_ok=True)
+    for folder in live:
+        if folder.name not in names:
+            folder.rename(aside / folder.name)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sync_dir(home)
+    exchange_in(copies, names, home)
 
 
 def _swap_in(copy: Path, live: Path) -> None:

@@ -2,8 +2,10 @@
 (docs/api.md "Export and import").
 
 The archive is a tar stream compressed with zstd. Every member sits under `atrium-export/`:
-`app/…` (the installed tree as committed), `data/<appId>-<n>/…` (the runtime data, from a
-backup taken for the export, so it is consistent) and, last, `export.json`:
+`app/…` (the installed tree as committed), `data/<appId>-<n>/…` (the runtime data of the
+exporting user's instances, from a backup taken for the export, so it is consistent; named so
+whoever's they were, and given to the importing user's instances of the same numbers) and,
+last, `export.json`:
 `{format, formatVersion, appId, version, record, exportedAt, files}` where `files` maps every
 other member to its SHA-256. `unpack` refuses anything it does not recognise — another format
 name or version, a member outside those folders, a link, a missing, extra or changed file —
@@ -34,6 +36,7 @@ from typing import Any, Final
 import zstandard
 from pydantic import ValidationError
 
+from atrium.distribution.backups import NAME_MAX, owned_name
 from atrium.distribution.fdcopy import open_regular
 from atrium.distribution.records import InstallRecord
 from atrium.errors import ExportTooLarge, InvalidRequest, StorageFailed, StorageFull
@@ -52,7 +55,6 @@ MAX_MEMBERS: Final = 200_000
 MAX_HEADER: Final = 16 * 1024
 #: a member's path: at most this many bytes, each component at most NAME_MAX
 MAX_PATH: Final = 4096
-NAME_MAX: Final = 255
 _HEADER_TYPES: Final = frozenset(
     {
         tarfile.GNUTYPE_LONGNAME,
@@ -121,8 +123,10 @@ def _members(app_dir: Path, data_dirs: list[Path], app_id: str) -> list[tuple[st
     for path in _files(app_dir, leave_out=runtime):
         members.append((f"app/{path.relative_to(app_dir).as_posix()}", path))
     for folder in data_dirs:
+        # whoever's instance it was (`<appId>~<user>-<n>`): `<appId>-<n>`, for any user to import
+        name = owned_name(folder.name, app_id, None)
         for path in _files(folder):
-            members.append((f"data/{folder.name}/{path.relative_to(folder).as_posix()}", path))
+            members.append((f"data/{name}/{path.relative_to(folder).as_posix()}", path))
     return members
 
 

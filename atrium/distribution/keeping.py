@@ -10,11 +10,21 @@ import asyncio
 import errno
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from atrium.distribution.backups import Backup, BackupStore, remove, swap_data
+from atrium.distribution.backups import (
+    Backup,
+    BackupStore,
+    copy_checked,
+    place,
+    place_as,
+    remove,
+    replace_data,
+    swap_data,
+)
 from atrium.distribution.exports import check_size, pack
 from atrium.distribution.journal import JournalStore, faultpoint
 from atrium.distribution.operations import AppLocks, in_thread, mutable, staging
@@ -66,10 +76,48 @@ class DataKeeping:
             return self._runtime / scope.value / app_id
         return self._layout.app_dir(scope, app_id)
 
+    def live_data(self, scope: Scope, app_id: str) -> list[Path]:
+        """The runtime data folders of this pipeline's user's instances of the app in ``scope``
+        (another user's are never among them)."""
+        return runtime_folders(self.data_home(scope, app_id), app_id, self.backups.owner(scope))
+
+    @asynccontextmanager
+    async def carried(
+        self, scope: Scope, app_id: str, data: list[Path] | Backup | None, staged: Path
+    ) -> AsyncIterator[None]:
+        """Around the swap of ``staged`` (the new tree): ``data`` (a backup's folders, or an
+        export's ``<appId>-<n>``) becomes the app's runtime data, replacing the live folders.
+        The bootstrap admin's data is in the tree, so it is copied into ``staged`` and goes in
+        with it. Another user's is in their own runtime folder: it is copied (and a backup's
+        copy checked, BackupDamaged before anything is swapped) beside the tree, under their
+        names, and exchanged with their live folders once the tree is in; a failed swap leaves
+        their data as it was."""
+        if data is None:
+            yield
+            return
+        owner = self.backups.owner(scope)
+        if owner is None or self._runtime is None:
+            if isinstance(data, Backup):
+                await asyncio.to_thread(copy_checked, data, staged)
+            else:
+                await asyncio.to_thread(place, data, staged)
+            yield
+            return
+        copies = staged.parent / ".data"  # (no app id starts with a dot)
+        await asyncio.to_thread(copies.mkdir, mode=0o700)
+        if isinstance(data, Backup):  # their own backup: its folders have their names
+            await asyncio.to_thread(copy_checked, data, copies)
+            names = list(data.folders)
+        else:
+            names = await asyncio.to_thread(place_as, data, copies, app_id, owner)
+        yield
+        live = self.live_data(scope, app_id)
+        await in_thread(replace_data, copies, names, self.data_home(scope, app_id), live)
+
     async def snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
         """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
         record = self._records.get(scope, app_id)
-        folders = runtime_folders(self.data_home(scope, app_id), app_id, self.backups.owner(scope))
+        folders = self.live_data(scope, app_id)
         if not folders:
             return None
         version = record.version if record else "unknown"
@@ -162,7 +210,7 @@ class DataKeeping:
             app_dir = self._layout.app_dir(scope, app_id)
             # an archive no import takes is refused before anything stops or is copied
             # (ExportTooLarge); pack checks the backup's copy again
-            live = runtime_folders(app_dir, app_id)
+            live = self.live_data(scope, app_id)
             await asyncio.to_thread(check_size, app_dir, live, app_id)
             async with self._stops.stopped(app_id, scope):
                 taken = await self.snapshot(scope, app_id, "export")

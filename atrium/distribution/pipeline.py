@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from atrium.bus import EventBus
-from atrium.distribution.backups import Backup, copy_checked, place
+from atrium.distribution.backups import Backup
 from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_approval
 from atrium.distribution.exports import unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for, verify_source
@@ -473,8 +473,8 @@ class Distribution:
         the backup of the runtime data taken before an update, a rollback or an import over an
         installed copy (once they stopped).
         ``data``: runtime data folders (an export's), or a backup whose folders (its copy
-        checked against its `backup.json`: BackupDamaged, nothing swapped) go in the new tree
-        instead of the live data."""
+        checked against its `backup.json`: BackupDamaged, nothing swapped) replace the live data
+        of this pipeline's user (`DataKeeping.carried`)."""
         app_id, scope = plan.record.id, plan.scope
         if plan.record.dev:
             self._bus.emit(DevReloading(app_id, owner=self._owner(scope)))
@@ -488,13 +488,10 @@ class Distribution:
                 # an import over an installed copy replaces its data too: kept first
                 reason = plan.op if plan.op != "install" else "import"
                 taken = await self.data.snapshot(scope, app_id, reason)
-            if isinstance(data, Backup):
-                await asyncio.to_thread(copy_checked, data, plan.staged)
-            elif data is not None:
-                await asyncio.to_thread(place, data, plan.staged)
             if data is not None:
                 plan = dataclasses.replace(plan, move_data=False)
-            await self.installer.install(plan)
+            async with self.data.carried(scope, app_id, data, plan.staged):
+                await self.installer.install(plan)
         finally:
             await self._registry.rescan([scope])
             failed = await self.stops.restart(app_id, stopped)
