@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 
 from atrium.users.audit import (
     ALL_ADDRESSES,
+    MAX_ANONYMOUS_ROWS,
     MAX_COUNTED,
+    MAX_LIMIT,
     PER_ADDRESS,
     WINDOW,
     AnonymousBudget,
+    AuditLog,
+    AuditQuery,
     AuditRecord,
+    stamp,
 )
 
 START = datetime(2026, 5, 1, tzinfo=UTC)
@@ -45,3 +53,32 @@ def test_all_addresses_together_have_a_cap_and_the_counts_a_bounded_number_of_ro
     assert len(counts) == MAX_COUNTED + 1
     assert sum(r.count for r in counts) == 1000 - ALL_ADDRESSES
     assert ("*", "*") in {(r.address, r.action) for r in counts}
+
+
+def test_the_oldest_anonymous_rows_beyond_the_cap_are_pruned_and_no_others(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.sqlite3"
+
+    async def fill_and_reopen() -> list[AuditRecord]:
+        async with AuditLog.open(path, retention_days=90) as log:
+            log.append(actor="alice", action="kv.put", target="", status=200, address="a")
+            await log.search(AuditQuery())
+        with sqlite3.connect(path) as conn:
+            conn.executemany(
+                "INSERT INTO audit (time, actor, action, target, outcome, status, address)"
+                " VALUES (?, 'anonymous', 'token.create', '', 'failure', 401, ?)",
+                [(stamp(datetime.now(UTC)), str(n)) for n in range(MAX_ANONYMOUS_ROWS + 5)],
+            )
+        async with AuditLog.open(path, retention_days=90) as log:
+            return await log.search(AuditQuery(limit=MAX_LIMIT))
+
+    found = asyncio.run(fill_and_reopen())
+    with sqlite3.connect(path) as conn:
+        anonymous = conn.execute(
+            "SELECT min(address + 0), count(*) FROM audit WHERE actor = 'anonymous'"
+        ).fetchone()
+        (users,) = conn.execute("SELECT count(*) FROM audit WHERE actor = 'alice'").fetchone()
+    assert anonymous == (5, MAX_ANONYMOUS_ROWS)  # the five oldest went
+    assert users == 1
+    assert found[0].address == str(MAX_ANONYMOUS_ROWS + 4)
