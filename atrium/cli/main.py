@@ -7,7 +7,18 @@ import json
 import typer
 
 from atrium import __version__
-from atrium.cli import audit, authoring, commands, dev, dist, intents, lifecycle, trust, users
+from atrium.cli import (
+    audit,
+    authoring,
+    commands,
+    dev,
+    dist,
+    intents,
+    lifecycle,
+    service,
+    trust,
+    users,
+)
 from atrium.cli.client import use_token
 from atrium.cli.doctor import doctor
 from atrium.cli.publish import publish
@@ -55,6 +66,7 @@ app.add_typer(theme_app, name="theme")
 app.add_typer(users.users_app, name="users")
 app.add_typer(users.tokens_app, name="tokens")
 app.add_typer(trust.trust_app, name="trust")
+app.add_typer(service.service_app, name="service")
 app.command()(trust.keygen)
 app.command("audit")(audit.audit)
 app.command()(publish)
