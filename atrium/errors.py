@@ -444,16 +444,22 @@ class MisdirectedRequest(AtriumError):
 
 
 class TooManyAttempts(AtriumError):
-    """Too many failed sign-ins for one account from one address within the window."""
+    """Too many sign-ins within a window: failed ones for one account from one address, any
+    from one address, or too many of one address's at once (`limit` names which)."""
 
     code = "too_many_attempts"
     http_status = 429
+    _WHAT: ClassVar[Mapping[str, str]] = {
+        "account": "too many failed sign-ins for this account from this address",
+        "address": "too many sign-ins from this address",
+        "at_once": "too many sign-ins at once from this address",
+    }
 
-    def __init__(self, retry_after: int) -> None:
+    def __init__(self, retry_after: int, *, limit: str = "account") -> None:
         super().__init__(
-            f"too many failed sign-ins for this account from this address; try again in "
-            f"{retry_after} s",
+            f"{self._WHAT[limit]}; try again in {retry_after} s",
             retryAfter=retry_after,
+            limit=limit,
         )
         self.retry_after = retry_after
 
