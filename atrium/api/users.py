@@ -83,7 +83,7 @@ class SignIn:
             raise TooManyAttempts(wait)
         wait = self.per_address.take(address_key(address), now)
         if wait is not None:
-            raise TooManyAttempts(wait)
+            raise TooManyAttempts(wait, limit="address")
         self.throttle.failed(account, address, now)
 
     @contextmanager
@@ -93,7 +93,7 @@ class SignIn:
         everyone else's sign-in, so past a few it is told to come back in a second."""
         key = address_key(address)
         if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT:
-            raise TooManyAttempts(1)
+            raise TooManyAttempts(1, limit="at_once")
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         try:
             yield

@@ -286,6 +286,9 @@ def test_one_address_spraying_one_password_over_many_names_is_limited(
         over = sign_in(sprayer, "bob", PASSWORD)
         assert over.status_code == 429, over.text
         assert over.json()["error"]["code"] == "too_many_attempts"
+        # the message names the limit met: this address's, not bob's account's
+        assert "from this address" in over.json()["error"]["message"]
+        assert "this account" not in over.json()["error"]["message"]
         assert 0 < int(over.headers["retry-after"]) <= 60
     with browser(shell, "127.0.0.4") as owner:
         assert sign_in(owner, "bob", PASSWORD).status_code == 200
@@ -310,6 +313,7 @@ def test_one_address_may_not_queue_many_password_checks_at_once(
     assert statuses.count(401) >= MAX_IN_FLIGHT
     waits = [a for a in answers if a.status_code == 429]
     assert all(a.headers["retry-after"] == "1" for a in waits)
+    assert all("at once" in a.json()["error"]["message"] for a in waits)
     with browser(shell, "127.0.0.6") as owner:
         assert sign_in(owner, "bob", PASSWORD).status_code == 200
 
