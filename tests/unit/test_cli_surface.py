@@ -11,8 +11,11 @@ from atrium.cli.main import app
 
 
 def commands(group: Any, prefix: str = "") -> dict[str, Any]:
+    """Every command under ``group`` by path, as click lists them (lazy ones loaded)."""
     found: dict[str, Any] = {}
-    for name, sub in getattr(group, "commands", {}).items():
+    ctx = typer.Context(group)
+    for name in group.list_commands(ctx):
+        sub = group.get_command(ctx, name)
         path = f"{prefix} {name}".strip()
         if getattr(sub, "commands", None):
             found.update(commands(sub, path))
