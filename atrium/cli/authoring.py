@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -132,6 +134,24 @@ def _looks_secret(name: str, path: Path) -> bool:
     except OSError:
         head = b""
     return likely_secret(name, head)
+
+
+def run_tests(
+    folder: Annotated[Path, typer.Argument(help="the app folder (default: this one)")] = Path(),
+    pytest_args: Annotated[
+        list[str] | None, typer.Argument(help="passed to pytest, after `--` (`-- -k health`)")
+    ] = None,
+) -> None:
+    """Run FOLDER's tests with pytest under the Python that runs this command: the one Atrium
+    (and its SDK and test harness) is installed in, whichever `python` is first on PATH."""
+    folder = folder.absolute()
+    if not (folder / "app.manifest.json").is_file():
+        typer.echo(f"error: {folder} has no app.manifest.json", err=True)
+        raise typer.Exit(2)
+    argv = [sys.executable, "-m", "pytest", *(pytest_args or [])]
+    # the folder's own pytest.ini (the templates carry one) applies from its folder
+    code = subprocess.call(argv, cwd=folder)  # noqa: S603 (our interpreter, the author's args)
+    raise typer.Exit(code)
 
 
 def publish_examples(

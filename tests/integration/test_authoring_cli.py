@@ -114,3 +114,45 @@ def test_pack_leaves_out_what_atriumignore_and_the_defaults_name_lists_the_rest_
     for secret in ("deploy/id_rsa", "certs/server.pem", "config/signing.txt"):
         assert f"warning: {secret} looks like a secret" in run.stdout, run.stdout
     assert "keep.log looks like" not in run.stdout
+
+
+def test_atrium_test_runs_a_new_apps_tests_with_the_sdk_and_no_warning_wall(
+    tmp_path: Path,
+) -> None:
+    """`atrium test FOLDER` from anywhere: the folder's tests, run by the interpreter that has
+    the SDK, with the template's pytest settings (no deprecation warnings)."""
+    made = subprocess.run(
+        [sys.executable, "-m", "atrium", "new", "com.example.tested", "--template", "stdlib"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    folder = tmp_path / "com.example.tested"
+    assert "atrium test" in (folder / "README.md").read_text()
+    run = subprocess.run(
+        [sys.executable, "-m", "atrium", "test", str(folder)],
+        cwd=tmp_path.parent,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+        check=False,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "2 passed" in out, out
+    assert "Warning" not in out, out
+    failing = folder / "tests" / "test_fails.py"
+    failing.write_text("def test_fails() -> None:\n    assert False\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "atrium", "test", str(folder), "--", "-k", "fails"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "1 failed" in run.stdout

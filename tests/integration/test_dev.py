@@ -329,5 +329,6 @@ def test_a_traceback_in_dev_names_the_authors_own_folder(
         assert str(installed) not in out
         wait_for(lambda: mine.of("dev:failed"), "dev:failed")
         message = mine.of("dev:failed")[-1].data["message"]
-        assert f"{folder}/server.py" in message and str(installed) not in message, message
+        assert f"{folder}/server.py" in message, message
+        assert str(installed) not in message, message
         session.remove()
