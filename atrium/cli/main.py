@@ -7,32 +7,21 @@ import json
 import typer
 
 from atrium import __version__
-from atrium.cli import (
-    audit,
-    authoring,
-    commands,
-    dev,
-    dist,
-    intents,
-    lifecycle,
-    service,
-    trust,
-    users,
-)
+from atrium.cli import audit, commands, dist, intents, lifecycle, users
 from atrium.cli.client import use_token
-from atrium.cli.doctor import doctor
+from atrium.cli.lazy import LazyGroup, lazy_command
 from atrium.cli.publish import publish
-from atrium.cli.serve import serve
 from atrium.cli.theme import theme_app
 
 app = typer.Typer(
     name="atrium",
+    cls=LazyGroup,
     help="Atrium, an application platform shell.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command()(serve)
+lazy_command("serve", "atrium.cli.serve:serve")
 app.command()(commands.apps)
 app.command()(commands.events)
 for command in (lifecycle.ps, lifecycle.launch, lifecycle.stop, lifecycle.destroy, lifecycle.logs):
@@ -53,12 +42,12 @@ for dist_command in (
 ):
     app.command()(dist_command)
 app.command("import")(dist.import_app)
-app.command()(authoring.new)
-app.command()(dev.dev)
-app.command()(authoring.validate)
-app.command()(authoring.pack)
-app.command("test")(authoring.run_tests)
-app.command()(authoring.publish_examples)
+lazy_command("new", "atrium.cli.authoring:new")
+lazy_command("dev", "atrium.cli.dev:dev")
+lazy_command("validate", "atrium.cli.authoring:validate")
+lazy_command("pack", "atrium.cli.authoring:pack")
+lazy_command("test", "atrium.cli.authoring:run_tests")
+lazy_command("publish-examples", "atrium.cli.authoring:publish_examples")
 app.add_typer(commands.scopes_app, name="scopes")
 app.add_typer(lifecycle.tools_app, name="tools")
 app.add_typer(commands.kv_app, name="kv")
@@ -66,12 +55,11 @@ app.add_typer(intents.intent_app, name="intent")
 app.add_typer(theme_app, name="theme")
 app.add_typer(users.users_app, name="users")
 app.add_typer(users.tokens_app, name="tokens")
-app.add_typer(trust.trust_app, name="trust")
-app.add_typer(service.service_app, name="service")
-app.command()(trust.keygen)
+lazy_command("trust", "atrium.cli.trust:trust_app")
+lazy_command("keygen", "atrium.cli.trust:keygen")
 app.command("audit")(audit.audit)
 app.command()(publish)
-app.command()(doctor)
+lazy_command("doctor", "atrium.cli.doctor:doctor")
 
 
 @app.callback()
