@@ -82,3 +82,25 @@ def test_the_oldest_anonymous_rows_beyond_the_cap_are_pruned_and_no_others(
     assert anonymous == (5, MAX_ANONYMOUS_ROWS)  # the five oldest went
     assert users == 1
     assert found[0].address == str(MAX_ANONYMOUS_ROWS + 4)
+
+
+def test_a_file_from_before_counts_opens_with_each_record_one_call(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, time TEXT NOT NULL,"
+            " actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL,"
+            " outcome TEXT NOT NULL, status INTEGER NOT NULL, error TEXT, address TEXT NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO audit (time, actor, action, target, outcome, status, address)"
+            " VALUES (?, 'alice', 'put_value', 'key=k', 'success', 200, 'a')",
+            (stamp(datetime.now(UTC)),),
+        )
+
+    async def read() -> list[AuditRecord]:
+        async with AuditLog.open(path, retention_days=90) as log:
+            return await log.search(AuditQuery())
+
+    (record,) = asyncio.run(read())
+    assert (record.actor, record.target, record.count) == ("alice", "key=k", 1)
