@@ -77,7 +77,10 @@ class Shell:
         """Origins the host page may be served from (decisions.md "HTTP edge and bus")."""
         port = self.settings.port
         hosts = {"localhost", "127.0.0.1", self.settings.host}
-        return frozenset(f"http://{h}:{port}" for h in hosts)
+        # an IPv6 literal is bracketed in a URL, and so in the Origin a browser sends
+        return frozenset(
+            f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}" for h in hosts
+        )
 
 
 def loopback(host: str) -> str:

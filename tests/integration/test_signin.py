@@ -344,3 +344,18 @@ def test_odd_spellings_of_a_name_are_other_names(shell: RunningShell, bob: str) 
         )
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "bad_request"
+
+
+def test_a_host_page_served_on_ipv6_loopback_may_sign_in(start_shell: StartShell) -> None:
+    """A browser on http://[::1]:<port>/ sends that Origin: the shell's host names are written
+    as origins with IPv6 literals in brackets, so its own page's sign-in is not refused as
+    cross-site."""
+    shell = start_shell(host="::1")
+    url = f"http://[::1]:{shell.settings.port}"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {shell.token}"}) as admin:
+        made = admin.post("/api/users", json={"id": "bob", "password": PASSWORD})
+        assert made.status_code == 201, made.text
+    with httpx.Client(base_url=url, headers={"Origin": url}, timeout=30) as page:
+        answer = sign_in(page, "bob", PASSWORD)
+        assert answer.status_code == 200, answer.text
+        assert page.get("/api/me").json()["id"] == "bob"
