@@ -8,6 +8,7 @@ import sys
 from bench import (
     authoring,
     chaos,
+    cli,
     crash,
     dataproxy,
     events,
@@ -40,6 +41,7 @@ BENCHES = {
     "authoring": authoring.main,
     "sdkload": sdkload.main,
     "signin": signin.main,
+    "cli": cli.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}
