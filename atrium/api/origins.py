@@ -118,7 +118,12 @@ def explain_page(shell: Shell, err: Unauthenticated | NotFound) -> HTMLResponse:
     return HTMLResponse(
         body,
         status_code=err.http_status,
-        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"},
+        headers={
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",
+            # the shell's words on the app's origin: nothing in it runs or loads
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+        },
     )
 
 

@@ -84,6 +84,7 @@ def test_an_app_origin_opened_directly_in_a_browser_links_to_the_host_page(
             assert page.status_code == 401
             assert page.headers["content-type"].startswith("text/html")
             assert page.headers["cache-control"] == "no-store"
+            assert page.headers["content-security-policy"].startswith("default-src 'none'")
             assert f'<a href="{host_page}">' in page.text
             assert "open it from the host page" in page.text
             # a script or the SDK still gets the error object
