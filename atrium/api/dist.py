@@ -386,8 +386,9 @@ async def dev_problems(request: Request, caller: Caller) -> Response:
     """`atrium dev` found a save's folder wrong (the last good version keeps running): the
     author's page shows ``message`` over that version (`dev:failed`)."""
     app_id = app_id_of(request)
-    body = await read_model(request, DevProblemBody)
     dist = await dist_of(caller, request)
+    dist.require_dev_copy(app_id)
+    body = await read_model(request, DevProblemBody)
     dist.dev_failed(app_id, body.message)
     return JSONResponse({"ok": True})
 

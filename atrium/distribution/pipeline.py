@@ -508,12 +508,17 @@ class Distribution:
         self._bus.emit(done(app_id, plan.record.wire(), owner=self._owner(scope)))
         return stopped, taken
 
-    def dev_failed(self, app_id: str, message: str) -> None:
-        """`atrium dev` found the folder of this user's dev copy wrong: `DevFailed` for their
-        page. Anything but their own dev copy is answered as missing."""
+    def require_dev_copy(self, app_id: str) -> None:
+        """Anything but this user's own dev copy is answered as missing (before its body is
+        read, so another user's app id answers as an unknown one whatever was sent)."""
         record = self.records.get(Scope.USER, app_id)
         if record is None or not record.dev:
             raise NotFound("dev copy", app_id)
+
+    def dev_failed(self, app_id: str, message: str) -> None:
+        """`atrium dev` found the folder of this user's dev copy wrong: `DevFailed` for their
+        page."""
+        self.require_dev_copy(app_id)
         self._bus.emit(DevFailed(app_id, message, owner=self._owner(Scope.USER)))
 
     def _dev_outcome(self, plan: InstallPlan, stopped: list[str], failed: dict[str, str]) -> None:
