@@ -105,6 +105,16 @@ def print_signature(signature: dict[str, Any] | None) -> None:
     console.print(f"Signature: {line}", highlight=False)
 
 
+def ask(question: str) -> bool:
+    """A y/N answer; with no one to answer (stdin at its end: a script, a pipe, CI), the
+    command ends saying how to approve instead of a bare "Aborted!"."""
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:
+        console.print("\nNothing was approved: no answer came (not a terminal?); add --yes.")
+        raise typer.Exit(1) from None
+
+
 def approve_and_run(
     client: ShellClient, path: str, body: dict[str, Any], yes: bool
 ) -> dict[str, Any]:
@@ -114,7 +124,7 @@ def approve_and_run(
         return result
     print_diff(result["diff"])
     print_signature(result.get("signature"))
-    if not typer.confirm("Grant these permissions and install?", default=False):
+    if not ask("Grant these permissions and install?"):
         console.print("Not installed: the permissions were not approved.")
         raise typer.Exit(1)
     approved = {**body, "autoApprove": True, "approvedDigest": result["resolved"]["digest"]}
@@ -430,7 +440,7 @@ def import_app(
         result = _import_run(client, archive, params)
         if result.get("needsApproval"):
             print_diff(result["diff"])
-            if not typer.confirm("Grant these permissions and import?", default=False):
+            if not ask("Grant these permissions and import?"):
                 console.print("Not imported: the permissions were not approved.")
                 raise typer.Exit(1)
             result = _import_run(client, archive, {**params, "autoApprove": "1"})

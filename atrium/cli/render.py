@@ -134,3 +134,9 @@ def print_diff(diff: dict[str, Any]) -> None:
     for change, what in rows or [("(none)", "no permission changes")]:
         table.add_row(change, what)
     console.print(table)
+    if not diff["toolsAdded"] and not diff["permissionsAdded"]:
+        offers = (["a data provider"] if diff["dataProviderAdded"] else []) + [
+            f"intent {_filter_text(f)}" for f in diff["intentFiltersAdded"]
+        ]
+        said = f"; it offers {', '.join(offers)}" if offers else ""
+        console.print(f"{diff['appId']} asks for no permissions{said}.", soft_wrap=True)

@@ -332,3 +332,27 @@ def test_a_traceback_in_dev_names_the_authors_own_folder(
         assert f"{folder}/server.py" in message, message
         assert str(installed) not in message, message
         session.remove()
+
+
+def test_an_install_that_asks_for_nothing_says_so_and_without_a_terminal_says_to_add_yes(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path
+) -> None:
+    """`atrium install` of a new app that asks for no permission (it offers a provider and an
+    intent): the review says so in words; with no terminal to answer on and no `--yes`, the
+    command says to add it, and nothing is installed."""
+    folder = create(tmp_path, APP, "stdlib")
+    env = {**os.environ, "ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-m", "atrium", "install", f"local:{folder}", "--scope", "user"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "asks for no permissions; it offers" in out, out
+    assert "--yes" in out, out
+    assert api.get(f"/api/apps/{APP}").status_code == 404
