@@ -71,6 +71,15 @@ def make_examples(workdir: Path, examples: Iterable[Example] = EXAMPLES) -> list
     return folders
 
 
+def git_ref_base(url: str) -> str:
+    """``url`` as the shell reads a git ref: `git://` as it is, `file://` and `https://` under
+    `git+` (a bare `file:///srv/apps` is not a ref it accepts)."""
+    url = url.rstrip("/")
+    if url.startswith(("file://", "https://")):
+        return f"git+{url}"
+    return url
+
+
 def index_entry(
     example: Example, oci_repository: str | None, git_url: str | None, version: str = VERSION
 ) -> dict[str, Any]:
@@ -113,7 +122,7 @@ def publish_examples(
     entries = []
     for example, folder in zip(EXAMPLES, make_examples(workdir), strict=True):
         oci_repository = f"{oci.rstrip('/')}/{example.id}" if oci else None
-        git_repository = f"{git_url.rstrip('/')}/{example.id}.git" if git_url else None
+        git_repository = f"{git_ref_base(git_url)}/{example.id}.git" if git_url else None
         if oci_repository:
             publish(folder, f"oci://{oci_repository}", VERSION)
         if git_dir:

@@ -98,3 +98,28 @@ def test_publish_examples_needs_a_target(tmp_path: Path) -> None:
     assert answer.exit_code == 1
     assert "--oci" in answer.output
     assert not (tmp_path / "i.json").exists()
+
+
+def test_a_file_git_url_gives_refs_the_shell_accepts(
+    start_shell: StartShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--git-url file:///…` (repositories on this machine): the index names them as the shell
+    reads git refs (`git+file://`), so its entries are listed and install."""
+    shell = start_shell()
+    monkeypatch.setenv("ATRIUM_URL", shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", shell.token)
+    repos = tmp_path / "repos"
+    index_file = tmp_path / "index.json"
+    args = ["publish-examples", "-o", str(index_file), "--git-dir", str(repos)]
+    published = CliRunner().invoke(app, [*args, "--git-url", repos.as_uri()])
+    assert published.exit_code == 0, published.output
+    index = json.loads(index_file.read_text())
+    refs = [a["sources"]["git"]["ref"] for a in index["apps"]]
+    assert all(r.startswith("git+file:///") for r in refs), refs
+    with shell.client(timeout=60) as api:
+        answer = api.post(
+            "/api/dist/install",
+            json={"ref": refs[1] + "#v0.1.0", "scope": "user", "autoApprove": True},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["record"]["source"] == "git"
