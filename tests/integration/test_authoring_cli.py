@@ -156,3 +156,25 @@ def test_atrium_test_runs_a_new_apps_tests_with_the_sdk_and_no_warning_wall(
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "1 failed" in run.stdout
+
+
+def test_each_template_has_its_own_icon(tmp_path: Path) -> None:
+    """`atrium new` per template: the app's icon is that template's, not one shared picture."""
+    icons = {}
+    for template in ("python", "stdlib", "node"):
+        app_id = f"com.example.icon{template}"
+        made = subprocess.run(
+            [sys.executable, "-m", "atrium", "new", app_id, "--template", template],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert made.returncode == 0, made.stdout + made.stderr
+        folder = tmp_path / app_id
+        assert json.loads((folder / "app.manifest.json").read_text())["icon"] == "icon.svg"
+        icon = (folder / "icon.svg").read_text()
+        assert icon.startswith("<svg"), icon
+        icons[template] = icon
+    assert len(set(icons.values())) == 3, icons
