@@ -87,6 +87,13 @@ class DataProxy:
             table = self._tables[user] = self._build(user)
         return table
 
+    def forget_user(self, user: str) -> None:
+        """``user``'s account is gone: their table and registrations go with it (the registry
+        announces nothing for a removed scope, and the id may be given to a new account)."""
+        self._tables.pop(user, None)
+        for key in [k for k in self._registered if k[1] == user]:
+            del self._registered[key]
+
     def rebuild(self) -> None:
         """Forget every user's table: each is built again from the registry when next needed."""
         self._tables.clear()

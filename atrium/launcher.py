@@ -111,6 +111,10 @@ class Launcher:
         for task in tuple(self._tasks):
             task.cancel()
 
+    def forget_user(self, user: str) -> None:
+        """``user``'s account is gone: their intent index goes with it (the id may be reused)."""
+        self._indexes.pop(user, None)
+
     def _on_app(self, event: Event) -> None:
         if not isinstance(event.data, AppInstalled | AppRemoved):
             return

@@ -239,6 +239,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
 
         dist = make_dist(layout, repos, UserApps(registry, layout.user))
         user_scopes = UserScopes(layout, registry, repos, dist, make_dist)
+        user_scopes.on_forget += [dataproxy.forget_user, launcher.forget_user]
         await user_scopes.open_found(lambda user_id: users.get(user_id) is not None)
         users.on_change.append(user_scopes.forgetter(lambda u: users.get(u) is not None))
         await lifecycle.pool.fill_all()

@@ -41,6 +41,9 @@ class UserScopes:
         self._make_dist = make_dist
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: called with a user id once that removed account's scope is unloaded: what was built
+        #: from it (provider tables, intent indexes) goes too, since the id may be reused
+        self.on_forget: list[Callable[[str], None]] = []
 
     def layout_of(self, user: str) -> ScopeLayout:
         """``user``'s layout: where their user scope is (``layout.user`` names it)."""
@@ -114,3 +117,5 @@ class UserScopes:
             self._dists.pop(user, None)
             self._repos.pop(user, None)
             await self._registry.forget_user(user)
+            for forget in self.on_forget:
+                forget(user)

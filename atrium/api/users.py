@@ -301,6 +301,9 @@ async def delete_user(request: Request, caller: Caller) -> Response:
         await shell.users.remove(user_id)
         stopped = await stop_instances_of(shell.lifecycle, user_id)
         moved = await set_aside_scope(shell.settings.home, user_id)
+        # done before answering (the store's change callback also starts it): an account made
+        # next under this id must find nothing built from the old one's scope
+        await shell.user_scopes.forget(user_id)
     return JSONResponse(
         {
             "ok": True,

@@ -106,3 +106,22 @@ def test_a_member_is_not_told_of_a_clash_with_the_admins_own_app(
         # bob sees no app of the admin's own scope: the global rival serves `own` for bob
         assert b.get(f"/api/apps/{rival.name}").json()["conflicts"] == []
         assert APP_ID not in b.get("/api/apps").text
+
+
+def test_a_removed_users_tables_go_with_them(start_shell: StartShell, home: Path) -> None:
+    """A removed account's provider table and intent index are dropped with its scope: a new
+    account under the same id sees none of the old one's apps (their folder is in lost+found)."""
+    shell = start_shell()
+    bob = shell.add_user("bob")
+    put_in_user_scope(shell, home, "bob")
+    with shell.client(bob) as b:
+        # the old bob's tables are built and hold his provider and handler
+        assert b.get("/api/data/own/open/x").json()["error"]["code"] != "no_provider"
+        assert b.post("/api/intents/resolve", json={"action": ACTION}).json() != []
+    with shell.client() as admin:
+        assert admin.delete("/api/users/bob").status_code in (200, 204)
+    new_bob = shell.add_user("bob")
+    with shell.client(new_bob) as b:
+        answer = b.get("/api/data/own/open/x")
+        assert answer.json()["error"]["code"] == "no_provider", answer.text
+        assert b.post("/api/intents/resolve", json={"action": ACTION}).json() == []
