@@ -11,18 +11,19 @@ from typing import Any, NoReturn
 import httpx
 import typer
 
-from atrium.settings import Settings
-
 DEFAULT_URL = "http://127.0.0.1:7070"
 
 
 def _home() -> Path:
     raw = os.environ.get("ATRIUM_HOME")
-    return (
-        Path(raw).expanduser()
-        if raw
-        else Settings.model_fields["home"].get_default(call_default_factory=True)
-    )
+    if raw:
+        return Path(raw).expanduser()
+    # the settings model (pydantic-settings) only when its default is needed: importing it
+    # costs more than a client command's whole round trip
+    from atrium.settings import Settings
+
+    home: Path = Settings.model_fields["home"].get_default(call_default_factory=True)
+    return home
 
 
 def shell_url() -> str:

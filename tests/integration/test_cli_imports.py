@@ -24,6 +24,9 @@ FORBIDDEN = (
     "atrium.shell",
     "atrium.distribution",
     "atrium.authoring",
+    # the settings model (pydantic-settings): a client given ATRIUM_URL and a token needs none
+    "atrium.settings",
+    "pydantic_settings",
 )
 CLIENT_COMMANDS = (
     ["version"],
