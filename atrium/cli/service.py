@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -121,6 +122,9 @@ def install(
         str | None,
         typer.Option("--run-as", help="With --system: the user it runs as (default root)."),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what was written (or the unit) as JSON.")
+    ] = False,
 ) -> None:
     """Write a systemd unit that runs `atrium serve`, and say how to enable it."""
     if user and system:
@@ -132,8 +136,13 @@ def install(
     if any("\n" in word or "\r" in word for word in [*command, str(home), run_as or ""]):
         _refuse("a path or user name with a line break cannot be written in a unit")
     text = unit_text(command, home, system=system, run_as=run_as)
+    manager = "systemctl" if system else "systemctl --user"
+    enable = f"{manager} daemon-reload && {manager} enable --now atrium"
     if print_only:
-        typer.echo(text, nl=False)
+        if as_json:
+            typer.echo(json.dumps({"unit": text, "home": str(home), "enable": enable}))
+        else:
+            typer.echo(text, nl=False)
         return
     if unit_dir is None:
         unit_dir = SYSTEM_UNIT_DIR if system else Path.home() / ".config" / "systemd" / "user"
@@ -144,9 +153,11 @@ def install(
         path.chmod(0o644)
     except OSError as err:
         _refuse(f"cannot write {path}: {err.strerror or err}")
-    manager = "systemctl" if system else "systemctl --user"
+    if as_json:
+        typer.echo(json.dumps({"path": str(path), "home": str(home), "enable": enable}))
+        return
     typer.echo(f"Wrote {path} (home {home})")
-    typer.echo(f"Enable and start it: {manager} daemon-reload && {manager} enable --now atrium")
+    typer.echo(f"Enable and start it: {enable}")
     if not system:
         typer.echo("To keep it running after you log out: loginctl enable-linger")
     typer.echo(f"The login link: {'journalctl' if system else 'journalctl --user'} -u atrium")

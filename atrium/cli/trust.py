@@ -29,6 +29,7 @@ def keygen(
     directory: Annotated[
         Path, typer.Option("--dir", help="where to write the two files (default: here)")
     ] = Path(),
+    as_json: bool = JSON_OPT,
 ) -> None:
     """Write a new ECDSA P-256 key pair: NAME.key (private, 0600) and NAME.pub (PEM)."""
     if not signing.KEY_NAME_RE.fullmatch(name):
@@ -43,6 +44,15 @@ def keygen(
         out.write(private)
     public_file.write_bytes(public)
     fingerprint = signing.fingerprint(signing.load_public_key(public.decode()))
+    if as_json:
+        print_json(
+            {
+                "privateKey": str(private_file.absolute()),
+                "publicKey": str(public_file.absolute()),
+                "fingerprint": fingerprint,
+            }
+        )
+        return
     console.print(f"wrote {private_file} (keep it private) and {public_file} ({fingerprint})")
     console.print(
         f"sign with `atrium publish … --sign {private_file}`; trust it with "

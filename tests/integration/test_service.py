@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -120,3 +121,19 @@ def verify(path: Path) -> None:
     )
     assert checked.returncode == 0, checked.stderr
     assert "atrium.service" not in checked.stderr, checked.stderr  # no warning about it
+
+
+def test_json_says_what_was_written_and_how_to_enable_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    written = service("--user", "--json", "--home", str(home), "--dir", str(tmp_path / "units"))
+    assert written.returncode == 0, written.stderr
+    answer = json.loads(written.stdout)
+    assert answer["path"] == str(tmp_path / "units" / "atrium.service")
+    assert Path(answer["path"]).is_file()
+    assert answer["home"] == str(home)
+    assert (
+        answer["enable"] == "systemctl --user daemon-reload && systemctl --user enable --now atrium"
+    )
+    printed = json.loads(service("--system", "--print", "--json").stdout)
+    assert "[Service]" in printed["unit"]
+    assert printed["enable"].startswith("systemctl daemon-reload")
