@@ -127,9 +127,16 @@ class Reach:
             )
         port = parts.port or DEFAULT_PORTS[scheme]
         found = await self.addresses(host, port)
-        options = ["-c", "credential.helper=", "-c", "http.followRedirects=false"]
         if not found:
-            return options, url
+            # git would look the name up again itself, unchecked: a DNS server that fails this
+            # lookup and answers git's with a private address would get past the rule
+            raise FetchHostRefused(
+                host,
+                None,
+                f"{host!r} does not resolve here, and a member's git fetch goes only to an "
+                "address the shell has checked",
+            )
+        options = ["-c", "credential.helper=", "-c", "http.followRedirects=false"]
         pinned = found[0]
         if scheme == "git":
             literal = f"[{pinned}]" if ":" in pinned else pinned
