@@ -144,6 +144,17 @@ async def dist_for(
     return dist, target
 
 
+async def data_dist_for(
+    caller: Caller, request: Request, scope: Scope | None, app_id: str | None
+) -> tuple[Distribution, Scope]:
+    """The caller's pipeline and the scope of an operation on the caller's own data of the app
+    (backup, restore, export): any user's, in a shared scope too, since each user's instances
+    keep their own data and `DataKeeping.own` acts on theirs alone (decisions.md "Users: a
+    member's own data of a shared app")."""
+    dist = await dist_of(caller, request)
+    return dist, scope or (dist.mutable_scope_of(app_id) if app_id else Scope.GLOBAL)
+
+
 async def scope_or_winning(
     caller: Caller, request: Request, app_id: str
 ) -> tuple[Distribution, Scope]:
@@ -261,9 +272,8 @@ async def history(request: Request, caller: Caller) -> Response:
     dist, scope = await scope_or_winning(caller, request, app_id)
     entries = await dist.history(app_id, scope)
     record = dist.record(scope, app_id)
-    backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
-    if scope is Scope.GLOBAL and not (isinstance(caller, UserCaller) and caller.is_admin):
-        backups = []  # a global app's backups hold every user's data: the admin's to list
+    # the caller's own data's backups: in a shared scope each user's are their own
+    backups = await asyncio.to_thread(dist.data.own.all, scope, app_id)
     if record is None and not entries and not backups:
         raise NotFound("app", app_id)  # nothing of it in this scope: as for an unknown id
     return JSONResponse(
@@ -281,9 +291,7 @@ async def list_backups(request: Request, caller: Caller) -> Response:
     """The app's data backups in a scope, newest first."""
     app_id = app_id_of(request)
     dist, scope = await scope_or_winning(caller, request, app_id)
-    if scope is Scope.GLOBAL:
-        require_admin(caller, "list the data backups of an app")
-    backups = await asyncio.to_thread(dist.data.backups.all, scope, app_id)
+    backups = await asyncio.to_thread(dist.data.own.all, scope, app_id)
     if not backups and dist.record(scope, app_id) is None:
         raise NotFound("app", app_id)  # nothing of it in this scope: as for an unknown id
     return JSONResponse([b.wire() for b in backups])
@@ -293,7 +301,7 @@ async def backup(request: Request, caller: Caller) -> Response:
     """Back up the app's runtime data now."""
     app_id = app_id_of(request)
     body = await optional_body(request, BackupBody)
-    dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "back up")
+    dist, scope = await data_dist_for(caller, request, scope_named(body.scope), app_id)
     taken = await dist.data.backup(app_id, scope)
     return JSONResponse(taken.wire())
 
@@ -302,7 +310,7 @@ async def restore(request: Request, caller: Caller) -> Response:
     """Put a backup's data back."""
     app_id = app_id_of(request)
     body = await read_model(request, RestoreBody)
-    dist, scope = await dist_for(caller, request, scope_named(body.scope), app_id, "restore")
+    dist, scope = await data_dist_for(caller, request, scope_named(body.scope), app_id)
     answer = await dist.data.restore(app_id, body.backup, scope)
     return JSONResponse(answer)
 
@@ -312,7 +320,7 @@ async def export(request: Request, caller: Caller) -> Response:
     app_id = app_id_of(request)
     shell = shell_of(request)
     scope = scope_named(request.query_params.get("scope"))
-    dist, scope = await dist_for(caller, request, scope, app_id, "export an app")
+    dist, scope = await data_dist_for(caller, request, scope, app_id)
     folder = spool.folder(shell.settings.home, "exports")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = folder / f"{app_id}-{secrets.token_hex(6)}.tar.zst"
@@ -333,13 +341,25 @@ async def import_app(request: Request, caller: Caller) -> Response:
     """Install an exported app with its data; the body is the archive."""
     shell = shell_of(request)
     params = request.query_params
-    dist, scope = await dist_for(caller, request, scope_named(params.get("scope")), None, "import")
+    scope = scope_named(params.get("scope"))
+    # the caller's own data into the installed copy, its tree untouched: what a member's import
+    # into a shared scope is, and an admin's with dataOnly
+    data_only = params.get("dataOnly", "").lower() in {"1", "true", "yes"} or (
+        scope not in (None, Scope.USER) and not (isinstance(caller, UserCaller) and caller.is_admin)
+    )
+    if data_only:
+        dist, scope = await data_dist_for(caller, request, scope, None)
+    else:
+        dist, scope = await dist_for(caller, request, scope, None, "import")
     auto = params.get("autoApprove", "").lower() in {"1", "true", "yes"}
     archive = await spool.receive(request.stream(), shell.settings.home, MAX_ARCHIVE)
 
     async def events() -> AsyncGenerator[ProgressEvent, None]:
         try:
-            run = dist.import_archive(archive, scope, Approval(auto_approve=auto))
+            if data_only:
+                run = dist.import_data(archive, scope)
+            else:
+                run = dist.import_archive(archive, scope, Approval(auto_approve=auto))
             async with aclosing(run) as steps:
                 async for item in steps:
                     yield item

@@ -105,28 +105,35 @@ def copy_tree(source: Path, target: Path) -> str:
     return fdcopy.copy_tree(source, target).method
 
 
-#: under the backups root: ``<id>/<appId>/``, each user's own user-scope backups
+#: under the backups root: ``<id>/<appId>/``, each user's own user-scope backups, and
+#: ``<id>/global/<appId>/`` (``system``), that user's own data of a shared app (no app id is
+#: one word, so neither name is an app's)
 USERS: Final = "users"
 
 
 class BackupStore:
     """The backups under ``root`` (`$ATRIUM_HOME/backups`) seen by one user's pipeline: the
     shared scopes' and that user's user scope's. ``user`` None: the bootstrap admin's (and the
-    whole store, for start-up recovery and `atrium doctor`)."""
+    whole store, for start-up recovery and `atrium doctor`). ``shared``: the store of that user's
+    own data of the shared scopes' apps too (`DataKeeping.own`), not the bootstrap admin's."""
 
-    def __init__(self, root: Path, user: str | None = None) -> None:
+    def __init__(self, root: Path, user: str | None = None, *, shared: bool = False) -> None:
         self.root = root
         self.user = user
+        self.shared = shared
 
     def folder(self, scope: Scope, app_id: str) -> Path:
         if (owner := self.owner(scope)) is not None:
+            if scope is not Scope.USER:
+                return self.root / USERS / owner / scope.value / app_id
             return self.root / USERS / owner / app_id
         return self.root / scope.value / app_id
 
     def owner(self, scope: Scope) -> str | None:
-        """Whose data folders the scope's backups hold: ``user`` for the user scope, else None
-        (the bootstrap admin's, in the app directories)."""
-        return self.user if scope is Scope.USER else None
+        """Whose data folders the scope's backups hold: ``user`` for the user scope (and for
+        every scope when ``shared``), else None (the bootstrap admin's, in the app
+        directories)."""
+        return self.user if scope is Scope.USER or self.shared else None
 
     def checked(self, scope: Scope, app_id: str) -> list[tuple[Backup, str | None]]:
         """Every backup of the app, newest first, each with what is wrong with its files (None:
@@ -266,17 +273,23 @@ class BackupStore:
 
     def _app_folders(self) -> Iterator[tuple[Scope, str | None, Path]]:
         """Every app's folder of backups, its scope and whose: each scope's (None: the
-        bootstrap admin's), and each other user's own user-scope ones."""
+        bootstrap admin's), and each other user's own user-scope ones and own data of the
+        shared scopes' apps (``<id>/global/``, ``<id>/system/``)."""
         roots: list[tuple[Scope, str | None, Path]] = [
             (scope, None, self.root / scope.value) for scope in Scope
         ]
         users = self.root / USERS
         if users.is_dir() and not users.is_symlink():
-            roots += [(Scope.USER, folder.name, folder) for folder in sorted(users.iterdir())]
+            for mine in sorted(users.iterdir()):
+                roots.append((Scope.USER, mine.name, mine))
+                roots += [(s, mine.name, mine / s.value) for s in Scope if s is not Scope.USER]
+        shared = {s.value for s in Scope if s is not Scope.USER}
         for scope, user, root in roots:
             if not root.is_dir() or root.is_symlink():
                 continue
             for folder in sorted(root.iterdir()):
+                if scope is Scope.USER and user is not None and folder.name in shared:
+                    continue  # that user's own data of the shared apps: a root of its own
                 if folder.is_dir() and not folder.is_symlink():
                     yield scope, user, folder
 

@@ -10,6 +10,7 @@ import asyncio
 import errno
 import itertools
 import logging
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,6 +59,12 @@ class DataKeeping:
         #: the app's winning changeable scope, for a call that names none
         self._scope_of = scope_of
         self.backups = BackupStore(layout.home / "backups")
+        #: the backups of this pipeline's user's own data, whatever the app's scope: the
+        #: bootstrap admin's are `backups`; another user's data of a shared app is theirs alone
+        #: (``backups/users/<id>/global/<appId>/``), never in the admin's global backups
+        self.own = self.backups
+        #: whose instances a data operation stops (None: every one running the copy)
+        self._user: str | None = None
         #: another user's runtime data folder (``scopes/users/<id>/runtime``); None: the
         #: bootstrap admin's pipeline, whose data is inside the app directories
         self._runtime: Path | None = None
@@ -68,7 +75,22 @@ class DataKeeping:
         where the lifecycle keeps that user's (`ScopeLayout.runtime_dir`), not in the app
         directory (decisions.md "Users: backups per user")."""
         self.backups = BackupStore(self._layout.home / "backups", user)
+        self.own = BackupStore(self._layout.home / "backups", user, shared=True)
+        self._user = user
         self._runtime = self._layout.user_root(user) / "runtime"
+
+    def own_home(self, scope: Scope, app_id: str) -> Path:
+        """Where this pipeline's user's instances of the app in ``scope`` keep their data: a
+        user other than the bootstrap admin keeps it in their own folder for any scope's app
+        (`ScopeLayout.runtime_dir`)."""
+        if self._runtime is not None:
+            return self._runtime / scope.value / app_id
+        return self.data_home(scope, app_id)
+
+    def own_data(self, scope: Scope, app_id: str) -> list[Path]:
+        """The runtime data folders of this pipeline's user's own instances of the app in
+        ``scope``, a shared scope's app too (what their backup, restore and export act on)."""
+        return runtime_folders(self.own_home(scope, app_id), app_id, self.own.owner(scope))
 
     def data_home(self, scope: Scope, app_id: str) -> Path:
         """The folder holding the app's runtime data folders (``<appId>-<n>``) in ``scope``."""
@@ -114,15 +136,20 @@ class DataKeeping:
         live = self.live_data(scope, app_id)
         await in_thread(replace_data, copies, names, self.data_home(scope, app_id), live)
 
-    async def snapshot(self, scope: Scope, app_id: str, reason: str) -> Backup | None:
-        """Back up the app's runtime data folders in ``scope`` (None when it has none)."""
+    async def snapshot(
+        self, scope: Scope, app_id: str, reason: str, *, own: bool = False
+    ) -> Backup | None:
+        """Back up the app's runtime data folders in ``scope`` (None when it has none): those
+        that go with its tree (an install's, `live_data`), or with ``own`` this pipeline's
+        user's own (`own_data`, into `own`)."""
         record = self._records.get(scope, app_id)
-        folders = self.live_data(scope, app_id)
+        folders = self.own_data(scope, app_id) if own else self.live_data(scope, app_id)
         if not folders:
             return None
         version = record.version if record else "unknown"
+        store = self.own if own else self.backups
         try:
-            return await in_thread(self.backups.snapshot, scope, app_id, version, folders, reason)
+            return await in_thread(store.snapshot, scope, app_id, version, folders, reason)
         except OSError as err:
             error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
             raise error(
@@ -158,14 +185,14 @@ class DataKeeping:
         """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
         scope = mutable(scope or self._scope_of(app_id), "back up in it")
         with self._locks.hold(app_id, "backup"):
-            async with self._stops.stopped(app_id, scope):
-                taken = await self.snapshot(scope, app_id, "manual")
+            async with self._stops.stopped(app_id, scope, self._user):
+                taken = await self.snapshot(scope, app_id, "manual", own=True)
             if taken is None:
                 raise NotFound(
                     "runtime data", app_id, f"{app_id} has no runtime data in the {scope} scope yet"
                 )
             # under the lock: no restore or rollback of this app is reading a backup it removes
-            await in_thread(self.backups.prune, scope, app_id)
+            await in_thread(self.own.prune, scope, app_id)
         return taken
 
     async def restore(
@@ -175,24 +202,55 @@ class DataKeeping:
         scope = mutable(scope or self._scope_of(app_id), "restore in it", self._journals)
         with self._locks.hold(app_id, "restore"):
             # checked under the lock, just before use (BackupDamaged: nothing is stopped)
-            backup = await asyncio.to_thread(self.backups.get, scope, app_id, backup_id)
+            backup = await asyncio.to_thread(self.own.get, scope, app_id, backup_id)
             if backup is None:
                 raise NotFound(
                     "backup", backup_id, f"{app_id} has no backup {backup_id!r} in {scope}"
                 )
-            async with self._stops.stopped(app_id, scope) as stopped:
-                safety = await self.snapshot(scope, app_id, "restore")
+            async with self._stops.stopped(app_id, scope, self._user) as stopped:
+                safety = await self.snapshot(scope, app_id, "restore", own=True)
                 faultpoint("restore-snapshot")
                 async with staging(self._layout, self._journals, scope) as path:
-                    home = self.data_home(scope, app_id)
+                    home = self.own_home(scope, app_id)
                     await in_thread(swap_data, backup, home, path)
-            await in_thread(self.backups.prune, scope, app_id)
+            await in_thread(self.own.prune, scope, app_id)
         _LOGGER.info("%s: restored the data of backup %s", app_id, backup.id)
         return {
             "ok": True,
             "id": app_id,
             "scope": scope.value,
             "restored": backup.wire(),
+            "backup": safety.id if safety else None,
+            "stopped": stopped,
+        }
+
+    async def import_own(self, scope: Scope, app_id: str, folders: list[Path]) -> dict[str, Any]:
+        """An archive's runtime data folders (``<appId>-<n>``) become this pipeline's user's own
+        data of the app installed in ``scope``, whose tree stays as it is: their instances stop,
+        their data is backed up first (``reason: "import"``) and replaced whole; nobody else's is
+        read or touched. The caller holds the app's lock."""
+        owner = self.own.owner(scope)
+        async with self._stops.stopped(app_id, scope, self._user) as stopped:
+            safety = await self.snapshot(scope, app_id, "import", own=True)
+            async with staging(self._layout, self._journals, scope) as path:
+                if owner is None:
+                    await asyncio.to_thread(place, folders, path)
+                    names = [folder.name for folder in folders]
+                else:
+                    names = await asyncio.to_thread(place_as, folders, path, app_id, owner)
+                live = self.own_data(scope, app_id)
+                home = self.own_home(scope, app_id)
+                await in_thread(replace_data, path, names, home, live)
+                aside = path.with_name(path.name + "-old")  # (the replaced folders: in `safety`)
+                await asyncio.to_thread(shutil.rmtree, aside, True)
+        await in_thread(self.own.prune, scope, app_id)
+        _LOGGER.info("%s: imported an archive's data into the %s scope's copy", app_id, scope)
+        return {
+            "ok": True,
+            "id": app_id,
+            "scope": scope.value,
+            "dataOnly": True,
+            "folders": names,
             "backup": safety.id if safety else None,
             "stopped": stopped,
         }
@@ -210,10 +268,10 @@ class DataKeeping:
             app_dir = self._layout.app_dir(scope, app_id)
             # an archive no import takes is refused before anything stops or is copied
             # (ExportTooLarge); pack checks the backup's copy again
-            live = self.live_data(scope, app_id)
+            live = self.own_data(scope, app_id)
             await asyncio.to_thread(check_size, app_dir, live, app_id)
-            async with self._stops.stopped(app_id, scope):
-                taken = await self.snapshot(scope, app_id, "export")
+            async with self._stops.stopped(app_id, scope, self._user):
+                taken = await self.snapshot(scope, app_id, "export", own=True)
             data = taken.data_dirs if taken else []
             try:
                 await in_thread(pack, target, app_dir, data, record, app_id)
@@ -221,5 +279,5 @@ class DataKeeping:
                 if taken is not None:
                     await in_thread(remove, taken.path)
                 raise
-            await in_thread(self.backups.prune, scope, app_id)
+            await in_thread(self.own.prune, scope, app_id)
         return target

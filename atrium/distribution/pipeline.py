@@ -658,6 +658,27 @@ class Distribution:
                     async for item in steps:
                         yield item
 
+    async def import_data(self, archive: Path, scope: Scope) -> AsyncGenerator[ProgressEvent, None]:
+        """An exported app's runtime data made this pipeline's user's own data of the copy
+        installed in ``scope``, its tree left as it is (docs/api.md "Export and import", data
+        only): how a member brings their data of a shared app back. The archive is checked whole
+        first; an app not installed there is `404 not_found` and nothing changes."""
+        mutable(scope, "import into it", self.installer.journals)
+        async with staging(self._layout, self.installer.journals, scope) as path:
+            unpacked = await asyncio.to_thread(unpack, archive, path / "import")
+            app_id = unpacked.record.id
+            yield event(IMPORT_CHECKED, appId=app_id, version=unpacked.record.version)
+            if not any(c.scope is scope for c in self._registry.copies(app_id)):
+                raise NotFound(
+                    "app",
+                    app_id,
+                    f"{app_id!r} is not installed in the {scope} scope, nothing was changed: "
+                    "importing only the data needs the app installed there",
+                )
+            with self.locks.hold(app_id, "import"):
+                answer = await self.data.import_own(scope, app_id, unpacked.data_dirs)
+            yield event(RESULT, **answer)
+
     # -- uninstall ------------------------------------------------------------------------------
 
     async def uninstall(

@@ -40,18 +40,27 @@ class InstanceStops:
         return seen is None or seen.scope.priority <= scope.priority
 
     async def stop_all(
-        self, app_id: str, scope: Scope | None = None, *, errored_too: bool = False
+        self,
+        app_id: str,
+        scope: Scope | None = None,
+        *,
+        errored_too: bool = False,
+        owner: str | None = None,
     ) -> list[str]:
         """Stop every instance of the app that runs the copy in ``scope`` (None: every one) and
         drain its warm pool (the bootstrap admin's) when it does; the ids of those that were
         running, to bring them back afterwards with the same ids. Another user's instances of
-        another copy are never touched."""
-        if self._runs_from(app_id, self._registry.registry.default_user, scope):
+        another copy are never touched. ``owner``: only that user's instances (an operation on
+        their own data of a shared app leaves everyone else's running)."""
+        default = self._registry.registry.default_user
+        if owner in (None, default) and self._runs_from(app_id, default, scope):
             await self._lifecycle.pool.drain(app_id)
         instances = [
             i
             for i in self._lifecycle.of_app(app_id)
-            if not self._lifecycle.is_pooled(i) and self._runs_from(app_id, i.owner, scope)
+            if not self._lifecycle.is_pooled(i)
+            and self._runs_from(app_id, i.owner, scope)
+            and owner in (None, i.owner)
         ]
         # a headless provider is not brought back: the next data request wakes the new version
         running = [
@@ -77,7 +86,7 @@ class InstanceStops:
         return running
 
     async def stop_if_visible(
-        self, app_id: str, scope: Scope, *, errored_too: bool = False
+        self, app_id: str, scope: Scope, *, errored_too: bool = False, owner: str | None = None
     ) -> list[str]:
         """`stop_all` when ``scope`` holds the app's visible copy (a masked copy runs nothing).
         ``errored_too``: an instance that failed is brought back too (a dev copy's save after
@@ -85,13 +94,15 @@ class InstanceStops:
         visible = self._registry.get(app_id)
         if visible is not None and visible.scope.priority > scope.priority:
             return []
-        return await self.stop_all(app_id, scope, errored_too=errored_too)
+        return await self.stop_all(app_id, scope, errored_too=errored_too, owner=owner)
 
     @contextlib.asynccontextmanager
-    async def stopped(self, app_id: str, scope: Scope) -> AsyncIterator[list[str]]:
-        """The app's instances stopped for the block, started again after it whatever happened;
-        yields the ids of those that were running."""
-        stopped = await self.stop_if_visible(app_id, scope)
+    async def stopped(
+        self, app_id: str, scope: Scope, owner: str | None = None
+    ) -> AsyncIterator[list[str]]:
+        """The app's instances (``owner``'s only, when given) stopped for the block, started
+        again after it whatever happened; yields the ids of those that were running."""
+        stopped = await self.stop_if_visible(app_id, scope, owner=owner)
         try:
             yield stopped
         finally:
