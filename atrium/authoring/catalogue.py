@@ -8,6 +8,7 @@ then write one index entry per app naming both sources and a `stable` channel.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from atrium.authoring.scaffold import create
+from atrium.distribution import artifact
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +82,23 @@ def git_ref_base(url: str) -> str:
     return url
 
 
+def artifact_size(folder: Path, app_id: str) -> int:
+    """Bytes of the app's artifact: the layer `publish` pushes (the same deterministic tar+gzip,
+    so the index's ``size`` is what an install fetches)."""
+    layer = io.BytesIO()  # an example's layer is a few kilobytes
+    artifact.write_layer(folder, app_id, layer)
+    return layer.tell()
+
+
 def index_entry(
-    example: Example, oci_repository: str | None, git_url: str | None, version: str = VERSION
+    example: Example,
+    oci_repository: str | None,
+    git_url: str | None,
+    version: str = VERSION,
+    size: int | None = None,
 ) -> dict[str, Any]:
-    """An index entry (docs/api.md "Requests") for an app published under ``version`` (OCI tag)
-    and ``v<version>`` (git tag)."""
+    """An index entry (docs/api.md "The store's catalogue") for an app published under
+    ``version`` (OCI tag) and ``v<version>`` (git tag); the examples have no screenshots."""
     sources: dict[str, Any] = {}
     stable: dict[str, str] = {}
     if oci_repository:
@@ -93,15 +107,18 @@ def index_entry(
     if git_url:
         sources["git"] = {"ref": git_url, "default-branch": "main"}
         stable["git-tag"] = f"v{version}"
-    return {
+    entry: dict[str, Any] = {
         "id": example.id,
         "name": example.name,
         "description": example.description,
-        "publisher": PUBLISHER,
+        "publisher": {"name": PUBLISHER},
         "categories": list(example.categories),
         "sources": sources,
         "channels": {"stable": stable},
     }
+    if size is not None:
+        entry["size"] = size
+    return entry
 
 
 def publish_examples(
@@ -127,5 +144,6 @@ def publish_examples(
             publish(folder, f"oci://{oci_repository}", VERSION)
         if git_dir:
             publish(folder, str(git_dir / f"{example.id}.git"), f"v{VERSION}")
-        entries.append(index_entry(example, oci_repository, git_repository))
+        size = artifact_size(folder, example.id)
+        entries.append(index_entry(example, oci_repository, git_repository, size=size))
     return {"schema": 1, "apps": entries}

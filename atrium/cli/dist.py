@@ -382,7 +382,7 @@ def index(
         (
             e["id"],
             e["name"],
-            e.get("publisher", ""),
+            (e.get("publisher") or {}).get("name", ""),
             ", ".join(sorted(e.get("channels", {}))),
             ", ".join(sorted(e["sources"])),
         )

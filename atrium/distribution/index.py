@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urljoin, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -125,14 +127,50 @@ class Channel(_IndexPart):
         return value
 
 
+#: a category: a short lower-case word (``productivity``, ``home-automation``)
+CATEGORY_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
+#: a screenshot given relative to the index: plain path segments, never ``..``, no query
+RELATIVE_PATH_RE: Final = re.compile(
+    r"(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+(/(?!\.{1,2}(/|$))[A-Za-z0-9_.-]+)*"
+)
+MAX_SCREENSHOTS: Final = 12
+MAX_CATEGORIES: Final = 8
+MAX_URL: Final = 2048
+
+
+def web_url(value: str, what: str) -> str:
+    """``value`` if it is an absolute http(s) URL with a host (the only links a store page
+    follows: never ``javascript:``, ``data:`` or ``file:``)."""
+    parts = urlsplit(value)
+    if len(value) > MAX_URL or parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"{what} {value!r} is not an http:// or https:// URL")
+    return value
+
+
+class Publisher(_IndexPart):
+    """``publisher``: who publishes the app, with an optional web page. A plain string in an
+    older index is read as the name."""
+
+    name: str = Field(min_length=1, max_length=100)
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else web_url(value, "the publisher's url")
+
+
 class IndexEntry(_IndexPart):
-    """One app of the index (docs/api.md "Requests")."""
+    """One app of the index (docs/api.md "The store's catalogue")."""
 
     id: str
     name: str
     description: str = ""
-    publisher: str = ""
-    categories: list[str] = Field(default_factory=list)
+    publisher: Publisher | None = None
+    categories: list[str] = Field(default_factory=list, max_length=MAX_CATEGORIES)
+    screenshots: list[str] = Field(default_factory=list, max_length=MAX_SCREENSHOTS)
+    homepage: str | None = None
+    size: int | None = Field(default=None, ge=0)
     sources: Sources
     channels: dict[str, Channel] = Field(default_factory=dict)
 
@@ -142,6 +180,42 @@ class IndexEntry(_IndexPart):
         if not APP_ID_RE.fullmatch(value):
             raise ValueError(f"{value!r} is not a reverse-domain app id")
         return value
+
+    @field_validator("publisher", mode="before")
+    @classmethod
+    def _publisher(cls, value: object) -> object:
+        if isinstance(value, str):
+            return {"name": value} if value.strip() else None
+        return value
+
+    @field_validator("categories")
+    @classmethod
+    def _categories(cls, value: list[str]) -> list[str]:
+        for category in value:
+            if not CATEGORY_RE.fullmatch(category):
+                raise ValueError(
+                    f"{category!r} is not a category: a short lower-case word "
+                    "(letters, digits and '-', at most 24)"
+                )
+        return value
+
+    @field_validator("screenshots")
+    @classmethod
+    def _screenshots(cls, value: list[str]) -> list[str]:
+        for shot in value:
+            if "://" in shot or ":" in shot.partition("/")[0]:
+                web_url(shot, "the screenshot")
+            elif len(shot) > MAX_URL or not RELATIVE_PATH_RE.fullmatch(shot):
+                raise ValueError(
+                    f"the screenshot {shot!r} is neither an http(s) URL nor a path relative to "
+                    "the index (plain names under the index's folder, no '..', no leading '/')"
+                )
+        return value
+
+    @field_validator("homepage")
+    @classmethod
+    def _homepage(cls, value: str | None) -> str | None:
+        return None if value is None else web_url(value, "the homepage")
 
     @field_validator("sources")
     @classmethod
@@ -159,6 +233,14 @@ class IndexEntry(_IndexPart):
             if channel.git_tag is None and channel.oci_tag is None:
                 raise ValueError(f"channel {name!r} names neither a git-tag nor an oci-tag")
         return value
+
+    def wire(self, index_url: str | None) -> dict[str, Any]:
+        """The entry as served: screenshots given relative to the index resolved against its
+        address, so a page shows them as they are."""
+        answer = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if index_url is not None:
+            answer["screenshots"] = [urljoin(index_url, shot) for shot in self.screenshots]
+        return answer
 
 
 def parse_index(document: object) -> tuple[dict[str, IndexEntry], list[dict[str, Any]]]:
@@ -195,6 +277,42 @@ def parse_index(document: object) -> tuple[dict[str, IndexEntry], list[dict[str,
     return entries, problems
 
 
+def refused_entries(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``{id, reason}`` per refused entry, in the index's order: its problems joined as
+    ``field: message``."""
+    by_position: dict[int, dict[str, Any]] = {}
+    for problem in problems:
+        reason = f"{problem['field']}: {problem['message']}"
+        refused = by_position.setdefault(problem["position"], {"id": problem["id"], "reason": ""})
+        refused["reason"] = f"{refused['reason']}; {reason}" if refused["reason"] else reason
+    return [by_position[p] for p in sorted(by_position)]
+
+
+#: how many refused entries the summary message names (all of them are in ``refused``)
+MESSAGE_NAMES: Final = 5
+NOT_CONFIGURED: Final = "No catalogue is configured: set ATRIUM_INDEX_URL (or serve --index-url)"
+
+
+def summary(url: str | None, listed: int, refused: list[dict[str, Any]]) -> str:
+    """The store's one sentence on the catalogue: missing, empty, every entry refused (and why),
+    or how many apps it lists."""
+    if url is None:
+        return NOT_CONFIGURED
+    named = "; ".join(f"{r['id'] or '(no id)'} ({r['reason']})" for r in refused[:MESSAGE_NAMES])
+    if len(refused) > MESSAGE_NAMES:
+        named += f"; and {len(refused) - MESSAGE_NAMES} more"
+    if listed == 0 and refused:
+        total = len(refused)
+        apps = "1 app" if total == 1 else f"{total} apps"
+        return f"The catalogue at {url} lists {apps} and every one was refused: {named}"
+    if listed == 0:
+        return f"The catalogue at {url} lists no app"
+    apps = "1 app" if listed == 1 else f"{listed} apps"
+    if refused:
+        return f"The catalogue at {url} lists {apps}; {len(refused)} refused: {named}"
+    return f"The catalogue at {url} lists {apps}"
+
+
 @dataclass(frozen=True, slots=True)
 class IndexSnapshot:
     """One fetched index: the valid entries, the problems, and when it was fetched."""
@@ -211,10 +329,8 @@ class IndexSnapshot:
 
     def wire(self, ttl: float) -> dict[str, Any]:
         age = self.age()
-        apps = [
-            e.model_dump(mode="json", by_alias=True, exclude_none=True)
-            for e in self.entries.values()
-        ]
+        apps = [e.wire(self.url) for e in self.entries.values()]
+        refused = refused_entries(self.problems)
         return {
             "index": {"schema": SCHEMA, "apps": apps},
             "url": self.url,
@@ -224,6 +340,8 @@ class IndexSnapshot:
             "stale": age is not None and age >= ttl,
             "refreshAfterSeconds": None if age is None else max(0, round(ttl - age)),
             "problems": self.problems,
+            "refused": refused,
+            "message": summary(self.url, len(apps), refused),
         }
 
 

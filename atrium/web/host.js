@@ -204,7 +204,7 @@ async function loadCatalogue() {
   const entries = snapshot.index?.apps || [];
   $("catalogue-status").textContent = entries.length
     ? `${entries.length} app${entries.length > 1 ? "s" : ""} from ${snapshot.url}${snapshot.stale ? " (offline copy)" : ""}`
-    : `The catalogue at ${snapshot.url} lists no app.`;
+    : `${snapshot.message || `The catalogue at ${snapshot.url} lists no app`}.`;
   $("catalogue-rows").replaceChildren(...entries.map((entry) => {
     const installed = apps.some((a) => a.id === entry.id);
     const action = installed
@@ -221,7 +221,7 @@ async function loadCatalogue() {
         },
       });
     const row = el("li", {},
-      el("div", {}, el("strong", { textContent: entry.name }), el("span", { className: "hint", textContent: entry.publisher ? ` · ${entry.publisher}` : "" }),
+      el("div", {}, el("strong", { textContent: entry.name }), el("span", { className: "hint", textContent: entry.publisher?.name ? ` · ${entry.publisher.name}` : "" }),
         el("div", { className: "hint", textContent: entry.description || entry.id })),
       action);
     row.dataset.appId = entry.id;

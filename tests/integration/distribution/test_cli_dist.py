@@ -125,6 +125,7 @@ def test_index_lists_entries_and_refreshes(
     row = next(line for line in result.output.splitlines() if "com.example.listed" in line)
     assert "beta, stable" in row
     assert "git" in row
+    assert "│ Example " in row  # the publisher's name, as the index now serves {name, url?}
     index.write_text(json.dumps({"schema": 1, "apps": [entry, {"id": "bad"}]}))
     refreshed = cli.invoke(app, ["index", "--refresh"])
     assert "skipped entry 1 (bad)" in refreshed.output

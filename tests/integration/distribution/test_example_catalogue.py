@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -57,6 +58,15 @@ def test_the_examples_are_published_listed_and_installed_by_id(
     hello = index["apps"][0]
     assert hello["sources"]["oci"]["ref"] == f"{registry.host}/examples/com.example.hello"
     assert hello["channels"]["stable"] == {"oci-tag": "0.1.0", "git-tag": "v0.1.0"}
+    # the store's fields: publisher, categories, and the size of the artifact an install fetches
+    manifest = httpx.get(
+        f"http://{registry.host}/v2/examples/com.example.hello/manifests/0.1.0",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    ).json()
+    assert hello["size"] == sum(layer["size"] for layer in manifest["layers"])
+    assert hello["publisher"] == {"name": "Atrium examples"}
+    assert hello["categories"] == list(EXAMPLES[0].categories)
+    assert "screenshots" not in hello  # the examples have none
     publisher.stop()
 
     # a fresh shell, as on another machine, with only the index's address
@@ -67,6 +77,7 @@ def test_the_examples_are_published_listed_and_installed_by_id(
         listed = api.get("/api/dist/index").json()
         assert [a["id"] for a in listed["index"]["apps"]] == [e.id for e in EXAMPLES]
         assert listed["problems"] == []
+        assert listed["index"]["apps"][0]["size"] == hello["size"]
         installed = CliRunner().invoke(app, ["install", "com.example.hello", "--yes"])
         assert installed.exit_code == 0, installed.output
         record = api.get("/api/apps/com.example.hello").json()["record"]
