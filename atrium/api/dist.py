@@ -63,6 +63,8 @@ class UpdateBody(ApprovalBody):
 
     #: boot the new version before switching: true always, false never, null when running
     check: bool | None = None
+    #: a newer version tag of the recorded source to take (its `newerTags`)
+    to: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class InstallBody(ApprovalBody):
@@ -254,7 +256,7 @@ async def update(request: Request, caller: Caller) -> Response:
     body = await optional_body(request, UpdateBody)
     dist, scope = await dist_for(caller, request, None, app_id, "update an app")
     audit_target(request, scope=scope.value)
-    events = dist.update(app_id, body.approval(), body.check)
+    events = dist.update(app_id, body.approval(), body.check, body.to)
     return await _answer(request, events)
 
 

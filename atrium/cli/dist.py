@@ -182,19 +182,26 @@ def update(
             help="start the new version once before switching [only when the app is running]",
         ),
     ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="take this newer version tag of the app's source (e.g. v2)"),
+    ] = None,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Re-resolve an installed app's ref and install it again if the source changed; a running
-    app's new version must start before it replaces the old one."""
+    app's new version must start before it replaces the old one. An app pinned to a tag or digest
+    lists the newer version tags of its source; --to takes one."""
     path = f"/api/dist/update/{app_id}"
-    body = {} if check is None else {"check": check}
+    body: dict[str, Any] = {} if check is None else {"check": check}
+    if to is not None:
+        body["to"] = to
     with ShellClient() as client:
         if as_json:
             print_json(client.request("POST", path, json={**body, "autoApprove": yes}))
             return
         result = approve_and_run(client, path, body, yes)
     if result.get("upToDate"):
-        console.print(f"{app_id} is up to date")
+        print_up_to_date(app_id, result)
         return
     record = result["record"]
     if result.get("restored"):
@@ -204,6 +211,21 @@ def update(
         )
         return
     console.print(f"Updated {record['id']} to {record['version']} in the {record['scope']} scope")
+
+
+def print_up_to_date(app_id: str, result: dict[str, Any]) -> None:
+    """Up to date, or pinned: to what, and the newer tags it could take."""
+    pinned = result.get("pinned")
+    if pinned is None:
+        console.print(f"{app_id} is up to date")
+        return
+    newer = result.get("newerTags") or []
+    console.print(f"{app_id} is pinned to {pinned}: it gets no newer version by itself")
+    if newer:
+        console.print(f"Newer tags of its source: {', '.join(newer)}", highlight=False)
+        print(f"  atrium update {app_id} --to {newer[-1]}")
+    else:
+        console.print("Its source has no newer version tag.")
 
 
 def history(
@@ -353,13 +375,13 @@ def installed(as_json: bool = JSON_OPT) -> None:
             r["scope"],
             r["source"],
             r["ref"],
-            r["channel"],
+            f"pinned to {r['pinned']}" if r.get("pinned") else (r["channel"] or "follows"),
             r.get("signedBy") or "",
             r["updatedAt"],
         )
         for r in records
     ]
-    columns = ["id", "version", "scope", "source", "ref", "channel", "signed by", "updated"]
+    columns = ["id", "version", "scope", "source", "ref", "updates", "signed by", "updated"]
     print_table("Installed", columns, rows)
 
 
@@ -376,7 +398,10 @@ def index(
         print_json(answer)
         return
     if answer["url"] is None:
-        console.print("No index is configured (ATRIUM_INDEX_URL or `atrium serve --index-url`).")
+        console.print(
+            "No index is configured: ATRIUM_INDEX_URL, `atrium serve --index-url`, or an admin's "
+            "PUT /api/dist/index {url}."
+        )
         return
     rows = [
         (

@@ -53,6 +53,34 @@ async def resolve_oci(
     return pulled.digest, {k: v for k, v in preview.items() if v is not None}
 
 
+async def list_tags(
+    ref: OciRef, docker_config: Path | None = None, reach: Reach | None = None
+) -> list[str]:
+    """The tags of ``ref``'s repository; FetchFailed when the registry cannot be read."""
+    try:
+        async with RegistryClient(
+            ref.registry, ref.repository, docker_config=docker_config, reach=reach
+        ) as client:
+            return await client.tags()
+    except RegistryError as err:
+        raise FetchFailed(str(ref), str(err)) from err
+
+
+async def move_tag(ref: OciRef, digest: str, tag: str, docker_config: Path | None = None) -> None:
+    """Point ``tag`` of ``ref``'s repository at the manifest ``digest`` (a moving tag such as
+    ``latest``); UpstreamFailed when the registry refuses."""
+    try:
+        async with RegistryClient(
+            ref.registry, ref.repository, docker_config=docker_config, push=True
+        ) as client:
+            pulled = await client.manifest(digest)
+            await client.put_manifest(tag, pulled.body, pulled.media_type or artifact.OCI_MANIFEST)
+    except RegistryError as err:
+        raise UpstreamFailed(
+            f"moving {tag!r} of {ref} failed: {err.reason}", ref=str(ref), reason=err.reason
+        ) from err
+
+
 #: how much of a layer is decompressed to find its first member (a pax header comes first)
 PEEK_LIMIT = 1 << 20
 

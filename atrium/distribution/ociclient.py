@@ -294,6 +294,31 @@ class RegistryClient:
                 )
         return PulledManifest(body, media_type, digest)
 
+    async def tags(self, pages: int = 20) -> list[str]:
+        """The repository's tags (``GET /v2/<repo>/tags/list``), following ``Link`` pages up to
+        ``pages`` of them."""
+        found: list[str] = []
+        url: URL | None = self.base / "v2" / self.repository / "tags" / "list"
+        for _ in range(pages):
+            if url is None:
+                break
+            async with self._call("GET", url) as resp:
+                body = await _read_capped(resp, MAX_MANIFEST)
+                if resp.status == 404:
+                    return found
+                if resp.status != 200:
+                    raise self._refused(resp.status, body, "listing the tags")
+                link = resp.headers.get("Link", "")
+            try:
+                listed = json.loads(body).get("tags") or []
+            except (ValueError, AttributeError, RecursionError) as err:
+                raise RegistryError("the registry's tag list is not JSON") from err
+            found.extend(t for t in listed if isinstance(t, str))
+            nxt = link.partition("<")[2].partition(">")[0] if 'rel="next"' in link else ""
+            # only a page on the same registry: a Link elsewhere is not followed
+            url = self.base.join(URL(nxt)) if nxt.startswith("/v2/") else None
+        return found
+
     async def blob(self, digest: str, size: int) -> AsyncGenerator[bytes, None]:
         """Stream a blob in chunks; after the last one its size and sha256 are verified."""
         hasher, received = hashlib.sha256(), 0

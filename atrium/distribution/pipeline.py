@@ -28,9 +28,10 @@ from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.keeping import DataKeeping
 from atrium.distribution.operations import AppLocks, mutable, run_to_completion, staging
+from atrium.distribution.pins import at_tag, baseline, newer_tags
 from atrium.distribution.reach import Reach
 from atrium.distribution.records import InstallRecord, RecordStore, now
-from atrium.distribution.refs import Ref, parse_ref
+from atrium.distribution.refs import GitRef, OciRef, Ref, parse_ref
 from atrium.distribution.resolve import Resolver
 from atrium.distribution.signing import Verdict, refuses
 from atrium.distribution.stops import InstanceStops
@@ -241,10 +242,13 @@ class Distribution:
             )
 
     async def update(
-        self, app_id: str, approval: Approval, check: bool | None = None
+        self, app_id: str, approval: Approval, check: bool | None = None, to: str | None = None
     ) -> AsyncGenerator[ProgressEvent, None]:
-        """Re-resolve the recorded ref; the same digest is a no-op (docs/api.md "Requests").
-        ``check``: try the new version before switching (None: when the app is running)."""
+        """Re-resolve the recorded ref; the same digest is a no-op (docs/api.md "Requests"), which
+        for a pinned install also lists the source's newer version tags.
+        ``check``: try the new version before switching (None: when the app is running).
+        ``to``: one of those newer tags, taken instead of the recorded ref (decisions.md
+        "Updates that arrive")."""
         scope = mutable(self.mutable_scope_of(app_id), "update in it", self.installer.journals)
         record = self.records.get(scope, app_id)
         if record is None:
@@ -256,18 +260,23 @@ class Distribution:
             )
         with self.locks.hold(app_id, "update"):
             ref = parse_ref(record.ref)
-            yield event(RESOLVE_START, ref=record.ref)
+            ref_text = record.ref
+            if to is not None:
+                ref = await self._newer_source(record, ref, to)
+                ref_text = str(ref)
+            yield event(RESOLVE_START, ref=ref_text)
             resolved = await self.resolver.resolve(ref)
             yield event(RESOLVE_DONE, resolved=resolved.wire())
             approval.check(resolved)
-            same_app(app_id, record.ref, resolved.dir_name)
+            same_app(app_id, ref_text, resolved.dir_name)
             restored: list[str] | None = None
-            if resolved.digest == record.digest:
+            if resolved.digest == record.digest and to is None:
                 # the same version, but is the installed tree still what was installed?
                 restored = await changed_files(self.installer.repos[scope], app_id)
                 if not restored:
+                    pin = await self._pin_answer(record, ref, resolved.pinned)
                     self._bus.emit(DistUpdateComplete(app_id, None, owner=self._owner(scope)))
-                    yield event(RESULT, ok=True, record=None, upToDate=True)
+                    yield event(RESULT, ok=True, record=None, upToDate=True, **pin)
                     return
                 _LOGGER.warning(
                     "%s in the %s scope differs from what was installed (%s): installing the "
@@ -278,7 +287,7 @@ class Distribution:
                 )
             run_update = self._run(
                 "update",
-                record.ref,
+                ref_text,
                 resolved,
                 scope,
                 approval,
@@ -289,6 +298,36 @@ class Distribution:
             async with aclosing(run_update) as run:
                 async for item in run:
                     yield item
+
+    async def _pin_answer(
+        self, record: InstallRecord, ref: Ref, pinned: str | None
+    ) -> dict[str, Any]:
+        """A pinned install's ``pinned`` and ``newerTags`` (the source's version tags newer than
+        the pin), for the up-to-date answer; nothing for an install that follows its source."""
+        if pinned is None or not isinstance(ref, GitRef | OciRef):
+            return {}
+        tags = await self.resolver.tags(ref)
+        return {"pinned": pinned, "newerTags": newer_tags(tags, baseline(ref, record.version))}
+
+    async def _newer_source(self, record: InstallRecord, ref: Ref, to: str) -> GitRef | OciRef:
+        """The recorded source at the tag ``to``, which must be one of its version tags newer
+        than what is installed; InvalidRequest naming ``to`` otherwise (nothing changes)."""
+        if not isinstance(ref, GitRef | OciRef):
+            raise InvalidRequest(
+                f"{record.id!r} follows {record.ref!r}, which has no tags to choose from; "
+                f"`to` ({to!r}) takes a newer tag of a git or OCI source",
+                to=to,
+            )
+        newer = newer_tags(await self.resolver.tags(ref), baseline(ref, record.version))
+        if to not in newer:
+            listed = ", ".join(newer) or "none"
+            raise InvalidRequest(
+                f"{to!r} is not a newer version tag of {record.id!r}'s source {record.ref!r} "
+                f"(newer tags: {listed}); nothing was changed",
+                to=to,
+                newerTags=newer,
+            )
+        return at_tag(ref, to)
 
     async def _run(
         self,
@@ -464,6 +503,7 @@ class Distribution:
             updated_at=stamp,
             path=str(self._layout.app_dir(scope, manifest.id)),
             dev=dev if dev is not None else bool(previous and previous.dev),
+            pinned=resolved.pinned,
         )
 
     async def _install_stage(

@@ -49,10 +49,13 @@ class InstallRecord(WireModel):
     #: the trusted key that signed what was installed (checked under a `warn` or `require`
     #: trust policy); None: unsigned, or not checked
     signed_by: str | None = None
+    #: the tag or digest the ref pins the install to (decisions.md "Updates that arrive"); None:
+    #: it follows its source (a branch, a moving tag, an index channel, a local folder)
+    pinned: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """The wire form; ``rollbackOf`` only on a rollback's record, ``dev`` only when true,
-        ``signedBy`` only when a trusted key signed it."""
+        ``signedBy`` only when a trusted key signed it, ``pinned`` only on a pinned install."""
         data = super().wire()
         if data["rollbackOf"] is None:
             del data["rollbackOf"]
@@ -60,6 +63,8 @@ class InstallRecord(WireModel):
             del data["dev"]
         if data["signedBy"] is None:
             del data["signedBy"]
+        if data["pinned"] is None:
+            del data["pinned"]
         return data
 
 

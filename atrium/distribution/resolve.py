@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from atrium.distribution.fetchers import ResolvedRef
-from atrium.distribution.fetchers.git import GitCommandFailed, ls_remote
+from atrium.distribution.fetchers.git import GitCommandFailed, ls_remote_kind, ls_remote_tags
 from atrium.distribution.index import (
     DEFAULT_CHANNEL,
     IndexClient,
@@ -30,6 +30,7 @@ from atrium.distribution.index import (
     git_source,
     oci_source,
 )
+from atrium.distribution.pins import pin_of
 from atrium.distribution.reach import UNRESTRICTED, Reach
 from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
 from atrium.distribution.tree import UnsafeTree, check_tree, content_hash
@@ -117,9 +118,24 @@ class Resolver:
             case IndexRef():
                 entry = await self._index.entry(ref.app_id)
                 source, channel = source_for(entry, ref.channel)
+                # a bare id follows its channel, whatever tag the channel names today
                 if isinstance(source, OciRef):
-                    return await self._oci(source, entry.id, channel)
-                return await self._git(source, entry.id, channel)
+                    found = await self._oci(source, entry.id, channel)
+                else:
+                    found = await self._git(source, entry.id, channel)
+                return replace(found, pinned=None)
+
+    async def tags(self, ref: GitRef | OciRef) -> list[str]:
+        """The tags of ``ref``'s source (git: ``ls-remote --tags``; OCI: the registry's tag
+        list), fetched under the same reach as a resolve; FetchFailed when unreadable."""
+        if isinstance(ref, OciRef):
+            from atrium.distribution.oci import list_tags
+
+            return await list_tags(ref, self._docker_config, self._reach)
+        try:
+            return await ls_remote_tags(ref.url, self._reach)
+        except GitCommandFailed as err:
+            raise FetchFailed(str(ref), str(err)) from err
 
     async def _local(self, ref: LocalRef) -> ResolvedRef:
         directory = Path(ref.path)
@@ -142,7 +158,7 @@ class Resolver:
 
     async def _git(self, ref: GitRef, dir_name: str, channel: str | None) -> ResolvedRef:
         try:
-            commit, git_ref = await ls_remote(ref.url, ref.ref, self._reach)
+            commit, git_ref, is_tag = await ls_remote_kind(ref.url, ref.ref, self._reach)
         except GitCommandFailed as err:
             raise FetchFailed(str(ref), str(err)) from err
         return ResolvedRef(
@@ -153,6 +169,7 @@ class Resolver:
             dir_name=dir_name,
             channel=channel,
             git_ref=git_ref,
+            pinned=pin_of(ref, is_tag),
         )
 
     async def _oci(self, ref: OciRef, dir_name: str | None, channel: str | None) -> ResolvedRef:
@@ -175,4 +192,5 @@ class Resolver:
             dir_name=dir_name or _oci_dir_name(ref, info),
             channel=channel,
             manifest_preview=preview,
+            pinned=pin_of(ref, False),
         )

@@ -49,6 +49,9 @@ class ResolvedRef:
     #: git: the branch or tag to clone
     git_ref: str | None = None
     manifest_preview: Mapping[str, Any] | None = None
+    #: the tag or digest the install is pinned to; None: it follows its source
+    #: (atrium.distribution.pins)
+    pinned: str | None = None
 
     def wire(self) -> dict[str, Any]:
         return {

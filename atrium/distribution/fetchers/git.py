@@ -60,6 +60,22 @@ async def ls_remote(
 ) -> tuple[str, str | None]:
     """``(commit, branch or tag)`` of ``ref`` in the repository at ``url``; without ``ref``, the
     default branch (the remote's HEAD). A tag wins over a branch of the same name."""
+    commit, name, _ = await ls_remote_kind(url, ref, reach)
+    return commit, name
+
+
+async def ls_remote_tags(url: str, reach: Reach = UNRESTRICTED) -> list[str]:
+    """The names of the repository's tags (``git ls-remote --tags --refs``)."""
+    options, url = await reach.git_args(url)
+    out = await run_git_command(*options, "ls-remote", "--tags", "--refs", url)
+    names = (line.partition("\t")[2] for line in out.splitlines())
+    return [n.removeprefix("refs/tags/") for n in names if n.startswith("refs/tags/")]
+
+
+async def ls_remote_kind(
+    url: str, ref: str | None, reach: Reach = UNRESTRICTED
+) -> tuple[str, str | None, bool]:
+    """``ls_remote`` and whether ``ref`` named a tag (a pin) rather than a branch."""
     options, url = await reach.git_args(url)
     if ref is None:
         out = await run_git_command(*options, "ls-remote", "--symref", url, "HEAD")
@@ -73,7 +89,7 @@ async def ls_remote(
                 commit = left
         if commit is None:
             raise GitCommandFailed("the repository has no default branch (HEAD)")
-        return commit, branch
+        return commit, branch, False
     patterns = (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}")
     out = await run_git_command(*options, "ls-remote", url, *patterns)
     found: dict[str, str] = {}
@@ -82,7 +98,7 @@ async def ls_remote(
         found[name] = commit
     for pattern in patterns:
         if pattern in found:
-            return found[pattern], ref
+            return found[pattern], ref, pattern.startswith("refs/tags/")
     if COMMIT_RE.fullmatch(ref):
         raise GitCommandFailed(
             f"{ref!r} looks like a commit id, and the repository has no branch or tag of that "
