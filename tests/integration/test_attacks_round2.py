@@ -6,6 +6,7 @@ the service unit. Each test is an attack; those that found nothing stay as guard
 from __future__ import annotations
 
 import http.server
+import re
 import socket
 import ssl
 import subprocess
@@ -14,11 +15,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa, x25519
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from tests.integration.conftest import RunningShell, StartShell
+from atrium.authoring.scaffold import create
+from atrium.cli.client import ShellClient
+from atrium.cli.dev import DevSession
+from tests.integration.conftest import (
+    ECHO,
+    RunningShell,
+    SseReader,
+    StartShell,
+    add_test_apps,
+    wait_for,
+)
 from tests.integration.test_users_attacks import listener
 
 pytestmark = pytest.mark.integration
@@ -229,3 +243,215 @@ def test_an_https_git_source_cannot_redirect_a_members_fetch(
             server.shutdown()
             server.server_close()
     assert seen == []
+
+
+# ---- 2. the trust API ---------------------------------------------------------------------------
+
+
+def _pem(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+def _ssh(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+def test_a_member_changes_only_their_own_scopes_trust(
+    echo_shell: RunningShell, bob: httpx.Client, home: Path
+) -> None:
+    good = _pem(ec.generate_private_key(ec.SECP256R1()))
+    body = {"policy": "off", "keys": [{"name": "mallory", "key": good}]}
+    answer = bob.put("/api/scopes/global/trust", json=body)
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["error"]["code"] == "permission_denied"
+    admin = echo_shell.settings.user
+    for scope in (
+        f"users/{admin}", f"users%2F{admin}", "user%2F..%2Fglobal", "USER", "Global",
+        "user ", admin, "..", "%2e%2e", "system",
+    ):  # fmt: skip
+        answer = bob.put(f"/api/scopes/{scope}/trust", json=body)
+        assert answer.status_code in (400, 403, 404, 405), (scope, answer.text)
+    assert not (home / "scopes/global/trust.json").exists()
+    assert not (home / f"scopes/users/{admin}/trust.json").exists()
+    with echo_shell.client() as alice:
+        assert alice.get("/api/scopes/user/trust").json()["keys"] == []
+        assert alice.get("/api/scopes/global/trust").json()["keys"] == []
+    # an app of bob's acts as bob for data, never for his trust store
+    app_token = echo_shell.shell.app_tokens.issue("test.sdk.echo", "test.sdk.echo-bob", "bob")
+    with echo_shell.client(app_token) as app:
+        answer = app.put("/api/scopes/user/trust", json=body)
+        assert answer.status_code in (401, 403), answer.text
+    assert not (home / "scopes/users/bob/trust.json").exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"name": "a\nb"},
+        {"name": "ok\n"},
+        {"name": ".."},
+        {"name": "../x"},
+        {"name": "-n"},
+        {"name": "a b"},
+        {"name": "é"},
+        {"name": "x" * 65},
+        {"name": ""},
+        {"key": "x" * 1_000_000},
+        {"key": "ssh-ed25519 AAAA\nssh-ed25519 BBBB"},
+        {"key": "P384"},
+        {"key": "ssh-P384"},
+        {"key": "ssh-rsa"},
+        {"key": "ed448"},
+        {"key": "x25519"},
+        {"policy": "always"},
+        {"policy": 2},
+        {"policy": None},
+        {"policy": "REQUIRE"},
+    ],
+)
+def test_a_bad_trust_store_is_refused_whole(
+    bob: httpx.Client, home: Path, bad: dict[str, object]
+) -> None:
+    keys = {
+        "P384": _pem(ec.generate_private_key(ec.SECP384R1())),
+        "ssh-P384": _ssh(ec.generate_private_key(ec.SECP384R1())),
+        "ssh-rsa": rsa.generate_private_key(65537, 2048)
+        .public_key()
+        .public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+        .decode(),
+        "ed448": ed448.Ed448PrivateKey.generate()
+        .public_key()
+        .public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+        .decode(),
+        "x25519": x25519.X25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+        .decode(),
+    }
+    key: dict[str, object] = {"name": "carol", "key": _ssh(ed25519.Ed25519PrivateKey.generate())}
+    body: dict[str, object] = {"policy": bad.get("policy", "require"), "keys": [key]}
+    if "name" in bad:
+        key["name"] = bad["name"]
+    if "key" in bad:
+        key["key"] = keys.get(str(bad["key"]), bad["key"])
+    answer = bob.put("/api/scopes/user/trust", json=body)
+    assert answer.status_code in (400, 413), answer.text
+    assert answer.json()["error"]["code"] in ("bad_request", "payload_too_large"), answer.text
+    assert not (home / "scopes/users/bob/trust.json").exists()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b'{"policy": "require", "keys": [', b"null", b'{"policy": 5}', b"\xff\xfe", b"[" * 100_000],
+)
+def test_a_hand_edited_trust_store_answers_503_not_500(
+    echo_shell: RunningShell, home: Path, garbage: bytes
+) -> None:
+    with echo_shell.client() as alice:
+        assert alice.put("/api/scopes/global/trust", json={"policy": "off"}).status_code == 200
+        (home / "scopes/global/trust.json").write_bytes(garbage)
+        answer = alice.get("/api/scopes/global/trust")
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "storage_damaged"
+        # an install reading it is refused the same way: test_signed_apps'
+        # test_a_damaged_trust_store_refuses_installs_rather_than_turning_off
+
+
+# ---- 3. the page an app origin shows a browser -------------------------------------------------
+
+HTML = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+XSS = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+
+
+def test_the_app_origin_page_reflects_nothing_and_links_only_to_the_shells_own_name(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    add_test_apps(system_apps, ECHO)
+    shell = start_shell(app_domain="atrium.test")
+    port = shell.settings.port
+    host_page = f"http://atrium.test:{port}/"
+    with shell.client(timeout=30) as api:
+        instance = api.post("/api/instances", json={"appId": ECHO, "new": True}).json()
+        view = api.post(f"/api/instances/{instance['instanceId']}/views", json={"path": "/"})
+        origin_host = urlsplit(view.json()["url"]).netloc
+    hosts = [origin_host, f"abcdefabcdef.atrium.test:{port}"]
+    paths = [
+        f"/{quote(XSS)}",
+        f"/?q={quote(XSS)}",
+        "/%22%3E%3Cscript%3Ealert(1)%3C/script%3E",
+        "//evil.example/",
+        "/\\evil.example",
+    ]
+    for host in hosts:
+        for path in paths:
+            headers = {
+                "Host": host,
+                "Accept": HTML,
+                "X-Forwarded-Host": "evil.example",
+                "X-Forwarded-Proto": "https",
+                "Forwarded": "host=evil.example",
+                "Referer": f"http://evil.example/{XSS}",
+            }
+            page = httpx.get(shell.url + path, headers=headers, timeout=30)
+            assert page.status_code in (401, 404), (host, path, page.text)
+            assert page.headers["content-type"].startswith("text/html"), page.text
+            csp = page.headers["content-security-policy"]
+            assert "default-src 'none'" in csp, csp
+            assert "script" not in page.text.lower(), (host, path, page.text)
+            assert "onerror" not in page.text.lower(), (host, path, page.text)
+            assert "evil" not in page.text, (host, path, page.text)
+            assert re.findall(r'href="([^"]*)"', page.text) == [host_page], page.text
+    # a Host of the attacker's is refused before any page (421, the error object)
+    for host in (f"evil.example:{port}", f"{XSS}.atrium.test:{port}", f"atrium.test:{port}@evil"):
+        answer = httpx.get(shell.url + "/", headers={"Host": host, "Accept": HTML}, timeout=30)
+        assert answer.status_code in (400, 421), (host, answer.text)
+        assert not answer.headers.get("content-type", "").startswith("text/html"), answer.text
+
+
+# ---- 4. the dev problems alert ------------------------------------------------------------------
+
+DEV_APP = "com.example.devloop"
+
+
+def test_a_dev_problem_is_text_to_the_authors_page_and_4000_characters_at_most(
+    shell: RunningShell, tmp_path: Path
+) -> None:
+    """The message reaches the author's page as it was sent (JSON text in the event), and the
+    host page shows it with textContent (the source guard below): markup in it stays text."""
+    folder = create(tmp_path, DEV_APP, "stdlib")
+    token = shell.token  # a dev copy is made from a folder on the shell's machine: an admin's
+    with shell.client(token) as author, ShellClient(shell.url, token) as client:
+        heard = SseReader(author, params={"topics": "dev:failed"})
+        session = DevSession(client, folder)
+        assert session.sync()
+        route = f"/api/dist/dev/{DEV_APP}/problems"
+        message = XSS + "\n" + "x" * (4000 - len(XSS) - 1)
+        assert author.post(route, json={"message": message}).status_code == 200
+        wait_for(lambda: heard.of("dev:failed"), "dev:failed")
+        assert heard.of("dev:failed")[-1].data["message"] == message
+        for bad in ("x" * 4001, "", 5, ["x"], None):
+            answer = author.post(route, json={"message": bad})
+            assert answer.status_code == 400, (bad, answer.text)
+        answer = author.post(
+            route, content=b"x" * 2_000_000, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status_code in (400, 413), answer.text
+        assert len(heard.of("dev:failed")) == 1
+        session.remove()
+
+
+def test_the_host_page_writes_no_markup_from_strings() -> None:
+    """Guard: the host page builds its DOM with textContent and element properties (`el`); a
+    string that reaches an HTML sink (a dev problem, an app's name, an error message) would be
+    markup in the shell's own origin."""
+    web = Path(__file__).resolve().parents[2] / "atrium" / "web"
+    sinks = re.compile(
+        r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|createContextualFragment|srcdoc"
+    )
+    found = [
+        f"{path.name}:{n}"
+        for path in sorted(web.rglob("*.js"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if sinks.search(line)
+    ]
+    assert found == []
