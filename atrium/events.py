@@ -216,6 +216,8 @@ class DistPublishDone(Payload):
     ref: str
     install_command: str
     digest: str | None
+    #: the install command that follows updates (a branch, a moving tag), when there is one
+    follow_command: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

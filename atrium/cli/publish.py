@@ -63,6 +63,13 @@ def _render(events: Iterable[dict[str, Any]]) -> None:
             console.print(f"  {event['message']}", highlight=False)
         elif event["type"] == "publish.done":
             console.print(f"published {event['id']} {event['version']} to {event['ref']}")
+            follow = event.get("followCommand")
+            if follow and follow != event["installCommand"]:
+                console.print("install it following updates (each publish arrives) with:")
+                print(f"  {follow}")
+                console.print("or pinned to this version (`atrium update` lists newer tags):")
+                print(f"  {event['installCommand']}")
+                return
             console.print("install it with:")
             print(f"  {event['installCommand']}")
             return

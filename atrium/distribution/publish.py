@@ -4,7 +4,8 @@ docs/api.md "Publishing": not gated by permissions; git uses the
 user's git configuration (credentials, identity), OCI the Docker config. ``Publisher.plan`` checks
 everything that can be checked before anything moves (the directory, its manifest, the target and the
 tag), so a route can answer those errors with their own status; ``Publisher.run`` then yields
-``publish.progress {message}`` … ``publish.done {ref, installCommand, id, version, digest}`` and
+``publish.progress {message}`` … ``publish.done {ref, installCommand, followCommand, id, version,
+digest}`` and
 mirrors them on the bus (``dist:publish.progress``, ``dist:publish.done``, ``dist:publish.complete``).
 """
 
@@ -16,16 +17,17 @@ import logging
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 from urllib.parse import unquote
 
 from atrium.distribution import artifact, signing
-from atrium.distribution.oci import push_app
-from atrium.distribution.refs import TAG_RE, GitRef, OciRef, parse_ref
+from atrium.distribution.oci import list_tags, move_tag, push_app
+from atrium.distribution.pins import newer_tags, tag_version
+from atrium.distribution.refs import DEFAULT_TAG, TAG_RE, GitRef, OciRef, parse_ref
 from atrium.distribution.signatures import push_signature
-from atrium.errors import BadRef, InvalidRequest, UpstreamFailed
+from atrium.errors import BadRef, FetchFailed, InvalidRequest, UpstreamFailed
 from atrium.events import (
     PUBLISH_DONE,
     PUBLISH_PROGRESS,
@@ -53,6 +55,8 @@ class _Published:
     """The last item of a publish's steps: the manifest digest (OCI) or the tagged commit (git)."""
 
     digest: str
+    #: the install command that follows updates (the pushed branch, the moving tag)
+    follow: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +146,16 @@ class Publisher:
         """Carry out a plan; the last event is ``publish.done``. Failures raise AtriumErrors."""
         steps = self._to_oci(plan) if isinstance(plan.target, OciRef) else self._to_git(plan)
         digest: str | None = None
+        follow: str | None = None
         async with contextlib.aclosing(steps) as messages:
             async for message in messages:
                 if isinstance(message, _Published):
-                    digest = message.digest
+                    digest, follow = message.digest, message.follow
                     continue
                 self._emit(DistPublishProgress(message, plan.ref))
                 yield {"type": PUBLISH_PROGRESS, "message": message}
         done = DistPublishDone(
-            plan.manifest.id, plan.manifest.version, plan.ref, plan.install_command, digest
+            plan.manifest.id, plan.manifest.version, plan.ref, plan.install_command, digest, follow
         )
         _LOGGER.info("published %s %s to %s", plan.manifest.id, plan.manifest.version, plan.ref)
         self._emit(done)
@@ -185,7 +190,39 @@ class Publisher:
         if plan.sign_key is not None:
             tag = await push_signature(plan.target, digest, plan.sign_key, self._docker_config)
             yield f"signed {digest} (the signature is the tag {tag})"
-        yield _Published(digest)
+        follow = None
+        async for item in self._move_latest(plan.target, digest):
+            if isinstance(item, _Published):
+                follow = item.follow
+            else:
+                yield item
+        yield _Published(digest, follow)
+
+    async def _move_latest(
+        self, target: OciRef, digest: str
+    ) -> AsyncGenerator[str | _Published, None]:
+        """A version tag pins; ``latest`` follows (decisions.md "Updates that arrive"): it is
+        moved to the new artifact unless the repository has a newer version tag already. The
+        last item carries the following install command (None when ``latest`` stays elsewhere
+        and does not exist)."""
+        version = tag_version(target.tag or "")
+        if version is None:  # `latest`, `edge`, …: the tag itself moves
+            yield _Published(digest, f"atrium install {target}")
+            return
+        try:
+            tags = await list_tags(target, self._docker_config)
+        except FetchFailed as err:
+            yield f"note: the tag list could not be read, so latest was not moved: {err.message}"
+            yield _Published(digest, None)
+            return
+        latest = replace(target, tag=DEFAULT_TAG, digest=None)
+        if newer_tags(tags, version):
+            yield f"{target.repository} has a newer version tag; latest stays where it is"
+            yield _Published(digest, f"atrium install {latest}" if DEFAULT_TAG in tags else None)
+            return
+        await move_tag(target, digest, DEFAULT_TAG, self._docker_config)
+        yield f"moved {latest} to {digest} (installs from it follow updates)"
+        yield _Published(digest, f"atrium install {latest}")
 
     async def _to_git(self, plan: PublishPlan) -> AsyncGenerator[str | _Published, None]:
         """Progress lines of a git publish, then the tagged commit."""
@@ -228,12 +265,13 @@ class Publisher:
             yield f"pushing {branch} and {tag} to {url}"
             refspecs = (f"HEAD:refs/heads/{branch}", f"refs/tags/{tag}")
             await _git("push", "--quiet", "--atomic", url, *refspecs, cwd=work)
+            follow = f"atrium install {GitRef(url, branch)}"  # the branch moves, the tag pins
         if plan.target.name != app_id:
             yield (
                 f"note: installs from git take the repository's name as the app's directory; "
                 f"{plan.target.name!r} is not {app_id!r}, so name the repository {app_id}.git"
             )
-        yield _Published(commit)
+        yield _Published(commit, follow)
 
 
 def _read_signing_key(path: Path) -> bytes:
