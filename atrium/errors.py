@@ -274,6 +274,20 @@ class LastAdmin(Conflict):
     code = "last_admin"
 
 
+class IndexUrlFixed(Conflict):
+    """The catalogue's address is set by the environment (``ATRIUM_INDEX_URL`` or ``serve
+    --index-url``), which wins over a stored one: change it there."""
+
+    code = "index_url_fixed"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"the catalogue is {url!r}, set by ATRIUM_INDEX_URL (or serve --index-url), which "
+            "wins over an address stored through the API: change or unset it there",
+            url=url,
+        )
+
+
 class BootstrapAdmin(Conflict):
     """The bootstrap admin (``ATRIUM_USER``, whose token is ``run/token``) cannot be deleted:
     the shell would make them again at its next start."""

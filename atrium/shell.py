@@ -113,11 +113,20 @@ def not_an_admin(users: UserStore, user_id: str) -> Callable[[], bool]:
 
 def member_fetch_policy(settings: Settings) -> FetchPolicy:
     """Where a member's fetch may connect beyond public addresses: the hosts the admin listed in
-    ``ATRIUM_MEMBER_FETCH_HOSTS`` and the configured index's host."""
-    entries = settings.member_fetch_hosts.split(",")
-    if settings.index_url and (index_host := urlsplit(settings.index_url).hostname):
-        entries.append(index_host)
-    return FetchPolicy.parse(entries)
+    ``ATRIUM_MEMBER_FETCH_HOSTS`` (the catalogue's host is added by `index_host`)."""
+    return FetchPolicy.parse(settings.member_fetch_hosts.split(","))
+
+
+def index_host(index: IndexClient) -> Callable[[], str | None]:
+    """The host of the store's catalogue at each fetch (``ATRIUM_INDEX_URL``'s or the one an
+    admin stored), lower-case: a member's install by id reaches where its apps are listed."""
+
+    def host() -> str | None:
+        url = index.url
+        name = urlsplit(url).hostname if url else None
+        return name.rstrip(".") if name else None
+
+    return host
 
 
 @asynccontextmanager
@@ -220,7 +229,11 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(dataproxy.close)
         launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))
         stack.callback(launcher.close)
-        index = IndexClient(settings.index_url, settings.home / "cache" / "index.json")
+        index = IndexClient(
+            settings.index_url,
+            settings.home / "cache" / "index.json",
+            stored_path=settings.home / "catalogue.json",
+        )
         fetch_policy = member_fetch_policy(settings)
 
         def make_dist(
@@ -234,7 +247,11 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 bus=bus,
                 index=index,
                 locks=locks,
-                reach=Reach(fetch_policy, restricted=not_an_admin(users, user_layout.user)),
+                reach=Reach(
+                    fetch_policy,
+                    restricted=not_an_admin(users, user_layout.user),
+                    index_host=index_host(index),
+                ),
             )
 
         dist = make_dist(layout, repos, UserApps(registry, layout.user))

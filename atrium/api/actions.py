@@ -58,6 +58,7 @@ AUDIT_ACTIONS: Final[dict[str, str]] = {
     # the shell's own settings
     "set_git_repo": "scope.set_git_repo",
     "set_trust": "scope.set_trust",
+    "set_catalogue": "store.set_catalogue",
     "select": "theme.select",
     "reload": "theme.reload",
     "add_tool": "tool.add",

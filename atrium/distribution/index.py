@@ -32,7 +32,7 @@ from atrium.distribution.refs import (
     OciRef,
     parse_ref,
 )
-from atrium.errors import BadRef, FetchFailed, NotFound
+from atrium.errors import BadRef, FetchFailed, IndexUrlFixed, InvalidRequest, NotFound
 from atrium.files import write_atomic
 from atrium.manifest import APP_ID_RE
 
@@ -290,7 +290,10 @@ def refused_entries(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 #: how many refused entries the summary message names (all of them are in ``refused``)
 MESSAGE_NAMES: Final = 5
-NOT_CONFIGURED: Final = "No catalogue is configured: set ATRIUM_INDEX_URL (or serve --index-url)"
+NOT_CONFIGURED: Final = (
+    "No catalogue is configured: an admin adds one by its URL (PUT /api/dist/index {url}), or "
+    "sets ATRIUM_INDEX_URL"
+)
 
 
 def summary(url: str | None, listed: int, refused: list[dict[str, Any]]) -> str:
@@ -321,6 +324,9 @@ class IndexSnapshot:
     fetched_at: datetime | None
     entries: dict[str, IndexEntry] = field(default_factory=dict)
     problems: list[dict[str, Any]] = field(default_factory=list)
+    #: where ``url`` comes from: ``environment`` (ATRIUM_INDEX_URL, ``serve --index-url``) or
+    #: ``stored`` (an admin's PUT /api/dist/index)
+    url_from: str | None = None
 
     def age(self) -> float | None:
         if self.fetched_at is None:
@@ -332,8 +338,10 @@ class IndexSnapshot:
         apps = [e.wire(self.url) for e in self.entries.values()]
         refused = refused_entries(self.problems)
         return {
+            "configured": self.url is not None,
             "index": {"schema": SCHEMA, "apps": apps},
             "url": self.url,
+            "urlFrom": self.url_from if self.url is not None else None,
             "fetchedAt": self.fetched_at.isoformat().replace("+00:00", "Z")
             if self.fetched_at
             else None,
@@ -360,25 +368,96 @@ def _download(url: str) -> bytes:
     return data
 
 
-class IndexClient:
-    """Fetches, validates and caches the index; answers entries for bare-id installs."""
+def check_index_url(url: str) -> str:
+    """``url`` if the shell can fetch an index from it (InvalidRequest if not)."""
+    parts = urlsplit(url)
+    if len(url) > MAX_URL or parts.scheme not in {"file", "http", "https"}:
+        raise InvalidRequest(f"{url!r}: a catalogue URL is file://, http:// or https://")
+    if parts.scheme != "file" and not parts.hostname:
+        raise InvalidRequest(f"{url!r} names no host")
+    if parts.scheme == "file" and not parts.path.startswith("/"):
+        raise InvalidRequest(f"{url!r}: a file:// URL names an absolute path")
+    return url
 
-    def __init__(self, url: str | None, cache_path: Path, ttl: float = DEFAULT_TTL) -> None:
-        self.url = url
+
+class IndexClient:
+    """Fetches, validates and caches the index; answers entries for bare-id installs.
+
+    The index's address is ``env_url`` (``ATRIUM_INDEX_URL`` or ``serve --index-url``) when set,
+    else the one an admin stored (``stored_path``, JSON ``{url}``); with neither there is no
+    catalogue (decisions.md "The store's catalogue").
+    """
+
+    def __init__(
+        self,
+        env_url: str | None,
+        cache_path: Path,
+        ttl: float = DEFAULT_TTL,
+        stored_path: Path | None = None,
+    ) -> None:
+        self.env_url = env_url
         self.ttl = ttl
         self._cache_path = cache_path
+        self._stored_path = stored_path
+        self._stored_url = self._read_stored()
         self._snapshot: IndexSnapshot | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def url(self) -> str | None:
+        return self.env_url or self._stored_url
+
+    @property
+    def url_from(self) -> str | None:
+        if self.env_url:
+            return "environment"
+        return "stored" if self._stored_url else None
+
+    def _read_stored(self) -> str | None:
+        if self._stored_path is None:
+            return None
+        try:
+            url = json.loads(self._stored_path.read_bytes())["url"]
+            return check_index_url(url) if isinstance(url, str) else None
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, InvalidRequest) as err:
+            _LOGGER.warning(
+                "ignoring the unreadable catalogue address %s: %s", self._stored_path, err
+            )
+            return None
+
+    async def set_url(self, url: str | None) -> IndexSnapshot:
+        """Store the catalogue's address (None forgets it): fetched and read first, so a URL that
+        does not answer an index is refused and nothing changes. IndexUrlFixed while the
+        environment names the index."""
+        if self.env_url:
+            raise IndexUrlFixed(self.env_url)
+        if self._stored_path is None:  # pragma: no cover - the shell always gives a path
+            raise InvalidRequest("this shell cannot store a catalogue address")
+        async with self._lock:
+            if url is None:
+                await asyncio.to_thread(self._stored_path.unlink, missing_ok=True)
+                self._stored_url = None
+                self._snapshot = None
+                return IndexSnapshot(None, None)
+            snapshot = await self._fetch(check_index_url(url), "stored")
+            stored = json.dumps({"url": url}).encode()
+            await asyncio.to_thread(write_atomic, self._stored_path, stored)
+            self._stored_url = url
+            self._snapshot = snapshot
+            return snapshot
+
     async def get(self, refresh: bool = False) -> IndexSnapshot:
         """The cached index (fetched when there is none yet, or when ``refresh``)."""
-        if self.url is None:
-            return IndexSnapshot(None, None)
         async with self._lock:
-            if self._snapshot is None:
-                self._snapshot = await asyncio.to_thread(self._load_cache)
+            url = self.url  # read under the lock: an admin may change it meanwhile
+            if url is None:
+                return IndexSnapshot(None, None)
+            if self._snapshot is None or self._snapshot.url != url:
+                self._snapshot = await asyncio.to_thread(self._load_cache, url)
             if refresh or self._snapshot is None:
-                self._snapshot = await self._fetch(self.url)
+                self._snapshot = await self._fetch(url, self.url_from)
             return self._snapshot
 
     async def entry(self, app_id: str) -> IndexEntry:
@@ -388,8 +467,9 @@ class IndexClient:
             raise NotFound(
                 "index entry",
                 app_id,
-                f"no index is configured, so {app_id!r} cannot be installed by id: set "
-                "ATRIUM_INDEX_URL (or serve --index-url), or install by oci://, git or local: ref",
+                f"no index is configured, so {app_id!r} cannot be installed by id: an admin adds "
+                "a catalogue (PUT /api/dist/index {url}, or ATRIUM_INDEX_URL), or install by "
+                "oci://, git or local: ref",
             )
         snapshot = await self.get()
         age = snapshot.age()
@@ -403,7 +483,7 @@ class IndexClient:
             raise NotFound("index entry", app_id, f"the index has no app {app_id!r}")
         return entry
 
-    async def _fetch(self, url: str) -> IndexSnapshot:
+    async def _fetch(self, url: str, url_from: str | None) -> IndexSnapshot:
         data = await asyncio.to_thread(_download, url)
         try:
             document = json.loads(data)
@@ -416,12 +496,12 @@ class IndexClient:
         _LOGGER.info(
             "index fetched from %s: %d apps, %d problems", url, len(entries), len(problems)
         )
-        return IndexSnapshot(url, fetched_at, entries, problems)
+        return IndexSnapshot(url, fetched_at, entries, problems, url_from)
 
-    def _load_cache(self) -> IndexSnapshot | None:
+    def _load_cache(self, url: str) -> IndexSnapshot | None:
         try:
             cache = json.loads(self._cache_path.read_bytes())
-            if cache.get("url") != self.url:
+            if cache.get("url") != url:
                 return None
             entries, problems = parse_index(cache["document"])
             fetched_at = datetime.fromisoformat(cache["fetchedAt"])
@@ -430,4 +510,4 @@ class IndexClient:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             _LOGGER.warning("ignoring the unreadable index cache %s: %s", self._cache_path, err)
             return None
-        return IndexSnapshot(self.url, fetched_at, entries, problems)
+        return IndexSnapshot(url, fetched_at, entries, problems, self.url_from)

@@ -86,10 +86,16 @@ class Reach:
 
     policy: FetchPolicy
     restricted: Callable[[], bool] = field(default=lambda: True)
+    #: the host of the store's catalogue now (an admin may change it while the shell runs)
+    index_host: Callable[[], str | None] = field(default=lambda: None)
 
     def check(self, host: str, address: str) -> None:
-        if self.restricted() and not self.policy.allows(host, address):
-            raise FetchHostRefused(host, address)
+        if not self.restricted() or self.policy.allows(host, address):
+            return
+        index_host = self.index_host()
+        if index_host is not None and host.lower().strip("[]").rstrip(".") == index_host:
+            return
+        raise FetchHostRefused(host, address)
 
     async def addresses(self, host: str, port: int) -> list[str]:
         """``host``'s addresses, each checked: one refused address refuses the host."""

@@ -258,6 +258,7 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     ),
     errors.Busy: lambda: errors.Busy("com.example.a", "install"),
     errors.LastAdmin: lambda: errors.LastAdmin("the last admin", user="ada"),
+    errors.IndexUrlFixed: lambda: errors.IndexUrlFixed("https://apps.example.org/index.json"),
     errors.UserExists: lambda: errors.UserExists("exists", user="ada"),
     errors.BootstrapAdmin: lambda: errors.BootstrapAdmin("the bootstrap admin", user="default"),
     errors.BadCredentials: errors.BadCredentials,

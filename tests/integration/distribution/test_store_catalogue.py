@@ -1,5 +1,7 @@
 """The store's catalogue through a real shell: the index's store fields (screenshots, categories,
-publisher, homepage, size), and a catalogue whose entries are all refused saying why."""
+publisher, homepage, size), a store that is there on first run (`configured: false`, then a
+catalogue URL an admin adds and the shell remembers), and a catalogue whose entries are all
+refused saying why."""
 
 from __future__ import annotations
 
@@ -104,6 +106,80 @@ def test_an_http_index_resolves_relative_screenshots_against_its_address(
     assert answer["index"]["apps"][0]["screenshots"] == [f"http://127.0.0.1:{port}/apps/s/a.png"]
 
 
+def test_without_a_catalogue_the_store_says_it_is_not_configured(
+    start_shell: StartShell,
+) -> None:
+    shell = start_shell()
+    with shell.client() as api:
+        answer = api.get("/api/dist/index").json()
+    assert answer["configured"] is False
+    assert answer["url"] is None
+    assert answer["index"] == {"schema": 1, "apps": []}
+    assert "PUT /api/dist/index" in answer["message"]
+
+
+def test_an_admin_adds_a_catalogue_that_is_remembered_across_restarts(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    url = write_index(tmp_path / "index.json", [entry("com.example.shop")])
+    shell = start_shell()
+    member = shell.add_user("bob")
+    with shell.client(member) as bob:
+        refused = bob.put("/api/dist/index", json={"url": url})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "permission_denied"
+        # a member still reads the store
+        assert bob.get("/api/dist/index").json()["configured"] is False
+    with shell.client() as api:
+        wrong = api.put("/api/dist/index", json={"url": "ftp://example.org/index.json"})
+        assert wrong.status_code == 400, wrong.text
+        unreachable = api.put("/api/dist/index", json={"url": (tmp_path / "none.json").as_uri()})
+        assert unreachable.status_code == 502, unreachable.text
+        assert api.get("/api/dist/index").json()["configured"] is False  # nothing half done
+        added = api.put("/api/dist/index", json={"url": url})
+        assert added.status_code == 200, added.text
+        assert added.json()["configured"] is True
+        assert added.json()["url"] == url
+        assert added.json()["urlFrom"] == "stored"
+        assert [a["id"] for a in added.json()["index"]["apps"]] == ["com.example.shop"]
+    shell.stop()
+
+    again = start_shell()
+    with again.client() as api:
+        answer = api.get("/api/dist/index").json()
+        assert (answer["configured"], answer["url"]) == (True, url)
+        # a bare id installs through the remembered catalogue: its entry is found
+        missing = api.post("/api/dist/install/preview", json={"ref": "com.example.absent"})
+        assert missing.status_code == 404
+        assert "the index has no app" in missing.json()["error"]["message"]
+        forgotten = api.put("/api/dist/index", json={"url": None})
+        assert forgotten.status_code == 200, forgotten.text
+        assert forgotten.json()["configured"] is False
+    again.stop()
+    with start_shell().client() as api:
+        assert api.get("/api/dist/index").json()["configured"] is False
+
+
+def test_the_environment_url_wins_over_a_stored_one(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    stored = write_index(tmp_path / "stored.json", [entry("com.example.stored")])
+    fixed = write_index(tmp_path / "fixed.json", [entry("com.example.fixed")])
+    shell = start_shell()
+    with shell.client() as api:
+        assert api.put("/api/dist/index", json={"url": stored}).status_code == 200
+    shell.stop()
+    shell = start_shell(index_url=fixed)
+    with shell.client() as api:
+        answer = api.get("/api/dist/index").json()
+        assert (answer["url"], answer["urlFrom"]) == (fixed, "environment")
+        assert [a["id"] for a in answer["index"]["apps"]] == ["com.example.fixed"]
+        refused = api.put("/api/dist/index", json={"url": stored})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "index_url_fixed"
+        assert "ATRIUM_INDEX_URL" in refused.json()["error"]["message"]
+
+
 def test_a_catalogue_whose_entries_are_all_refused_says_why(
     start_shell: StartShell, tmp_path: Path
 ) -> None:
@@ -130,3 +206,41 @@ def test_a_catalogue_whose_entries_are_all_refused_says_why(
         "Bad Id (id: 'Bad Id' is not a reverse-domain app id); com.example.nosource (sources: an "
         "entry needs sources.git or sources.oci)"
     )
+
+
+def test_a_stored_catalogues_host_is_open_to_a_members_install_as_the_environments_is(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    """A member's fetch may reach the catalogue's host (where its apps live on a LAN): the
+    address an admin stored counts as ATRIUM_INDEX_URL's does, and stops counting once it is
+    forgotten."""
+    import http.server
+    import socket
+    import threading
+    from functools import partial
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nobody listens on: the fetch fails there, not before
+    port = closed.getsockname()[1]
+    folder = tmp_path / "served"
+    app = entry("com.example.lan")
+    app["sources"] = {"oci": {"ref": f"127.0.0.1:{port}/examples/com.example.lan"}}
+    write_index(folder / "index.json", [app])
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        shell = start_shell()
+        url = f"http://127.0.0.1:{server.server_address[1]}/index.json"
+        with shell.client() as api, shell.client(shell.add_user("bob"), timeout=30) as bob:
+            assert api.put("/api/dist/index", json={"url": url}).status_code == 200
+            answer = bob.post("/api/dist/install/preview", json={"ref": "com.example.lan"})
+            assert answer.json()["error"]["code"] == "fetch_failed", answer.text
+            assert api.put("/api/dist/index", json={"url": None}).status_code == 200
+            direct = f"oci://127.0.0.1:{port}/examples/com.example.lan:1.0.0"
+            answer = bob.post("/api/dist/install/preview", json={"ref": direct})
+            assert answer.json()["error"]["code"] == "fetch_host_refused", answer.text
+    finally:
+        server.shutdown()
+        server.server_close()
+        closed.close()
