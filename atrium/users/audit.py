@@ -14,6 +14,11 @@ Anonymous records (no credentials, or refused ones) are bounded, since anyone wh
 shell can make them: within one `WINDOW`, an address gets `PER_ADDRESS` records of its own and all
 addresses together `ALL_ADDRESSES`; every further anonymous call is only counted, and the counts
 are written as one record per address and action with its ``count`` (`AnonymousBudget`).
+
+A signed-in user's or an app's refused calls are bounded the same way, per actor (`RefusedBudget`):
+nothing else limits how fast a member or an app may be refused, so a loop grew the file a row a
+call. Beyond `PER_ACTOR_REFUSED` a window, their refused calls are counted into one record per
+actor and action, still under their name. A call that succeeded always has a record of its own.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ ALL_ADDRESSES: Final = 100
 #: addresses counted one by one in a window; the rest are counted together under ``*``
 MAX_COUNTED: Final = 50
 MAX_ANONYMOUS_ROWS: Final = 100_000
+#: refused calls of one signed-in user or app written one by one in a window (`RefusedBudget`)
+PER_ACTOR_REFUSED: Final = 100
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS audit (
@@ -176,6 +183,52 @@ class AnonymousBudget:
         return counted
 
 
+class RefusedBudget:
+    """Which refused calls of signed-in users and apps are written one by one (pure).
+
+    Windows as `AnonymousBudget`'s. In a window each actor has `PER_ACTOR_REFUSED` records of
+    refused calls of their own; a refused call beyond that adds one to the count of its (actor,
+    action), `MAX_COUNTED` actions an actor, the rest under action ``*``. The actor is always
+    kept: a member or an app stays accountable for every call, counted or not. At most
+    ``PER_ACTOR_REFUSED + MAX_COUNTED + 1`` rows an actor a window, however many calls.
+    """
+
+    def __init__(self) -> None:
+        self._start: datetime | None = None
+        self._own: dict[str, int] = {}
+        self._counted: dict[tuple[str, str], AuditRecord] = {}
+        self._actions: dict[str, int] = {}
+
+    def admit(self, record: AuditRecord, when: datetime) -> tuple[bool, list[AuditRecord]]:
+        """Whether ``record`` (a refused call) is written on its own, and the counts of a window
+        that has ended."""
+        ended: list[AuditRecord] = []
+        if self._start is None or not self._start <= when < self._start + WINDOW:
+            ended = self.drain()
+            self._start, self._own = when, {}
+        own = self._own.get(record.actor, 0)
+        if own < PER_ACTOR_REFUSED:
+            self._own[record.actor] = own + 1
+            return True, ended
+        key = (record.actor, record.action)
+        if key not in self._counted:
+            if self._actions.get(record.actor, 0) >= MAX_COUNTED:
+                key = (record.actor, "*")
+            if key not in self._counted:
+                self._actions[record.actor] = self._actions.get(record.actor, 0) + 1
+        before = self._counted.get(key)
+        self._counted[key] = replace(
+            record, action=key[1], target="", count=(before.count if before else 0) + 1
+        )
+        return False, ended
+
+    def drain(self) -> list[AuditRecord]:
+        """The counts so far (each the last call's time, status, error and address)."""
+        counted = list(self._counted.values())
+        self._counted, self._actions = {}, {}
+        return counted
+
+
 class AuditLog:
     """The append-only audit table and its one writer thread."""
 
@@ -189,6 +242,7 @@ class AuditLog:
         self._flush_scheduled = False
         self._pending: set[asyncio.Future[None]] = set()
         self._budget = AnonymousBudget()
+        self._refused = RefusedBudget()
 
     @classmethod
     @asynccontextmanager
@@ -215,7 +269,7 @@ class AuditLog:
                 pruner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pruner
-            log._queue.extend(log._budget.drain())
+            log._queue.extend(log._budget.drain() + log._refused.drain())
             await log._run(log._flush)
             await loop.run_in_executor(executor, conn.close)
             executor.shutdown(wait=True)
@@ -238,7 +292,8 @@ class AuditLog:
     ) -> None:
         """Queue one record; it reaches the file in the writer thread's next transaction. Never
         blocks and never raises into the request it records (a failed write is logged). An
-        anonymous record may only be counted (`AnonymousBudget`)."""
+        anonymous record, or a user's or an app's refused call, may only be counted
+        (`AnonymousBudget`, `RefusedBudget`)."""
         now = when or datetime.now(UTC)
         record = AuditRecord(
             time=stamp(now),
@@ -249,8 +304,11 @@ class AuditLog:
             address=_cut(address),
             error=error,
         )
-        if record.actor == ANONYMOUS:
-            alone, ended = self._budget.admit(record, now)
+        budget = (
+            self._budget if record.actor == ANONYMOUS else self._refused if status >= 400 else None
+        )
+        if budget is not None:
+            alone, ended = budget.admit(record, now)
             self._queue.extend(ended)
             if not alone:
                 if ended:
@@ -310,7 +368,7 @@ class AuditLog:
     async def search(self, query: AuditQuery) -> list[AuditRecord]:
         """Newest first; written records and every one queued before this call, with the
         anonymous calls counted so far."""
-        self._queue.extend(self._budget.drain())
+        self._queue.extend(self._budget.drain() + self._refused.drain())
         return await self._run(lambda: self._search(query))
 
     def _search(self, query: AuditQuery) -> list[AuditRecord]:

@@ -455,3 +455,29 @@ def test_the_host_page_writes_no_markup_from_strings() -> None:
         if sinks.search(line)
     ]
     assert found == []
+
+
+# ---- 5. the audit log's bounds ------------------------------------------------------------------
+
+
+def test_a_members_loop_of_refused_calls_is_counted_not_written_row_by_row(
+    echo_shell: RunningShell, bob: httpx.Client
+) -> None:
+    """A member (or an app) looping on a refused call grew the audit file by one row a call, as
+    fast as the shell answered (nothing else limits them). Their refused calls beyond a window's
+    budget are counted into one row per action with its count, still under their name; every
+    call that changed something keeps a row of its own."""
+    flood = 1000
+    for _ in range(flood):
+        assert bob.put("/api/kv/global/x", json={"value": 1}).status_code == 403
+    for n in range(150):
+        assert bob.put(f"/api/kv/os/k{n}", json={"value": n}).status_code == 200
+    with echo_shell.client() as admin:
+        params: dict[str, str | int] = {"actor": "bob", "action": "kv.global.put", "limit": 1000}
+        refused = admin.get("/api/audit", params=params).json()
+        found = admin.get("/api/audit", params={"actor": "bob", "limit": 1000}).json()
+    assert len(refused) <= 101, len(refused)
+    assert sum(r["count"] for r in refused) == flood, refused[:3]
+    assert {(r["actor"], r["status"]) for r in refused} == {("bob", 403)}
+    done = {r["target"] for r in found if r["status"] == 200}
+    assert {f"key=k{n}" for n in range(150)} <= done

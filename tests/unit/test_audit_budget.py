@@ -12,12 +12,14 @@ from atrium.users.audit import (
     MAX_ANONYMOUS_ROWS,
     MAX_COUNTED,
     MAX_LIMIT,
+    PER_ACTOR_REFUSED,
     PER_ADDRESS,
     WINDOW,
     AnonymousBudget,
     AuditLog,
     AuditQuery,
     AuditRecord,
+    RefusedBudget,
     stamp,
 )
 
@@ -104,3 +106,25 @@ def test_a_file_from_before_counts_opens_with_each_record_one_call(tmp_path: Pat
 
     (record,) = asyncio.run(read())
     assert (record.actor, record.target, record.count) == ("alice", "key=k", 1)
+
+
+def members(actor: str, action: str = "kv.global.put") -> AuditRecord:
+    return AuditRecord(
+        time="t", actor=actor, action=action, target="key=x", status=403, address="192.0.2.1"
+    )
+
+
+def test_a_users_refused_calls_beyond_their_share_are_counted_under_their_name() -> None:
+    budget = RefusedBudget()
+    alone = [budget.admit(members("bob"), START)[0] for _ in range(PER_ACTOR_REFUSED + 5)]
+    assert alone == [True] * PER_ACTOR_REFUSED + [False] * 5
+    assert budget.admit(members("carol"), START)[0]  # another user has their own share
+    for n in range(MAX_COUNTED + 3):
+        budget.admit(members("bob", f"a.n{n}"), START)
+    counted = {(r.actor, r.action): r.count for r in budget.drain()}
+    assert counted[("bob", "kv.global.put")] == 5
+    assert counted[("bob", "*")] == 4  # beyond MAX_COUNTED actions: one row for the rest
+    assert {actor for actor, _ in counted} == {"bob"}
+    assert sum(counted.values()) == 5 + MAX_COUNTED + 3
+    # a new window: a share again
+    assert budget.admit(members("bob"), START + WINDOW)[0]
