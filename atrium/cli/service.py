@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ service_app = typer.Typer(help="Run the shell as a systemd service.", no_args_is
 UNIT_NAME = "atrium.service"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
 SYSTEM_HOME = Path("/var/lib/atrium")
+#: what `User=` may say, unquoted: a user name as systemd takes it (no `%` specifier, no space,
+#: no leading `-`), or a numeric uid. An empty `User=` would mean root.
+RUN_AS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10}")
 
 
 @service_app.callback()
@@ -95,6 +99,22 @@ def _default_home(system: bool) -> Path:
     return home
 
 
+def _check_words(command: list[str], home: Path, run_as: str | None) -> None:
+    """Refuse what a unit line cannot hold as the one literal word it must be."""
+    if any("\n" in word or "\r" in word for word in [*command, str(home), run_as or ""]):
+        _refuse("a path or user name with a line break cannot be written in a unit")
+    if run_as is not None and not RUN_AS_RE.fullmatch(run_as):
+        _refuse(
+            f"--run-as {run_as!r} is not a user name systemd takes (letters, digits, '_', '.', "
+            "'-', starting with a letter or '_') nor a numeric uid"
+        )
+    for word in [*command, str(home)]:
+        try:
+            word.encode()
+        except UnicodeEncodeError:
+            _refuse(f"{word!r} is not UTF-8, and a unit file is UTF-8")
+
+
 @service_app.command("install")
 def install(
     user: Annotated[bool, typer.Option("--user", help="A unit of your own (the default).")] = False,
@@ -133,8 +153,7 @@ def install(
         _refuse("--run-as is for --system units; a --user unit runs as you")
     home = (home or _default_home(system)).expanduser().absolute()
     command = atrium_command()
-    if any("\n" in word or "\r" in word for word in [*command, str(home), run_as or ""]):
-        _refuse("a path or user name with a line break cannot be written in a unit")
+    _check_words(command, home, run_as)
     text = unit_text(command, home, system=system, run_as=run_as)
     manager = "systemctl" if system else "systemctl --user"
     enable = f"{manager} daemon-reload && {manager} enable --now atrium"

@@ -6,10 +6,14 @@ the service unit. Each test is an attack; those that found nothing stay as guard
 from __future__ import annotations
 
 import http.server
+import os
 import re
+import shlex
+import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from atrium.authoring.scaffold import create
 from atrium.cli.client import ShellClient
 from atrium.cli.dev import DevSession
+from tests.conftest import REPO_DIR
 from tests.integration.conftest import (
     ECHO,
     RunningShell,
@@ -481,3 +486,62 @@ def test_a_members_loop_of_refused_calls_is_counted_not_written_row_by_row(
     assert {(r["actor"], r["status"]) for r in refused} == {("bob", 403)}
     done = {r["target"] for r in found if r["status"] == 200}
     assert {f"key=k{n}" for n in range(150)} <= done
+
+
+# ---- 6. atrium service install ------------------------------------------------------------------
+
+
+def _service(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "atrium", "service", "install", *args],
+        env=clean,
+        cwd=REPO_DIR,
+        capture_output=True,
+        check=False,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ['a "quoted" home', "$HOME and ${HOME}", "100% %n %h", "back\\slash\\", "tab\there", "-x", ";"],
+)
+def test_a_home_path_reaches_the_unit_as_one_literal_word(tmp_path: Path, name: str) -> None:
+    home = tmp_path / name
+    printed = _service("--system", "--print", "--home", str(home))
+    assert printed.returncode == 0, printed.stderr
+    unit = printed.stdout.decode()
+    [line] = [x for x in unit.splitlines() if x.startswith("Environment=")]
+    # systemd's reading of a quoted word (no $ expansion in Environment=; %% is one %)
+    [word] = shlex.split(line.removeprefix("Environment="))
+    assert word.replace("%%", "%") == f"ATRIUM_HOME={home}"
+    assert "%" not in word.replace("%%", "")
+    path = tmp_path / "atrium.service"
+    path.write_text(unit)
+    analyze = shutil.which("systemd-analyze")
+    if analyze is not None:
+        checked = subprocess.run(
+            [analyze, "verify", str(path)], capture_output=True, text=True, check=False, timeout=60
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert "atrium.service" not in checked.stderr, checked.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--system", "--run-as", "a%n"),
+        ("--system", "--run-as", "root NoNewPrivileges=no"),
+        ("--system", "--run-as", "root\\"),
+        ("--system", "--run-as", ""),
+        ("--system", "--run-as", "-root"),
+        ("--system", "--home", b"/srv/\xff"),
+        ("--system", "--home", "/srv/a\rb"),
+    ],
+)
+def test_a_run_as_or_home_a_unit_cannot_hold_is_refused(args: tuple[str | bytes, ...]) -> None:
+    refused = _service("--print", *args)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert refused.stdout == b""
+    assert refused.stderr.startswith(b"atrium service install: "), refused.stderr
