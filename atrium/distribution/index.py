@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import stat
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -357,15 +359,38 @@ def _download(url: str) -> bytes:
     """Blocking: the index document's bytes (file:// or http(s)://)."""
     if not url.startswith(("file://", "http://", "https://")):
         raise FetchFailed(url, "the index URL must be file://, http:// or https://")
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - scheme checked above
-    try:
-        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:  # noqa: S310
-            data: bytes = response.read(MAX_INDEX_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise FetchFailed(url, f"the index could not be fetched: {err}") from err
+    if url.startswith("file://"):
+        data = _read_file(url)
+    else:
+        request = urllib.request.Request(url, headers={"Accept": "application/json"})  # noqa: S310 - scheme checked above
+        try:
+            with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:  # noqa: S310
+                data = response.read(MAX_INDEX_BYTES + 1)
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise FetchFailed(url, f"the index could not be fetched: {err}") from err
     if len(data) > MAX_INDEX_BYTES:
         raise FetchFailed(url, f"the index is larger than {MAX_INDEX_BYTES} bytes")
     return data
+
+
+def _read_file(url: str) -> bytes:
+    """Blocking: a file:// index's bytes. Opened without blocking and checked to be a regular
+    file before any read: a FIFO or a device would hold the fetch (and the index's lock, so every
+    read of the store) for good."""
+    path = urllib.request.url2pathname(urlsplit(url).path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise FetchFailed(url, f"the index could not be fetched: {err}") from err
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FetchFailed(url, f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_INDEX_BYTES + 1)
+    except OSError as err:
+        raise FetchFailed(url, f"the index could not be fetched: {err}") from err
+    finally:
+        os.close(fd)
 
 
 def check_index_url(url: str) -> str:

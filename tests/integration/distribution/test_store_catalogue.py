@@ -244,3 +244,21 @@ def test_a_stored_catalogues_host_is_open_to_a_members_install_as_the_environmen
         server.shutdown()
         server.server_close()
         closed.close()
+
+
+def test_a_catalogue_address_that_is_no_regular_file_is_refused_at_once(
+    start_shell: StartShell, tmp_path: Path
+) -> None:
+    """A file:// address naming a FIFO (or a device) would block the fetch for good, and with it
+    every read of the store behind the index's lock: it is refused before it is opened."""
+    import os
+
+    fifo = tmp_path / "index.fifo"
+    os.mkfifo(fifo)
+    shell = start_shell()
+    with shell.client() as api:
+        for url in (fifo.as_uri(), "file:///dev/zero", tmp_path.as_uri()):
+            answer = api.put("/api/dist/index", json={"url": url})
+            assert answer.status_code == 502, answer.text
+            assert "not a regular file" in answer.json()["error"]["message"]
+        assert api.get("/api/dist/index").json()["configured"] is False
