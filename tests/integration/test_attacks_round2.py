@@ -112,6 +112,11 @@ def listener6() -> Iterator[tuple[int, list[str]]]:
         "oci://127.1:{port}/app:1",
         "oci://localhost.:{port}/app:1",
         "oci://[::ffff:127.0.0.1]:{port}/app:1",
+        # 0.0.0.0 reaches the machine's own listeners on Linux
+        "git://0.0.0.0:{port}/x",
+        "git://0:{port}/x",
+        "oci://0.0.0.0:{port}/app:1",
+        "git+https://[::]:{port}/x",
     ],
 )
 def test_odd_spellings_of_loopback_are_refused_without_a_connection(
