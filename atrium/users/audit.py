@@ -243,6 +243,9 @@ class AuditLog:
         self._pending: set[asyncio.Future[None]] = set()
         self._budget = AnonymousBudget()
         self._refused = RefusedBudget()
+        #: set once the final flush has begun: a request answered after that (one finishing
+        #: while the shell stops) cannot reach the file, and must not fail for it
+        self._closed = False
 
     @classmethod
     @asynccontextmanager
@@ -269,6 +272,7 @@ class AuditLog:
                 pruner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pruner
+            log._closed = True
             log._queue.extend(log._budget.drain() + log._refused.drain())
             await log._run(log._flush)
             await loop.run_in_executor(executor, conn.close)
@@ -304,6 +308,10 @@ class AuditLog:
             address=_cut(address),
             error=error,
         )
+        if self._closed:
+            # the writer is gone (the shell is stopping): the record goes to the shell's log
+            _LOGGER.warning("audit record after the audit log closed: %s", record)
+            return
         budget = (
             self._budget if record.actor == ANONYMOUS else self._refused if status >= 400 else None
         )
