@@ -24,13 +24,15 @@ from tests.unit.test_errors import API_REFERENCE
 pytestmark = pytest.mark.integration
 
 #: operations fuzzed with invalid input only, and why: with valid input they would reach out to
-#: registries and git servers named by the generated refs (install, preview, update), or create
-#: repositories at generated paths on this machine (publish)
+#: registries and git servers named by the generated refs (install, preview, update), create
+#: repositories at generated paths on this machine (publish), or fetch a catalogue from a
+#: generated address (whose failure is the 502 of an upstream, not the shell's fault)
 BAD_INPUT_ONLY: Final = {
     ("POST", "/api/dist/install"),
     ("POST", "/api/dist/install/preview"),
     ("POST", "/api/dist/update/{appId}"),
     ("POST", "/api/dist/publish"),
+    ("PUT", "/api/dist/index"),
 }
 EXAMPLES: Final = 20
 #: examples per operation of the run as a member: the same document, the answers of a caller
