@@ -3,6 +3,7 @@ save, problems shown, the log followed, nothing left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -257,10 +258,12 @@ def test_the_authors_page_hears_each_save_reloaded_or_why_not(
     reason (a folder with problems, the last good version still serving; a version that did not
     start). Another user's stream hears none of it; their report of problems is a 404."""
     folder = create(tmp_path, APP, "stdlib")
+    # closed at the end: a client left to the garbage collector warns of its socket in
+    # whichever test runs then (pytest turns that into that test's failure)
     other = shell.client(shell.add_user("bob"))
     mine = SseReader(api, params={"topics": "dev:*"})
     theirs = SseReader(other, params={"topics": "dev:*"})
-    with ShellClient(shell.url, shell.token) as client:
+    with contextlib.closing(other), ShellClient(shell.url, shell.token) as client:
         session = DevSession(client, folder)
         assert session.sync()
         instance = session.instance_id
