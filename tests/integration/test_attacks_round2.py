@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -60,37 +59,6 @@ def _clean_refusal(answer: httpx.Response) -> dict[str, object]:
     return error
 
 
-@contextmanager
-def listener6() -> Iterator[tuple[int, list[str]]]:
-    """``listener`` on ::1."""
-    seen: list[str] = []
-    server = socket.socket(socket.AF_INET6)
-    server.bind(("::1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            seen.append(str(peer))
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], seen
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
-
-
 @pytest.mark.parametrize(
     "spelling",
     [
@@ -135,7 +103,7 @@ def test_odd_spellings_of_loopback_are_refused_without_a_connection(
     "spelling", ["git://[::1]:{port}/x", "oci://[::1]:{port}/app:1", "git+https://[::1]:{port}/x"]
 )
 def test_ipv6_loopback_is_refused_without_a_connection(bob: httpx.Client, spelling: str) -> None:
-    with listener6() as (port, seen):
+    with listener("::1") as (port, seen):
         ref = spelling.format(port=port)
         answer = bob.post("/api/dist/install/preview", json={"ref": ref, "scope": "user"})
         assert _clean_refusal(answer)["code"] == "fetch_host_refused", answer.text

@@ -189,9 +189,10 @@ async def _admin_personal_token(shell: RunningShell) -> str:
 
 @contextmanager
 def listener(host: str = "127.0.0.1") -> Iterator[tuple[int, list[str]]]:
-    """A TCP port that records every connection it gets (none may come)."""
+    """A TCP port on ``host`` (IPv4 or IPv6) that records every connection it gets (none may
+    come)."""
     seen: list[str] = []
-    server = socket.socket()
+    server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     server.bind((host, 0))
     server.listen()
     server.settimeout(0.2)
