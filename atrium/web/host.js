@@ -1,45 +1,18 @@
 // Atrium's host page: launcher, app views on their own origins, process manager, theme picker,
 // intent chooser, install dialog, and the postMessage bridge. No build step: a plain ES module.
 
+import {
+  $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, loudly, quietly,
+  shared, showError, sse, toast, useEventSource,
+} from "./core.js";
+
 const clientId = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
-const $ = (id) => document.getElementById(id);
 const tabs = new Map();          // tab key → {key, instanceId, appId, viewId, iframe, el, origin, activityId}
-const instances = new Map();     // instanceId → instance as the API reports it
+const instances = shared.instances;   // instanceId → instance as the API reports it
 let apps = [];
 let active = null;               // the key of the visible tab
 let themePayload = null;         // the last theme:changed payload (or the selection at start)
 let nextKey = 1;
-
-class ApiError extends Error {
-  constructor(status, body) {
-    super(body?.error?.message || `HTTP ${status}`);
-    this.status = status;
-    this.code = body?.error?.code;
-    this.body = body;
-  }
-}
-
-async function api(method, path, body) {
-  const init = { method, credentials: "same-origin", headers: {} };
-  if (body !== undefined) {
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  const res = await fetch(path, init);
-  const text = await res.text();
-  const data = text ? JSON.parse(text) : null;
-  if (!res.ok) throw new ApiError(res.status, data);
-  return data;
-}
-
-const quietly = (promise) => promise.catch((err) => console.debug("ignored:", err.message));
-
-function el(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  Object.assign(node, props);
-  for (const child of children) node.append(child);
-  return node;
-}
 
 // ---------------------------------------------------------------- theme
 async function loadThemeCss() {
@@ -110,62 +83,8 @@ function syncPicker() {
 }
 
 // ---------------------------------------------------------------- launcher
-/** What the theme strategy means for the user, as a chip and its explanation. */
-const CHIPS = {
-  themed: ["OWN PALETTE", "Uses its own colours; follows light and dark mode"],
-  override: ["OWN LOOK", "Ignores the shell's theme"],
-};
-
-/** The app's icon: its image file, its glyph when the fonts can draw it, else a monogram. */
-function appIcon(app) {
-  if (app.icon && app.icon.length > 3) {
-    const img = el("img", { className: "icon", src: `/api/apps/${encodeURIComponent(app.id)}/icon`, alt: "" });
-    img.onerror = () => img.replaceWith(monogram(app));
-    return img;
-  }
-  if (app.icon && glyphDraws(app.icon)) {
-    const glyph = el("span", { className: "icon", textContent: app.icon });
-    glyph.setAttribute("aria-hidden", "true");
-    return glyph;
-  }
-  return monogram(app);
-}
-
-function monogram(app) {
-  const words = (app.name || app.id).split(/[\s._-]+/).filter(Boolean);
-  const letters = words.slice(0, 2).map((w) => w[0].toUpperCase()).join("");
-  let hash = 0;
-  for (const c of app.id) hash = (hash * 31 + c.charCodeAt(0)) % 360;
-  const mark = el("span", { className: "icon monogram", textContent: letters });
-  mark.style.background = `hsl(${hash} 50% 30%)`;   // dark enough for white text (WCAG AA) at every hue
-  mark.setAttribute("aria-hidden", "true");
-  return mark;
-}
-
-const drawn = new Map();
-/** Whether the browser's fonts draw ``glyph``: compared with a code point no font has (which
- * draws the "missing glyph" box), pixel for pixel. */
-function glyphDraws(glyph) {
-  if (drawn.has(glyph)) return drawn.get(glyph);
-  const canvas = document.createElement("canvas");
-  canvas.width = canvas.height = 32;
-  const ctx = canvas.getContext("2d", { willReadFrequently: true });
-  const pixels = (text) => {
-    ctx.clearRect(0, 0, 32, 32);
-    ctx.font = "24px sans-serif";
-    ctx.textBaseline = "top";
-    ctx.fillStyle = "#000";
-    ctx.fillText(text, 2, 2);
-    return ctx.getImageData(0, 0, 32, 32).data.join(",");
-  };
-  const missing = pixels("\u{10FFFD}");
-  const mine = pixels(glyph);
-  const ok = mine !== missing && /[1-9]/.test(mine);
-  drawn.set(glyph, ok);
-  return ok;
-}
 async function loadApps() {
-  apps = await api("GET", "/api/apps");
+  apps = shared.apps = await api("GET", "/api/apps");
   const visible = apps.filter((a) => !a.problems.length);
   $("status").textContent = `${visible.length} apps`;
   $("apps").replaceChildren(...apps.map((app) => {
@@ -278,29 +197,6 @@ function selectVersionsOf(appId) {
     quietly(loadHistory());
   }
 }
-
-function showError(err) {
-  if (err.status === 401) {
-    banner("Your session has ended: sign in again (reload the page).");
-  } else {
-    toast(err.message);
-  }
-  console.error(err);
-}
-
-function toast(message, kind = "") {
-  const note = el("div", { className: `toast ${kind}`.trim(), role: "status", textContent: message });
-  $("toasts").append(note);
-  setTimeout(() => note.remove(), 8000);
-}
-
-function banner(message) {
-  $("banner").textContent = message || "";
-  $("banner").hidden = !message;
-}
-
-// failures of actions the user asked for are shown, not swallowed
-const loudly = (promise) => promise.catch(showError);
 
 async function launch(appId) {
   // one tab per instance: the app's own view already open is brought to the front
@@ -568,13 +464,6 @@ function choose(intent, candidates) {
   });
 }
 
-const VERBS = {
-  "os.intent.action.SEND": "share",
-  "os.intent.action.VIEW": "open",
-  "os.intent.action.EDIT": "edit",
-  "os.intent.action.CREATE_NOTE": "make a note of",
-};
-
 /** An app's intent in plain words: who asks, to do what, with what. */
 function describeIntent(tab, intent) {
   const who = apps.find((a) => a.id === tab.appId)?.name || tab.appId;
@@ -583,16 +472,6 @@ function describeIntent(tab, intent) {
   const text = typeof intent.extras?.text === "string" ? intent.extras.text : "";
   const preview = text ? `“${text.length > 120 ? `${text.slice(0, 120)}…` : text}”` : intent.uri || "";
   return [`${who} wants to ${verb} ${kind}`, preview ? `${preview}\nYou choose the app next.` : "You choose the app next."];
-}
-
-function confirmRequest(title, text) {
-  const dialog = $("confirm");
-  $("confirm-title").textContent = title;
-  $("confirm-text").textContent = text;
-  return new Promise((resolve) => {
-    dialog.onclose = () => resolve(dialog.returnValue === "yes");
-    dialog.showModal();
-  });
 }
 
 window.addEventListener("message", async (event) => {
@@ -610,28 +489,6 @@ window.addEventListener("message", async (event) => {
 });
 
 // ---------------------------------------------------------------- install dialog
-async function* sse(response) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const frame = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      let type = "message", data = "";
-      for (const line of frame.split("\n")) {
-        if (line.startsWith("event:")) type = line.slice(6).trim();
-        else if (line.startsWith("data:")) data += line.slice(5).trim();
-      }
-      if (data) yield { type, ...JSON.parse(data) };
-    }
-  }
-}
-
 function installStep(step) {
   for (const item of document.querySelectorAll("#install .steps li")) {
     if (item.dataset.step === step) item.setAttribute("aria-current", "step");
@@ -769,6 +626,7 @@ function appName(appId) {
 // ---------------------------------------------------------------- the event stream
 function connectEvents() {
   const source = new EventSource(`/api/events?client=${clientId}`);
+  useEventSource(source);
   let lost = false;
   source.onerror = () => {
     lost = true;
@@ -861,7 +719,7 @@ async function signIn() {
 }
 
 async function loadMe() {
-  me = await api("GET", "/api/me");
+  me = shared.me = await api("GET", "/api/me");
   $("open-account").textContent = me.name || me.id;
   $("open-account").setAttribute("aria-label", `Account: ${me.name || me.id}`);
   $("account-who").textContent = `Signed in as ${me.name || me.id} (${me.id}, ${me.role})`;

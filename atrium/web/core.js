@@ -1,0 +1,196 @@
+// What every part of the host page shares: the API client, element building, messages to the
+// user, app icons, the event stream's topics and the state the parts read. The parts (host.js and
+// the modules beside it) import from here; nothing here imports them.
+
+export const $ = (id) => document.getElementById(id);
+
+/** State read by several parts. host.js owns the writes: `apps` after each load of /api/apps,
+ * `instances` as the API reports them, `me` once signed in. */
+export const shared = {
+  apps: [],                  // GET /api/apps
+  instances: new Map(),      // instanceId → instance as GET /api/instances reports it
+  me: null,                  // {id, name, role} of the signed-in user
+};
+
+// ---------------------------------------------------------------- the event stream's topics
+const handlers = new Map();  // topic → [fn(data)]
+let stream = null;
+
+/** Call ``fn(data)`` for each event of ``topic`` on the shell's event stream (parsed JSON). May
+ * be called before the stream is open: the handler is attached when it opens. */
+export function onEvent(topic, fn) {
+  if (!handlers.has(topic)) {
+    handlers.set(topic, []);
+    if (stream) attach(stream, topic);
+  }
+  handlers.get(topic).push(fn);
+}
+
+function attach(source, topic) {
+  source.addEventListener(topic, (e) => {
+    const data = JSON.parse(e.data);
+    for (const fn of handlers.get(topic)) {
+      try { fn(data, e.lastEventId); } catch (err) { console.error(err); }
+    }
+  });
+}
+
+/** host.js hands its EventSource over once: every topic registered so far is attached. */
+export function useEventSource(source) {
+  stream = source;
+  for (const topic of handlers.keys()) attach(source, topic);
+}
+
+// ---------------------------------------------------------------- API, elements, messages
+export class ApiError extends Error {
+  constructor(status, body) {
+    super(body?.error?.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = body?.error?.code;
+    this.body = body;
+  }
+}
+
+export async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, init);
+  const text = await res.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!res.ok) throw new ApiError(res.status, data);
+  return data;
+}
+
+export const quietly = (promise) => promise.catch((err) => console.debug("ignored:", err.message));
+
+export function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  for (const child of children) node.append(child);
+  return node;
+}
+
+
+/** What the theme strategy means for the user, as a chip and its explanation. */
+export const CHIPS = {
+  themed: ["OWN PALETTE", "Uses its own colours; follows light and dark mode"],
+  override: ["OWN LOOK", "Ignores the shell's theme"],
+};
+
+/** The app's icon: its image file, its glyph when the fonts can draw it, else a monogram. */
+export function appIcon(app) {
+  if (app.icon && app.icon.length > 3) {
+    const img = el("img", { className: "icon", src: `/api/apps/${encodeURIComponent(app.id)}/icon`, alt: "" });
+    img.onerror = () => img.replaceWith(monogram(app));
+    return img;
+  }
+  if (app.icon && glyphDraws(app.icon)) {
+    const glyph = el("span", { className: "icon", textContent: app.icon });
+    glyph.setAttribute("aria-hidden", "true");
+    return glyph;
+  }
+  return monogram(app);
+}
+
+export function monogram(app) {
+  const words = (app.name || app.id).split(/[\s._-]+/).filter(Boolean);
+  const letters = words.slice(0, 2).map((w) => w[0].toUpperCase()).join("");
+  let hash = 0;
+  for (const c of app.id) hash = (hash * 31 + c.charCodeAt(0)) % 360;
+  const mark = el("span", { className: "icon monogram", textContent: letters });
+  mark.style.background = `hsl(${hash} 50% 30%)`;   // dark enough for white text (WCAG AA) at every hue
+  mark.setAttribute("aria-hidden", "true");
+  return mark;
+}
+
+const drawn = new Map();
+/** Whether the browser's fonts draw ``glyph``: compared with a code point no font has (which
+ * draws the "missing glyph" box), pixel for pixel. */
+function glyphDraws(glyph) {
+  if (drawn.has(glyph)) return drawn.get(glyph);
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 32;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const pixels = (text) => {
+    ctx.clearRect(0, 0, 32, 32);
+    ctx.font = "24px sans-serif";
+    ctx.textBaseline = "top";
+    ctx.fillStyle = "#000";
+    ctx.fillText(text, 2, 2);
+    return ctx.getImageData(0, 0, 32, 32).data.join(",");
+  };
+  const missing = pixels("\u{10FFFD}");
+  const mine = pixels(glyph);
+  const ok = mine !== missing && /[1-9]/.test(mine);
+  drawn.set(glyph, ok);
+  return ok;
+}
+
+export function showError(err) {
+  if (err.status === 401) {
+    banner("Your session has ended: sign in again (reload the page).");
+  } else {
+    toast(err.message);
+  }
+  console.error(err);
+}
+
+export function toast(message, kind = "") {
+  const note = el("div", { className: `toast ${kind}`.trim(), role: "status", textContent: message });
+  $("toasts").append(note);
+  setTimeout(() => note.remove(), 8000);
+}
+
+export function banner(message) {
+  $("banner").textContent = message || "";
+  $("banner").hidden = !message;
+}
+
+// failures of actions the user asked for are shown, not swallowed
+export const loudly = (promise) => promise.catch(showError);
+
+
+export const VERBS = {
+  "os.intent.action.SEND": "share",
+  "os.intent.action.VIEW": "open",
+  "os.intent.action.EDIT": "edit",
+  "os.intent.action.CREATE_NOTE": "make a note of",
+};
+
+
+export function confirmRequest(title, text) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.onclose = () => resolve(dialog.returnValue === "yes");
+    dialog.showModal();
+  });
+}
+
+
+export async function* sse(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let type = "message", data = "";
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("event:")) type = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (data) yield { type, ...JSON.parse(data) };
+    }
+  }
+}
+
