@@ -116,6 +116,24 @@ def _signature(verdict: Verdict | None, changed: bool = False) -> dict[str, Any]
     return {"signature": wire}
 
 
+def _summary(manifest: Manifest, size: int) -> dict[str, Any]:
+    """The app as the install review names it: every source, a git one included (which has no
+    manifest preview), gets its name, version, description, icon and size from the fetched copy."""
+    return {
+        "id": manifest.id,
+        "name": manifest.name,
+        "version": manifest.version,
+        "description": manifest.description,
+        "icon": manifest.icon,
+        "size": size,
+    }
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the regular files under ``folder`` (the fetched app, what the install adds)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def same_app(app_id: str, ref: str, found: str) -> None:
     """An update replaces ``app_id`` with ``app_id``: a recorded ref that now resolves to (or
     fetches) another app is refused before anything changes (issue: a moved OCI tag must not
@@ -231,12 +249,16 @@ class Distribution:
             manifest, diff = await self._check(resolved, path, scope)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             note = self.data_note(manifest.id, scope)
+            labels = self._registry.permission_labels()
+            size = await asyncio.to_thread(_tree_bytes, path / resolved.dir_name)
             yield event(
                 RESULT,
                 ok=True,
                 diff=diff.wire(),
                 requiresApproval=requires_approval(diff),
                 resolved=resolved.wire(),
+                app=_summary(manifest, size),
+                permissions=[describe(name, labels) for name in diff.permissions_added],
                 **({"note": note} if note else {}),
                 **_signature(verdict),
             )

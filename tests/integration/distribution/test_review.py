@@ -1,0 +1,50 @@
+"""What the install review shows before anything is installed: the preview names the app in its
+own words (name, version, description, icon), its size, and the permissions it asks for in the
+words of the apps that define them, whatever the source (a git source has no manifest preview)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.distribution.conftest import MakeApp
+
+pytestmark = pytest.mark.integration
+PERMISSION = "com.atrium.notes.read"
+
+
+def test_the_preview_names_the_app_and_words_what_it_asks_for(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    source = make_app(
+        "com.example.review",
+        name="Review Me",
+        description="One line on what it does",
+        icon="R",
+        permissions=[PERMISSION],
+    )
+    answer = api.post("/api/dist/install/preview", json={"ref": f"local:{source}"}).json()
+    app = answer["app"]
+    assert (app["id"], app["name"], app["version"]) == ("com.example.review", "Review Me", "1.0.0")
+    assert app["description"] == "One line on what it does"
+    assert app["icon"] == "R"
+    on_disk = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    assert app["size"] == on_disk
+    assert answer["permissions"] == [
+        {
+            "name": PERMISSION,
+            "label": "Read your notes",
+            "description": "See the text of every note in Notes.",
+            "declaredBy": "com.atrium.notes",
+        }
+    ]
+
+
+def test_a_preview_of_an_app_that_asks_for_nothing_says_so(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    source = make_app("com.example.modest")
+    answer = api.post("/api/dist/install/preview", json={"ref": f"local:{source}"}).json()
+    assert answer["permissions"] == []
+    assert answer["requiresApproval"] is False
+    assert answer["app"]["name"]
