@@ -13,8 +13,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
+from atrium.distribution.validate import runtime_folders
 from atrium.errors import NotFound
-from atrium.identity import Caller, user_id_of
+from atrium.files import tree_bytes
+from atrium.identity import Caller, UserCaller, user_id_of
 from atrium.permissions import describe
 from atrium.registry import AppView
 from atrium.shell import Shell
@@ -53,6 +55,11 @@ async def get_app(request: Request, caller: Caller) -> Response:
     for view in shell.registry.views(user):
         if view.copy.id == app_id:
             body = app_wire(shell, view, user)
+            body["dataBytes"] = (
+                await asyncio.to_thread(tree_bytes, own_data(shell, view, caller.user_id))
+                if isinstance(caller, UserCaller)
+                else None
+            )
             if view.copy.manifest is not None:
                 body["manifest"] = view.copy.manifest.wire()
                 labels = shell.registry.permission_labels(user)
@@ -61,6 +68,17 @@ async def get_app(request: Request, caller: Caller) -> Response:
                 ]
             return JSONResponse(body)
     raise NotFound("app", app_id)
+
+
+def own_data(shell: Shell, view: AppView, user: str) -> list[Path]:
+    """The runtime data folders of ``user``'s own instances of the listed copy, where the
+    lifecycle puts them (`ScopeLayout.runtime_dir`): the bootstrap admin's beside the app,
+    anyone else's in their own folder (`<appId>~<user>-<n>`). Another user's are never among
+    them."""
+    layout = shell.layout
+    app_id = view.copy.id
+    home = layout.runtime_dir(view.copy.scope, app_id, app_id, user).parent
+    return runtime_folders(home, app_id, None if user == layout.user else user)
 
 
 #: icon files the host page shows, by extension
