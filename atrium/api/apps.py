@@ -55,11 +55,15 @@ async def get_app(request: Request, caller: Caller) -> Response:
     for view in shell.registry.views(user):
         if view.copy.id == app_id:
             body = app_wire(shell, view, user)
+            mine = caller.user_id if isinstance(caller, UserCaller) else None
             body["dataBytes"] = (
-                await asyncio.to_thread(tree_bytes, own_data(shell, view, caller.user_id))
-                if isinstance(caller, UserCaller)
-                else None
+                None
+                if mine is None
+                else await asyncio.to_thread(tree_bytes, own_data(shell, view, mine))
             )
+            # the bootstrap admin's data is inside the app directory: an uninstall deletes it;
+            # anyone else's is in their own folder and stays
+            body["dataWithApp"] = None if mine is None else mine == shell.layout.user
             if view.copy.manifest is not None:
                 body["manifest"] = view.copy.manifest.wire()
                 labels = shell.registry.permission_labels(user)

@@ -22,10 +22,10 @@ def launched(client: httpx.Client) -> str:
     return str(answer.json()["instanceId"])
 
 
-def data_bytes(client: httpx.Client) -> object:
+def data_bytes(client: httpx.Client, field: str = "dataBytes") -> object:
     answer = client.get(f"/api/apps/{APP}")
     assert answer.status_code == 200, answer.text
-    return answer.json().get("dataBytes", "missing")
+    return answer.json().get(field, "missing")
 
 
 def test_the_detail_says_how_much_data_each_user_keeps_of_an_app(
@@ -47,4 +47,7 @@ def test_the_detail_says_how_much_data_each_user_keeps_of_an_app(
         theirs = home / "scopes/users/bob/runtime/global" / APP / launched(bob)
         (theirs / "notes.txt").write_bytes(b"x" * 77)
         assert data_bytes(bob) == 77
+        # what an uninstall does to it: the admin's goes with the app, bob's stays in his folder
+        assert data_bytes(bob, "dataWithApp") is False
     assert data_bytes(api) == 1234
+    assert data_bytes(api, "dataWithApp") is True
