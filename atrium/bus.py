@@ -57,6 +57,8 @@ class Subscription:
     on_drop: Callable[[], object] | None = None
     #: a further per-subscriber test of each event its globs match (who may hear what)
     admit: Callable[[Event], bool] | None = None
+    #: the user this stream is for (None: an app's, or the bus's own tests)
+    hearer: str | None = None
     queue: asyncio.Queue[bytes | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
     closed: bool = False
     dropped: bool = False
@@ -149,7 +151,8 @@ class EventBus:
         event = Event(
             self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload), data
         )
-        self._history.append(event)
+        if data is None or data.REPLAYED:
+            self._history.append(event)
         matched: dict[tuple[str, ...] | None, bool] = {}  # subscribers mostly share a few filters
         for sub in tuple(self._subscribers):
             hit = matched.get(sub.globs)
@@ -183,11 +186,12 @@ class EventBus:
         last_event_id: int | None = None,
         on_drop: Callable[[], object] | None = None,
         admit: Callable[[Event], bool] | None = None,
+        hearer: str | None = None,
     ) -> Subscription:
         """A new subscription, first fed the missed events after ``last_event_id`` (if any);
         ``on_drop`` is called if the bus later drops it for being too slow; ``admit`` further
-        filters the events its globs match."""
-        sub = Subscription(globs, on_drop, admit)
+        filters the events its globs match; ``hearer`` is the user the stream is for."""
+        sub = Subscription(globs, on_drop, admit, hearer)
         if self._closed:
             sub.end()
             return sub
@@ -201,6 +205,15 @@ class EventBus:
                     sub.offer(event.frame)
         self._subscribers.add(sub)
         return sub
+
+    def hearers(self, topic: str) -> set[str]:
+        """The users with a stream open whose globs take ``topic``: who a figure made only for
+        listeners (`atrium.monitor`) is worth making for."""
+        return {
+            s.hearer
+            for s in tuple(self._subscribers)
+            if s.hearer is not None and matches_any(topic, s.globs)
+        }
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._subscribers.discard(sub)

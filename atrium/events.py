@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Final
@@ -41,6 +41,7 @@ GRANT_REVOKED: Final = "grant:revoked"
 DEV_RELOADING: Final = "dev:reloading"
 DEV_RELOADED: Final = "dev:reloaded"
 DEV_FAILED: Final = "dev:failed"
+SYSTEM_USAGE: Final = "system:usage"
 
 
 def _camel(name: str) -> str:
@@ -53,6 +54,9 @@ class Payload:
     """What one event says; ``TOPIC`` is its topic."""
 
     TOPIC: ClassVar[str]
+    #: whether the bus keeps it for replay (`Last-Event-ID`); a figure that is stale seconds
+    #: later is not, so it cannot push what happened out of the history
+    REPLAYED: ClassVar[bool] = True
     #: the user this event belongs to (their instance, their KV row, their theme); None: the
     #: platform's, heard by every stream its other rules admit
     owner: str | None = field(default=None, kw_only=True)
@@ -306,6 +310,19 @@ class DevFailed(Payload):
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class SystemUsage(Payload):
+    """The machine's figures and one user's running instances' (`GET /api/system/usage`'s
+    answer), every few seconds while that user has a stream open; owned by that user, never
+    heard by an app, never replayed."""
+
+    TOPIC: ClassVar[str] = SYSTEM_USAGE
+    REPLAYED: ClassVar[bool] = False
+    machine: Mapping[str, Any]
+    instances: Sequence[Mapping[str, Any]]
+    at: str
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -331,6 +348,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DevReloading,
         DevReloaded,
         DevFailed,
+        SystemUsage,
     )
 }
 

@@ -41,6 +41,7 @@ ACCEPTED: Final = {
     "index_url": "a URL",
     "runner": "auto, process or bwrap",
     "heartbeat_seconds": "a number of seconds greater than 0",
+    "usage_seconds": "a number of seconds greater than 0",
     "view_grace_seconds": "a number of seconds, 0 or more",
     "header_timeout_seconds": "a number of seconds greater than 0",
     "stall_seconds": "a number of seconds greater than 0",
@@ -109,6 +110,8 @@ class Settings(BaseSettings):
     index_url: str | None = None
     runner: RunnerName = "auto"
     heartbeat_seconds: float = Field(default=15.0, gt=0)
+    #: how often `system:usage` goes to the streams that take it (docs/api.md "System usage")
+    usage_seconds: float = Field(default=3.0, gt=0)
     #: how long a host page's views outlive its last event stream
     view_grace_seconds: float = Field(default=30.0, ge=0)
     #: how long a connection may take to send a request's line and headers before it is closed

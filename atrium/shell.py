@@ -30,12 +30,14 @@ from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import load_runner
+from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
+from atrium.usage import Running
 from atrium.users.audit import AuditLog
 from atrium.users.grants import GrantStore
 from atrium.users.model import Role
@@ -70,6 +72,7 @@ class Shell:
     dist: Distribution
     #: every user's user scope (repository, install pipeline); ``dist`` is the bootstrap admin's
     user_scopes: UserScopes
+    usage: UsageMonitor
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -99,6 +102,20 @@ def installed_at(registry: AppRegistry, layout: ScopeLayout) -> Callable[[str], 
         return record.installed_at if record is not None else None
 
     return when
+
+
+def running_of(lifecycle: LifecycleManager) -> Callable[[], list[Running]]:
+    """The instances with a live child, for the usage figures: the runner's pid is the root of
+    the instance's process tree (the keeper, or bwrap)."""
+
+    def running() -> list[Running]:
+        return [
+            Running(i.id, i.app_id, i.owner, i.child.pid)
+            for i in lifecycle.all()
+            if i.child is not None and i.child.returncode is None
+        ]
+
+    return running
 
 
 def not_an_admin(users: UserStore, user_id: str) -> Callable[[], bool]:
@@ -259,6 +276,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         user_scopes.on_forget += [dataproxy.forget_user, launcher.forget_user]
         await user_scopes.open_found(lambda user_id: users.get(user_id) is not None)
         users.on_change.append(user_scopes.forgetter(lambda u: users.get(u) is not None))
+        usage = await stack.enter_async_context(
+            UsageMonitor(bus, running_of(lifecycle), settings.home, settings.usage_seconds)
+        )
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",
@@ -286,4 +306,5 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             theme=theme,
             dist=dist,
             user_scopes=user_scopes,
+            usage=usage,
         )

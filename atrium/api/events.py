@@ -21,7 +21,14 @@ from atrium.api.auth import Access, authorize, identify, still_signed_in
 from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
-from atrium.events import MAX_GLOBS, DataChanged, GrantAdded, GrantRevoked, compile_glob
+from atrium.events import (
+    MAX_GLOBS,
+    DataChanged,
+    GrantAdded,
+    GrantRevoked,
+    SystemUsage,
+    compile_glob,
+)
 from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.manifest import AUTHORITY_RE
 from atrium.providers import canonical_path, related
@@ -78,8 +85,8 @@ def change_filter(
     streams and their apps' only; the platform's (no owner) reach everyone. Of `data:changed`
     (owned by the announcing provider's owner) the user hears every one, an app only those under
     paths it may read; ``watched`` narrows to
-    one subtree. A grant's events reach the grantee and the instance's owner only, never an app.
-    The same test runs on replayed events."""
+    one subtree. A grant's events reach the grantee and the instance's owner only, never an app;
+    `system:usage` its user only, never an app. The same test runs on replayed events."""
     app = caller if isinstance(caller, AppCaller) else None
     user = caller.user_id if isinstance(caller, UserCaller) else None
     hearer = user if app is None else app.owner
@@ -88,6 +95,8 @@ def change_filter(
         change = event.data
         if isinstance(change, GrantAdded | GrantRevoked):
             return user is not None and user in (change.user, change.owner)
+        if isinstance(change, SystemUsage):
+            return user is not None and change.owner == user
         if change is not None and change.owner is not None and change.owner != hearer:
             return False
         if not isinstance(change, DataChanged):
@@ -133,7 +142,13 @@ async def serve_events(
         await error_response(err)(scope, receive, send)
         return
     admit = change_filter(shell, caller, watched)
-    sub = shell.bus.subscribe(globs, last_id, on_drop=abort_of(scope), admit=admit)
+    sub = shell.bus.subscribe(
+        globs,
+        last_id,
+        on_drop=abort_of(scope),
+        admit=admit,
+        hearer=caller.user_id if isinstance(caller, UserCaller) else None,
+    )
     if client is not None:
         shell.presence.connected(client)
     signed_out = _end_when_signed_out(shell, caller, sub)
