@@ -16,6 +16,7 @@ import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Final, TypeVar
+from weakref import WeakKeyDictionary
 
 from pydantic import Field
 from starlette.background import BackgroundTask
@@ -32,6 +33,7 @@ from atrium.distribution.exports import MAX_ARCHIVE
 from atrium.distribution.fetchers import ProgressEvent
 from atrium.distribution.pipeline import Approval, Distribution
 from atrium.distribution.refs import GitRef, LocalRef, Ref, parse_ref
+from atrium.distribution.updates import UpdateChecks
 from atrium.errors import AtriumError, InvalidRequest, NotFound, ShuttingDown
 from atrium.events import ERROR, RESULT
 from atrium.identity import Caller, UserCaller, require_admin, user_id_of
@@ -428,6 +430,24 @@ async def installed(request: Request, caller: Caller) -> Response:
     return JSONResponse([r.wire() for r in dist.installed()] + damaged)
 
 
+#: each user's pipeline's update check (its cache lives as long as the pipeline)
+_CHECKS: WeakKeyDictionary[Distribution, UpdateChecks] = WeakKeyDictionary()
+
+
+async def updates(request: Request, caller: Caller) -> Response:
+    """Which of the caller's installs (their user scope and the global one) have a newer
+    version: read only, nothing is fetched into the shell or changed."""
+    refresh = request.query_params.get("refresh", "").lower() in {"1", "true", "yes"}
+    dist = await dist_of(caller, request)
+    checks = _CHECKS.get(dist)
+    if checks is None:
+        checks = _CHECKS[dist] = UpdateChecks(dist.resolver)
+    states = await checks.check(dist.installed(), refresh)
+    return JSONResponse(
+        {"updates": [s.wire() for s in states], "available": sum(s.available for s in states)}
+    )
+
+
 routes: list[BaseRoute] = [
     endpoint("/api/dist/install", install, methods=["POST"], access=Access.USER, body=InstallBody),
     endpoint(
@@ -510,6 +530,13 @@ routes: list[BaseRoute] = [
         query={"refresh": "1, true or yes: fetch the index again"},
     ),
     endpoint("/api/dist/installed", installed, methods=["GET"], access=Access.USER),
+    endpoint(
+        "/api/dist/updates",
+        updates,
+        methods=["GET"],
+        access=Access.USER,
+        query={"refresh": "1, true or yes: read every source again"},
+    ),
     endpoint(
         "/api/dist/dev/{app_id}/problems",
         dev_problems,
