@@ -42,6 +42,7 @@ DEV_RELOADING: Final = "dev:reloading"
 DEV_RELOADED: Final = "dev:reloaded"
 DEV_FAILED: Final = "dev:failed"
 SYSTEM_USAGE: Final = "system:usage"
+BACKUP_FAILED: Final = "backup:failed"
 
 
 def _camel(name: str) -> str:
@@ -311,6 +312,18 @@ class DevFailed(Payload):
 
 
 @dataclass(frozen=True, slots=True)
+class BackupFailed(Payload):
+    """A snapshot of an app's runtime data could not be written (``reason``: `manual`, or the
+    operation that takes one first, such as `update`); nothing was changed."""
+
+    TOPIC: ClassVar[str] = BACKUP_FAILED
+    app_id: str
+    scope: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class SystemUsage(Payload):
     """The machine's figures and one user's running instances' (`GET /api/system/usage`'s
     answer), every few seconds while that user has a stream open; owned by that user, never
@@ -349,6 +362,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DevReloaded,
         DevFailed,
         SystemUsage,
+        BackupFailed,
     )
 }
 

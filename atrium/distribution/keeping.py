@@ -33,6 +33,7 @@ from atrium.distribution.records import RecordStore
 from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import runtime_folders
 from atrium.errors import BackupDamaged, ExportTooLarge, NotFound, StorageFailed, StorageFull
+from atrium.events import BackupFailed
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -50,8 +51,11 @@ class DataKeeping:
         locks: AppLocks,
         stops: InstanceStops,
         scope_of: Callable[[str], Scope],
+        failed: Callable[[BackupFailed], object] | None = None,
     ) -> None:
         self._layout = layout
+        #: told of each snapshot that could not be written (the pipeline announces it)
+        self._failed = failed
         self._records = records
         self._journals = journals
         self._locks = locks
@@ -152,11 +156,17 @@ class DataKeeping:
             return await in_thread(store.snapshot, scope, app_id, version, folders, reason)
         except OSError as err:
             error = StorageFull if err.errno == errno.ENOSPC else StorageFailed
-            raise error(
+            failure = error(
                 f"backing up the data of {app_id} into {self.backups.root} failed, nothing was "
                 f"changed: {err}",
                 path=str(self.backups.root),
-            ) from err
+            )
+            if self._failed is not None:
+                owner = self._user or self._layout.user
+                self._failed(
+                    BackupFailed(app_id, scope.value, reason, failure.message, owner=owner)
+                )
+            raise failure from err
 
     def backup_of(self, scope: Scope, app_id: str, version: str) -> tuple[Backup | None, str]:
         """The newest intact backup taken while ``version`` was installed (its data as it was),

@@ -186,6 +186,7 @@ class Distribution:
             locks=self.locks,
             stops=self.stops,
             scope_of=self.mutable_scope_of,
+            failed=bus.emit,
         )
 
     # -- queries --------------------------------------------------------------------------------

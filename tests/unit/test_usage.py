@@ -96,7 +96,7 @@ def test_shares_are_of_the_whole_machine_between_two_samples() -> None:
         {"instanceId": "i-1", "appId": "com.example.a", "memoryBytes": 20, "cpuPercent": 20.0}
     ]
     # i-2 started again (another pid) and i-3 is new: no share yet, never another's ticks
-    assert [i["cpuPercent"] for i in result.wire("bob")["instances"]] == [0.0, 0.0]  # type: ignore[union-attr]
+    assert [i["cpuPercent"] for i in result.instances_of("bob")] == [0.0, 0.0]
     assert result.wire("carol")["instances"] == []
     assert result.wire("carol")["machine"] == result.wire("alice")["machine"]
 
