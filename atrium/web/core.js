@@ -133,9 +133,58 @@ export function showError(err) {
   if (err.status === 401) {
     banner("Your session has ended: sign in again (reload the page).");
   } else {
-    toast(err.message);
+    const note = errorNote(err);
+    note.classList.add("toast");
+    const close = el("button", { type: "button", className: "ghost alert-close", textContent: "×", ariaLabel: "Dismiss" });
+    close.onclick = () => note.remove();
+    note.append(close);
+    $("toasts").append(note);
+    setTimeout(() => note.remove(), 12000);
   }
   console.error(err);
+}
+
+/** What went wrong, by the answer's status, in the words of the one who asked. */
+const TROUBLE = {
+  400: "That request was not accepted",
+  403: "Not allowed",
+  404: "Not found",
+  409: "Not possible right now",
+  413: "Too large",
+  422: "Not possible",
+  429: "Too many attempts: wait a moment",
+  502: "The source could not be reached",
+  503: "The shell cannot do that right now",
+  507: "The disk is full",
+};
+
+/** An error as a styled alert: the reason in words (the shell's message), the kind of trouble
+ * as its title, and the error code (and HTTP status) in small print. */
+export function errorNote(err) {
+  const offline = !err.status && err instanceof TypeError;
+  const title = offline ? "The shell cannot be reached"
+    : TROUBLE[err.status] || (err.status >= 500 ? "Something went wrong in the shell" : "That did not work");
+  const note = el("div", { className: "alert error", role: "alert" },
+    el("span", { className: "alert-mark", textContent: "!", ariaHidden: "true" }),
+    el("div", { className: "alert-body" },
+      el("strong", { className: "alert-title", textContent: title }),
+      el("span", { className: "alert-reason", textContent: offline ? "Check that it is running, then try again." : err.message })));
+  const code = [err.code, err.status ? `HTTP ${err.status}` : ""].filter(Boolean).join(" · ");
+  if (code) note.querySelector(".alert-body").append(el("small", { className: "alert-code", textContent: code }));
+  if (err.code) note.dataset.code = err.code;
+  return note;
+}
+
+/** Placeholders drawn while a list loads (instead of "Loading…"): ``n`` grey bars as ``tag``
+ * (`li`, `tr` or `div`), hidden from assistive technology. */
+export function skeletons(n, tag = "div") {
+  return Array.from({ length: n }, () => {
+    const bar = el("span", { className: "skeleton-bar" });
+    const node = tag === "tr" ? el("tr", {}, el("td", { colSpan: 6 }, bar)) : el(tag, {}, bar);
+    node.className = "skeleton";
+    node.setAttribute("aria-hidden", "true");
+    return node;
+  });
 }
 
 export function toast(message, kind = "") {
@@ -161,10 +210,16 @@ export const VERBS = {
 };
 
 
-export function confirmRequest(title, text) {
+/** Ask first: ``title`` and ``text`` say what happens; ``yes`` names the action on its button
+ * (an app's request keeps "Allow", an action the user asked for names itself, with "Cancel"). */
+export function confirmRequest(title, text, yes = null) {
   const dialog = $("confirm");
   $("confirm-title").textContent = title;
   $("confirm-text").textContent = text;
+  const [no, ok] = dialog.querySelectorAll("menu button");
+  no.textContent = yes ? "Cancel" : "Refuse";
+  ok.textContent = yes || "Allow";
+  ok.classList.toggle("danger", Boolean(yes));
   return new Promise((resolve) => {
     dialog.onclose = () => resolve(dialog.returnValue === "yes");
     dialog.showModal();

@@ -137,7 +137,7 @@ def test_the_process_manager_shows_a_crashed_instance(page: Page, served: Served
         )
         client.post(f"/api/proxy/{crashing['instanceId']}/crash")
     row = page.locator(f'tr[data-instance-id="{crashing["instanceId"]}"] td.state')
-    row.filter(has_text="error").wait_for()
+    row.filter(has_text="crashed").wait_for()  # the state in words, the reason as its title
     page.wait_for_function(
         """(id) => (document.querySelector(`tr[data-instance-id="${id}"] td.state`)?.title || '')
                    .includes('crashed')""",
