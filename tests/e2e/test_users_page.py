@@ -147,7 +147,7 @@ def test_a_shared_instance_appears_under_shared_with_me(
     instance_id = page.get_attribute("iframe[data-app-id='test.sdk.echo']", "data-instance-id")
     page.evaluate("window.atrium.refreshProcs()")
     page.click("#open-procs")
-    page.click(f"button[aria-label='Share {instance_id}']")
+    page.click(f"#proc-rows tr[data-instance-id='{instance_id}'] button:text-is('Share')")
     page.wait_for_selector("#share[open]")
     page.fill("#share-user", grantee)
     page.select_option("#share-role", "viewer")
@@ -165,7 +165,7 @@ def test_a_shared_instance_appears_under_shared_with_me(
         other.wait_for_selector(f"iframe[data-instance-id='{instance_id}']")
 
         # the owner revokes: the grantee's tab closes, the page says why, the list empties
-        page.click(f"button[aria-label='Share {instance_id}']")
+        page.click(f"#proc-rows tr[data-instance-id='{instance_id}'] button:text-is('Share')")
         page.click(f"button[aria-label='Stop sharing with {grantee}']")
         page.wait_for_selector("#grant-rows li", state="detached")
         other.wait_for_selector(f"iframe[data-instance-id='{instance_id}']", state="detached")
