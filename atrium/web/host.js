@@ -3,10 +3,9 @@
 
 import {
   $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, loudly, quietly,
-  shared, showError, sse, toast, useEventSource,
+  shared, showError, toast, useEventSource,
 } from "./core.js";
-import { loadVersions, showDetail, startDetail } from "./detail.js";
-import { drawProcs, startProcs } from "./procs.js";
+import { setUpStore } from "./store.js";
 
 const clientId = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
 const tabs = new Map();          // tab key → {key, instanceId, appId, viewId, iframe, el, origin, activityId}
@@ -111,43 +110,54 @@ async function loadApps() {
   }));
 }
 
-// ---------------------------------------------------------------- catalogue
-async function loadCatalogue() {
-  $("catalogue-status").textContent = "Loading…";
-  let snapshot;
+// ---------------------------------------------------------------- app detail
+async function showDetail(appId) {
+  const app = await api("GET", `/api/apps/${encodeURIComponent(appId)}`);
+  const record = app.record;
+  const manifest = app.manifest || {};
+  $("detail-title").textContent = `${app.name || app.id} ${app.version || ""}`;
+  const facts = [
+    ["App id", app.id],
+    ["Scope", `${app.scope}${app.masks?.length ? ` (hides the ${app.masks.join(", ")} copy)` : ""}`],
+    ["Source", record ? `${record.ref} (${record.source})` : app.scope === "system" ? "bundled with Atrium" : "placed by hand"],
+    ["Installed", record ? record.installedAt.replace("T", " ").replace("Z", " UTC") : "—"],
+    ["Shares data as", manifest.dataProvider ? `“${manifest.dataProvider.authority}”` : "—"],
+    ["Handles", [...new Set((manifest.intentFilters || []).map((f) => VERBS[f.action] || f.action))].join(", ") || "—"],
+  ];
+  $("detail-facts").replaceChildren(...facts.map(([k, v]) => el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }))));
+  const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : "", p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
+  $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
+  const changeable = record && app.scope !== "system";
+  $("detail-open").onclick = () => { $("detail").close(); loudly(launch(app.id)); };
+  $("detail-update").hidden = !changeable;
+  $("detail-update").onclick = () => loudly(detailAction(`/api/dist/update/${app.id}`, "POST", {}, (r) => r.upToDate ? "Already up to date." : `Updated to ${r.record.version}.`));
+  $("detail-versions").hidden = !changeable;
+  $("detail-versions").onclick = () => { $("detail").close(); $("versions").hidden = false; loudly(loadVersions().then(() => selectVersionsOf(app.id))); };
+  $("detail-uninstall").hidden = !changeable;
+  $("detail-uninstall").onclick = async () => {
+    if (!(await confirmRequest(`Uninstall ${app.name || app.id}?`, `Its code and its data in the ${app.scope} scope are removed.`))) return;
+    await loudly(detailAction(`/api/dist/uninstall/${app.id}`, "DELETE", undefined, () => "Uninstalled."));
+    $("detail").close();
+  };
+  $("detail-result").textContent = "";
+  $("detail").showModal();
+}
+
+async function detailAction(path, method, body, done) {
+  $("detail-result").textContent = "Working…";
   try {
-    snapshot = await api("GET", "/api/dist/index");
+    $("detail-result").textContent = done(await api(method, path, body));
   } catch (err) {
-    $("catalogue-status").textContent = err.message;
-    $("catalogue-rows").replaceChildren();
-    return;
+    $("detail-result").textContent = err.message;
   }
-  const entries = snapshot.index?.apps || [];
-  $("catalogue-status").textContent = entries.length
-    ? `${entries.length} app${entries.length > 1 ? "s" : ""} from ${snapshot.url}${snapshot.stale ? " (offline copy)" : ""}`
-    : `${snapshot.message || `The catalogue at ${snapshot.url} lists no app`}.`;
-  $("catalogue-rows").replaceChildren(...entries.map((entry) => {
-    const installed = apps.some((a) => a.id === entry.id);
-    const action = installed
-      ? el("span", { className: "chip ok", textContent: "INSTALLED" })
-      : el("button", {
-        className: "primary", type: "button", textContent: "Install", ariaLabel: `Install ${entry.name}`,
-        onclick: () => {
-          $("catalogue").hidden = true;
-          installStep("source");
-          $("install-ref").value = entry.id;
-          $("install-result").textContent = "";
-          $("install").showModal();
-          loudly(runInstall({}));
-        },
-      });
-    const row = el("li", {},
-      el("div", {}, el("strong", { textContent: entry.name }), el("span", { className: "hint", textContent: entry.publisher?.name ? ` · ${entry.publisher.name}` : "" }),
-        el("div", { className: "hint", textContent: entry.description || entry.id })),
-      action);
-    row.dataset.appId = entry.id;
-    return row;
-  }));
+}
+
+function selectVersionsOf(appId) {
+  const index = versionsOf.findIndex((r) => r.id === appId);
+  if (index >= 0) {
+    $("versions-app").value = String(index);
+    quietly(loadHistory());
+  }
 }
 
 async function launch(appId) {
@@ -272,7 +282,27 @@ async function refreshProcs() {
 }
 
 function renderProcs() {
-  drawProcs(instances);   // procs.js
+  const rows = [...instances.values()].map((i) => {
+    const meaning = CHIPS[i.themeStrategy];
+    const chip = meaning ? el("span", { className: "chip", textContent: meaning[0], title: meaning[1] }) : "";
+    const state = el("td", { className: `state state-${i.state}`, textContent: i.state, title: i.error || "" });
+    const buttons = el("td", {},
+      el("button", { className: "ghost", type: "button", textContent: "stop", ariaLabel: `Stop ${i.instanceId}`, onclick: () => loudly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "destroy", ariaLabel: `Destroy ${i.instanceId}`, onclick: () => loudly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
+      el("button", { className: "ghost", type: "button", textContent: "logs", ariaLabel: `Logs of ${i.instanceId}`, onclick: () => loudly(showLogs(i.instanceId)) }),
+      el("button", { className: "ghost", type: "button", textContent: "share", ariaLabel: `Share ${i.instanceId}`, onclick: () => loudly(openShare(i)) }));
+    const row = el("tr", {}, el("td", { textContent: i.instanceId }), state,
+      el("td", { textContent: i.port ?? "" }), el("td", { textContent: i.scope }), el("td", {}, chip), buttons);
+    row.dataset.instanceId = i.instanceId;
+    return row;
+  });
+  $("proc-rows").replaceChildren(...rows);
+}
+
+async function showLogs(instanceId) {
+  const res = await fetch(`/api/instances/${instanceId}/logs?lines=200`, { credentials: "same-origin" });
+  $("logs").textContent = await res.text();
+  $("logs").hidden = false;
 }
 
 // ---------------------------------------------------------------- default apps
@@ -294,6 +324,76 @@ async function loadDefaults() {
     return row;
   });
   $("default-rows").replaceChildren(...(rows.length ? rows : [el("li", { className: "status", textContent: "No default apps: every tie asks you." })]));
+}
+
+// ---------------------------------------------------------------- versions and backups
+let versionsOf = [];   // the install records, {id, scope, version}
+
+async function loadVersions() {
+  versionsOf = (await api("GET", "/api/dist/installed")).filter((r) => !r.damaged);
+  const select = $("versions-app");
+  const keep = select.value;
+  select.replaceChildren(...versionsOf.map((r, n) => {
+    const option = el("option", { value: String(n), textContent: `${r.id} (${r.scope}, ${r.version})` });
+    option.dataset.appId = r.id;
+    return option;
+  }));
+  if (keep && Number(keep) < versionsOf.length) select.value = keep;
+  select.onchange = () => quietly(loadHistory());
+  await loadHistory();
+}
+
+async function loadHistory() {
+  const record = versionsOf[Number($("versions-app").value)];
+  if (!record) {
+    $("history-rows").replaceChildren();
+    $("backup-rows").replaceChildren(el("li", { className: "status", textContent: "Nothing installed from a source yet." }));
+    return;
+  }
+  const query = `scope=${encodeURIComponent(record.scope)}`;
+  const history = await api("GET", `/api/dist/history/${record.id}?${query}`);
+  $("history-rows").replaceChildren(...history.entries.map((e) => {
+    const back = e.version && e.version !== history.current && e.operation !== "uninstall"
+      ? el("button", {
+        className: "ghost", type: "button", textContent: "Roll back to this",
+        ariaLabel: `Roll back ${record.id} to ${e.version}`,
+        onclick: () => quietly(versionAction(`Roll ${record.id} back to ${e.version}?`,
+          "Its running instances restart on that version, with the data it had then (today's is backed up first).",
+          `/api/dist/rollback/${record.id}`, { scope: record.scope, to: e.commit },
+          (r) => `Rolled back to ${r.record.version}${r.dataRestored ? " with its data" : ""}.`)),
+      })
+      : "";
+    const row = el("tr", {}, el("td", { textContent: e.when.replace("T", " ").slice(0, 19) }),
+      el("td", { textContent: e.rollbackOf ? `rollback from ${e.rollbackOf}` : e.operation }),
+      el("td", { textContent: e.version || "—" }), el("td", {}, back));
+    row.dataset.version = e.version || "";
+    return row;
+  }));
+  const backups = history.backups.map((b) => {
+    const restore = el("button", {
+      className: "ghost", type: "button", textContent: "Restore", ariaLabel: `Restore backup ${b.id}`,
+      onclick: () => quietly(versionAction(`Restore ${record.id}'s data from ${b.createdAt.slice(0, 19)}?`,
+        "Its running instances stop for the restore; today's data is backed up first.",
+        `/api/dist/restore/${record.id}`, { scope: record.scope, backup: b.id },
+        (r) => `Restored the data of ${r.restored.createdAt.slice(0, 19)}.`)),
+    });
+    const row = el("li", {}, el("span", { textContent: `${b.createdAt.slice(0, 19).replace("T", " ")} · ${b.version} · ${b.reason} · ${b.files} files` }), restore);
+    row.dataset.backupId = b.id;
+    return row;
+  });
+  $("backup-rows").replaceChildren(...(backups.length ? backups : [el("li", { className: "status", textContent: "No backups yet: one is taken before every update and rollback." })]));
+}
+
+async function versionAction(title, text, path, body, done) {
+  if (!(await confirmRequest(title, text))) return;
+  $("versions-result").textContent = "Working…";
+  try {
+    const result = await api("POST", path, body);
+    $("versions-result").textContent = done(result);
+  } catch (err) {
+    $("versions-result").textContent = err.message;
+  }
+  await loadVersions();
 }
 
 // ---------------------------------------------------------------- intents and the bridge
@@ -349,97 +449,6 @@ window.addEventListener("message", async (event) => {
     quietly(openView(instance, data.path, String(data.title || tab.appId)));
   }
 });
-
-// ---------------------------------------------------------------- install dialog
-function installStep(step) {
-  for (const item of document.querySelectorAll("#install .steps li")) {
-    if (item.dataset.step === step) item.setAttribute("aria-current", "step");
-    else item.removeAttribute("aria-current");
-  }
-  $("install-source").hidden = step !== "source";
-  $("install-go").hidden = step !== "source";
-  $("install-bar").hidden = step !== "fetch";
-  $("install-open").hidden = step !== "done";
-  if (step !== "review") hideDiff();
-}
-
-const STAGES = {
-  "resolve.start": "Finding the app…", "resolve.done": "Found it.", "fetch.start": "Downloading…",
-  "fetch.done": "Downloaded.", "validate.done": "Checked.", "check.start": "Trying the new version…",
-  "install.start": "Installing…", "permission.approved": "Approved.",
-};
-
-async function runInstall(extra) {
-  const body = { ref: $("install-ref").value.trim(), scope: $("install-scope").value, ...extra };
-  $("install-result").textContent = "";
-  installStep("fetch");
-  const bar = $("install-bar");
-  bar.removeAttribute("value");
-  const response = await fetch("/api/dist/install", {
-    method: "POST", credentials: "same-origin",
-    headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-    body: JSON.stringify(body),
-  });
-  if (!response.ok) {
-    const error = await response.json().catch(() => null);
-    installStep("source");
-    $("install-result").textContent = error?.error?.message || `HTTP ${response.status}`;
-    return;
-  }
-  for await (const event of sse(response)) {
-    if (event.type === "fetch.progress" && event.total) {
-      bar.max = event.total;
-      bar.value = event.done ?? 0;
-    } else if (event.type === "result" && event.needsApproval) {
-      showDiff(event.diff, event.resolved, event.permissions || []);
-      if (event.note) $("install-result").textContent = `Note: ${event.note}`;
-    } else if (event.type === "error") {
-      installStep("source");
-      $("install-stage").textContent = "";
-      $("install-result").textContent = `${event.code}: ${event.message}`;
-    } else if (event.type === "result" && event.ok) {
-      const record = event.record;
-      const app = apps.find((a) => a.id === record.id);
-      installStep("done");
-      $("install-stage").textContent = "";
-      $("install-result").textContent = `Installed ${app?.name || record.id} ${record.version}.` + (event.note ? ` Note: ${event.note}` : "");
-      $("install-open").onclick = () => { $("install").close(); loudly(launch(record.id)); };
-    } else if (STAGES[event.type]) {
-      $("install-stage").textContent = STAGES[event.type];
-    }
-  }
-}
-
-function showDiff(diff, resolved, permissions) {
-  installStep("review");
-  $("install-stage").textContent = "";
-  const preview = resolved?.manifestPreview || {};
-  const version = `${diff.versionFrom ? `${diff.versionFrom} → ` : ""}${diff.versionTo}`;
-  $("install-app").textContent = `${preview.name || diff.appId} ${version}`;
-  $("install-app").title = diff.appId;
-  const asks = permissions.map((p) => {
-    const item = el("li", {}, el("strong", { textContent: p.label }));
-    if (p.description) item.append(el("span", { className: "hint", textContent: ` — ${p.description}` }));
-    if (p.label !== p.name) item.append(el("code", { className: "raw", textContent: p.name }));
-    item.dataset.permission = p.name;
-    return item;
-  });
-  if (diff.toolsAdded?.length) asks.push(el("li", { textContent: `Run these programs of this machine: ${diff.toolsAdded.join(", ")}` }));
-  if (diff.dataProviderAdded) asks.push(el("li", { textContent: "Share its own data with other apps (a data provider)" }));
-  if (diff.intentFiltersAdded?.length) asks.push(el("li", { textContent: `Handle requests to ${[...new Set(diff.intentFiltersAdded.map((f) => (VERBS[f.action] || f.action)))].join(", ")}` }));
-  $("install-asks").replaceChildren(...asks);
-  $("install-diff").hidden = false;
-  $("install-approve").hidden = false;
-  $("install-deny").hidden = false;
-  $("install-approve").onclick = () => { hideDiff(); loudly(runInstall({ autoApprove: true, approvedDigest: resolved?.digest })); };
-  $("install-deny").onclick = () => { hideDiff(); loudly(runInstall({ approve: false })); };
-}
-
-function hideDiff() {
-  $("install-diff").hidden = true;
-  $("install-approve").hidden = true;
-  $("install-deny").hidden = true;
-}
 
 // ---------------------------------------------------------------- the author loop (`atrium dev`)
 const devReloading = new Set();  // app ids whose dev copy is being swapped: their tabs stay
@@ -754,18 +763,15 @@ function userPanels() {
 // ---------------------------------------------------------------- start
 function panels() {
   userPanels();
-  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"], ["open-catalogue", "catalogue"]]) {
+  for (const [button, panel] of [["open-procs", "procs"], ["open-theme", "theme"], ["open-defaults", "defaults"], ["open-versions", "versions"]]) {
     $(button).onclick = () => {
       $(panel).hidden = !$(panel).hidden;
       if (panel === "defaults" && !$(panel).hidden) quietly(loadDefaults());
       if (panel === "versions" && !$(panel).hidden) quietly(loadVersions());
-      if (panel === "catalogue" && !$(panel).hidden) quietly(loadCatalogue());
     };
   }
   for (const close of document.querySelectorAll("[data-close]")) close.onclick = () => { $(close.dataset.close).hidden = true; };
-  $("open-install").onclick = () => { installStep("source"); $("install-result").textContent = ""; $("install-stage").textContent = ""; $("install").showModal(); };
-  $("install-close").onclick = () => $("install").close();
-  $("install-form").onsubmit = (event) => { event.preventDefault(); loudly(runInstall({})); };
+  setUpStore({ launch });   // the store, its header button and the install review
 }
 
 function escCloses() {
@@ -788,8 +794,6 @@ function trackBarHeight() {
 }
 
 async function start() {
-  startDetail({ launch });
-  startProcs({ share: openShare });
   trackBarHeight();
   panels();
   escCloses();

@@ -137,7 +137,7 @@ def test_the_process_manager_shows_a_crashed_instance(page: Page, served: Served
         )
         client.post(f"/api/proxy/{crashing['instanceId']}/crash")
     row = page.locator(f'tr[data-instance-id="{crashing["instanceId"]}"] td.state')
-    row.filter(has_text="crashed").wait_for()  # the state in words, the reason as its title
+    row.filter(has_text="error").wait_for()
     page.wait_for_function(
         """(id) => (document.querySelector(`tr[data-instance-id="${id}"] td.state`)?.title || '')
                    .includes('crashed')""",
@@ -596,6 +596,10 @@ def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Ser
         assert "An app from the catalogue" in row.inner_text()
         row.get_by_role("button", name="Install Catalogued").click()
         page.locator("#install").wait_for(state="visible")
+        # the review comes first, for any app: what it is, asks and offers, and the scope
+        page.locator("#install-diff").wait_for(state="visible", timeout=30_000)
+        assert page.locator("#install-app").inner_text() == "Catalogued"
+        page.click("#install-approve")
         page.locator("#install-open").wait_for(state="visible", timeout=30_000)
         page.click("#install-open")
         app_frame(page, CATALOGUED)
