@@ -5,7 +5,13 @@ import {
   $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, loudly, quietly,
   shared, showError, toast, useEventSource,
 } from "./core.js";
+import { markRunning, renderApps, showingHome, startHome } from "./home.js";
+import { loadVersions, showDetail, startDetail } from "./detail.js";
+import { drawProcs, startProcs } from "./procs.js";
+import { skeletons } from "./core.js";
 import { setUpStore } from "./store.js";
+import { startUsage } from "./usage.js";
+import { startNoticesQuietly } from "./notices.js";
 
 const clientId = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
 const tabs = new Map();          // tab key → {key, instanceId, appId, viewId, iframe, el, origin, activityId}
@@ -86,78 +92,7 @@ function syncPicker() {
 // ---------------------------------------------------------------- launcher
 async function loadApps() {
   apps = shared.apps = await api("GET", "/api/apps");
-  const visible = apps.filter((a) => !a.problems.length);
-  $("status").textContent = `${visible.length} apps`;
-  $("apps").replaceChildren(...apps.map((app) => {
-    const button = el("button", { className: "app", type: "button", disabled: app.problems.length > 0 });
-    button.dataset.appId = app.id;
-    const icon = appIcon(app);
-    const name = el("span", { textContent: app.name || app.id });
-    const chip = CHIPS[app.themeStrategy];
-    if (chip) name.append(el("span", { className: "chip", textContent: chip[0], title: chip[1] }));
-    if (app.record?.dev) {
-      name.append(el("span", { className: "chip dev", textContent: "DEV",
-        title: "A dev copy: an author's folder run by `atrium dev`, reloaded on every save" }));
-    }
-    const meta = el("span", { className: "meta", textContent: `${app.id} · ${app.scope}` });
-    button.append(icon, name, meta);
-    for (const p of app.problems) button.append(el("span", { className: "problem", textContent: `${p.field}: ${p.message}` }));
-    button.onclick = () => launch(app.id).catch(showError);
-    const more = el("button", { className: "ghost more", type: "button", textContent: "⋯", title: "Details", ariaLabel: `Details of ${app.name || app.id}` });
-    more.dataset.appId = app.id;
-    more.onclick = () => loudly(showDetail(app.id));
-    return el("div", { className: "card" }, button, more);
-  }));
-}
-
-// ---------------------------------------------------------------- app detail
-async function showDetail(appId) {
-  const app = await api("GET", `/api/apps/${encodeURIComponent(appId)}`);
-  const record = app.record;
-  const manifest = app.manifest || {};
-  $("detail-title").textContent = `${app.name || app.id} ${app.version || ""}`;
-  const facts = [
-    ["App id", app.id],
-    ["Scope", `${app.scope}${app.masks?.length ? ` (hides the ${app.masks.join(", ")} copy)` : ""}`],
-    ["Source", record ? `${record.ref} (${record.source})` : app.scope === "system" ? "bundled with Atrium" : "placed by hand"],
-    ["Installed", record ? record.installedAt.replace("T", " ").replace("Z", " UTC") : "—"],
-    ["Shares data as", manifest.dataProvider ? `“${manifest.dataProvider.authority}”` : "—"],
-    ["Handles", [...new Set((manifest.intentFilters || []).map((f) => VERBS[f.action] || f.action))].join(", ") || "—"],
-  ];
-  $("detail-facts").replaceChildren(...facts.map(([k, v]) => el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }))));
-  const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : "", p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
-  $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
-  const changeable = record && app.scope !== "system";
-  $("detail-open").onclick = () => { $("detail").close(); loudly(launch(app.id)); };
-  $("detail-update").hidden = !changeable;
-  $("detail-update").onclick = () => loudly(detailAction(`/api/dist/update/${app.id}`, "POST", {}, (r) => r.upToDate ? "Already up to date." : `Updated to ${r.record.version}.`));
-  $("detail-versions").hidden = !changeable;
-  $("detail-versions").onclick = () => { $("detail").close(); $("versions").hidden = false; loudly(loadVersions().then(() => selectVersionsOf(app.id))); };
-  $("detail-uninstall").hidden = !changeable;
-  $("detail-uninstall").onclick = async () => {
-    if (!(await confirmRequest(`Uninstall ${app.name || app.id}?`, `Its code and its data in the ${app.scope} scope are removed.`))) return;
-    await loudly(detailAction(`/api/dist/uninstall/${app.id}`, "DELETE", undefined, () => "Uninstalled."));
-    $("detail").close();
-  };
-  $("detail-result").textContent = "";
-  $("detail").showModal();
-}
-
-async function detailAction(path, method, body, done) {
-  $("detail-result").textContent = "Working…";
-  try {
-    $("detail-result").textContent = done(await api(method, path, body));
-  } catch (err) {
-    $("detail-result").textContent = err.message;
-  }
-}
-
-function selectVersionsOf(appId) {
-  const index = versionsOf.findIndex((r) => r.id === appId);
-  if (index >= 0) {
-    $("versions-app").value = String(index);
-    quietly(loadHistory());
-  }
+  renderApps();   // the home's grid (home.js)
 }
 
 async function launch(appId) {
@@ -237,11 +172,26 @@ async function markResumed(tab) {
 }
 
 function syncCloseButton() {
-  $("welcome").hidden = tabs.size > 0;
   const tab = active ? tabs.get(active) : null;
+  showingHome(!tab);
   const button = $("close-tab");
   button.hidden = !tab;
   if (tab) button.setAttribute("aria-label", `Close ${tab.el.textContent.replace(/×$/, "")}`);
+}
+
+/** The home instead of the active tab: the tabs stay open (their instances paused, as when
+ * another tab comes to the front). */
+function goHome() {
+  const previous = active ? tabs.get(active) : null;
+  active = null;
+  for (const tab of tabs.values()) {
+    tab.iframe.hidden = true;
+    if (tab.problem) tab.problem.hidden = true;
+    tab.el.classList.remove("active");
+    tab.el.setAttribute("aria-selected", "false");
+  }
+  syncCloseButton();
+  if (previous) quietly(api("POST", `/api/instances/${previous.instanceId}/pause`));
 }
 
 async function closeTab(key) {
@@ -282,27 +232,8 @@ async function refreshProcs() {
 }
 
 function renderProcs() {
-  const rows = [...instances.values()].map((i) => {
-    const meaning = CHIPS[i.themeStrategy];
-    const chip = meaning ? el("span", { className: "chip", textContent: meaning[0], title: meaning[1] }) : "";
-    const state = el("td", { className: `state state-${i.state}`, textContent: i.state, title: i.error || "" });
-    const buttons = el("td", {},
-      el("button", { className: "ghost", type: "button", textContent: "stop", ariaLabel: `Stop ${i.instanceId}`, onclick: () => loudly(api("POST", `/api/instances/${i.instanceId}/stop`)) }),
-      el("button", { className: "ghost", type: "button", textContent: "destroy", ariaLabel: `Destroy ${i.instanceId}`, onclick: () => loudly(api("DELETE", `/api/instances/${i.instanceId}?force=1`)) }),
-      el("button", { className: "ghost", type: "button", textContent: "logs", ariaLabel: `Logs of ${i.instanceId}`, onclick: () => loudly(showLogs(i.instanceId)) }),
-      el("button", { className: "ghost", type: "button", textContent: "share", ariaLabel: `Share ${i.instanceId}`, onclick: () => loudly(openShare(i)) }));
-    const row = el("tr", {}, el("td", { textContent: i.instanceId }), state,
-      el("td", { textContent: i.port ?? "" }), el("td", { textContent: i.scope }), el("td", {}, chip), buttons);
-    row.dataset.instanceId = i.instanceId;
-    return row;
-  });
-  $("proc-rows").replaceChildren(...rows);
-}
-
-async function showLogs(instanceId) {
-  const res = await fetch(`/api/instances/${instanceId}/logs?lines=200`, { credentials: "same-origin" });
-  $("logs").textContent = await res.text();
-  $("logs").hidden = false;
+  drawProcs(instances);   // procs.js
+  markRunning();
 }
 
 // ---------------------------------------------------------------- default apps
@@ -324,76 +255,6 @@ async function loadDefaults() {
     return row;
   });
   $("default-rows").replaceChildren(...(rows.length ? rows : [el("li", { className: "status", textContent: "No default apps: every tie asks you." })]));
-}
-
-// ---------------------------------------------------------------- versions and backups
-let versionsOf = [];   // the install records, {id, scope, version}
-
-async function loadVersions() {
-  versionsOf = (await api("GET", "/api/dist/installed")).filter((r) => !r.damaged);
-  const select = $("versions-app");
-  const keep = select.value;
-  select.replaceChildren(...versionsOf.map((r, n) => {
-    const option = el("option", { value: String(n), textContent: `${r.id} (${r.scope}, ${r.version})` });
-    option.dataset.appId = r.id;
-    return option;
-  }));
-  if (keep && Number(keep) < versionsOf.length) select.value = keep;
-  select.onchange = () => quietly(loadHistory());
-  await loadHistory();
-}
-
-async function loadHistory() {
-  const record = versionsOf[Number($("versions-app").value)];
-  if (!record) {
-    $("history-rows").replaceChildren();
-    $("backup-rows").replaceChildren(el("li", { className: "status", textContent: "Nothing installed from a source yet." }));
-    return;
-  }
-  const query = `scope=${encodeURIComponent(record.scope)}`;
-  const history = await api("GET", `/api/dist/history/${record.id}?${query}`);
-  $("history-rows").replaceChildren(...history.entries.map((e) => {
-    const back = e.version && e.version !== history.current && e.operation !== "uninstall"
-      ? el("button", {
-        className: "ghost", type: "button", textContent: "Roll back to this",
-        ariaLabel: `Roll back ${record.id} to ${e.version}`,
-        onclick: () => quietly(versionAction(`Roll ${record.id} back to ${e.version}?`,
-          "Its running instances restart on that version, with the data it had then (today's is backed up first).",
-          `/api/dist/rollback/${record.id}`, { scope: record.scope, to: e.commit },
-          (r) => `Rolled back to ${r.record.version}${r.dataRestored ? " with its data" : ""}.`)),
-      })
-      : "";
-    const row = el("tr", {}, el("td", { textContent: e.when.replace("T", " ").slice(0, 19) }),
-      el("td", { textContent: e.rollbackOf ? `rollback from ${e.rollbackOf}` : e.operation }),
-      el("td", { textContent: e.version || "—" }), el("td", {}, back));
-    row.dataset.version = e.version || "";
-    return row;
-  }));
-  const backups = history.backups.map((b) => {
-    const restore = el("button", {
-      className: "ghost", type: "button", textContent: "Restore", ariaLabel: `Restore backup ${b.id}`,
-      onclick: () => quietly(versionAction(`Restore ${record.id}'s data from ${b.createdAt.slice(0, 19)}?`,
-        "Its running instances stop for the restore; today's data is backed up first.",
-        `/api/dist/restore/${record.id}`, { scope: record.scope, backup: b.id },
-        (r) => `Restored the data of ${r.restored.createdAt.slice(0, 19)}.`)),
-    });
-    const row = el("li", {}, el("span", { textContent: `${b.createdAt.slice(0, 19).replace("T", " ")} · ${b.version} · ${b.reason} · ${b.files} files` }), restore);
-    row.dataset.backupId = b.id;
-    return row;
-  });
-  $("backup-rows").replaceChildren(...(backups.length ? backups : [el("li", { className: "status", textContent: "No backups yet: one is taken before every update and rollback." })]));
-}
-
-async function versionAction(title, text, path, body, done) {
-  if (!(await confirmRequest(title, text))) return;
-  $("versions-result").textContent = "Working…";
-  try {
-    const result = await api("POST", path, body);
-    $("versions-result").textContent = done(result);
-  } catch (err) {
-    $("versions-result").textContent = err.message;
-  }
-  await loadVersions();
 }
 
 // ---------------------------------------------------------------- intents and the bridge
@@ -794,6 +655,13 @@ function trackBarHeight() {
 }
 
 async function start() {
+  startHome({ launch, details: showDetail, home: goHome });
+  startDetail({ launch });
+  startProcs({ share: openShare });
+  $("status").textContent = "";
+  $("apps").replaceChildren(...skeletons(6));   // until the apps are listed
+  startUsage();
+  syncCloseButton();
   trackBarHeight();
   panels();
   escCloses();
@@ -810,6 +678,7 @@ async function start() {
   }
   connectEvents();
   await Promise.all([quietly(loadMe()), quietly(loadInstances()), quietly(loadPicker()), quietly(loadShared())]);
+  startNoticesQuietly();
   document.body.dataset.ready = "true";
   openFromAddress();
   window.addEventListener("hashchange", openFromAddress);

@@ -15,7 +15,7 @@ from playwright.sync_api import Frame, Page
 
 from atrium.authoring.scaffold import create
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import CATALOGUED, Served, axe_serious
+from tests.e2e.conftest import CATALOGUED, Served, axe_serious, go_home, tap
 
 pytestmark = pytest.mark.e2e
 
@@ -57,6 +57,7 @@ def app_frame(page: Page, app_id: str) -> Frame:
 
 
 def launch(page: Page, app_id: str) -> Frame:
+    go_home(page)  # an open app covers the home
     page.click(f'button.app[data-app-id="{app_id}"]')
     return app_frame(page, app_id)
 
@@ -75,7 +76,7 @@ def test_a_theme_change_reaches_the_app_iframe_without_a_reload(page: Page, serv
     page.wait_for_function("() => document.getElementById('os-theme').textContent.length > 0")
     assert frame.evaluate(BG) == "#f6f7fb"
     frame.evaluate("window.__marker = 'still the same document'")
-    page.click("#open-theme")
+    tap(page, "#open-theme")
     page.select_option("#theme-light", "paper")
     frame.wait_for_function(f"() => {BG} === '#f5efe3'")
     assert frame.evaluate("window.__marker") == "still the same document"
@@ -130,14 +131,14 @@ def test_a_tied_intent_opens_the_chooser(page: Page) -> None:
 
 def test_the_process_manager_shows_a_crashed_instance(page: Page, served: Served) -> None:
     launch(page, "test.fault.crashes")
-    page.click("#open-procs")
+    tap(page, "#open-procs")
     with api(served) as client:
         crashing = next(
             i for i in client.get("/api/instances").json() if i["appId"] == "test.fault.crashes"
         )
         client.post(f"/api/proxy/{crashing['instanceId']}/crash")
     row = page.locator(f'tr[data-instance-id="{crashing["instanceId"]}"] td.state')
-    row.filter(has_text="error").wait_for()
+    row.filter(has_text="crashed").wait_for()  # the state in words, the reason as its title
     page.wait_for_function(
         """(id) => (document.querySelector(`tr[data-instance-id="${id}"] td.state`)?.title || '')
                    .includes('crashed')""",
@@ -237,7 +238,7 @@ def test_the_install_dialog_shows_the_diff_and_installs_on_approval(
     )
     manifest.pop("dataProvider")
     (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
-    page.click("#open-install")
+    tap(page, "#open-install")
     page.fill("#install-ref", f"local:{app_dir}")
     page.click("#install-go")
     page.locator("#install-diff").wait_for(state="visible")
@@ -260,7 +261,7 @@ def test_the_install_dialog_reports_a_denial(page: Page, tmp_path: Path) -> None
     manifest.update({"id": "test.denied.viaui", "permissions": ["x.y.read"], "warmPool": False})
     manifest.pop("dataProvider")
     (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
-    page.click("#open-install")
+    tap(page, "#open-install")
     page.fill("#install-ref", f"local:{app_dir}")
     page.click("#install-go")
     page.locator("#install-deny").wait_for(state="visible")
@@ -388,7 +389,7 @@ def test_always_use_this_remembers_and_the_defaults_panel_forgets(
         page.evaluate(f"() => {{ window.atrium.startIntent({{action: '{tie}'}}); }}")
         page.wait_for_function("window.atrium.tabs.size >= 2")
         assert not dialog.is_visible()
-        page.click("#open-defaults")
+        tap(page, "#open-defaults")
         row = page.locator('#default-rows li[data-app-id="test.tie.app1"]')
         row.wait_for(state="visible")
         assert tie in row.inner_text()
@@ -427,7 +428,7 @@ def test_the_versions_panel_rolls_back_and_restores_a_backup(
             version("2.0.0")
             client.post(f"/api/dist/update/{app_id}", json={}).raise_for_status()
         (data / "notes.txt").write_text("migrated by 2.0.0")
-        page.click("#open-versions")
+        tap(page, "#open-versions")
         page.locator(f'#versions-app option[data-app-id="{app_id}"]').wait_for(state="attached")
         page.select_option("#versions-app", label=f"{app_id} (global, 2.0.0)")
         # newest first: the install of this run (an earlier run's history stays in the repository)
@@ -530,7 +531,7 @@ def test_install_walks_its_steps_in_plain_words_and_ends_with_open(
     (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
     (app_dir / "index.html").write_text("<!doctype html><title>r</title><h1>Reader</h1>")
     try:
-        page.click("#open-install")
+        tap(page, "#open-install")
         assert page.locator('#install .steps li[aria-current="step"]').inner_text() == "Source"
         page.fill("#install-ref", f"local:{app_dir}")
         page.click("#install-go")
@@ -590,7 +591,7 @@ def test_app_detail_shows_what_an_app_is_and_may_do_and_uninstalls_it(
 
 def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Served) -> None:
     try:
-        page.click("#open-catalogue")
+        tap(page, "#open-catalogue")
         row = page.locator(f'#catalogue-rows li[data-app-id="{CATALOGUED}"]')
         row.wait_for()
         assert "An app from the catalogue" in row.inner_text()
@@ -603,7 +604,7 @@ def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Ser
         page.locator("#install-open").wait_for(state="visible", timeout=30_000)
         page.click("#install-open")
         app_frame(page, CATALOGUED)
-        page.click("#open-catalogue")
+        tap(page, "#open-catalogue")
         page.locator(f'#catalogue-rows li[data-app-id="{CATALOGUED}"] .chip.ok').wait_for()
     finally:
         with api(served) as client:
