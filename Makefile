@@ -82,7 +82,9 @@ CHAOS_SEED ?=
 chaos: system-deps $(STAMP)
 	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) $(BIN)/python -m bench chaos
 
-# `make bench BENCH="dataproxy soak"` runs only those (names in bench/__main__.py)
+# `make bench BENCH="dataproxy soak"` runs only those (names in bench/__main__.py);
+# `make bench BENCH=load` holds 200 clients, 50 event streams and KV writes on one shell against
+# the tail's goals (ATRIUM_BENCH_LOAD_SECONDS, 60; ATRIUM_BENCH_LOAD_PROVIDER, sdk or upstream)
 bench: bench-deps $(BENCH_STAMP)
 	$(BIN)/python -m bench $(BENCH)
 

@@ -12,9 +12,11 @@ from bench import (
     crash,
     dataproxy,
     events,
+    hostpage,
     install,
     intents,
     lifecycle,
+    load,
     rollback,
     sdkload,
     signin,
@@ -42,6 +44,8 @@ BENCHES = {
     "sdkload": sdkload.main,
     "signin": signin.main,
     "cli": cli.main,
+    "hostpage": hostpage.main,
+    "load": load.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

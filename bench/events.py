@@ -42,7 +42,6 @@ PHASES: Final = (1, 100, 1000)
 TARGET_MS: Final = 50.0
 CONNECTED: Final = b": connected\n\n"
 FRAME: Final = b"event: theme:changed\n"
-_KEEP: Final = max(len(CONNECTED), len(FRAME)) - 1
 ROOT: Final = Path(__file__).resolve().parent.parent
 BASELINE: Final = "1 subscriber (baseline)"
 FLOOR: Final = "floor: bare uvloop server, 1,000 subs: last"
@@ -84,11 +83,14 @@ class Hub:
 
 
 class Stream(asyncio.Protocol):
-    """One `GET /api/events` stream, read as raw bytes: chunk headers and ids are skipped over."""
+    """One `GET /api/events` stream, read as raw bytes: chunk headers and ids are skipped over;
+    ``frame`` is the marker of the event counted (the `event:` line of its topic)."""
 
-    def __init__(self, hub: Hub, request: bytes) -> None:
+    def __init__(self, hub: Hub, request: bytes, frame: bytes = FRAME) -> None:
         self.hub = hub
         self.request = request
+        self.frame = frame
+        self.keep = max(len(CONNECTED), len(frame)) - 1
         self.transport: asyncio.Transport | None = None
         self.status_seen = False
         self.is_connected = False
@@ -110,10 +112,10 @@ class Stream(asyncio.Protocol):
         if not self.is_connected and CONNECTED in buf:
             self.is_connected = True
             self.hub.on_connected()
-        if count := buf.count(FRAME):
+        if count := buf.count(self.frame):
             self.frames += count
             self.hub.on_frames(count)
-        self.tail = buf[-_KEEP:]
+        self.tail = buf[-self.keep :]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.hub.lost += 1
@@ -166,15 +168,17 @@ Trigger = Callable[[], Awaitable[None]]
 
 
 class Streams:
-    """The client's streams to one server, grown in phases, and the rounds timed over them."""
+    """The client's streams to one server, grown in phases, and the rounds timed over them;
+    each stream hears ``topic`` and counts its frames."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, topic: str = "theme:changed") -> None:
         self.hub = Hub()
         self.streams: list[Stream] = []
+        self.frame = f"event: {topic}\n".encode()
         host, port = url.removeprefix("http://").rsplit(":", 1)
         self.host, self.port = host, int(port)
         self.request = (
-            "GET /api/events?topics=theme:changed HTTP/1.1\r\n"
+            f"GET /api/events?topics={topic} HTTP/1.1\r\n"
             f"Host: {host}:{port}\r\n"
             f"Authorization: Bearer {token}\r\n"
             "Accept: text/event-stream\r\n\r\n"
@@ -192,7 +196,7 @@ class Streams:
         async def open_one() -> None:
             async with gate:
                 _, stream = await loop.create_connection(
-                    lambda: Stream(self.hub, self.request), self.host, self.port
+                    lambda: Stream(self.hub, self.request, self.frame), self.host, self.port
                 )
                 self.streams.append(stream)
 
