@@ -24,9 +24,9 @@ from rich.markup import escape
 
 from atrium.cli.client import ShellClient, describe_error
 from atrium.cli.render import console
-from atrium.distribution.artifact import ignore_rule
 from atrium.distribution.check import problems_of
 from atrium.distribution.ignore import IGNORE_FILE
+from atrium.distribution.tree import ignore_rule
 
 #: quiet time after the last change before a sync (an editor writes a file in several steps)
 STEP_MS = 30

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-from atrium.distribution.ignore import IGNORE_FILE, IgnoreRule
-from atrium.distribution.tree import is_vcs_name
+from atrium.distribution.tree import ignore_rule, is_vcs_name
 from atrium.errors import InvalidRequest, ManifestInvalid
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 
@@ -91,13 +90,6 @@ def parse_error(app_dir: Path, message: str) -> ManifestInvalid:
 def is_runtime_data(app_id: str, name: str) -> bool:
     """An instance's runtime data directory ``<appId>-<n>`` inside an installed app (decisions.md)."""
     return re.fullmatch(re.escape(app_id) + r"-[0-9]+", name) is not None
-
-
-def ignore_rule(app_dir: Path) -> IgnoreRule:
-    """The folder's `.atriumignore` over the defaults (`atrium.distribution.ignore`)."""
-    own = app_dir / IGNORE_FILE
-    lines = own.read_text(errors="replace").splitlines() if own.is_file() else []
-    return IgnoreRule(lines)
 
 
 def app_files(app_dir: Path, app_id: str) -> Iterator[Path]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from atrium.distribution import artifact
-from atrium.distribution.tree import UnsafeTree, check_tree
+from atrium.distribution.tree import UnsafeTree, check_tree, ignore_rule
 from atrium.distribution.validate import runtime_dir_re
 from atrium.errors import AtriumError
 from atrium.registry import read_copy
@@ -27,7 +27,7 @@ def problems_of(app_dir: Path) -> list[Problem]:
         return [{"field": "(files)", "message": f"{app_dir} is not a directory"}]
     problems: list[Problem] = []
     try:
-        check_tree(app_dir, skip_top_vcs=True)
+        check_tree(app_dir, skip_top_vcs=True, rule=ignore_rule(app_dir))
     except UnsafeTree as err:
         problems.append({"field": "(files)", "message": str(err)})
     try:

@@ -98,6 +98,10 @@ class Rules:
     root_mode: int | None = None
     #: entries left out, by relative posix path
     skip: Callable[[str], bool] = _never
+    #: entries left out, by relative posix path and whether the listing called it a folder (an
+    #: author's `.atriumignore`: `node_modules/` names folders only); a folder left out is not
+    #: entered
+    leave_out: Callable[[str, bool], bool] | None = None
     #: called with (relative path, target) before a link is written; raises to refuse it
     check_link: Callable[[str, str], None] | None = None
     #: called with the relative path of a socket, FIFO or device; raises to refuse it (else skipped)
@@ -148,7 +152,9 @@ class _Walk:
             entries = sorted((entry.name, _listed_kind(entry)) for entry in listing)
         for name, kind in entries:
             here = f"{rel}/{name}" if rel else name
-            if self.rules.skip(here):
+            if self.rules.skip(here) or (
+                self.rules.leave_out is not None and self.rules.leave_out(here, kind == _DIR)
+            ):
                 continue
             self.entry(src, dst, name, kind, prefix, here, depth)
 

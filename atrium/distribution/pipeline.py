@@ -31,7 +31,7 @@ from atrium.distribution.operations import AppLocks, mutable, run_to_completion,
 from atrium.distribution.pins import at_tag, baseline, newer_tags
 from atrium.distribution.reach import Reach
 from atrium.distribution.records import InstallRecord, RecordStore, now
-from atrium.distribution.refs import GitRef, OciRef, Ref, parse_ref
+from atrium.distribution.refs import GitRef, LocalRef, OciRef, Ref, parse_ref
 from atrium.distribution.resolve import Resolver
 from atrium.distribution.signing import Verdict, refuses
 from atrium.distribution.stops import InstanceStops
@@ -705,7 +705,8 @@ class Distribution:
         async with staging(self._layout, self.installer.journals, scope) as path:
             unpacked = await asyncio.to_thread(unpack, archive, path / "import")
             yield event(IMPORT_CHECKED, appId=unpacked.record.id, version=unpacked.record.version)
-            resolved = await self.resolver.resolve(parse_ref(f"local:{unpacked.app_dir}"))
+            # the unpacked tree is the installed app's, every file of it
+            resolved = await self.resolver.resolve(LocalRef(str(unpacked.app_dir), whole=True))
             with self.locks.hold(unpacked.record.id, "import"):
                 run = self._run(
                     "install",

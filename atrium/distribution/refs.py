@@ -84,9 +84,12 @@ class IndexRef:
 
 @dataclass(frozen=True, slots=True)
 class LocalRef:
-    """A directory on the shell's machine (absolute)."""
+    """A directory on the shell's machine (absolute). An author's folder is installed as
+    `atrium pack` would ship it (its `.atriumignore` over the defaults); ``whole`` takes every
+    file, for a tree that is already an installed app's (an import's unpacked copy)."""
 
     path: str
+    whole: bool = False
 
     def __str__(self) -> str:
         return f"local:{self.path}"

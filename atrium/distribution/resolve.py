@@ -33,7 +33,7 @@ from atrium.distribution.index import (
 from atrium.distribution.pins import pin_of
 from atrium.distribution.reach import UNRESTRICTED, Reach
 from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
-from atrium.distribution.tree import UnsafeTree, check_tree, content_hash
+from atrium.distribution.tree import UnsafeTree, check_tree, content_hash, ignore_rule
 from atrium.errors import FetchFailed, NotFound
 from atrium.manifest import MANIFEST_FILE
 
@@ -79,11 +79,14 @@ def _read_preview(directory: Path) -> Mapping[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _hash_local(directory: Path) -> tuple[str, Mapping[str, Any] | None]:
+def _hash_local(directory: Path, whole: bool) -> tuple[str, Mapping[str, Any] | None]:
     if not directory.is_dir():
         raise NotADirectoryError(f"{directory} is not a directory on the shell's machine")
-    check_tree(directory, skip_top_vcs=True)  # refused before anything is fetched or approved
-    return content_hash(directory), _read_preview(directory)
+    # what the author's `.atriumignore` (and the defaults) leave out is neither checked, hashed
+    # nor copied: a virtualenv's link to its interpreter, `node_modules`, a `.env`
+    rule = None if whole else ignore_rule(directory)
+    check_tree(directory, skip_top_vcs=True, rule=rule)  # refused before anything is fetched
+    return content_hash(directory, rule), _read_preview(directory)
 
 
 def _oci_dir_name(ref: OciRef, info: Mapping[str, Any]) -> str:
@@ -140,7 +143,7 @@ class Resolver:
     async def _local(self, ref: LocalRef) -> ResolvedRef:
         directory = Path(ref.path)
         try:
-            digest, preview = await asyncio.to_thread(_hash_local, directory)
+            digest, preview = await asyncio.to_thread(_hash_local, directory, ref.whole)
         except UnsafeTree as err:
             raise FetchFailed(str(ref), f"unsafe directory content: {err}") from err
         except NotADirectoryError as err:

@@ -22,10 +22,12 @@ import posixpath
 import stat
 import unicodedata
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 from atrium.distribution import fdcopy
+from atrium.distribution.ignore import IGNORE_FILE, IgnoreRule
 
 CHUNK: Final = 1 << 20
 #: folders and files by which a version-control tool recognises (and configures) a repository;
@@ -59,12 +61,20 @@ def is_vcs_name(name: str) -> bool:
     return folded in VCS_NAMES or folded in SHORT_NAMES
 
 
+def ignore_rule(app_dir: Path) -> IgnoreRule:
+    """The folder's `.atriumignore` over the defaults (`atrium.distribution.ignore`)."""
+    own = app_dir / IGNORE_FILE
+    lines = own.read_text(errors="replace").splitlines() if own.is_file() else []
+    return IgnoreRule(lines)
+
+
 def entries(
-    root: Path, *, skip_top_vcs: bool = False
+    root: Path, *, skip_top_vcs: bool = False, rule: IgnoreRule | None = None
 ) -> Iterator[tuple[str, Path, os.stat_result]]:
     """``(relative posix path, path, lstat)`` of every entry under ``root`` in sorted order;
     directory symlinks are not followed. ``skip_top_vcs`` leaves out VCS metadata directly in
-    ``root`` (a local source's own checkout)."""
+    ``root`` (a local source's own checkout); ``rule`` what an author's folder does not ship
+    (its `.atriumignore` over the defaults; a folder left out is not entered)."""
     pending = [root]
     found: list[tuple[str, Path, os.stat_result]] = []
     while pending:
@@ -74,7 +84,10 @@ def entries(
                 continue
             path = Path(entry.path)
             st = entry.stat(follow_symlinks=False)
-            found.append((path.relative_to(root).as_posix(), path, st))
+            rel = path.relative_to(root).as_posix()
+            if rule is not None and rule.ignores(rel, stat.S_ISDIR(st.st_mode)):
+                continue
+            found.append((rel, path, st))
             if stat.S_ISDIR(st.st_mode):
                 pending.append(path)
     yield from sorted(found, key=lambda e: e[0])
@@ -141,10 +154,11 @@ def _resolve_inside(root: Path, rel: str) -> None:
         exists = exists and os.path.lexists(here)
 
 
-def check_tree(root: Path, *, skip_top_vcs: bool = False) -> None:
+def check_tree(root: Path, *, skip_top_vcs: bool = False, rule: IgnoreRule | None = None) -> None:
     """Raise UnsafeTree for the first entry that makes ``root`` unsafe (see the module doc);
-    ``skip_top_vcs`` for a local source directory, whose own checkout is not copied."""
-    for rel, _path, st in entries(root, skip_top_vcs=skip_top_vcs):
+    ``skip_top_vcs`` for a local source directory, whose own checkout is not copied, ``rule``
+    for what such a directory does not ship (never copied, so never a danger)."""
+    for rel, _path, st in entries(root, skip_top_vcs=skip_top_vcs, rule=rule):
         if is_vcs_name(rel.rpartition("/")[2]):
             raise UnsafeTree(
                 f"{rel} is version-control metadata; an app must not carry a repository "
@@ -155,11 +169,12 @@ def check_tree(root: Path, *, skip_top_vcs: bool = False) -> None:
             _resolve_inside(root, rel)
 
 
-def content_hash(root: Path) -> str:
+def content_hash(root: Path, rule: IgnoreRule | None = None) -> str:
     """``sha256:<hex>`` over the sorted relative paths, kinds, file modes, file bytes and link
-    targets; equal for a tree and its copy. A local source's own top-level VCS folder is left out."""
+    targets; equal for a tree and its copy. A local source's own top-level VCS folder is left
+    out, and what ``rule`` leaves out."""
     digest = hashlib.sha256()
-    for rel, path, st in entries(root, skip_top_vcs=True):
+    for rel, path, st in entries(root, skip_top_vcs=True, rule=rule):
         kind = _kind(rel, st)
         digest.update(f"{kind}\0{rel}\0".encode("utf-8", "surrogateescape"))
         if kind == "l":
@@ -188,12 +203,14 @@ _SOURCE_RULES: Final = fdcopy.Rules(
 )
 
 
-def copy_tree(source: Path, target: Path) -> None:
+def copy_tree(source: Path, target: Path, rule: IgnoreRule | None = None) -> None:
     """Copy ``source`` to ``target`` (which must not exist): files with their modes, links as
-    links, the source's own top-level VCS folder left out; then `check_tree` on the copy. Raises
-    UnsafeTree for a device, FIFO or socket, or a link that leaves as written.
+    links, the source's own top-level VCS folder and what ``rule`` leaves out left out; then
+    `check_tree` on the copy. Raises UnsafeTree for a device, FIFO or socket, or a link that
+    leaves as written.
 
     Through descriptors only (fdcopy.py): whoever else may write the source folder cannot make
     the copy follow a link it swaps in while the shell copies, nor chmod anything by a path."""
-    fdcopy.copy_tree(source, target, rules=_SOURCE_RULES)
+    rules = _SOURCE_RULES if rule is None else replace(_SOURCE_RULES, leave_out=rule.ignores)
+    fdcopy.copy_tree(source, target, rules=rules)
     check_tree(target)

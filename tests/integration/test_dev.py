@@ -359,3 +359,63 @@ def test_an_install_that_asks_for_nothing_says_so_and_without_a_terminal_says_to
     assert "asks for no permissions; it offers" in out, out
     assert "--yes" in out, out
     assert api.get(f"/api/apps/{APP}").status_code == 404
+
+
+def test_what_atriumignore_leaves_out_never_reaches_the_dev_copy(
+    shell: RunningShell, api: httpx.Client, home: Path, tmp_path: Path
+) -> None:
+    """`atrium dev` on a folder holding what `.atriumignore` and the defaults leave out (a
+    virtualenv whose interpreter is a link out of the folder, `node_modules`, a test cache, a
+    `.env` with a secret, the author's scratch notes): the dev copy is installed without them,
+    as `atrium pack` would ship it, and a save of one of them reloads nothing."""
+    folder = create(tmp_path, APP, "stdlib")
+    (folder / ".atriumignore").write_text("scratch/\nnotes.txt\n")
+    left_out = {
+        ".env": "API_KEY=the-authors-secret\n",
+        "notes.txt": "todo\n",
+        "scratch/draft.html": "<h1>draft</h1>",
+        "node_modules/left-pad/index.js": "module.exports = 1\n",
+        ".pytest_cache/v/cache/lastfailed": "{}",
+        ".venv/pyvenv.cfg": "home = /usr/bin\n",
+    }
+    for name, text in left_out.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    (folder / ".venv/bin").mkdir()
+    (folder / ".venv/bin/python").symlink_to(sys.executable)  # a link out: never shipped
+    installed = home / "scopes/users/default/apps" / APP
+    proc = start_dev(shell, folder)
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    def printed(words: str, times: int = 1) -> bool:
+        while "".join(lines).count(words) < times:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                return False
+            lines.append(line)
+        return True
+
+    try:
+        assert printed("Watching"), "".join(lines)
+        assert "installed as a dev copy" in "".join(lines), "".join(lines)
+        shipped = sorted(p.relative_to(installed).as_posix() for p in installed.rglob("*"))
+        for name in [*left_out, ".venv", "node_modules", ".pytest_cache", "scratch"]:
+            assert name not in shipped, shipped
+        assert {"app.manifest.json", "index.html", ".atriumignore"} <= set(shipped), shipped
+
+        time.sleep(0.2)  # the watcher has started once it printed; let it settle
+        for name in (".env", "notes.txt", "scratch/draft.html", "node_modules/left-pad/index.js"):
+            (folder / name).write_text("changed")
+        time.sleep(0.5)
+        page = folder / "index.html"
+        page.write_text(page.read_text().replace("<h1>Devloop</h1>", "<h1>Saved</h1>"))
+        assert printed("reloaded"), "".join(lines)
+        assert "<h1>Saved</h1>" in page_of(api, f"{APP}-1")
+        assert not (installed / ".env").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    # one reload (the page): none for the ignored files
+    assert ("".join(lines) + out).count("reloaded") == 1, "".join(lines) + out
+    assert proc.returncode == 0
