@@ -2,7 +2,7 @@
 // first run, and the install review in plain words (what the app is, who publishes it, whether a
 // trusted key signed it, what it asks for and offers, and the scope, chosen on the review itself).
 
-import { $, VERBS, api, appIcon, el, loudly, monogram, quietly, shared, sse } from "./core.js";
+import { $, VERBS, api, appIcon, el, loudly, monogram, quietly, shared, skeletons, sse } from "./core.js";
 
 let launchApp = () => {};
 let cards = [];            // [{entry, node, hay, categories}] of the catalogue shown
@@ -73,6 +73,8 @@ async function updatesById() {
 
 export async function loadStore() {
   $("catalogue-status").textContent = "Loading the catalogue…";
+  const rows = $("catalogue-rows");
+  if (!rows.children.length || rows.querySelector(".skeleton")) rows.replaceChildren(...skeletons(4, rows.tagName === "UL" ? "li" : "div"));
   $("catalogue").setAttribute("aria-busy", "true");
   let snapshot;
   try {
