@@ -9,7 +9,6 @@ import { markRunning, renderApps, showingHome, startHome } from "./home.js";
 import { loadVersions, showDetail, startDetail } from "./detail.js";
 import { drawProcs, startProcs } from "./procs.js";
 import { skeletons } from "./core.js";
-import { skeletons } from "./core.js";
 import { setUpStore } from "./store.js";
 import { startUsage } from "./usage.js";
 import { startNoticesQuietly } from "./notices.js";
@@ -659,8 +658,6 @@ async function start() {
   startHome({ launch, details: showDetail, home: goHome });
   startDetail({ launch });
   startProcs({ share: openShare });
-  $("status").textContent = "";
-  $("apps").replaceChildren(...skeletons(6));   // until the apps are listed
   $("status").textContent = "";
   $("apps").replaceChildren(...skeletons(6));   // until the apps are listed
   startUsage();
