@@ -4,7 +4,7 @@
 // with a confirmation that says what happens to the data. docs/api.md "Distribution".
 
 import {
-  $, ApiError, VERBS, api, confirmRequest, el, errorNote, quietly, skeletons,
+  $, ApiError, VERBS, api, confirmRequest, el, errorNote, quietly, shared, skeletons,
 } from "./core.js";
 
 let launchApp = async () => {};
@@ -84,7 +84,9 @@ export async function showDetail(appId) {
   const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : "", p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
   $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
 
-  const changeable = Boolean(record) && app.scope !== "system";
+  // a global app's tree is an admin's: a member keeps (backs up, restores) only their own data
+  const changeable = Boolean(record) && app.scope !== "system"
+    && !(app.scope === "global" && shared.me && shared.me.role !== "admin");
   const keepsData = app.scope !== "system";
   $("detail-open").onclick = () => { $("detail").close(); quietly(launchApp(app.id)); };
   $("detail-updates").hidden = !changeable;
