@@ -206,6 +206,15 @@ def machine_cpu() -> tuple[float, float]:
     return (sum(values) - idle) / TICK, sum(values) / TICK
 
 
+def waited_for_cpu(pid: int) -> float:
+    """Seconds the process's main thread (the shell's event loop) has spent ready to run but
+    waiting for a CPU (the second figure of /proc/<pid>/schedstat; 0 without schedstats)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def listen_overflows() -> int:
     """The kernel's count of connections dropped for a full accept queue (TcpExt ListenOverflows,
     this network namespace: every process's, not only the shell's and the provider's)."""
@@ -224,6 +233,7 @@ class Cpu:
     start: dict[str, float] = field(default_factory=dict)
     machine: tuple[float, float] = (0.0, 0.0)
     overflows: int = 0
+    waited: float = 0.0
 
     def read(self) -> dict[str, float]:
         used = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.parts.items()}
@@ -235,6 +245,7 @@ class Cpu:
         self.start = self.read()
         self.machine = machine_cpu()
         self.overflows = listen_overflows()
+        self.waited = waited_for_cpu(self.parts["the shell"][0])
 
     def shell_seconds(self) -> float:
         """The shell's CPU seconds since `begin`."""
@@ -252,6 +263,11 @@ class Cpu:
             f"  {'the whole machine':<32} {(busy - self.machine[0]) / wall:>5.2f} of "
             f"{cores:.0f} cores busy ({(busy - self.machine[0] - ours) / wall:.2f} by other work); "
             f"load average {os.getloadavg()[0]:.1f}"
+        )
+        waited = waited_for_cpu(self.parts["the shell"][0]) - self.waited
+        lines.append(
+            f"  the shell's event loop waited {waited:.1f} s of {wall:.1f} s for a CPU while "
+            "ready to run"
         )
         lines.append(f"  listen overflows (whole machine): {listen_overflows() - self.overflows}")
         return lines
