@@ -200,6 +200,22 @@ def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> It
     assert found["out"] == [], f"controls outside the viewport: {found['out']}"
 
 
+def tap(page: Page, selector: str) -> None:
+    """Click a header action. On a phone the actions other than Home sit in the Menu sheet of the
+    bottom bar: the Menu button opens it first, as a person would."""
+    target = page.locator(selector)
+    if not target.is_visible() and page.locator("#open-menu").is_visible():
+        page.click("#open-menu")
+    target.click()
+
+
+def go_home(page: Page) -> None:
+    """Back to the home (the open tabs stay), as the Home button does."""
+    if not page.locator("#home").is_visible():
+        page.click("#go-home")
+    page.locator("#home").wait_for(state="visible")
+
+
 def axe_serious(page: Page) -> list[str]:
     """axe-core's serious and critical violations on what the page shows now."""
     results = Axe().run(page)

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious
+from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious, go_home, tap
 
 #: the screens are also checked at the narrowest width the page supports
 SIZES = {**VIEWPORTS, "narrow": (360, 740)}
@@ -61,7 +61,7 @@ def test_every_screen_fits_and_passes_axe(sized: tuple[Page, str]) -> None:
         ("#open-versions", "#versions"),
         ("#open-catalogue", "#catalogue"),
     ]:
-        page.click(button)
+        tap(page, button)
         page.locator(panel).wait_for(state="visible")
         page.wait_for_timeout(200)  # its content loads
         fits(page, f"{size} {panel}")
@@ -76,7 +76,7 @@ def test_every_screen_fits_and_passes_axe(sized: tuple[Page, str]) -> None:
     shot(page, f"{size}-detail")
     page.keyboard.press("Escape")
     page.locator("#detail").wait_for(state="hidden")
-    page.click("#open-install")
+    tap(page, "#open-install")
     page.locator("#install").wait_for(state="visible")
     fits(page, f"{size} install dialog")
     assert serious(page) == [], "install dialog"
@@ -92,6 +92,7 @@ def test_a_second_click_on_an_app_focuses_its_tab(sized: tuple[Page, str]) -> No
     page.wait_for_selector('iframe[data-app-id="com.atrium.viewer"]', state="attached")
     tab = page.get_by_role("tab", name="Viewer")
     tab.wait_for()
+    go_home(page)  # the home is behind the open app: its Home button brings it back
     card.click()
     page.wait_for_timeout(300)
     assert page.locator('iframe[data-app-id="com.atrium.viewer"]').count() == 1
@@ -126,7 +127,7 @@ def test_the_versions_panel_fits_a_phone_with_a_long_app_id(
             page.set_default_timeout(15_000)
             page.goto(f"{served.url}/login?token={served.token}")
             page.wait_for_selector("body[data-ready=true]")
-            page.click("#open-versions")
+            tap(page, "#open-versions")
             page.locator(f'#versions-app option[data-app-id="{app_id}"]').wait_for(state="attached")
             page.select_option("#versions-app", label=f"{app_id} (global, 1.0.0)")
             box = page.locator("#versions-app").bounding_box()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
-from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious
+from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious, tap
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +74,7 @@ def test_without_a_session_the_page_is_a_sign_in_form(fresh: Page, served: Serve
     fresh.wait_for_selector("body[data-ready=true]")
     assert fresh.text_content("#open-account") == "Ada Lovelace"
     assert not fresh.is_visible("#open-users"), "a member sees no Users panel"
-    fresh.click("#open-account")
+    tap(fresh, "#open-account")
     fresh.wait_for_selector("#session-rows li:has-text('(this one)')")
     assert "Ada Lovelace" in (fresh.text_content("#account-who") or "")
     assert axe_serious(fresh) == []
@@ -87,7 +87,7 @@ def test_without_a_session_the_page_is_a_sign_in_form(fresh: Page, served: Serve
 def test_an_admin_adds_a_user_in_the_panel_who_then_signs_in(
     page: Page, served: Served, browser: Browser
 ) -> None:
-    page.click("#open-users")
+    tap(page, "#open-users")
     page.wait_for_selector(f"#user-rows tr[data-user-id='{served_admin(served)}']")
     assert axe_serious(page) == []
     user_id = f"grace{next(_ids)}"
@@ -123,7 +123,7 @@ def served_admin(served: Served) -> str:
 
 
 def test_a_personal_token_is_shown_once_and_revoked(page: Page, served: Served) -> None:
-    page.click("#open-account")
+    tap(page, "#open-account")
     page.fill("#token-name", "laptop cli")
     page.fill("#token-days", "30")
     page.click("#token-form button[type=submit]")
@@ -146,7 +146,7 @@ def test_a_shared_instance_appears_under_shared_with_me(
     page.wait_for_selector("iframe[data-app-id='test.sdk.echo']")
     instance_id = page.get_attribute("iframe[data-app-id='test.sdk.echo']", "data-instance-id")
     page.evaluate("window.atrium.refreshProcs()")
-    page.click("#open-procs")
+    tap(page, "#open-procs")
     page.click(f"#proc-rows tr[data-instance-id='{instance_id}'] button:text-is('Share')")
     page.wait_for_selector("#share[open]")
     page.fill("#share-user", grantee)
