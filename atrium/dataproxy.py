@@ -7,13 +7,22 @@ decisions.md "Users: providers and intents per user"); the registered instance o
 user's first instance of it to reach `resumed`, kept until it leaves `resumed` (docs/api.md "Data
 proxy"). A request goes to the provider instance of the user it is made for: a user's own, an
 app's owner's, an anonymous caller's the bootstrap admin's; never another user's.
+
+What steps 4 and 5 decide for a caller, a method and a raw path (the entry, the permission it
+needs, that the caller holds it) is kept in a bounded map of allowed decisions (`Decision`),
+dropped whole whenever anything it was decided from may have moved: the registry's generation
+(any scope read again, a user scope loaded or forgotten), an app event, a table rebuilt, a user
+forgotten. Who the caller is stays decided per request (`atrium.api.auth.identify_raw`), so a
+deleted token, a disabled or removed user or a destroyed instance is refused at its next request
+whatever is kept (decisions.md "Data proxy: decisions kept").
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Final
 
 from atrium.bus import Event, EventBus
 from atrium.errors import (
@@ -37,6 +46,26 @@ from atrium.registry import AppRegistry
 
 _LOGGER = logging.getLogger(__name__)
 RESUMED = InstanceState.RESUMED.value
+#: how many allowed decisions are kept by default; a flood of distinct paths empties the map
+#: when it is full rather than growing it
+DECISIONS: Final = 4096
+#: a key (the raw path) longer than this is decided every time: the cap bounds memory, not only
+#: the count
+MAX_KEY: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What steps 4 and 5 allowed for one (caller, method, raw path): kept, and used again while
+    nothing it was decided from has changed. The caller-id and permission assertions are checked
+    against it at every request (they are the request's headers, not part of the key)."""
+
+    authority: str
+    path: str
+    app_id: str
+    permission: str | None
+    caller_app_id: str | None
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +87,23 @@ class Route:
 class DataProxy:
     """Provider table + registrations + the permission check."""
 
-    def __init__(self, registry: AppRegistry, lifecycle: LifecycleManager, bus: EventBus) -> None:
+    def __init__(
+        self,
+        registry: AppRegistry,
+        lifecycle: LifecycleManager,
+        bus: EventBus,
+        decisions: int = DECISIONS,
+    ) -> None:
         self._registry = registry
         self._lifecycle = lifecycle
         #: user → the provider table built from the apps that user sees; made at a user's first
         #: request and dropped on that user's app events, so a request costs one dict lookup
         self._tables: dict[str, ProviderTable] = {}
+        #: (caller, method, raw path) → what steps 4 and 5 allowed; at most ``decisions`` of them
+        self._decisions: dict[tuple[Caller, str, Hashable], Decision] = {}
+        self._cap = decisions
+        #: the registry's generation the tables and decisions were made from
+        self._generation = registry.generation
         #: (app id, owner) → the instance id registered for that user's requests
         self._registered: dict[tuple[str, str], str] = {}
         self._unlisten: list[Callable[[], None]] = []
@@ -80,8 +120,20 @@ class DataProxy:
         """The bootstrap admin's table (what an anonymous caller reaches)."""
         return self.table_for(self._lifecycle.bootstrap_user)
 
+    @property
+    def decisions_kept(self) -> int:
+        return len(self._decisions)
+
+    def _current(self) -> None:
+        """Drop every table and decision made from an older view of the registry."""
+        if self._registry.generation != self._generation:
+            self._generation = self._registry.generation
+            self._tables.clear()
+            self._decisions.clear()
+
     def table_for(self, user: str) -> ProviderTable:
         """The table of the apps ``user`` sees (their user scope over global over system)."""
+        self._current()
         table = self._tables.get(user)
         if table is None:
             table = self._tables[user] = self._build(user)
@@ -91,14 +143,19 @@ class DataProxy:
         """``user``'s account is gone: their table and registrations go with it (the registry
         announces nothing for a removed scope, and the id may be given to a new account)."""
         self._tables.pop(user, None)
+        self._decisions.clear()
         for key in [k for k in self._registered if k[1] == user]:
             del self._registered[key]
 
     def rebuild(self) -> None:
         """Forget every user's table: each is built again from the registry when next needed."""
         self._tables.clear()
+        self._decisions.clear()
 
     def _on_app(self, event: Event) -> None:
+        # any app event may change what any caller is allowed (a caller app's permissions are
+        # its owner's copy's; an app of a shared scope is seen by many users): all decisions go
+        self._decisions.clear()
         owner = event.data.owner if event.data is not None else None
         if owner is None:
             self._tables.clear()
@@ -169,8 +226,12 @@ class DataProxy:
         caller: Caller,
         claimed_caller: str | None,
         asserted: str | None,
+        key: Hashable | None = None,
     ) -> Route:
-        """Decide one request (the first two steps of docs/api.md "Data proxy"); raises what to answer."""
+        """Decide one request (steps 3 to 6 of docs/api.md "Data proxy"); raises what to answer.
+
+        ``key`` is what ``path`` was read from (the raw path: `decided` looks it up): an allowed
+        decision is kept under it."""
         caller_app = caller.app_id if isinstance(caller, AppCaller) else None
         if claimed_caller is not None and claimed_caller != caller_app:
             raise CallerMismatch(claimed_caller, caller_app)
@@ -187,17 +248,73 @@ class DataProxy:
                 permission=needed,
             )
         self._authorize(caller, match.app_id, needed, authority, path, method)
-        instance = self._serving(match.app_id, owner)
+        decision = Decision(authority, path, match.app_id, needed, caller_app, owner)
+        if (
+            key is not None
+            and self._cap > 0
+            and (not isinstance(key, bytes) or len(key) <= MAX_KEY)
+        ):
+            if len(self._decisions) >= self._cap:
+                self._decisions.clear()
+            self._decisions[(caller, method, key)] = decision
+        return self._to_instance(decision)
+
+    def decided(self, caller: Caller, method: str, key: Hashable) -> Decision | None:
+        """The allowed decision kept for ``caller``'s ``method`` on the raw path ``key``, if
+        nothing it was made from has changed since (else None: decide it with `route`)."""
+        if self._registry.generation != self._generation:
+            self._current()
+            return None
+        return self._decisions.get((caller, method, key))
+
+    def route_decided(
+        self,
+        decision: Decision,
+        method: str,
+        claimed_caller: str | None,
+        asserted: str | None,
+    ) -> Route:
+        """`route` for a request whose steps 4 and 5 were decided before: the assertions it
+        carries are checked against that decision as `route` checks them, then step 6."""
+        if claimed_caller is not None and claimed_caller != decision.caller_app_id:
+            raise CallerMismatch(claimed_caller, decision.caller_app_id)
+        needed = decision.permission
+        if asserted is not None and asserted != needed:
+            raise PermissionDenied(
+                f"X-Os-Permission asserts {asserted!r} but {method} "
+                f"{decision.authority}{decision.path} needs {needed!r}",
+                caller_app_id=decision.caller_app_id,
+                permission=needed,
+            )
+        return self._to_instance(decision)
+
+    def _to_instance(self, decision: Decision) -> Route:
+        """Step 6: the registered instance of the user the request is for (or a route to wake)."""
+        app_id, owner = decision.app_id, decision.owner
+        instance = self._serving(app_id, owner)
         if instance is not None:
             woken = self._lifecycle.headless.record(instance.id)
             return Route(
-                instance.address, match.app_id, needed, caller_app, authority, woken, owner
+                instance.address,
+                app_id,
+                decision.permission,
+                decision.caller_app_id,
+                decision.authority,
+                woken,
+                owner,
             )
-        copy = self._registry.get(match.app_id, owner)
+        copy = self._registry.get(app_id, owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None or not provider.wake:
-            raise self._unavailable(match.app_id, authority, owner)
-        return Route(None, match.app_id, needed, caller_app, authority, owner=owner)
+            raise self._unavailable(app_id, decision.authority, owner)
+        return Route(
+            None,
+            app_id,
+            decision.permission,
+            decision.caller_app_id,
+            decision.authority,
+            owner=owner,
+        )
 
     def _serving(self, app_id: str, owner: str) -> Instance | None:
         instance_id = self._registered.get((app_id, owner))

@@ -155,6 +155,9 @@ class AppRegistry:
         self._shared: dict[Scope, dict[str, AppCopy]] = {Scope.SYSTEM: {}, Scope.GLOBAL: {}}
         self._users: dict[str, dict[str, AppCopy]] = {}
         self._visible: dict[str, dict[str, AppCopy]] = {}
+        #: counts the changes of what anyone sees (any scope read again, a user scope loaded or
+        #: forgotten): what was decided from an older view is stale once it moves, announced or not
+        self.generation = 0
         self._lock = asyncio.Lock()
         self._closing = False
         # the watcher of the folders in ``_watch_dirs``: one ``watchfiles.awatch`` loop, made
@@ -174,6 +177,7 @@ class AppRegistry:
             self._users[user] = await asyncio.to_thread(self._scan_user, user)
         for user in self._users:
             self._visible[user] = self._compute_visible(user)
+        self.generation += 1
         for copy in self._visible[self._layout.user].values():
             _log_grant_changes(copy)
         await self._rewatch(at_start=True)
@@ -288,6 +292,7 @@ class AppRegistry:
                 return
             self._users[user] = await asyncio.to_thread(self._scan_user, user)
             self._visible[user] = self._compute_visible(user)
+            self.generation += 1
         await self._rewatch()
 
     async def forget_user(self, user: str) -> None:
@@ -300,6 +305,7 @@ class AppRegistry:
             if self._users.pop(user, None) is None:
                 return
             self._visible.pop(user, None)
+            self.generation += 1
         await self._rewatch()
 
     async def rescan(self, scopes: Iterable[Scope] | None = None, user: str | None = None) -> None:
@@ -322,6 +328,9 @@ class AppRegistry:
                 before = self._visible.get(target, {})
                 self._visible[target] = self._compute_visible(target)
                 self._announce(before, self._visible[target], target)
+            # after the last change (no await since): a decision made from the view before
+            # it, a shared scope's read in a thread included, is stale from here on
+            self.generation += 1
 
     def _shared_visible(self) -> dict[str, AppCopy]:
         visible: dict[str, AppCopy] = {}

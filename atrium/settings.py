@@ -50,6 +50,7 @@ ACCEPTED: Final = {
     "oidc_providers": PROVIDERS_ACCEPTED,
     "audit_retention_days": "a whole number of days, 1-36500",
     "member_fetch_hosts": "host names, addresses or networks, comma-separated",
+    "data_decisions": "a whole number, 0-1000000 (0 keeps none)",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -128,6 +129,9 @@ class Settings(BaseSettings):
     #: what a member's fetch may reach besides public addresses: host names, addresses and
     #: networks, comma-separated (docs/decisions.md "Users: what a member's fetch may reach")
     member_fetch_hosts: str = ""
+    #: how many allowed data-proxy decisions are kept (docs/decisions.md "Data proxy: decisions
+    #: kept"); 0 decides every request afresh
+    data_decisions: int = Field(default=4096, ge=0, le=1_000_000)
 
     @field_validator("member_fetch_hosts")
     @classmethod

@@ -242,7 +242,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(lifecycle.pool.follow_registry())
         presence = Presence(settings.view_grace_seconds, lifecycle.views.release_client)
         stack.callback(presence.close)
-        dataproxy = DataProxy(registry, lifecycle, bus)
+        dataproxy = DataProxy(registry, lifecycle, bus, settings.data_decisions)
         stack.callback(dataproxy.close)
         launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))
         stack.callback(launcher.close)

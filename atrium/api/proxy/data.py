@@ -28,7 +28,7 @@ from atrium.api.errors import guard
 from atrium.api.proxy.headers import DATA, Inbound, outbound
 from atrium.api.proxy.pages import BUFFER_LIMIT, NO_BODY_STATUS, UPSTREAM_TIMEOUT
 from atrium.dataproxy import Route
-from atrium.errors import InvalidRequest, UpstreamFailed, UpstreamTimeout
+from atrium.errors import AtriumError, InvalidRequest, UpstreamFailed, UpstreamTimeout
 from atrium.httppool import UpstreamError, UpstreamResponse
 from atrium.identity import Caller, UserCaller
 from atrium.lifecycle.calls import KIND_HEADER, SECRET_HEADER, AppAddress
@@ -127,16 +127,37 @@ async def serve_data(
 async def _proxy(
     shell: Shell, raw_rest: bytes, scope: Scope, receive: Receive, send: Send, caller: Caller | None
 ) -> None:
-    authority, upstream_rest, path = split_path(raw_rest)
     method: str = scope["method"]
     inbound = Inbound(scope["headers"], DATA)
     if caller is None:
-        caller = identify_raw(scope, inbound.authorization, inbound.cookie, shell)
-        if isinstance(caller, UserCaller) and caller.via_cookie:
-            check_cookie_origin(Request(scope), shell)
-    route = shell.dataproxy.route(
-        authority, path, method, caller, inbound.claimed_app_id, inbound.asserted_permission
-    )
+        try:
+            caller = identify_raw(scope, inbound.authorization, inbound.cookie, shell)
+            if isinstance(caller, UserCaller) and caller.via_cookie:
+                check_cookie_origin(Request(scope), shell)
+        except AtriumError:
+            split_path(raw_rest)  # a path that is not canonical is 400, whoever asks
+            raise
+    proxy = shell.dataproxy
+    # the raw path is the key: only bytes that passed `split_path` are ever kept, so another
+    # spelling of a path (an encoded dot segment, another case) is decided, and refused, afresh
+    decided = proxy.decided(caller, method, raw_rest)
+    if decided is None:
+        authority, upstream_rest, path = split_path(raw_rest)
+        route = proxy.route(
+            authority,
+            path,
+            method,
+            caller,
+            inbound.claimed_app_id,
+            inbound.asserted_permission,
+            raw_rest,
+        )
+    else:
+        slash = raw_rest.find(b"/")
+        upstream_rest = raw_rest[slash:] if slash >= 0 else b"/"
+        route = proxy.route_decided(
+            decided, method, inbound.claimed_app_id, inbound.asserted_permission
+        )
     if route.address is None:
         route = await shell.dataproxy.wake(route)
     address = route.address
