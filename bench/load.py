@@ -22,7 +22,9 @@ A real `atrium serve` (process runner) with one provider app, and for ATRIUM_BEN
 Printed: p50 / p99 / max latency, timeouts, errors, subscribers alive and events heard, KV writes
 ok / failed / lost, RSS growth, each against its goal (PASS or MISS); and the CPU each part used
 over the run (the shell, the provider, wrk, this process) with the machine's load, so a reader
-sees whether the client or other work on the machine was the limit.
+sees whether the client or other work on the machine was the limit. Last, the same 200 clients
+straight to the provider for 10 s (no shell; for `sdk` a second copy of the app with a shell
+secret the bench knows, as bench/sdkload.py does): the spread the machine and the app give alone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.events import Streams, raise_fd_limit
+from bench.sdkload import start_direct
 from bench.shell import APPS, launch, rss_bytes, running_shell, serve, stop
 from bench.wrk import WrkResult, command, parse
 
@@ -52,6 +55,7 @@ THREADS = 2
 SUBSCRIBERS = 50
 WRITES_PER_SECOND = 20
 WARMUP_SECONDS = 5
+DIRECT_SECONDS = 10
 TIMEOUT = 10.0
 MIB = 1 << 20
 
@@ -71,6 +75,9 @@ class Target:
     data_url: str
     data_token: str
     provider: str
+    #: the same provider's data URL with no shell in between, and the headers that open it
+    direct_url: str
+    direct_headers: tuple[str, ...]
 
 
 @asynccontextmanager
@@ -85,6 +92,8 @@ async def shell_with_provider(tmp: Path) -> AsyncIterator[Target]:
                 f"{shell.data_url}/small",
                 shell.caller_token,
                 "bench.upstream (uvloop), /api/data/bench/small as bench.caller",
+                f"{shell.direct_url}/small",
+                (),
             )
         return
     if PROVIDER != "sdk":
@@ -92,8 +101,12 @@ async def shell_with_provider(tmp: Path) -> AsyncIterator[Target]:
     tmp.chmod(0o755)  # the process runner's apps run under their own uid
     system = tmp / "system-apps"
     shutil.copytree(APPS / "bench.sdk", system / "bench.sdk")
+    shutil.copytree(APPS / "bench.sdk", tmp / "direct-app")
     proc, url, token = serve(tmp / "home", system)
+    procs = [proc]
     try:
+        direct_proc, direct = start_direct(tmp / "direct-app", tmp / "direct-data")
+        procs.append(direct_proc)
         launch(url, token, "bench.sdk")
         yield Target(
             proc,
@@ -102,9 +115,11 @@ async def shell_with_provider(tmp: Path) -> AsyncIterator[Target]:
             f"{url}/api/data/sdkb/items",
             token,
             "bench.sdk (the SDK's server), /api/data/sdkb/items as the user",
+            direct.url,
+            direct.headers,
         )
     finally:
-        stop([proc])
+        stop(procs)
 
 
 # -- the key-value writer -------------------------------------------------------------------------
@@ -276,14 +291,17 @@ class Cpu:
 # -- the run ----------------------------------------------------------------------------------------
 
 
-async def run_wrk(target: Target, seconds: int) -> WrkResult:
-    """wrk at CLIENTS connections for ``seconds``: its summary."""
+async def run_wrk(target: Target, seconds: int, *, direct: bool = False) -> WrkResult:
+    """wrk at CLIENTS connections for ``seconds`` through the shell (or ``direct`` to the
+    provider): its summary."""
+    url, token = (target.direct_url, None) if direct else (target.data_url, target.data_token)
     cmd = command(
-        target.data_url,
+        url,
         CLIENTS,
         seconds,
-        target.data_token,
+        token,
         threads=THREADS,
+        headers=target.direct_headers if direct else (),
         timeout_seconds=TIMEOUT,
     )
     proc = await asyncio.create_subprocess_exec(
@@ -307,6 +325,8 @@ class Outcome:
     cpu: list[str]
     #: the shell's CPU seconds over the run
     shell_cpu: float
+    #: the same load straight to the provider right after: the machine's own spread
+    direct: WrkResult
 
 
 async def sample_rss(pid: int, peak: list[int]) -> None:
@@ -361,7 +381,10 @@ async def load(target: Target) -> Outcome:
             await read_back(api, writes)
         finally:
             await streams.close()
-    return Outcome(result, alive, heard, writes, rss_start, rss_end, peak[0], cpu_lines, shell_cpu)
+    direct = await run_wrk(target, min(SECONDS, DIRECT_SECONDS), direct=True)
+    return Outcome(
+        result, alive, heard, writes, rss_start, rss_end, peak[0], cpu_lines, shell_cpu, direct
+    )
 
 
 def wrk_pids() -> list[int]:
@@ -456,6 +479,12 @@ def report(target: Target, out: Outcome) -> None:
     )
     for line in out.cpu:
         print(line)
+    d = out.direct
+    print(
+        f"the machine's own spread: the same {CLIENTS} clients straight to the provider (no "
+        f"shell, {min(SECONDS, DIRECT_SECONDS)} s, right after): {d.rps:.0f}/s, p50 / p99 / max "
+        f"{d.p50_ms:.1f} / {d.p99_ms:.1f} / {d.max_ms:.1f} ms, {d.timeouts} timeouts"
+    )
     marks = [mark for *_, mark in rows if mark]
     print(f"goals met: {marks.count('PASS')} of {len(marks)}")
 
