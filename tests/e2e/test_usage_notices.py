@@ -9,13 +9,16 @@ import re
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import ARTIFACTS, Served, axe_serious, go_home, tap
+from atrium.theme.catalogue import ThemeCatalogue
+from tests.e2e.conftest import ARTIFACTS, VIEWPORTS, Served, axe_serious, go_home, tap
 
 pytestmark = pytest.mark.e2e
 
 CRASHES = "test.fault.crashes"
+#: the bundled themes and their tones
+BUNDLED = [(t.id, t.tone.value) for t in ThemeCatalogue.load(None).themes()]
 
 
 def client(served: Served) -> httpx.Client:
@@ -130,3 +133,44 @@ def test_a_crash_is_a_notice_with_an_unread_count_cleared_by_opening(
     page.wait_for_selector("body[data-ready=true]")
     expect(page.locator("#notices-count")).to_have_text("1", timeout=20_000)
     destroy(served, crashed)
+
+
+#: each theme on a desktop; the first light and dark ones on a phone too
+THEMED = [("desktop", theme, tone) for theme, tone in BUNDLED] + [
+    ("phone", next(t for t, of in BUNDLED if of == tone), tone) for tone in ("light", "dark")
+]
+
+
+@pytest.mark.parametrize(("size", "theme", "tone"), THEMED, ids=[f"{s}-{t}" for s, t, _ in THEMED])
+def test_the_widgets_and_a_notice_pass_axe_in_every_theme(
+    browser: Browser, served: Served, size: str, theme: str, tone: str
+) -> None:
+    """The theme in the mode of its tone: the widgets with their figures, the bell and the open
+    panel with a crash notice (axe reads the whole page, the widgets beside the panel too)."""
+    width, height = VIEWPORTS[size]
+    context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=tone)  # type: ignore[arg-type]
+    with client(served) as api:
+        before = api.get("/api/os/theme").json()
+        slot = "themeIdLight" if tone == "light" else "themeIdDark"
+        chosen = api.post("/api/os/themes/select", json={slot: theme, "colorMode": tone})
+        assert chosen.status_code == 200, chosen.text
+        try:
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(f"{served.url}/login?token={served.token}")
+            page.wait_for_selector("body[data-ready=true]")
+            crashed = crash(served)
+            expect(page.locator("#notices-count")).to_have_text("1", timeout=20_000)
+            expect(page.locator("#usage")).to_be_visible()
+            tap(page, "#open-notices")
+            page.locator("#notices li.notice").first.wait_for()
+            found = axe_serious(page)
+            shot(page, f"{size}-{theme}")
+            destroy(served, crashed)
+        finally:
+            context.close()
+            api.post(
+                "/api/os/themes/select",
+                json={k: before[k] for k in ("themeIdLight", "themeIdDark", "colorMode")},
+            )
+    assert found == [], "\n".join(found)
