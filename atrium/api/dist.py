@@ -35,7 +35,7 @@ from atrium.distribution.pipeline import Approval, Distribution
 from atrium.distribution.refs import GitRef, LocalRef, Ref, parse_ref
 from atrium.distribution.updates import UpdateChecks
 from atrium.errors import AtriumError, InvalidRequest, NotFound, ShuttingDown
-from atrium.events import ERROR, RESULT
+from atrium.events import ERROR, IMPORT_CHECKED, RESULT
 from atrium.identity import Caller, UserCaller, require_admin, user_id_of
 from atrium.manifest import APP_ID_RE
 from atrium.scopes import Scope, parse_scope
@@ -356,6 +356,11 @@ async def import_app(request: Request, caller: Caller) -> Response:
     else:
         dist, scope = await dist_for(caller, request, scope, None, "import")
     auto = params.get("autoApprove", "").lower() in {"1", "true", "yes"}
+    # the app the caller means (the host page's detail of one app): an archive of another is
+    # refused once it is read, before anything of it is installed
+    expected = params.get("appId")
+    if expected is not None and not APP_ID_RE.fullmatch(expected):
+        raise InvalidRequest(f"appId {expected[:300]!r} is not an app id", appId=expected[:300])
     archive = await spool.receive(request.stream(), shell.settings.home, MAX_ARCHIVE)
 
     async def events() -> AsyncGenerator[ProgressEvent, None]:
@@ -366,6 +371,13 @@ async def import_app(request: Request, caller: Caller) -> Response:
                 run = dist.import_archive(archive, scope, Approval(auto_approve=auto))
             async with aclosing(run) as steps:
                 async for item in steps:
+                    named = item.get("appId")
+                    if item.get("type") == IMPORT_CHECKED and expected not in (None, named):
+                        raise InvalidRequest(
+                            f"the archive holds {named}, not {expected}: nothing was imported",
+                            appId=named,
+                            expected=expected,
+                        )
                     yield item
         finally:
             archive.unlink(missing_ok=True)

@@ -238,7 +238,7 @@ async function importArchive(app, file, approved) {
     "The app and its data in the archive replace what is installed; the data you have now is backed up first.",
     "Import"))) return;
   say(`Importing ${file.name}…`);
-  const query = new URLSearchParams({ scope: app.scope });
+  const query = new URLSearchParams({ scope: app.scope, appId: app.id });   // another app's archive is refused
   if (approved) query.set("autoApprove", "1");
   let result;
   try {
