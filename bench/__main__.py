@@ -21,6 +21,7 @@ from bench import (
     sdkload,
     signin,
     soak,
+    store,
     streaming,
     theme,
     wake,
@@ -45,6 +46,7 @@ BENCHES = {
     "signin": signin.main,
     "cli": cli.main,
     "hostpage": hostpage.main,
+    "store": store.main,
     "load": load.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)

@@ -8,6 +8,10 @@ let launchApp = () => {};
 let cards = [];            // [{entry, node, hay, categories}] of the catalogue shown
 let category = "";         // the category chip pressed ("" is every category)
 let entries = new Map();   // id → index entry (the review names the publisher and size from it)
+/** Cards shown at once: a search over a thousand entries lays out this many at most (each
+ * "Show more" adds as many), so a keystroke's cost does not grow with the catalogue. */
+const PAGE = 30;
+let limit = PAGE;
 
 /** host.js calls this once from start(): ``launch(appId)`` opens an installed app. */
 export function setUpStore({ launch }) {
@@ -21,6 +25,7 @@ export function setUpStore({ launch }) {
     }
   };
   $("store-search").oninput = () => filterCards();
+  $("store-more").onclick = () => filterCards(true);
   $("store-setup-form").onsubmit = (event) => { event.preventDefault(); loudly(addCatalogue()); };
   $("store-change").onclick = () => showSetup(true, null);
   $("shot-close").onclick = () => $("shot").close();
@@ -121,7 +126,6 @@ function renderCards(listed, updates) {
       .filter(Boolean).join("\n").toLowerCase();
     return { entry, node, hay, categories };
   });
-  $("catalogue-rows").replaceChildren(...cards.map((c) => c.node));
   const all = [...new Set(cards.flatMap((c) => c.categories))].sort();
   if (category && !all.includes(category)) category = "";
   $("store-categories").replaceChildren(...["", ...all].map((name) => {
@@ -140,18 +144,29 @@ function renderCards(listed, updates) {
 }
 
 /** Shows the cards matching the search words (each word in the name, description, id, publisher
- * or a category) and the category chip; the cards stay built, only their ``hidden`` changes. */
-export function filterCards() {
+ * or a category) and the category chip, ``PAGE`` at a time; the cards stay built, a search only
+ * chooses which of them are in the list. */
+export function filterCards(more = false) {
   const words = $("store-search").value.toLowerCase().split(/\s+/).filter(Boolean);
-  let shown = 0;
+  limit = more ? limit + PAGE : PAGE;
+  let matching = 0;
+  const shown = [];
   for (const c of cards) {
-    const match = (!category || c.categories.includes(category)) && words.every((w) => c.hay.includes(w));
-    if (c.node.hidden === match) c.node.hidden = !match;
-    if (match) shown += 1;
+    if ((!category || c.categories.includes(category)) && words.every((w) => c.hay.includes(w))) {
+      matching += 1;
+      if (matching <= limit) shown.push(c.node);
+    }
   }
+  // only the cards shown are in the document: the others cost no style or layout work
+  const rows = $("catalogue-rows");
+  const same = rows.children.length === shown.length && shown.every((node, i) => rows.children[i] === node);
+  if (!same) rows.replaceChildren(...shown);
   const none = $("store-none");
-  none.hidden = shown > 0 || cards.length === 0;
+  none.hidden = matching > 0 || cards.length === 0;
   none.textContent = none.hidden ? "" : "No app in the catalogue matches.";
+  const rest = matching - limit;
+  $("store-more").hidden = rest <= 0;
+  $("store-more").textContent = rest > 0 ? `Show ${Math.min(rest, PAGE)} more (${matching} match)` : "";
 }
 
 function card(entry, app, updates) {
