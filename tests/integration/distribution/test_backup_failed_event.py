@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import MIB, SseReader, StartShell, fill_disk, wait_for
+from tests.integration.conftest import DEADLINE, MIB, SseReader, StartShell, fill_disk, wait_for
 from tests.integration.distribution.conftest import MakeApp
-from tests.integration.distribution.test_backup_safety import APP, DEADLINE, data_dir, with_data
+from tests.integration.distribution.test_backup_safety import APP, data_dir, with_data
 
 pytestmark = pytest.mark.integration
 
