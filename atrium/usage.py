@@ -88,19 +88,29 @@ class ProcessFigures(NamedTuple):
     ticks: int
 
 
-def parse_pid_stat(text: str) -> ProcessFigures:
+def parse_pid_stat(raw: bytes) -> ProcessFigures:
     """`/proc/<pid>/stat`: the command name (field 2) may hold spaces and parentheses, so the
     fields are counted after its last ')'."""
-    head, _, tail = text.rpartition(")")
+    head, _, tail = raw.rpartition(b")")
     fields = tail.split()
     return ProcessFigures(
-        int(head.split(" ", 1)[0]), int(fields[1]), int(fields[11]) + int(fields[12])
+        int(head.split(b" ", 1)[0]), int(fields[1]), int(fields[11]) + int(fields[12])
     )
 
 
-def parse_statm(text: str) -> int:
+def parse_statm(raw: bytes) -> int:
     """`/proc/<pid>/statm`: the resident set in bytes (its second field is in pages)."""
-    return int(text.split()[1]) * PAGE_SIZE
+    return int(raw.split()[1]) * PAGE_SIZE
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file in one read: a third of the cost of `Path.read_text` per process,
+    which is most of a sample's."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def read_cpu() -> CpuTimes:
@@ -121,9 +131,9 @@ def read_processes() -> dict[int, ProcessFigures]:
     """Every process this pid namespace shows, by pid (one that ends while read is left out)."""
     found: dict[int, ProcessFigures] = {}
     for entry in os.scandir(PROC):
-        if entry.name.isdigit():
+        if (name := entry.name).isdigit():
             try:
-                found[int(entry.name)] = parse_pid_stat((PROC / entry.name / "stat").read_text())
+                found[int(name)] = parse_pid_stat(_read(f"/proc/{name}/stat"))
             except (OSError, ValueError, IndexError):
                 continue
     return found
@@ -148,7 +158,7 @@ def resident(pids: Iterable[int]) -> int:
     total = 0
     for pid in pids:
         try:
-            total += parse_statm((PROC / str(pid) / "statm").read_text())
+            total += parse_statm(_read(f"/proc/{pid}/statm"))
         except (OSError, ValueError, IndexError):
             continue
     return total

@@ -34,7 +34,7 @@ def test_meminfo_used_is_total_less_available() -> None:
 
 
 def test_pid_stat_reads_a_name_with_spaces_and_parentheses() -> None:
-    text = "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 1 0 0 0 30 12 0 0 20 0 1 0 99 0 0"
+    text = b"4242 (a (b) c) S 17 4242 4242 0 -1 4194560 1 0 0 0 30 12 0 0 20 0 1 0 99 0 0"
     assert usage.parse_pid_stat(text) == ProcessFigures(pid=4242, ppid=17, ticks=42)
 
 
