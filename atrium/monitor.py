@@ -96,7 +96,7 @@ class UsageMonitor:
                 continue
             try:
                 usage = await self.current()
-            except OSError:
+            except Exception:  # one bad sample must not end the figures for good
                 _LOGGER.exception("reading the usage figures failed")
                 continue
             # who listens now: a stream that opened while the figures were read hears them too
