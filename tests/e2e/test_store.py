@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 import threading
 import zlib
 from collections.abc import Iterator
@@ -308,6 +309,22 @@ def test_a_shell_without_a_catalogue_offers_to_add_one(
         fits(page, "add a catalogue")
         assert axe_serious(page) == [], "add a catalogue"
         shot(page, f"{size}-add-catalogue")
+        # a member is told who adds one, and gets no form
+        with client(served) as api:
+            body = {"id": "mia", "role": "member", "password": "correct horse battery"}
+            assert api.post("/api/users", json=body).status_code == 201
+        member = browser.new_context(viewport={"width": width, "height": height}).new_page()
+        member.goto(f"{served.url}/")
+        member.wait_for_selector("body[data-signin=true]")
+        member.fill("#signin-user", "mia")
+        member.fill("#signin-password", "correct horse battery")
+        member.click("#signin-go")
+        member.wait_for_selector("body[data-ready=true]")
+        tap(member, "#open-catalogue")
+        member.locator("#store-setup", has_text="Ask an admin").wait_for()
+        assert member.locator("#store-setup-form").is_hidden()
+        assert axe_serious(member) == [], "a member's store without a catalogue"
+        member.context.close()
         # a bad address: the reason in words, nothing stored
         page.fill("#store-url", (tmp_path / "missing.json").as_uri())
         page.click("#store-add")
@@ -340,3 +357,60 @@ def test_a_shell_without_a_catalogue_offers_to_add_one(
             snapshot = api.get("/api/dist/index").json()
             assert (snapshot["url"], snapshot["urlFrom"]) == (good, "stored")
         context.close()
+
+
+def publish_next(root: Path) -> str:
+    """A new version of the catalogued app: committed, tagged and pushed to its bare repository,
+    and the index's stable channel moved to it. Answers the new version."""
+    work = root / "catalogue" / CATALOGUED
+    manifest_file = work / "app.manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    major = int(manifest["version"].split(".")[0]) + 1
+    manifest["version"] = version = f"{major}.0.0"
+    manifest_file.write_text(json.dumps(manifest))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    bare = root / "catalogue" / f"{CATALOGUED}.git"
+    for args in (
+        ["commit", "-qam", f"v{version}"],
+        ["tag", f"v{version}"],
+        ["push", "-q", str(bare), "HEAD:main", f"v{version}"],
+    ):
+        subprocess.run([*git, *args], cwd=work, check=True, timeout=60)
+    index_file = root / "catalogue" / "index.json"
+    index = json.loads(index_file.read_text())
+    index["apps"][0]["channels"] = {"stable": {"git-tag": f"v{version}"}}
+    index_file.write_text(json.dumps(index))
+    return version
+
+
+def test_a_newer_version_in_the_catalogue_shows_update_and_installs_through_the_review(
+    page: Page, served: Served
+) -> None:
+    root = served.home.parent
+    with client(served) as api:
+        answer = api.post("/api/dist/install", json={"ref": CATALOGUED, "autoApprove": True})
+        assert answer.status_code == 200, answer.text
+        before = answer.json()["record"]["version"]
+        version = publish_next(root)
+        assert api.get("/api/dist/index", params={"refresh": "1"}).status_code == 200
+    try:
+        open_store(page)
+        update = card(page, CATALOGUED).get_by_role("button", name="Update Catalogued")
+        update.wait_for()
+        assert card(page, CATALOGUED).get_attribute("data-state") == "update"
+        assert axe_serious(page) == [], "update card"
+        update.click()
+        page.locator("#install-diff").wait_for(state="visible", timeout=30_000)
+        assert (
+            f"Version {version}, replacing {before}"
+            in page.locator("#install-version").inner_text()
+        )
+        assert page.locator("#install-approve").inner_text() == "Update"
+        page.click("#install-approve")
+        page.locator("#install-open").wait_for(state="visible", timeout=30_000)
+        with client(served) as api:
+            records = api.get("/api/dist/installed").json()
+            assert [(r["id"], r["version"]) for r in records] == [(CATALOGUED, version)]
+    finally:
+        with client(served) as api:
+            api.delete(f"/api/dist/uninstall/{CATALOGUED}")
