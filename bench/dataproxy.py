@@ -17,21 +17,35 @@ and server with no token, table or permission): a regression in the checks shows
 The users issue's goal: the same path in a shell holding 50 members (each with a session and a
 personal token; the bench apps launched by one of them, so every lookup is a member's) answers
 small bodies within 5 % of the shell with its admin alone, measured in the same rounds.
+The data proxy keeps what it allowed per (caller, method, raw path) (decisions.md "Data proxy:
+decisions kept"): the same path with every request decided afresh (`ATRIUM_DATA_DECISIONS=0`, the
+path before decisions were kept) is measured in the same rounds, and each step of the checks is
+timed in this process on the shell's own functions (`steps`), before (every step) and after (a
+decision kept).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import timeit
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from atrium.api.proxy.data import split_path
+from atrium.api.proxy.headers import DATA, Inbound, outbound
+from atrium.identity import AppCaller, AppTokens, UserAuth, new_token
+from atrium.manifest import Manifest
+from atrium.permissions import holds
+from atrium.providers import ProviderTable
+from atrium.users.store import secret_hash
 from bench import candidates
 from bench.shell import ROOT, USERS, Shell, free_port, running_shell, stop, wait_port
 from bench.wrk import WrkResult, wrk
@@ -47,6 +61,8 @@ ATRIUM = "atrium data proxy"
 ATRIUM_USERS = f"atrium, {USERS} users (a member's apps)"
 #: Atrium's own pool with none of its checks: what the checks cost is measured against it
 BARE_POOL = "candidate: atrium-pool"
+#: the full path with no decision kept: every request decided afresh, as before they were kept
+DECIDED_AFRESH = "atrium, every request decided"
 
 
 @dataclass(frozen=True)
@@ -203,11 +219,19 @@ def main_sync() -> None:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             (tmp / "users").mkdir()
-            with running_shell(tmp) as shell, running_shell(tmp / "users", users=USERS) as many:
+            (tmp / "afresh").mkdir()
+            steps()
+            with (
+                running_shell(tmp) as shell,
+                running_shell(tmp / "users", users=USERS) as many,
+                running_shell(tmp / "afresh", env={"ATRIUM_DATA_DECISIONS": "0"}) as afresh,
+            ):
                 targets = collect_targets(tmp, shell, procs)
                 targets[ATRIUM_USERS] = Target(many.data_url, many.caller_token)
-                if not answers(ATRIUM_USERS, targets[ATRIUM_USERS]):
-                    raise RuntimeError(f"{ATRIUM_USERS} does not answer correctly")
+                targets[DECIDED_AFRESH] = Target(afresh.data_url, afresh.caller_token)
+                for name in (ATRIUM_USERS, DECIDED_AFRESH):
+                    if not answers(name, targets[name]):
+                        raise RuntimeError(f"{name} does not answer correctly")
                 run(targets)
         finally:
             stop(procs)
@@ -245,6 +269,84 @@ def collect_targets(
     return targets
 
 
+def _per_call(fn: Callable[[], object], number: int = 20_000) -> float:
+    """µs a call of ``fn``, the best of five runs (the least disturbed by other work)."""
+    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+
+def steps() -> None:
+    """Each step of the checks on a small-body request as the bench sends it, timed on the
+    shell's own functions in this process: the caller (an app's bearer token: the bootstrap
+    token compared, the personal tokens' hash looked up, the app token found), the canonical
+    path, the entry match, the permission, the header filter both ways; and a kept decision's
+    lookup, which replaces the canonical path, the match and the permission once made."""
+    manifest = Manifest.model_validate(
+        json.loads((Path(__file__).parent / "apps/bench.upstream/app.manifest.json").read_text())
+    )
+    provider = manifest.data_provider
+    if provider is None:
+        raise RuntimeError("bench.upstream declares no dataProvider")
+    table = ProviderTable.build([("bench.upstream", provider)])
+    granted = ["bench.upstream.read", "bench.upstream.write"]
+    auth, tokens, personal = UserAuth(new_token()), AppTokens(), {"x": None}
+    token = tokens.issue("bench.caller", "bench.caller-1", "default")
+    raw = b"bench/small"
+    request_headers = [
+        (b"host", b"127.0.0.1:7070"),
+        (b"authorization", f"Bearer {token}".encode()),
+        (b"user-agent", b"wrk"),
+    ]
+    answer_headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-length", b"200"),
+        (b"date", b"Fri, 27 Nov 2026 02:00:00 GMT"),
+        (b"server", b"bench"),
+    ]
+
+    def caller() -> object:
+        auth.is_token(token)
+        personal.get(secret_hash(token))
+        return tokens.lookup(token)
+
+    who = tokens.lookup(token)
+    if who is None:
+        raise RuntimeError("the bench token is unknown")
+    kept: dict[tuple[AppCaller, str, bytes], object] = {(who, "GET", raw): object()}
+
+    def permission() -> bool:
+        match = table.match("bench", "/small")
+        return match is not None and holds(granted, match.permission("GET"))
+
+    def decision_kept() -> object:
+        found = kept.get((who, "GET", raw))
+        slash = raw.find(b"/")
+        return found, raw[slash:]
+
+    figures = {
+        "caller (app bearer token)": _per_call(caller),
+        "canonical path": _per_call(lambda: split_path(raw)),
+        "entry match": _per_call(lambda: table.match("bench", "/small")),
+        "permission (match + holds)": _per_call(permission),
+        "header filter in (Inbound)": _per_call(lambda: Inbound(request_headers, DATA)),
+        "header filter out (outbound)": _per_call(lambda: outbound(answer_headers, DATA)),
+        "decision kept (lookup)": _per_call(decision_kept),
+    }
+    print("\nThe checks' steps, µs a call in this process (best of 5 runs of 20,000 calls)")
+    for name, value in figures.items():
+        print(f"  {name:<30} {value:>7.3f}")
+    common = (
+        figures["caller (app bearer token)"]
+        + figures["header filter in (Inbound)"]
+        + figures["header filter out (outbound)"]
+    )
+    before = common + figures["canonical path"] + figures["permission (match + holds)"]
+    after = common + figures["decision kept (lookup)"]
+    print(
+        f"  every step, decided afresh: {before:.3f} µs; with the decision kept: {after:.3f} µs "
+        f"({after / before:.2f}x)"
+    )
+
+
 def median(results: Sequence[WrkResult], field: str) -> float:
     return statistics.median(float(getattr(r, field)) for r in results)
 
@@ -260,13 +362,22 @@ def comparisons(
             f"With {USERS} users: {shared / alone:.3f}x the requests/s of the shell with its "
             f"admin alone (goal: within 5 %, >= 0.95x)"
         )
-    if ATRIUM in targets and BARE_POOL in targets:
+    if ATRIUM in targets and DECIDED_AFRESH in targets:
+        kept = median(results[(ATRIUM, size, 32)], "rps")
+        afresh = median(results[(DECIDED_AFRESH, size, 32)], "rps")
+        print(
+            f"Decisions kept: {kept / afresh:.3f}x the requests/s of every request decided "
+            f"({1e6 / afresh - 1e6 / kept:.1f} µs of the loop per request saved at 32 connections)"
+        )
+    for name in (ATRIUM, DECIDED_AFRESH):
+        if name not in targets or BARE_POOL not in targets:
+            continue
         full, bare = (
-            median(results[(ATRIUM, size, 32)], "rps"),
+            median(results[(name, size, 32)], "rps"),
             median(results[(BARE_POOL, size, 32)], "rps"),
         )
         print(
-            f"Atrium's checks: {1e6 / full - 1e6 / bare:.1f} µs of the loop per request "
+            f"{name}: checks {1e6 / full - 1e6 / bare:.1f} µs of the loop per request "
             f"(full path {1e6 / full:.1f} µs, bare pool {1e6 / bare:.1f} µs at 32 "
             f"connections); full path {full / bare:.2f}x of the bare pool"
         )

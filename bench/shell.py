@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +79,9 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_shell(
+    home: Path, env: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     """Start the shell with the bench apps installed; (process, base URL, the user's token).
     The system apps sit beside the home (a home holds only what the shell puts there), and the
     folder above is opened for search: as root, the process runner's apps run under their own
@@ -93,16 +95,17 @@ def start_shell(home: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     manifest.update({"id": "bench.caller", "permissions": CALLER_PERMISSIONS})
     manifest.pop("dataProvider")
     (caller / "app.manifest.json").write_text(json.dumps(manifest))
-    return serve(home, system)
+    return serve(home, system, env=env)
 
 
 def serve(
-    home: Path, system: Path, runner: str = "process"
+    home: Path, system: Path, runner: str = "process", env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """`atrium serve` on ``home`` with ``system`` as its system apps, on a free port; (process,
-    base URL, the user's token) once it has written its URL."""
+    base URL, the user's token) once it has written its URL. ``env``: more settings."""
     env = {
         **os.environ,
+        **(env or {}),
         "ATRIUM_HOME": str(home),
         "ATRIUM_PORT": "0",
         "ATRIUM_SYSTEM_APPS": str(system),
@@ -116,7 +119,8 @@ def serve(
         stderr=subprocess.DEVNULL,
     )
     url_file = home / "run" / "url"
-    deadline = time.monotonic() + 30
+    # a start is not what is measured: on a machine shared with other work a shell took over 30 s
+    deadline = time.monotonic() + 120
     while not url_file.exists():
         if proc.poll() is not None:
             raise RuntimeError(f"the shell exited with {proc.returncode} while starting")
@@ -181,11 +185,14 @@ def add_users(url: str, admin_token: str, count: int) -> str:
 
 
 @contextmanager
-def running_shell(tmp: Path, *, users: int = 0) -> Iterator[Shell]:
+def running_shell(
+    tmp: Path, *, users: int = 0, env: Mapping[str, str] | None = None
+) -> Iterator[Shell]:
     """The shell in ``tmp``/home with bench.upstream and bench.caller launched; stopped on exit.
-    With ``users``, that many members are added first and the apps run as the first of them."""
+    With ``users``, that many members are added first and the apps run as the first of them;
+    ``env`` holds more of its settings (`ATRIUM_…`)."""
     home = tmp / "home"
-    proc, url, user_token = start_shell(home)
+    proc, url, user_token = start_shell(home, env)
     try:
         runner = add_users(url, user_token, users) if users else user_token
         upstream = launch(url, runner, "bench.upstream")
