@@ -18,6 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page
 
+from atrium.theme.catalogue import ThemeCatalogue
 from tests.e2e.conftest import (
     ARTIFACTS,
     CATALOGUED,
@@ -414,3 +415,51 @@ def test_a_newer_version_in_the_catalogue_shows_update_and_installs_through_the_
     finally:
         with client(served) as api:
             api.delete(f"/api/dist/uninstall/{CATALOGUED}")
+
+
+#: the bundled themes: the store's chips, states, alerts and review read in each
+THEMES = [(t.id, t.tone.value) for t in ThemeCatalogue.load(None).themes()]
+
+
+@pytest.mark.parametrize(("theme", "tone"), THEMES, ids=[t for t, _ in THEMES])
+def test_the_store_and_its_review_pass_axe_in_every_theme(
+    browser: Browser, served: Served, theme: str, tone: str
+) -> None:
+    slot = "themeIdLight" if tone == "light" else "themeIdDark"
+    with client(served) as api:
+        before = api.get("/api/os/theme").json()
+        assert api.post("/api/os/themes/select", json={slot: theme, "colorMode": tone}).is_success
+        body = {"ref": CATALOGUED, "autoApprove": True}
+        assert api.post("/api/dist/install", json=body).status_code == 200
+        # the review's warning about an unsigned app shows in every theme too
+        assert api.put("/api/scopes/global/trust", json={"policy": "warn", "keys": []}).is_success
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme=tone)  # type: ignore[arg-type]
+    found: list[str] = []
+    try:
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.goto(f"{served.url}/login?token={served.token}")
+        page.wait_for_selector("body[data-ready=true]")
+        open_store(page)
+        card(page, CATALOGUED).locator(".chip.ok", has_text="INSTALLED").wait_for()
+        page.locator("#store-categories button", has_text="media").click()
+        found += [f"store: {v}" for v in axe_serious(page)]
+        # an entry whose source does not exist: the error as an alert
+        card(page, "org.example.radio").get_by_role("button", name="Install Radio").click()
+        page.locator("#install-result .alert").wait_for(timeout=30_000)
+        found += [f"install error: {v}" for v in axe_serious(page)]
+        page.fill("#install-ref", CATALOGUED)
+        page.click("#install-go")
+        page.locator("#install-diff").wait_for(state="visible", timeout=30_000)
+        page.locator("#install-trust[data-tone=warn]").wait_for()
+        found += [f"review: {v}" for v in axe_serious(page)]
+    finally:
+        context.close()
+        with client(served) as api:
+            api.delete(f"/api/dist/uninstall/{CATALOGUED}")
+            api.put("/api/scopes/global/trust", json={"policy": "off", "keys": []})
+            keep = {
+                k: before[k] for k in ("themeIdLight", "themeIdDark", "colorMode") if k in before
+            }
+            api.post("/api/os/themes/select", json=keep)
+    assert found == [], f"{theme}:\n" + "\n".join(found)
