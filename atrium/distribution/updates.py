@@ -1,5 +1,5 @@
 """Which installs have a newer version, found without changing anything (docs/api.md "Updates
-that arrive", decisions.md "Home: the update check").
+that arrive", decisions.md "Home: the app grid, the phone's bottom bar and the update check").
 
 An install that follows its source (a branch, a moving OCI tag, an index channel, a local folder)
 has a newer version when its ref resolves to another digest than the one installed; a pinned
