@@ -126,6 +126,8 @@ def _summary(manifest: Manifest, size: int) -> dict[str, Any]:
         "description": manifest.description,
         "icon": manifest.icon,
         "size": size,
+        # the diff says only whether a provider is added; the review names what it shares as
+        "authority": manifest.data_provider.authority if manifest.data_provider else None,
     }
 
 

@@ -419,7 +419,10 @@ function showReview(ref, result) {
   }
   $("install-asks").replaceChildren(...asks);
   const offers = [];
-  if (diff.dataProviderAdded) offers.push(el("li", { textContent: `Its data to other apps you allow, as “${diff.dataProviderAdded}”` }));
+  if (diff.dataProviderAdded) {
+    const as = app.authority ? `, as “${app.authority}”` : "";
+    offers.push(el("li", { textContent: `Its own data to the other apps you allow${as} (a data provider)` }));
+  }
   const verbs = [...new Set((diff.intentFiltersAdded || []).map((f) => VERBS[f.action] || f.action))];
   if (verbs.length) offers.push(el("li", { textContent: `To ${verbs.join(", ")} things for other apps` }));
   if (!offers.length) offers.push(el("li", { className: "nothing", textContent: "Nothing to other apps." }));

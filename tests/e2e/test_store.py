@@ -5,6 +5,7 @@ Each flow runs on a desktop and on a phone; screenshots go to ``test-artifacts/`
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page
 
 from atrium.theme.catalogue import ThemeCatalogue
+from tests.conftest import REPO_DIR
 from tests.e2e.conftest import (
     ARTIFACTS,
     CATALOGUED,
@@ -463,3 +465,27 @@ def test_the_store_and_its_review_pass_axe_in_every_theme(
             }
             api.post("/api/os/themes/select", json=keep)
     assert found == [], f"{theme}:\n" + "\n".join(found)
+
+
+def test_the_review_says_in_words_what_an_app_offers(page: Page, tmp_path: Path) -> None:
+    app_dir = tmp_path / "test.offers.viaui"
+    shutil.copytree(REPO_DIR / "tests" / "apps" / "test.sdk.echo", app_dir)
+    manifest = json.loads((app_dir / "app.manifest.json").read_text())
+    manifest.update(
+        id="test.offers.viaui",
+        name="Offers",
+        warmPool=False,
+        intentFilters=[{"action": "os.intent.action.SEND"}],
+    )
+    manifest["dataProvider"] = {"authority": "offered", "providers": [{"path": "/open"}]}
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    tap(page, "#open-install")
+    page.fill("#install-ref", f"local:{app_dir}")
+    page.click("#install-go")
+    offers = page.locator("#install-offers")
+    offers.wait_for(state="visible", timeout=30_000)
+    text = offers.inner_text()
+    assert "as “offered” (a data provider)" in text
+    assert "To share things for other apps" in text
+    assert "Where from" not in page.locator("#install-diff").inner_text()
+    page.click("#install-close")

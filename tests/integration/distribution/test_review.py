@@ -28,6 +28,7 @@ def test_the_preview_names_the_app_and_words_what_it_asks_for(
     assert (app["id"], app["name"], app["version"]) == ("com.example.review", "Review Me", "1.0.0")
     assert app["description"] == "One line on what it does"
     assert app["icon"] == "R"
+    assert app["authority"] is None  # it shares no data
     on_disk = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
     assert app["size"] == on_disk
     assert answer["permissions"] == [
@@ -48,3 +49,14 @@ def test_a_preview_of_an_app_that_asks_for_nothing_says_so(
     assert answer["permissions"] == []
     assert answer["requiresApproval"] is False
     assert answer["app"]["name"]
+
+
+def test_a_preview_names_the_authority_a_provider_offers(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    """The diff says only that a data provider is added (a boolean): the review names it."""
+    provider = {"authority": "reviewed", "providers": [{"path": "/items"}]}
+    source = make_app("com.example.provider", dataProvider=provider)
+    answer = api.post("/api/dist/install/preview", json={"ref": f"local:{source}"}).json()
+    assert answer["diff"]["dataProviderAdded"] is True
+    assert answer["app"]["authority"] == "reviewed"
