@@ -61,11 +61,29 @@ def is_vcs_name(name: str) -> bool:
     return folded in VCS_NAMES or folded in SHORT_NAMES
 
 
+#: the most of an `.atriumignore` that is read (a rule file is a few lines; more is ignored)
+IGNORE_FILE_MAX: Final = 256 * 1024
+
+
 def ignore_rule(app_dir: Path) -> IgnoreRule:
-    """The folder's `.atriumignore` over the defaults (`atrium.distribution.ignore`)."""
-    own = app_dir / IGNORE_FILE
-    lines = own.read_text(errors="replace").splitlines() if own.is_file() else []
-    return IgnoreRule(lines)
+    """The folder's `.atriumignore` over the defaults (`atrium.distribution.ignore`).
+
+    It is read before the tree check, so never through a link (`O_NOFOLLOW`: a link out of the
+    folder is the check's to refuse, not a file to load), only when it is a regular file
+    (`O_NONBLOCK` so a FIFO cannot hold the open), and at most `IGNORE_FILE_MAX` bytes of it."""
+    try:
+        fd = os.open(
+            app_dir / IGNORE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        )
+    except OSError:  # none, a link, or unreadable: the defaults alone
+        return IgnoreRule()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return IgnoreRule()
+        head = os.read(fd, IGNORE_FILE_MAX)
+    finally:
+        os.close(fd)
+    return IgnoreRule(head.decode(errors="replace").splitlines())
 
 
 def entries(

@@ -370,3 +370,31 @@ def test_git_and_local_updates_to_another_apps_manifest_change_nothing(
     assert git_lines(scope, "log", "--format=%s") == log
     assert git_lines(scope, "status", "--porcelain") == []
     assert not (scope / "apps/com.example.intruder").exists()
+
+
+def peak_rss_mib() -> float:
+    """This process's resident-set high-water mark (the shell runs in it), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def test_a_linked_atriumignore_is_not_read_through_its_link(
+    api: httpx.Client, make_app: MakeApp, tmp_path: Path
+) -> None:
+    """The folder's `.atriumignore` is read before the tree check refuses a link out of the
+    folder: read through the link, an author's `.atriumignore -> /some/huge/file` made the shell
+    load that whole file (here 1 GiB, sparse) into memory before answering."""
+    source = make_app("com.example.linkedignore", version="1.0.0")
+    huge = tmp_path / "huge"
+    with huge.open("wb") as sparse:
+        sparse.truncate(1 << 30)
+    (source / ".atriumignore").symlink_to(huge)
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts from now
+    before = peak_rss_mib()
+    response = install(api, f"local:{source}")
+    grown = peak_rss_mib() - before
+    assert response.status_code == 502, response.text
+    assert ".atriumignore" in response.json()["error"]["message"]
+    assert grown < 256, f"the shell's memory peaked {grown:.0f} MiB higher reading the link"
