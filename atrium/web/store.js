@@ -185,6 +185,11 @@ function card(entry, app, updates) {
   const cats = el("p", { className: "cats" }, ...(entry.categories || []).map((c) => el("span", { className: "cat", textContent: c })));
   const body = el("div", { className: "store-body" }, title, facts,
     el("p", { className: "description", textContent: entry.description || "" }), cats);
+  // the app's and its publisher's pages; only http(s) (the shell checks the index, and so does this)
+  const links = [[entry.homepage, `Website of ${name}`, "Website"], [entry.publisher?.url, `Website of ${entry.publisher?.name}`, "Publisher"]]
+    .filter(([href]) => typeof href === "string" && /^https?:\/\//i.test(href))
+    .map(([href, label, text]) => el("a", { href, textContent: text, ariaLabel: label, target: "_blank", rel: "noopener noreferrer", referrerPolicy: "no-referrer" }));
+  if (links.length) body.append(el("p", { className: "links" }, ...links));
   const update = updates ? updates.get(entry.id) : app && version && app.version && newer(version, app.version) ? { latest: version } : null;
   let action;
   if (app && update) {

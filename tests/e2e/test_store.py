@@ -100,6 +100,8 @@ def rich_catalogue(root: Path, pictures: str) -> str:
             "Ledger",
             "Money in and out, by month",
             ["productivity", "finance"],
+            homepage="https://ledger.example/",
+            publisher={"name": "Somebody Else", "url": "https://somebody.example/"},
         ),
         entry("org.example.radio", "Radio", "Listen to stations from anywhere", ["media"]),
     ]
@@ -180,6 +182,14 @@ def test_cards_show_what_each_app_is_and_search_and_categories_filter_them(
     assert "by Somebody Else" in photos
     assert "version 2.3.0" in photos
     assert card(page, CATALOGUED).get_by_role("button", name="Install Catalogued").is_visible()
+    # the app's and its publisher's pages are links, opened apart from the shell
+    links = card(page, "org.example.ledger").locator(".links a")
+    assert [links.nth(n).get_attribute("href") for n in range(links.count())] == [
+        "https://ledger.example/",
+        "https://somebody.example/",
+    ]
+    assert links.first.get_attribute("rel") == "noopener noreferrer"
+    assert card(page, "org.example.radio").locator(".links a").count() == 0
     # the http screenshot shows; the file:// one is left out (a browser cannot show it)
     shots = card(page, CATALOGUED).locator(".shot img")
     assert shots.count() == 1
