@@ -197,7 +197,8 @@ async function loadUpdates(refresh) {
   if (!$("updates").hidden) renderUpdates();
 }
 
-function openUpdates() {
+/** The updates panel (also the store's way to update a pinned install: by its newest tag). */
+export function openUpdates() {
   $("updates").hidden = false;
   $("update-review").hidden = true;
   renderUpdates();

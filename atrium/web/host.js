@@ -3,12 +3,11 @@
 
 import {
   $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, loudly, quietly,
-  shared, showError, toast, useEventSource,
+  shared, showError, skeletons, toast, useEventSource,
 } from "./core.js";
 import { markRunning, renderApps, showingHome, startHome } from "./home.js";
 import { loadVersions, showDetail, startDetail } from "./detail.js";
 import { drawProcs, startProcs } from "./procs.js";
-import { skeletons } from "./core.js";
 import { setUpStore } from "./store.js";
 import { startUsage } from "./usage.js";
 import { startNoticesQuietly } from "./notices.js";

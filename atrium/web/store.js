@@ -3,6 +3,7 @@
 // trusted key signed it, what it asks for and offers, and the scope, chosen on the review itself).
 
 import { $, VERBS, api, appIcon, el, loudly, monogram, quietly, shared, skeletons, sse } from "./core.js";
+import { openUpdates } from "./home.js";
 
 let launchApp = () => {};
 let cards = [];            // [{entry, node, hay, categories}] of the catalogue shown
@@ -194,7 +195,9 @@ function card(entry, app, updates) {
   let action;
   if (app && update) {
     action = el("button", { className: "primary", type: "button", textContent: "Update", ariaLabel: `Update ${name}` });
-    action.onclick = () => openInstall(entry.id, { update: app });
+    // a pinned install updates to its source's newest tag (the updates panel does that); a
+    // reinstall by the catalogue's id would quietly switch it to following the channel
+    action.onclick = update.pinned ? () => { $("catalogue").hidden = true; openUpdates(); } : () => openInstall(entry.id, { update: app });
   } else if (app) {
     action = el("span", { className: "chip ok", textContent: "INSTALLED", title: `${name} ${app.version || ""} is installed` });
   } else {

@@ -429,6 +429,41 @@ def test_a_newer_version_in_the_catalogue_shows_update_and_installs_through_the_
             api.delete(f"/api/dist/uninstall/{CATALOGUED}")
 
 
+def test_a_pinned_install_updates_from_its_card_to_its_newest_tag_and_stays_pinned(
+    page: Page, served: Served
+) -> None:
+    """The card's Update of an install pinned to a tag takes the source's newest tag (through
+    the updates panel), as `atrium update --to` does: reinstalling by the catalogue's id would
+    quietly have switched it to following the catalogue's channel."""
+    root = served.home.parent
+    bare = (root / "catalogue" / f"{CATALOGUED}.git").as_uri()
+    with client(served) as api:
+        answer = api.post(
+            "/api/dist/install", json={"ref": f"git+{bare}#v1.0.0", "autoApprove": True}
+        )
+        assert answer.status_code == 200, answer.text
+        version = publish_next(root)
+        assert api.get("/api/dist/updates", params={"refresh": "1"}).status_code == 200
+    try:
+        open_store(page)
+        update = card(page, CATALOGUED).get_by_role("button", name="Update Catalogued")
+        update.wait_for()
+        update.click()
+        page.locator("#catalogue").wait_for(state="hidden")
+        row = page.locator(f"#update-rows li[data-app-id='{CATALOGUED}']")
+        row.get_by_role("button", name="Update Catalogued").click()
+        page.locator("#updates-status", has_text=f"Updated Catalogued to {version}").wait_for(
+            timeout=30_000
+        )
+        with client(served) as api:
+            [record] = api.get("/api/dist/installed").json()
+            assert (record["version"], record["ref"]) == (version, f"git+{bare}#v{version}")
+            assert record["pinned"]
+    finally:
+        with client(served) as api:
+            api.delete(f"/api/dist/uninstall/{CATALOGUED}")
+
+
 #: the bundled themes: the store's chips, states, alerts and review read in each
 THEMES = [(t.id, t.tone.value) for t in ThemeCatalogue.load(None).themes()]
 
