@@ -708,7 +708,7 @@ class Distribution:
             unpacked = await asyncio.to_thread(unpack, archive, path / "import")
             yield event(IMPORT_CHECKED, appId=unpacked.record.id, version=unpacked.record.version)
             # the unpacked tree is the installed app's, every file of it
-            resolved = await self.resolver.resolve(LocalRef(str(unpacked.app_dir), whole=True))
+            resolved = await self.resolver.staged(LocalRef(str(unpacked.app_dir), whole=True))
             with self.locks.hold(unpacked.record.id, "import"):
                 run = self._run(
                     "install",

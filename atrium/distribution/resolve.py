@@ -34,7 +34,7 @@ from atrium.distribution.pins import pin_of
 from atrium.distribution.reach import UNRESTRICTED, Reach
 from atrium.distribution.refs import GitRef, IndexRef, LocalRef, OciRef, Ref
 from atrium.distribution.tree import UnsafeTree, check_tree, content_hash, ignore_rule
-from atrium.errors import FetchFailed, NotFound
+from atrium.errors import FetchFailed, NotFound, PermissionDenied
 from atrium.manifest import MANIFEST_FILE
 
 _LOGGER = logging.getLogger(__name__)
@@ -113,6 +113,13 @@ class Resolver:
         an id or channel the index does not know."""
         match ref:
             case LocalRef():
+                if self._reach.restricted():
+                    # an install record's ref too (an import keeps the archive's, which its
+                    # uploader wrote): a member's pipeline never reads a path of the machine
+                    raise PermissionDenied(
+                        f"{str(ref)[:300]!r} is a path on the shell's machine: only an admin "
+                        "may install or update from one (local: or git+file:)"
+                    )
                 return await self._local(ref)
             case GitRef():
                 return await self._git(ref, ref.name, None)
@@ -127,6 +134,11 @@ class Resolver:
                 else:
                     found = await self._git(source, entry.id, channel)
                 return replace(found, pinned=None)
+
+    async def staged(self, ref: LocalRef) -> ResolvedRef:
+        """A tree the shell itself put on its disk (an import's unpacked archive), whoever's
+        pipeline this is: never a path a request named."""
+        return await self._local(ref)
 
     async def tags(self, ref: GitRef | OciRef) -> list[str]:
         """The tags of ``ref``'s source (git: ``ls-remote --tags``; OCI: the registry's tag
