@@ -6,10 +6,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import httpx
 import typer
+
+if TYPE_CHECKING:  # httpx is loaded by the first client made: `atrium version` needs none
+    import httpx
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 
@@ -85,7 +87,11 @@ class ShellClient:
         headers = {}
         if tok := token or user_token():
             headers["Authorization"] = f"Bearer {tok}"
+        import httpx
+
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+        self._lost: type[httpx.TransportError] = httpx.TransportError
+        self.unhurried = httpx.Timeout(30.0, read=None)  # streams: no read deadline
 
     def __enter__(self) -> ShellClient:
         return self
@@ -97,13 +103,13 @@ class ShellClient:
         """The answer as it is, error statuses included (the caller reads them)."""
         try:
             return self._http.request(method, path, **kwargs)
-        except httpx.TransportError as err:
+        except self._lost as err:
             fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as err:
+        except self._lost as err:
             fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
         if response.status_code >= 400:
             fail(describe_error(response))
@@ -112,7 +118,7 @@ class ShellClient:
     def request_text(self, method: str, path: str, **kwargs: Any) -> str:
         try:
             response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as err:
+        except self._lost as err:
             fail(f"cannot reach the shell at {self.url} ({err}); is `atrium serve` running?", 2)
         if response.status_code >= 400:
             fail(describe_error(response))
@@ -122,16 +128,14 @@ class ShellClient:
         """GET ``path`` into ``target`` (written beside it, then renamed); returns its size."""
         partial = target.with_name(f".{target.name}.partial")
         try:
-            with self._http.stream(
-                "GET", path, timeout=httpx.Timeout(30.0, read=None), **kwargs
-            ) as response:
+            with self._http.stream("GET", path, timeout=self.unhurried, **kwargs) as response:
                 if response.status_code >= 400:
                     response.read()
                     fail(describe_error(response))
                 with partial.open("wb") as file:
                     for chunk in response.iter_bytes():
                         file.write(chunk)
-        except httpx.TransportError as err:
+        except self._lost as err:
             partial.unlink(missing_ok=True)
             fail(f"lost the shell at {self.url} ({err})", 2)
         partial.replace(target)
@@ -145,7 +149,7 @@ class ShellClient:
                 method,
                 path,
                 headers={"Accept": "text/event-stream"},
-                timeout=httpx.Timeout(30.0, read=None),
+                timeout=self.unhurried,
                 **kwargs,
             ) as response:
                 if response.status_code >= 400:
@@ -158,15 +162,13 @@ class ShellClient:
                     elif not line and data:
                         yield json.loads(data)
                         data = ""
-        except httpx.TransportError as err:
+        except self._lost as err:
             fail(f"lost the shell at {self.url} ({err})", 2)
 
     def stream_events(self, path: str, params: dict[str, str]) -> Iterator[tuple[str, str, Any]]:
         """Yield ``(id, topic, payload)`` for each server-sent event."""
         try:
-            with self._http.stream(
-                "GET", path, params=params, timeout=httpx.Timeout(30.0, read=None)
-            ) as response:
+            with self._http.stream("GET", path, params=params, timeout=self.unhurried) as response:
                 if response.status_code >= 400:
                     response.read()
                     fail(describe_error(response))
@@ -181,5 +183,5 @@ class ShellClient:
                     elif not line and data:
                         yield event_id, topic, json.loads(data)
                         event_id, topic, data = "", "", ""
-        except httpx.TransportError as err:
+        except self._lost as err:
             fail(f"lost the shell at {self.url} ({err})", 2)

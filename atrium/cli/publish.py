@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 
 from atrium.cli.client import ShellClient, fail
@@ -51,8 +50,10 @@ def publish(
         body["sign"] = str(sign.expanduser().resolve())
     with ShellClient() as client:
         if as_json:
-            timeout = httpx.Timeout(30.0, read=None)
-            print_json(client.request("POST", "/api/dist/publish", json=body, timeout=timeout))
+            answer = client.request(
+                "POST", "/api/dist/publish", json=body, timeout=client.unhurried
+            )
+            print_json(answer)
             return
         _render(client.stream_progress("POST", "/api/dist/publish", json=body))
 

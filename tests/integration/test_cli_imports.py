@@ -65,3 +65,13 @@ def test_a_client_command_loads_no_server_code(shell: RunningShell, argv: list[s
     assert "Traceback" not in stderr, stderr
     loaded = sorted(n for n in names if any(n == f or n.startswith(f"{f}.") for f in FORBIDDEN))
     assert loaded == [], f"atrium {' '.join(argv)} imported {loaded}"
+
+
+def test_version_loads_no_http_client(shell: RunningShell) -> None:
+    """`atrium version` talks to no shell: it loads no HTTP client either (httpx alone was
+    about a third of its imports when the CLI's client module imported it at its top)."""
+    env = {"ATRIUM_URL": shell.url, "ATRIUM_TOKEN": shell.token, "PATH": "/usr/bin:/bin"}
+    names, stderr = imported_by(["version"], env)
+    assert "Traceback" not in stderr, stderr
+    loaded = sorted(n for n in names if n.split(".")[0] in {"httpx", "httpcore"})
+    assert loaded == [], f"atrium version imported {loaded}"
