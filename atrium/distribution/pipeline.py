@@ -30,8 +30,8 @@ from atrium.distribution.keeping import DataKeeping
 from atrium.distribution.operations import AppLocks, mutable, run_to_completion, staging
 from atrium.distribution.pins import at_tag, baseline, newer_tags
 from atrium.distribution.reach import Reach
-from atrium.distribution.records import InstallRecord, RecordStore, now
-from atrium.distribution.refs import GitRef, LocalRef, OciRef, Ref, parse_ref
+from atrium.distribution.records import InstallRecord, RecordStore, now, source_of
+from atrium.distribution.refs import GitRef, LocalRef, OciRef, Ref, names_machine_files
 from atrium.distribution.resolve import Resolver
 from atrium.distribution.signing import Verdict, refuses
 from atrium.distribution.stops import InstanceStops
@@ -284,7 +284,7 @@ class Distribution:
                 "so there is no ref to update from; install it by ref instead",
             )
         with self.locks.hold(app_id, "update"):
-            ref = parse_ref(record.ref)
+            ref = source_of(record)
             ref_text = record.ref
             if to is not None:
                 ref = await self._newer_source(record, ref, to)
@@ -367,6 +367,7 @@ class Distribution:
         check: bool | None = False,
         data: list[Path] | None = None,
         dev: bool | None = None,
+        detached: bool = False,
     ) -> AsyncGenerator[ProgressEvent, None]:
         """``expected_id``: an update's app; a fetched app of another id changes nothing.
         ``restored``: an update of the same digest over a changed tree, and what had changed.
@@ -415,7 +416,7 @@ class Distribution:
                 took = await self._lifecycle.trial(staged, path / ".check-data")
                 yield event(CHECK_DONE, appId=manifest.id, ms=round(took * 1000, 1))
             yield event(INSTALL_START, appId=manifest.id, scope=scope.value)
-            record = self._new_record(manifest, scope, resolved, ref_text, dev)
+            record = self._new_record(manifest, scope, resolved, ref_text, dev, detached)
             if verdict is not None and verdict.signer is not None:
                 record = record.model_copy(update={"signed_by": verdict.signer})
             plan = InstallPlan(
@@ -512,8 +513,10 @@ class Distribution:
         resolved: ResolvedRef,
         ref_text: str,
         dev: bool | None = None,
+        detached: bool = False,
     ) -> InstallRecord:
-        """``dev`` None: what the replaced record said (an update of a dev copy stays one)."""
+        """``dev`` None: what the replaced record said (an update of a dev copy stays one).
+        ``detached``: an import whose ref names another machine's files (`InstallRecord`)."""
         previous = self.records.get(scope, manifest.id)
         stamp = now()
         return InstallRecord(
@@ -529,6 +532,7 @@ class Distribution:
             path=str(self._layout.app_dir(scope, manifest.id)),
             dev=dev if dev is not None else bool(previous and previous.dev),
             pinned=resolved.pinned,
+            detached=detached,
         )
 
     async def _install_stage(
@@ -719,6 +723,7 @@ class Distribution:
                     unpacked.record.id,
                     data=unpacked.data_dirs,
                     dev=False,  # an imported app is an install, whatever it replaces
+                    detached=names_machine_files(unpacked.record.ref),
                 )
                 async with aclosing(run) as steps:
                     async for item in steps:

@@ -16,6 +16,8 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
+from atrium.distribution.refs import Ref, parse_ref
+from atrium.errors import InvalidRequest
 from atrium.files import sync_dir, write_atomic
 from atrium.manifest import AppId
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
@@ -52,10 +54,15 @@ class InstallRecord(WireModel):
     #: the tag or digest the ref pins the install to (decisions.md "Updates that arrive"); None:
     #: it follows its source (a branch, a moving tag, an index channel, a local folder)
     pinned: str | None = None
+    #: an import whose archive's ref names files of a machine (`local:`, a git repository that is
+    #: a path or `file://`): kept to say where it came from, never resolved here (an archive is
+    #: whatever its uploader sealed; decisions.md "Imports: a ref naming a machine's files")
+    detached: bool = False
 
     def wire(self) -> dict[str, Any]:
         """The wire form; ``rollbackOf`` only on a rollback's record, ``dev`` only when true,
-        ``signedBy`` only when a trusted key signed it, ``pinned`` only on a pinned install."""
+        ``signedBy`` only when a trusted key signed it, ``pinned`` only on a pinned install,
+        ``detached`` only when true."""
         data = super().wire()
         if data["rollbackOf"] is None:
             del data["rollbackOf"]
@@ -65,7 +72,22 @@ class InstallRecord(WireModel):
             del data["signedBy"]
         if data["pinned"] is None:
             del data["pinned"]
+        if not data["detached"]:
+            del data["detached"]
         return data
+
+
+def source_of(record: InstallRecord) -> Ref:
+    """The ref an update (and the update check) resolves: the recorded one, unless the record is
+    ``detached`` (an import whose archive named a machine's files), which has none here."""
+    if record.detached:
+        raise InvalidRequest(
+            f"{record.id!r} was imported from an archive whose ref {record.ref!r} names files of "
+            "the machine it was exported from: there is no source here to update it from; "
+            "install it again by ref to follow one",
+            ref=record.ref,
+        )
+    return parse_ref(record.ref)
 
 
 def now() -> datetime:

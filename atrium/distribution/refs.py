@@ -175,6 +175,19 @@ def _schemeless(raw: str, ref: str) -> OciRef | GitRef:
     return _git(raw, f"https://{url}", fragment)
 
 
+def names_machine_files(raw: str) -> bool:
+    """Whether a ref names files of the machine it is resolved on (a folder, or a git
+    repository reached by path): what a ref read from an archive may not do (decisions.md
+    "Imports: a ref naming a machine's files"). A ref that does not parse counts as one."""
+    try:
+        ref = parse_ref(raw)
+    except BadRef:
+        return True
+    if isinstance(ref, LocalRef):
+        return True
+    return isinstance(ref, GitRef) and not ref.url.startswith(("https://", "git://"))
+
+
 def parse_ref(raw: str) -> Ref:
     """Parse ``raw`` into a Ref; BadRef names the raw ref and the accepted forms."""
     ref = raw.strip()

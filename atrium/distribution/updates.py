@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from atrium.distribution.pins import baseline, newer_tags
-from atrium.distribution.records import InstallRecord
-from atrium.distribution.refs import GitRef, OciRef, parse_ref
+from atrium.distribution.records import InstallRecord, source_of
+from atrium.distribution.refs import GitRef, OciRef
 from atrium.distribution.resolve import Resolver
 from atrium.errors import AtriumError
 
@@ -103,7 +103,7 @@ class UpdateChecks:
             available=False,
         )
         try:
-            ref = parse_ref(record.ref)
+            ref = source_of(record)
             if record.pinned is not None and isinstance(ref, GitRef | OciRef):
                 newer = newer_tags(await self._resolver.tags(ref), baseline(ref, record.version))
                 return replace(base, available=bool(newer), newer_tags=tuple(newer))

@@ -57,11 +57,52 @@ def test_a_member_import_naming_a_local_folder_is_never_resolved(
         row = listed[(APP, "user")]
         assert row["available"] is False, row
         assert row["problem"] is not None
-        assert "admin" in row["problem"], row
+        assert "imported from an archive" in row["problem"], row
 
         update = bea.post(f"/api/dist/update/{APP}", json={"autoApprove": True})
-        assert update.status_code == 403, update.text
-        assert update.json()["error"]["code"] == "permission_denied", update.text
+        assert update.status_code == 400, update.text
+        assert update.json()["error"]["code"] == "bad_request", update.text
         mine = bea.get(f"/api/apps/{APP}").json()
         assert mine["version"] == "1.0.0", mine
         assert bea.get(f"/api/apps/{APP}").json()["version"] != "9.9.9"
+
+
+def test_an_admin_import_naming_a_local_folder_or_repository_is_never_resolved(
+    start_shell: StartShell, make_app: MakeApp, home: Path, tmp_path: Path
+) -> None:
+    """An admin may name `local:` and `git+file://` refs, but not through an archive someone
+    else sealed: an imported record whose ref names this machine's files is kept to say where
+    it came from (`detached`) and never resolved, so "Update" cannot install another user's
+    private folder into the global scope."""
+    shell = start_shell()
+    private = tmp_path / "private" / APP
+    private.mkdir(parents=True)
+    make_app(APP, root=tmp_path / "private")
+    write_manifest(private, version="9.9.9", description="the private copy")
+    with shell.client(timeout=60) as admin:
+        archive, _ = exported(admin, make_app, home)
+        files = members(archive)
+        record = json.loads(files["atrium-export/export.json"])["record"]
+        kept = {k: v for k, v in files.items() if "/data/" not in k}
+        for ref in (f"local:{private}", f"git+file://{private}"):
+            forged = resealed(kept, record={**record, "ref": ref})
+            answer = admin.post(
+                "/api/dist/import",
+                params={"scope": "global", "appId": APP, "autoApprove": "1"},
+                content=forged,
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["record"]["detached"] is True, answer.text
+
+            listed = {
+                (row["id"], row["scope"]): row
+                for row in admin.get("/api/dist/updates", params={"refresh": "1"}).json()["updates"]
+            }
+            row = listed[(APP, "global")]
+            assert row["available"] is False, row
+            assert "imported from an archive" in (row["problem"] or ""), row
+
+            update = admin.post(f"/api/dist/update/{APP}", json={"autoApprove": True})
+            assert update.status_code == 400, update.text
+            assert update.json()["error"]["ref"] == ref, update.text
+            assert admin.get(f"/api/apps/{APP}").json()["version"] == "1.0.0"
