@@ -129,8 +129,8 @@ class Settings(BaseSettings):
     #: what a member's fetch may reach besides public addresses: host names, addresses and
     #: networks, comma-separated (docs/decisions.md "Users: what a member's fetch may reach")
     member_fetch_hosts: str = ""
-    #: how many allowed data-proxy decisions are kept (docs/decisions.md "Data proxy: decisions
-    #: kept"); 0 decides every request afresh
+    #: how many allowed data-proxy decisions are kept, 0 for none (docs/decisions.md
+    #: "Data proxy: decisions kept")
     data_decisions: int = Field(default=4096, ge=0, le=1_000_000)
 
     @field_validator("member_fetch_hosts")
