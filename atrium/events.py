@@ -113,13 +113,15 @@ class AppLifecycleError(Payload):
 
 @dataclass(frozen=True, slots=True)
 class AppCrashed(Payload):
-    """A child exited on its own; ``state`` is the state it was in."""
+    """A child exited on its own; ``state`` is the state it was in; ``reason`` is ``oom`` when the
+    kernel killed it for want of memory, else ``exited``."""
 
     TOPIC: ClassVar[str] = APP_CRASHED
     instance_id: str
     app_id: str
     exit_code: int
     state: str
+    reason: str = "exited"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,13 @@ MAX_WARM_POOL: Final = 64
 DEFAULT_WAKE_TIMEOUT_MS: Final = 10_000
 DEFAULT_IDLE_TIMEOUT_MS: Final = 60_000
 MAX_IDLE_MS: Final = 86_400_000
+#: bounds of ``resources`` (a Python app under 16 MiB cannot start; beyond, a typo)
+MIN_MEMORY_MIB: Final = 16
+MAX_MEMORY_MIB: Final = 1_048_576
+MIN_CPU_MILLI: Final = 10
+MAX_CPU_MILLI: Final = 1_024_000
+MIN_PIDS: Final = 8
+MAX_PIDS: Final = 1_000_000
 
 
 class ThemeStrategy(StrEnum):
@@ -200,6 +207,17 @@ def _own_permission(info: ValidationInfo, name: str | None, where: str) -> None:
         )
 
 
+class Resources(_ManifestPart):
+    """``resources``: what one instance may use at most, each capped by the shell's own ceiling
+    (docs/api.md "Resource limits"). Absent values take the shell's ceiling."""
+
+    memory_mib: int | None = Field(
+        default=None, alias="memoryMiB", ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB
+    )
+    cpu_milli: int | None = Field(default=None, ge=MIN_CPU_MILLI, le=MAX_CPU_MILLI)
+    pids: int | None = Field(default=None, ge=MIN_PIDS, le=MAX_PIDS)
+
+
 class Manifest(_ManifestPart):
     """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest").
 
@@ -223,6 +241,7 @@ class Manifest(_ManifestPart):
     background_service: bool = False
     sharing: Sharing = Field(default_factory=Sharing)
     tools: list[str] = Field(default_factory=list)
+    resources: Resources | None = None
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
 

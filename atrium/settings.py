@@ -51,6 +51,10 @@ ACCEPTED: Final = {
     "audit_retention_days": "a whole number of days, 1-36500",
     "member_fetch_hosts": "host names, addresses or networks, comma-separated",
     "data_decisions": "a whole number, 0-1000000 (0 keeps none)",
+    "app_memory_mib": "a whole number of MiB, 0-1048576 (0: no ceiling)",
+    "app_pids": "a whole number of processes, 0-1000000 (0: no ceiling)",
+    "app_cpu_milli": "a whole number of thousandths of a core, 0-1024000 (0: no ceiling)",
+    "cgroup_parent": "the path of a delegated cgroup v2 folder",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -132,6 +136,12 @@ class Settings(BaseSettings):
     #: how many allowed data-proxy decisions are kept, 0 for none (docs/decisions.md
     #: "Data proxy: decisions kept")
     data_decisions: int = Field(default=4096, ge=0, le=1_000_000)
+    #: ceilings of every instance's ``resources`` (docs/api.md "Resource limits"); 0: none
+    app_memory_mib: int = Field(default=1024, ge=0, le=1_048_576)
+    app_pids: int = Field(default=256, ge=0, le=1_000_000)
+    app_cpu_milli: int = Field(default=0, ge=0, le=1_024_000)
+    #: a delegated cgroup v2 folder for the instances' cgroups (default: the shell's own cgroup)
+    cgroup_parent: Path | None = None
 
     @field_validator("member_fetch_hosts")
     @classmethod

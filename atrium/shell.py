@@ -26,6 +26,7 @@ from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
 from atrium.launcher import Launcher
+from atrium.lifecycle.limits import ceilings_of, open_cgroups
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
@@ -214,6 +215,11 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         upstream = await stack.enter_async_context(UpstreamClient())
         tokens = AppTokens()
         runner = await asyncio.to_thread(load_runner, settings.runner)
+        ceilings = ceilings_of(settings.app_memory_mib, settings.app_cpu_milli, settings.app_pids)
+        cgroups = await asyncio.to_thread(
+            open_cgroups, settings.home, ceilings, settings.cgroup_parent
+        )
+        stack.callback(cgroups.close)
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode
         await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)
@@ -234,6 +240,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                     layout=layout,
                     shell_url=f"http://{loopback(settings.host)}:{settings.port}",
                     toolchain_dir=toolchain,
+                    cgroups=cgroups,
                 ),
                 operations=locks,
                 may_run=lambda owner: (user := users.get(owner)) is not None and not user.disabled,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,6 +22,7 @@ from atrium.errors import SpawnFailed
 from atrium.identity import AppTokens
 from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_healthy
 from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.limits import Cgroups, InstanceCgroup, Limits, effective_limits
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec
 from atrium.lifecycle.spawning import (
@@ -54,6 +55,8 @@ class LifecycleConfig:
     shell_url: str
     app_host: str = "127.0.0.1"
     toolchain_dir: Path | None = None
+    #: where instances get their resource limits (None: not enforced, e.g. unit tests)
+    cgroups: Cgroups | None = None
 
 
 class Booter:
@@ -102,19 +105,41 @@ class Booter:
         instance.secret = secrets.token_urlsafe(24)
         token = instance.token = self._tokens.issue(instance.app_id, instance.id, instance.owner)
         log_path = instance.log_path = self.layout.home / "run" / "logs" / f"{instance.id}.log"
+        cgroup: InstanceCgroup | None = None
         try:
+            cgroup, instance.limits = self._cgroup(instance, copy.manifest)
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
+            spec = replace(spec, limits=instance.limits, cgroup=cgroup)
             instance.child = await self.runner.spawn(spec)
         except SpawnFailed as err:
+            if cgroup is not None:
+                cgroup.try_remove()
             cause = str(err.fields.get("cause", "exited"))
             raise await self._fail(instance, err.message, cause) from err
         except OSError as err:
+            if cgroup is not None:
+                cgroup.try_remove()
             # before the child runs (the log cannot be opened, no fd left, a full disk): the
             # instance goes to `error` with the reason, never stays in `creating`
             raise await self._fail(instance, _setup_problem(err), "setup") from err
         await self._await_health(instance, copy.manifest, port, log_path)
         instance.stamp_started()
         instance.watcher = self._spawn_task(self._watch(instance), f"crash watch {instance.id}")
+
+    def _cgroup(
+        self, instance: Instance, manifest: Manifest
+    ) -> tuple[InstanceCgroup | None, Limits | None]:
+        """The instance's cgroup with its limits written, and the limits it reports (None when
+        the shell cannot enforce any: docs/decisions.md "Resource limits")."""
+        cgroups = self._config.cgroups
+        if cgroups is None or not cgroups.enforced:
+            return None, None
+        asked = manifest.resources
+        limits = effective_limits(
+            None if asked is None else Limits(asked.memory_mib, asked.cpu_milli, asked.pids),
+            cgroups.ceilings,
+        )
+        return cgroups.make(instance.id, limits), limits
 
     async def _await_health(
         self, instance: Instance, manifest: Manifest, port: int, log_path: Path
@@ -207,7 +232,7 @@ class Booter:
         _LOGGER.warning("%s %s: child exited with status %s", instance.app_id, instance.id, code)
         self.release(instance)
         instance.child = None
-        instance.mark_crashed(code)
+        instance.mark_crashed(code, child.exit_reason or "exited")
 
     async def teardown(self, instance: Instance) -> None:
         """Stop the child (process group, SIGTERM → SIGKILL), return its port, revoke its token."""

@@ -18,6 +18,7 @@ from atrium.bus import EventBus
 from atrium.errors import LifecycleTransitionError
 from atrium.events import AppCrashed, AppLifecycleError, AppState
 from atrium.lifecycle.calls import AppAddress
+from atrium.lifecycle.limits import Limits
 from atrium.lifecycle.runners import RunningApp
 from atrium.lifecycle.states import InstanceState, is_allowed
 from atrium.manifest import Manifest
@@ -75,6 +76,8 @@ class Instance:
     port: int | None = None
     host: str | None = None
     log_path: Path | None = None
+    #: the resource limits its child runs under (None: none enforced on this machine)
+    limits: Limits | None = None
     views: dict[str, View] = field(default_factory=dict)
     activities: dict[str, Activity] = field(default_factory=dict)
     started_at: datetime | None = None
@@ -126,12 +129,18 @@ class Instance:
             )
         )
 
-    def mark_crashed(self, exit_code: int) -> None:
-        """A running child died: go to `error` without the table check (docs/api.md "States")."""
+    def mark_crashed(self, exit_code: int, reason: str = "exited") -> None:
+        """A running child died: go to `error` without the table check (docs/api.md "States").
+        ``reason``: ``oom`` when the kernel killed it for want of memory, else ``exited``."""
         previous = self._state
         self.error = f"crashed with exit status {exit_code} in state {previous}"
+        if reason == "oom":
+            memory = self.limits.memory_mib if self.limits is not None else None
+            self.error += f": out of memory (its limit is {memory} MiB)"
         self._set(S.ERROR)
-        self.bus.emit(AppCrashed(self.id, self.app_id, exit_code, previous.value, owner=self.owner))
+        self.bus.emit(
+            AppCrashed(self.id, self.app_id, exit_code, previous.value, reason, owner=self.owner)
+        )
 
     def force_installed(self) -> None:
         """Kill without hooks: any state → `installed` (decisions.md "Lifecycle")."""
@@ -170,6 +179,7 @@ class Instance:
             "pooled": pooled,
             "headless": wake is not None,
             "wake": wake,
+            "limits": None if self.limits is None else self.limits.wire(),
         }
 
     def stamp_started(self) -> None:

@@ -55,7 +55,8 @@ function describe(topic, data) {
       return { kind: "done", text: `Uninstalled ${nameOf(data.id)}` };
     case "app:crashed":
       return { kind: "problem", text: `${nameOf(data.appId)} stopped unexpectedly`,
-               detail: `exit code ${data.exitCode}` };
+               detail: data.reason === "oom" ? `it ran out of memory (exit code ${data.exitCode})`
+                                             : `exit code ${data.exitCode}` };
     case "backup:failed":
       return { kind: "problem",
                text: `Could not back up ${nameOf(data.appId)}${data.reason && data.reason !== "manual" ? ` before the ${data.reason}` : ""}`,

@@ -204,6 +204,7 @@ def test_a_crash_goes_to_error_and_emits_app_crashed(api: httpx.Client) -> None:
         "appId": "test.fault.crashes",
         "exitCode": 7,
         "state": "resumed",
+        "reason": "exited",
     }
     instance = api.get(f"/api/instances/{iid}").json()
     assert instance["state"] == "error"

@@ -12,6 +12,9 @@ The contract (every runner, every future back-end: container, Kubernetes):
   it may be awaited by several tasks.
 - ``RunningApp.stop(grace)``: SIGTERM to the whole process group, SIGKILL after ``grace`` seconds;
   returns only when every process of the group is gone. Idempotent.
+- ``spec.cgroup``: the child enters it before it executes anything (so the app's whole process
+  tree is limited), and the handle removes it once the child has exited; ``exit_reason`` then
+  says ``oom`` when the kernel killed a process of it for want of memory.
 - ``RunningApp.pid``: the child's pid as the shell's host sees it (for `atrium ps`).
 - The child's stdout and stderr go to ``spec.log_path`` (appended).
 - ``spec.user``: when set (the shell runs as root), the app's processes run under that uid/gid
@@ -30,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from atrium.lifecycle.limits import InstanceCgroup, Limits
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -71,6 +76,10 @@ class SpawnSpec:
     #: the shell's home: with ``user``, the process runner opens the folders between it and the
     #: app's folders for search (0711) so that uid reaches them
     home: Path | None = None
+    #: the limits the instance runs under (None: not enforced), and the cgroup holding them,
+    #: which the child joins before it executes anything (`atrium.lifecycle.limits`)
+    limits: Limits | None = None
+    cgroup: InstanceCgroup | None = None
 
 
 class RunningApp(Protocol):
@@ -87,6 +96,12 @@ class RunningApp(Protocol):
 
     @property
     def returncode(self) -> int | None: ...
+
+    @property
+    def exit_reason(self) -> str | None:
+        """Once exited: ``oom`` when the kernel killed a process of it for want of memory (its
+        cgroup counted an OOM kill), else ``exited``."""
+        ...
 
     async def wait(self) -> int: ...
 

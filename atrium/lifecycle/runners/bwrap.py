@@ -461,7 +461,9 @@ class BwrapRunner:
         finally:
             os.close(lock)
         _LOGGER.info("started %s in bwrap: pid %d, %s", label, process.pid, " ".join(spec.argv))
-        return SandboxedChild(process, host=spec.host, port=spec.port, label=label)
+        return SandboxedChild(
+            process, host=spec.host, port=spec.port, label=label, cgroup=spec.cgroup
+        )
 
 
 __all__ = ["BwrapRunner", "bwrap_works", "classify_early_exit", "sandbox_argv"]

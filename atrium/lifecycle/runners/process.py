@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import BinaryIO, Final, NamedTuple
 
 from atrium.errors import SpawnFailed
+from atrium.lifecycle.limits import InstanceCgroup, enter_from_child
 from atrium.lifecycle.runners import AppUser, SpawnSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -109,8 +110,18 @@ class ChildProcess:
     and ``_kill``; ``_survivors`` says which processes stop() still waits for.
     """
 
-    def __init__(self, process: asyncio.subprocess.Process, *, host: str, port: int, label: str):
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        *,
+        host: str,
+        port: int,
+        label: str,
+        cgroup: InstanceCgroup | None = None,
+    ):
         self._process = process
+        self._cgroup = cgroup
+        self._exit_reason: str | None = None
         self._host = host
         self._port = port
         self._label = label
@@ -138,6 +149,10 @@ class ChildProcess:
     def returncode(self) -> int | None:
         return self._exited.result() if self._exited.done() else None
 
+    @property
+    def exit_reason(self) -> str | None:
+        return self._exit_reason if self._exited.done() else None
+
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
 
@@ -153,6 +168,11 @@ class ChildProcess:
         code = await self._process.wait()
         _LOGGER.debug("%s (pid %d) exited with %d", self._label, self.pid, code)
         self._signal_group(signal.SIGKILL)  # leftovers of a child that exited on its own
+        self._exit_reason = "exited"
+        if self._cgroup is not None:
+            if self._cgroup.oom_kills() > 0:
+                self._exit_reason = "oom"
+            await self._cgroup.remove()  # kills what is left in it (a setsid escapee too)
         self._exited.set_result(code)
 
     async def _stop(self, grace: float) -> int:
@@ -231,8 +251,16 @@ class KeptChild(ChildProcess):
     ever signalled.
     """
 
-    def __init__(self, process: asyncio.subprocess.Process, *, host: str, port: int, label: str):
-        super().__init__(process, host=host, port=port, label=label)
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        *,
+        host: str,
+        port: int,
+        label: str,
+        cgroup: InstanceCgroup | None = None,
+    ):
+        super().__init__(process, host=host, port=port, label=label, cgroup=cgroup)
         #: every process ever signalled inside, by (pid, start time): stop() waits for them all
         self._inside: dict[tuple[int, int], ProcStat] = {}
 
@@ -402,6 +430,21 @@ def prepare_dirs(spec: SpawnSpec) -> None:
 PR_SET_PDEATHSIG: Final = 1
 
 
+def _before_exec(die_with: int | None, cgroup_fds: Sequence[int]) -> Callable[[], None] | None:
+    """What the forked child does before it executes the command: join the instance's cgroup
+    (`enter_from_child`: a plain write on descriptors opened by the shell) and arm `_die_with`."""
+    arm = _die_with(die_with) if die_with is not None else None
+    if arm is None and not cgroup_fds:
+        return None
+
+    def before() -> None:
+        enter_from_child(cgroup_fds)
+        if arm is not None:
+            arm()
+
+    return before
+
+
 def _die_with(shell: int) -> Callable[[], None]:
     """In the forked child, before exec: SIGKILL when the spawning thread dies, and an exit now
     when the shell died before that was asked (a kill -9 of the shell between the fork and the
@@ -436,6 +479,7 @@ async def start_child(
     ``--die-with-parent``.
     """
     log: BinaryIO = spec.log_path.open("ab")
+    cgroup_fds = spec.cgroup.open_procs() if spec.cgroup is not None else []
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
@@ -446,7 +490,7 @@ async def start_child(
             stderr=log,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
-            preexec_fn=_die_with(os.getpid()) if die_with_shell else None,
+            preexec_fn=_before_exec(os.getpid() if die_with_shell else None, cgroup_fds),
         )
     except OSError as err:
         raise SpawnFailed(
@@ -458,6 +502,8 @@ async def start_child(
         ) from err
     finally:
         log.close()
+        for fd in cgroup_fds:
+            os.close(fd)
 
 
 class ProcessRunner:
@@ -492,7 +538,7 @@ class ProcessRunner:
         finally:
             os.close(lock)
         _LOGGER.info("started %s: keeper pid %d, %s", label, process.pid, " ".join(spec.argv))
-        return KeptChild(process, host=spec.host, port=spec.port, label=label)
+        return KeptChild(process, host=spec.host, port=spec.port, label=label, cgroup=spec.cgroup)
 
 
 __all__ = ["ChildProcess", "KeptChild", "ProcessRunner"]
