@@ -130,7 +130,8 @@ class Booter:
         self, instance: Instance, manifest: Manifest
     ) -> tuple[InstanceCgroup | None, Limits | None]:
         """The instance's cgroup with its limits written, and the limits it reports (None when
-        the shell cannot enforce any: docs/decisions.md "Resource limits")."""
+        the shell cannot enforce any, as in
+        docs/decisions.md "Resource limits: one cgroup per instance")."""
         cgroups = self._config.cgroups
         if cgroups is None or not cgroups.enforced:
             return None, None

@@ -13,7 +13,8 @@ kills when it ends, and removes the folder once nothing runs in it.
 ``<key>`` is a hash of the shell's home: two shells on one machine (a test suite starts many)
 share a parent cgroup and their instance ids repeat, so each shell keeps its own folder.
 Where no hierarchy is writable, `Cgroups.problem` says why once; instances then run with no
-limits and say so (``limits: null``) rather than pretending (docs/decisions.md "Resource limits").
+limits and say so (``limits: null``) rather than pretending, as
+docs/decisions.md "Resource limits: one cgroup per instance" says.
 """
 
 from __future__ import annotations
