@@ -155,6 +155,11 @@ class Booter:
                 self._upstream.session, instance.address, manifest.start_timeout_ms / 1000, exited
             )
         except ChildExited as err:
+            if child.exit_reason == "oom":
+                memory = instance.limits.memory_mib if instance.limits is not None else None
+                raise await self._fail(
+                    instance, f"{err}: out of memory (its limit is {memory} MiB)", "oom"
+                ) from err
             cause = self.runner.early_exit_cause(log_path, err.code)
             raise await self._fail(instance, f"{err} ({log_tail(log_path)})", cause) from err
         except HealthMismatch as err:

@@ -45,6 +45,8 @@ CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 #: in the kernel cannot be waited out; the folder is then left and said so)
 _REMOVE_WAIT: Final = 10.0
 _POLL: Final = 0.02
+#: how many names (``<instanceId>``, ``~2`` …) `Cgroups.make` tries
+_MAX_NAMES: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,22 +338,34 @@ class Cgroups:
         return f"resource limits enforced with cgroup v{self.version} below {where}"
 
     def make(self, instance_id: str, limits: Limits) -> InstanceCgroup | None:
-        """The instance's cgroup with ``limits`` written, or None when limits are not enforced."""
-        if self.problem is None and self.version is not None:
-            folders: dict[str, Path] = {}
+        """A fresh cgroup for the instance with ``limits`` written, or None when limits are not
+        enforced. Fresh: a folder of that name an earlier run left is removed first (its OOM
+        count would name the next crash), and one still holding processes (another run under
+        the same id, such as two owners' trials of one app) is never joined nor later killed:
+        the new one is ``<instanceId>~2`` (``~3`` …)."""
+        if self.problem is not None or self.version is None:
+            return None
+        for attempt in range(1, _MAX_NAMES + 1):
+            name = instance_id if attempt == 1 else f"{instance_id}~{attempt}"
+            folders = {controller: base / name for controller, base in self._bases.items()}
+            old = InstanceCgroup(list(folders.values()), self.version)
+            if any(f.exists() for f in folders.values()) and (old.pids() or not old.try_remove()):
+                continue  # busy: another run's
             made = InstanceCgroup([], self.version)
             try:
-                for controller, base in self._bases.items():
-                    folder = folders[controller] = base / instance_id
-                    folder.mkdir(exist_ok=True)
-                    made = InstanceCgroup(list(folders.values()), self.version)
+                for folder in folders.values():
+                    folder.mkdir()
+                    made = InstanceCgroup([*made.folders, folder], self.version)
                 writes = v1_writes(limits) if self.version == 1 else v2_writes(limits)
                 _write_all(folders, writes)
+            except FileExistsError:  # made by a concurrent spawn a moment ago
+                made.try_remove()
+                continue
             except OSError:
                 made.try_remove()
                 raise
             return made
-        return None
+        raise OSError(errno.EEXIST, f"no free cgroup name for {instance_id}", str(self._bases))
 
     def close(self) -> None:
         """Remove the shell's own folder when no instance is left in it."""

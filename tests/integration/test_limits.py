@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from atrium.lifecycle.limits import Cgroups, Limits, detect_cgroups
+from atrium.lifecycle.limits import Cgroups, Limits, detect_cgroups, enter_from_child
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import ProcessRunner, descendants
 from tests.integration.conftest import RunningShell, SseReader, StartShell, add_test_apps
@@ -93,6 +95,23 @@ def test_an_app_past_its_memory_limit_dies_alone_with_reason_oom(api: httpx.Clie
     assert api.get("/api/instances").status_code == 200
 
 
+def test_an_app_past_its_memory_limit_while_starting_fails_with_cause_oom(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    add_test_apps(system_apps, MEMORY)  # holds 48 MiB as it starts
+    manifest = system_apps / MEMORY / "app.manifest.json"
+    manifest.write_text(
+        json.dumps({**json.loads(manifest.read_text()), "resources": {"memoryMiB": 32}})
+    )
+    shell = start_shell(runner="bwrap")
+    with shell.client(timeout=30) as client:
+        answer = client.post("/api/instances", json={"appId": MEMORY})
+    assert answer.status_code == 502, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["cause"]) == ("spawn_failed", "oom")
+    assert "out of memory (its limit is 32 MiB)" in error["message"]
+
+
 def test_a_fork_past_the_pids_limit_fails_inside_the_app(api: httpx.Client) -> None:
     hog = launch(api, HOG)["instanceId"]
     answer = api.post(f"/api/proxy/{hog}/fork", params={"n": "40"})
@@ -160,4 +179,45 @@ async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(tmp_path: Pa
         await child.stop(0.5)
     assert child.exit_reason == "exited"
     assert not any(folder.exists() for folder in cgroup.folders)
+    cgroups.close()
+
+
+def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
+    tmp_path: Path,
+) -> None:
+    """Two runs under one id (two owners' trials of one app, `<appId>-check`): the second gets a
+    folder of its own, so its end kills nothing of the first; a stale empty folder is replaced."""
+    cgroups = Cgroups(detect_cgroups(), tmp_path, Limits(256, None, 64))
+    first = cgroups.make("probe-check", Limits(256, None, 64))
+    assert first is not None
+    fds = first.open_procs()
+    try:
+        sleeper = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            preexec_fn=lambda: enter_from_child(fds),
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        second = cgroups.make("probe-check", Limits(128, None, 32))
+        assert second is not None
+        assert [f.name for f in second.folders] == ["probe-check~2"] * len(second.folders)
+        assert second.try_remove()
+        assert sleeper.poll() is None
+        assert first.pids() == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    for _ in range(500):
+        if first.try_remove():
+            break
+        time.sleep(0.01)
+    stale = [folder.parent / "probe-stale" for folder in first.folders]
+    for folder in stale:
+        folder.mkdir()
+    again = cgroups.make("probe-stale", Limits(256, None, 64))
+    assert again is not None
+    assert list(again.folders) == stale
+    assert again.try_remove()
     cgroups.close()
