@@ -221,3 +221,20 @@ def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
     assert list(again.folders) == stale
     assert again.try_remove()
     cgroups.close()
+
+
+def test_where_no_cgroup_is_usable_instances_say_limits_null(
+    start_shell: StartShell, system_apps: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Limits not enforced are said (the log, once; `limits: null`), never silently dropped."""
+    add_test_apps(system_apps, HOG)
+    not_a_cgroup = tmp_path / "plain-folder"
+    not_a_cgroup.mkdir()
+    shell = start_shell(runner="bwrap", cgroup_parent=not_a_cgroup)
+    with shell.client(timeout=30) as client:
+        instance = client.post("/api/instances", json={"appId": HOG}).json()
+    assert instance["state"] == "started"
+    assert instance["limits"] is None
+    said = [r.getMessage() for r in caplog.records if "NOT enforced" in r.getMessage()]
+    assert len(said) == 1
+    assert str(not_a_cgroup) in said[0]

@@ -9,9 +9,12 @@ import pytest
 
 from atrium.errors import ManifestInvalid
 from atrium.lifecycle.limits import (
+    CgroupHost,
+    Cgroups,
     Limits,
     Write,
     ceilings_of,
+    detect_cgroups,
     effective_limits,
     oom_kills,
     own_cgroups,
@@ -114,3 +117,20 @@ def test_a_bad_resources_value_is_a_problem_naming_it(
         parse_manifest({**MANIFEST, "resources": resources}, None)
     problems = caught.value.fields["problems"]
     assert [p["field"] for p in problems] == [field]
+
+
+def test_v2_is_chosen_only_with_the_memory_pids_and_cpu_controllers(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io pids\n")
+    lacking = detect_cgroups(root=tmp_path)
+    assert lacking.version is None
+    assert lacking.problem is not None
+    assert "memory" in lacking.problem
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert detect_cgroups(root=tmp_path) == CgroupHost(2, {"": tmp_path})
+
+
+def test_limits_not_enforced_make_no_cgroup_and_say_why(tmp_path: Path) -> None:
+    cgroups = Cgroups(CgroupHost(None, {}, "no cgroup here"), tmp_path, Limits(64))
+    assert not cgroups.enforced
+    assert cgroups.make("x-1", Limits(64)) is None
+    assert cgroups.describe() == "resource limits NOT enforced: no cgroup here"
