@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     data_decisions: int = Field(default=4096, ge=0, le=1_000_000)
     #: ceilings of every instance's ``resources`` (docs/api.md "Resource limits"); 0: none
     app_memory_mib: int = Field(default=1024, ge=0, le=1_048_576)
-    app_pids: int = Field(default=256, ge=0, le=1_000_000)
+    app_pids: int = Field(default=1024, ge=0, le=1_000_000)
     app_cpu_milli: int = Field(default=0, ge=0, le=1_024_000)
     #: a delegated cgroup v2 folder for the instances' cgroups (default: the shell's own cgroup)
     cgroup_parent: Path | None = None

@@ -65,7 +65,7 @@ def test_the_instance_object_shows_the_limits_applied(api: httpx.Client) -> None
     hog = launch(api, HOG)
     assert hog["limits"] == {"memoryMiB": 64, "cpuMilli": 500, "pids": 16}
     plain = launch(api, "test.plain.stdlib")
-    assert plain["limits"] == {"memoryMiB": 1024, "cpuMilli": None, "pids": 256}
+    assert plain["limits"] == {"memoryMiB": 1024, "cpuMilli": None, "pids": 1024}
     assert api.get(f"/api/instances/{hog['instanceId']}").json()["limits"]["pids"] == 16
 
 
