@@ -316,6 +316,11 @@ class Cgroups:
     def enforced(self) -> bool:
         return self.problem is None
 
+    @property
+    def bases(self) -> list[Path]:
+        """The shell's own folders (one per hierarchy)."""
+        return list(self._bases.values())
+
     def _make_bases(self, host: CgroupHost, name: str) -> dict[str, Path]:
         bases: dict[str, Path] = {}
         for controller, parent in host.parents.items():

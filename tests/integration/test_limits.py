@@ -18,7 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from atrium.lifecycle.limits import Cgroups, Limits, detect_cgroups, enter_from_child
+from atrium.lifecycle.limits import (
+    Cgroups,
+    InstanceCgroup,
+    Limits,
+    detect_cgroups,
+    enter_from_child,
+)
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import ProcessRunner, descendants
 from tests.integration.conftest import RunningShell, SseReader, StartShell, add_test_apps
@@ -49,6 +55,18 @@ def launch(api: httpx.Client, app_id: str) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+@pytest.fixture
+def cgroups(tmp_path: Path) -> Iterator[Cgroups]:
+    """The cgroups of a shell on ``tmp_path``, all removed at teardown whatever the test did."""
+    made = Cgroups(detect_cgroups(), tmp_path, Limits(256, None, 64))
+    yield made
+    for base in made.bases:
+        for folder in base.iterdir():
+            if folder.is_dir():
+                InstanceCgroup([folder], made.version or 1).try_remove()
+    made.close()
 
 
 def memory_cgroup(pid: int) -> Path:
@@ -147,9 +165,10 @@ def test_a_bad_resources_value_is_a_manifest_problem(
     assert fields == {"resources.memoryMiB", "resources.pids"}, app["problems"]
 
 
-async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(tmp_path: Path) -> None:
+async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(
+    tmp_path: Path, cgroups: Cgroups
+) -> None:
     """The process runner (keeper, app, a forked child) under the same cgroup, removed after."""
-    cgroups = Cgroups(detect_cgroups(), tmp_path, Limits(256, None, 64))
     cgroup = cgroups.make("probe-1", Limits(256, None, 64))
     assert cgroup is not None
     (tmp_path / "app").mkdir()
@@ -179,15 +198,13 @@ async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(tmp_path: Pa
         await child.stop(0.5)
     assert child.exit_reason == "exited"
     assert not any(folder.exists() for folder in cgroup.folders)
-    cgroups.close()
 
 
 def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
-    tmp_path: Path,
+    cgroups: Cgroups,
 ) -> None:
     """Two runs under one id (two owners' trials of one app, `<appId>-check`): the second gets a
     folder of its own, so its end kills nothing of the first; a stale empty folder is replaced."""
-    cgroups = Cgroups(detect_cgroups(), tmp_path, Limits(256, None, 64))
     first = cgroups.make("probe-check", Limits(256, None, 64))
     assert first is not None
     fds = first.open_procs()
@@ -220,7 +237,6 @@ def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
     assert again is not None
     assert list(again.folders) == stale
     assert again.try_remove()
-    cgroups.close()
 
 
 def test_where_no_cgroup_is_usable_instances_say_limits_null(
