@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib
 
+import click
 import typer
-from typer import _click as click
 from typer.core import TyperGroup
 
 #: command name → "module:attribute" (a command function or a Typer sub-app)
