@@ -280,7 +280,9 @@ def test_a_file_that_becomes_a_folder_installs_by_import_and_by_update(
     (source / "back").mkdir()
     (source / "back/file").write_text("x")
     write_manifest(source, version="2.0.0")
-    updated = api.post(f"/api/dist/update/{APP}", json={"autoApprove": True})
+    # an import keeps a `local:` ref detached (decisions.md "Imports: a ref naming a machine's
+    # files"): the install that follows the folder is made by naming it, over the imported copy
+    updated = api.post("/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True})
     assert updated.status_code == 200, updated.text
     assert updated.json()["ok"] is True, updated.text
     (source / "back/file").unlink()
