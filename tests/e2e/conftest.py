@@ -182,6 +182,13 @@ OFF_SCREEN: Final = """() => {
 }"""
 
 
+def fits(page: Page, where: str) -> None:
+    """Nothing on ``page`` scrolls sideways or sits outside the viewport (`OFF_SCREEN`)."""
+    found = page.evaluate(OFF_SCREEN)
+    assert found["scroll"] <= found["width"], f"{where}: the page scrolls sideways ({found})"
+    assert found["out"] == [], f"{where}: controls outside the viewport: {found['out']}"
+
+
 @pytest.fixture(params=list(VIEWPORTS))
 def page(browser: Browser, served: Served, request: pytest.FixtureRequest) -> Iterator[Page]:
     width, height = VIEWPORTS[request.param]

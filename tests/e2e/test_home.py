@@ -17,11 +17,11 @@ from playwright.sync_api import Browser, Page
 from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.e2e.conftest import (
     ARTIFACTS,
-    OFF_SCREEN,
     VIEWPORTS,
     Served,
     axe_serious,
     e2e_app,
+    fits,
     go_home,
     serve_on,
     tap,
@@ -95,12 +95,6 @@ def home(
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"home-{name}.png"))
-
-
-def fits(page: Page, where: str) -> None:
-    found = page.evaluate(OFF_SCREEN)
-    assert found["scroll"] <= found["width"], f"{where}: the page scrolls sideways ({found})"
-    assert found["out"] == [], f"{where}: controls outside the viewport: {found['out']}"
 
 
 def visible_cards(page: Page) -> list[str]:

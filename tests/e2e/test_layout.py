@@ -7,14 +7,13 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.conftest import REPO_DIR
-from tests.e2e.conftest import ARTIFACTS, OFF_SCREEN, VIEWPORTS, Served, axe_serious, go_home, tap
+from tests.e2e.conftest import ARTIFACTS, VIEWPORTS, Served, axe_serious, fits, go_home, tap
 
 #: the screens are also checked at the narrowest width the page supports
 SIZES = {**VIEWPORTS, "narrow": (360, 740)}
@@ -37,12 +36,6 @@ def sized(
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"layout-{name}.png"))
-
-
-def fits(page: Page, where: str) -> None:
-    found: dict[str, Any] = page.evaluate(OFF_SCREEN)
-    assert found["scroll"] <= found["width"], f"{where}: the page scrolls sideways ({found})"
-    assert found["out"] == [], f"{where}: controls outside the viewport: {found['out']}"
 
 
 def serious(page: Page) -> list[str]:

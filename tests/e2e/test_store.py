@@ -24,11 +24,11 @@ from tests.conftest import REPO_DIR
 from tests.e2e.conftest import (
     ARTIFACTS,
     CATALOGUED,
-    OFF_SCREEN,
     VIEWPORTS,
     Served,
     axe_serious,
     catalogue,
+    fits,
     serve_on,
 )
 
@@ -127,12 +127,6 @@ def client(served: Served) -> httpx.Client:
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"store-{name}.png"))
-
-
-def fits(page: Page, where: str) -> None:
-    found = page.evaluate(OFF_SCREEN)
-    assert found["scroll"] <= found["width"], f"{where}: the page scrolls sideways ({found})"
-    assert found["out"] == [], f"{where}: controls outside the viewport: {found['out']}"
 
 
 def card(page: Page, app_id: str) -> Locator:
