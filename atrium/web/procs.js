@@ -92,32 +92,62 @@ async function confirmed(title, text, yes, work) {
   }
 }
 
+let current = new Map();         // instanceId → the instance as last drawn (the buttons read it)
+
+/** Draw the table, keeping each instance's row and buttons across redraws: an event that
+ * arrives between a press and its release would otherwise replace the button under the pointer,
+ * and the click would be lost. */
 export function drawProcs(instances) {
+  current = new Map(instances);
+  const kept = new Map([...document.querySelectorAll("#proc-rows tr[data-instance-id]")]
+    .map((row) => [row.dataset.instanceId, row]));
   const rows = [...instances.values()].map((i) => {
-    const name = appName(i.appId);
-    const meaning = CHIPS[i.themeStrategy];
-    const chip = meaning ? el("span", { className: "chip", textContent: meaning[0], title: meaning[1] }) : "";
-    const who = el("td", { className: "app-cell" }, el("strong", { textContent: name }), chip, idLine(i.instanceId));
-    const words = stateWords(i);
-    const state = el("td", { className: `state state-${i.state}`, textContent: words, title: i.error || i.state });
-    const what = `${name} (${i.instanceId})`;
-    const buttons = el("td", { className: "actions" },
-      el("button", { className: "ghost", type: "button", textContent: "Stop", ariaLabel: `Stop ${what}`,
-        onclick: () => quietly(confirmed(`Stop ${name}?`,
-          `${what} is asked to stop and waits, stopped, with its data kept. Opening ${name} again starts it.`,
-          "Stop", () => api("POST", `/api/instances/${encodeURIComponent(i.instanceId)}/stop`))) }),
-      el("button", { className: "ghost", type: "button", textContent: "End", ariaLabel: `End ${what}`,
-        onclick: () => quietly(confirmed(`End ${name} now?`,
-          `${what}'s process is killed at once, without letting it save or finish what it was doing; its views close. Its data stays: opening ${name} again starts a new process on it.`,
-          "End it", () => api("DELETE", `/api/instances/${encodeURIComponent(i.instanceId)}?force=1`))) }),
-      el("button", { className: "ghost", type: "button", textContent: "Logs", ariaLabel: `Logs of ${what}`, onclick: () => quietly(showLogs(i.instanceId)) }),
-      el("button", { className: "ghost", type: "button", textContent: "Share", ariaLabel: `Share ${what}`, onclick: () => quietly(hooks.share(i)) }));
-    const row = el("tr", {}, who, state, el("td", { className: "usage" }, ...figuresOf(i.instanceId)), buttons);
-    row.dataset.instanceId = i.instanceId;
+    const row = kept.get(i.instanceId) || newRow(i.instanceId);
+    fillRow(row, i);
     return row;
   });
-  $("proc-rows").replaceChildren(...(rows.length ? rows
-    : [el("tr", {}, el("td", { colSpan: 4, className: "status", textContent: "Nothing is running." }))]));
+  const body = $("proc-rows");
+  const wanted = rows.length ? rows
+    : [el("tr", {}, el("td", { colSpan: 4, className: "status", textContent: "Nothing is running." }))];
+  const same = wanted.length === body.children.length && wanted.every((row, n) => body.children[n] === row);
+  if (!same) body.replaceChildren(...wanted);
+}
+
+function newRow(instanceId) {
+  const row = el("tr", {}, el("td", { className: "app-cell" }), el("td", {}),
+    el("td", { className: "usage" }), el("td", { className: "actions" }));
+  row.dataset.instanceId = instanceId;
+  return row;
+}
+
+/** The row's words, for the instance as it is now; the buttons are made once per row and look
+ * the instance up when pressed. */
+function fillRow(row, i) {
+  const [who, state, figures, actions] = row.children;
+  const name = appName(i.appId);
+  const meaning = CHIPS[i.themeStrategy];
+  const chip = meaning ? el("span", { className: "chip", textContent: meaning[0], title: meaning[1] }) : "";
+  who.replaceChildren(el("strong", { textContent: name }), chip, idLine(i.instanceId));
+  state.className = `state state-${i.state}`;
+  state.textContent = stateWords(i);
+  state.title = i.error || i.state;
+  figures.replaceChildren(...figuresOf(i.instanceId));
+  const what = `${name} (${i.instanceId})`;
+  if (row.dataset.what === what) return;
+  row.dataset.what = what;
+  const id = i.instanceId;
+  const now = () => current.get(id) || i;
+  actions.replaceChildren(
+    el("button", { className: "ghost", type: "button", textContent: "Stop", ariaLabel: `Stop ${what}`,
+      onclick: () => quietly(confirmed(`Stop ${name}?`,
+        `${what} is asked to stop and waits, stopped, with its data kept. Opening ${name} again starts it.`,
+        "Stop", () => api("POST", `/api/instances/${encodeURIComponent(id)}/stop`))) }),
+    el("button", { className: "ghost", type: "button", textContent: "End", ariaLabel: `End ${what}`,
+      onclick: () => quietly(confirmed(`End ${name} now?`,
+        `${what}'s process is killed at once, without letting it save or finish what it was doing; its views close. Its data stays: opening ${name} again starts a new process on it.`,
+        "End it", () => api("DELETE", `/api/instances/${encodeURIComponent(id)}?force=1`))) }),
+    el("button", { className: "ghost", type: "button", textContent: "Logs", ariaLabel: `Logs of ${what}`, onclick: () => quietly(showLogs(id)) }),
+    el("button", { className: "ghost", type: "button", textContent: "Share", ariaLabel: `Share ${what}`, onclick: () => quietly(hooks.share(now())) }));
 }
 
 async function showLogs(instanceId) {

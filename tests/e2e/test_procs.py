@@ -138,3 +138,22 @@ def test_no_word_in_the_processes_panel_breaks_in_the_middle_at_360_px(
     with api(served) as client:
         for instance in launched:
             client.delete(f"/api/instances/{instance}")
+
+
+def test_a_button_pressed_while_the_table_redraws_still_acts(page: Page, served: Served) -> None:
+    """An instance event redraws the table at any moment; one that lands between the press and
+    the release of a button must not swallow the click (it did: the row was replaced under the
+    pointer, and the release landed on a new button)."""
+    instance = launch(page, "com.atrium.viewer")
+    open_procs(page)
+    button = page.locator(f'#proc-rows tr[data-instance-id="{instance}"] button:text-is("Share")')
+    box = button.bounding_box()
+    assert box
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.evaluate("window.atrium.refreshProcs()")  # what every lifecycle event does
+    page.mouse.up()
+    page.locator("#share[open]").wait_for(timeout=5_000)
+    page.click("#share-close")
+    with api(served) as client:
+        client.delete(f"/api/instances/{instance}")
