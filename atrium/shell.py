@@ -113,7 +113,8 @@ def running_of(lifecycle: LifecycleManager) -> Callable[[], list[Running]]:
         return [
             Running(i.id, i.app_id, i.owner, i.child.pid)
             for i in lifecycle.all()
-            if i.child is not None and i.child.returncode is None
+            # a server on another machine (a pod) has no pid here: its figures are its runner's
+            if i.child is not None and i.child.status is None and i.child.pid is not None
         ]
 
     return running

@@ -41,6 +41,7 @@ def app_pid(shell: Shell, instance_id: str, runner: str) -> int:
     reaper."""
     child = shell.lifecycle.get(instance_id).child
     assert child is not None
+    assert child.pid is not None
     leaves = [s for s in descendants(child.pid) if not descendants(s.pid)]
     assert len(leaves) == 1, f"expected one app process below the {runner} runner, found {leaves}"
     return leaves[0].pid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from pydantic import Field
@@ -23,8 +24,10 @@ from atrium.users.grants import OWNER, access_to
 from atrium.wire import WireModel
 
 MAX_LOG_LINES: Final = 5000
-#: the most of a log one answer reads (its end)
-MAX_LOG_READ: Final = 256 * 1024
+#: a log cursor: a local log's byte offset, a cluster log's RFC 3339 time
+LOG_CURSOR: Final = re.compile(
+    r"[0-9]{1,18}|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
 
 
 class CreateBody(WireModel):
@@ -169,32 +172,20 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
 
 
 async def instance_logs(request: Request, caller: Caller) -> Response:
-    """The last ``lines`` of the log; with ``after=<byte offset>``, what was written since
-    (``X-Log-End`` is the offset to ask after next: how ``atrium dev`` follows a log)."""
+    """The last ``lines`` of the log; with ``after=<cursor>``, what was written since
+    (``X-Log-End`` is the cursor to ask after next: how ``atrium dev`` follows a log). The
+    runner reads it: a local log file, or a pod's log."""
     instance = owned(shell_of(request), caller, request.path_params["instance_id"])
     raw = request.query_params.get("lines", "200")
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
     after = request.query_params.get("after")
-    if after is not None and not (after.isascii() and after.isdigit() and len(after) <= 18):
-        raise InvalidRequest("after must be a byte offset (a whole number from 0)")
-    text, end = "", 0
-    if instance.log_path is not None and instance.log_path.exists():
-        with instance.log_path.open("rb") as log:
-            end = log.seek(0, 2)
-            start = max(0, end - MAX_LOG_READ)
-            if after is not None and int(after) <= end:  # beyond the end: a new log, from 0
-                start = max(start, int(after))
-            log.seek(start)
-            data = log.read(end - start)
-        if after is not None and start > 0 and start != int(after):
-            data = data.partition(b"\n")[2]  # a cut line is not shown
-        text = data.decode(errors="replace")
-    headers = {"X-Log-End": str(end)}
-    if after is not None:
-        return PlainTextResponse(text, headers=headers)
-    lines = text.splitlines()[-int(raw) :]
-    return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""), headers=headers)
+    if after is not None and not LOG_CURSOR.fullmatch(after):
+        raise InvalidRequest(
+            "after must be the X-Log-End of an earlier answer (a byte offset, or a time)"
+        )
+    chunk = await shell_of(request).lifecycle.logs(instance, int(raw), after)
+    return PlainTextResponse(chunk.text, headers={"X-Log-End": chunk.cursor})
 
 
 async def create_activity(request: Request, caller: Caller) -> Response:

@@ -27,6 +27,7 @@ from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec
 from atrium.lifecycle.spawning import (
     app_environment,
+    app_secrets,
     app_user,
     interpreter_paths,
     log_tail,
@@ -95,8 +96,9 @@ class Booter:
         if copy is None or copy.manifest is None:
             raise await self._fail(instance, "the app is no longer installed", "exited")
         instance.manifest = copy.manifest
+        fixed = self.runner.fixed_port
         try:
-            port = self._ports.reserve()
+            port = fixed if fixed is not None else self._ports.reserve()
         except PortExhausted as err:
             raise await self._fail(instance, str(err), "port") from err
         except OSError as err:  # the probe socket: no fd left (EMFILE), issue 14
@@ -155,7 +157,7 @@ class Booter:
                 self._upstream.session, instance.address, manifest.start_timeout_ms / 1000, exited
             )
         except ChildExited as err:
-            if child.exit_reason == "oom":
+            if err.reason == "oom":
                 memory = instance.limits.memory_mib if instance.limits is not None else None
                 raise await self._fail(
                     instance, f"{err}: out of memory (its limit is {memory} MiB)", "oom"
@@ -200,14 +202,14 @@ class Booter:
                 host=self._config.app_host,
                 port=port,
                 shell_url=self._config.shell_url,
-                token=token,
-                secret=instance.secret,
                 sdk=sdk_path(self.layout.home),
             ),
+            secrets=app_secrets(token=token, secret=instance.secret),
+            owner=instance.owner,
             data_dir=instance.data_dir,
             lock_dir=instance.lock_dir,
             host=self._config.app_host,
-            port=port,
+            port=None if self.runner.fixed_port is not None else port,
             log_path=log_path,
             tools=tuple(manifest.tools),
             toolchain_dir=self._config.toolchain_dir,
@@ -232,13 +234,19 @@ class Booter:
         child = instance.child
         if child is None:
             return
-        code = await child.wait()
+        status = await child.wait()
         if instance.child is not child:  # torn down by the shell (teardown detaches it first)
             return
-        _LOGGER.warning("%s %s: child exited with status %s", instance.app_id, instance.id, code)
+        _LOGGER.warning(
+            "%s %s: child exited with status %s (%s)",
+            instance.app_id,
+            instance.id,
+            status.code,
+            status.reason,
+        )
         self.release(instance)
         instance.child = None
-        instance.mark_crashed(code, child.exit_reason or "exited")
+        instance.mark_crashed(status.code, status.reason)
 
     async def teardown(self, instance: Instance) -> None:
         """Stop the child (process group, SIGTERM → SIGKILL), return its port, revoke its token."""
@@ -249,7 +257,8 @@ class Booter:
 
     def release(self, instance: Instance) -> None:
         if instance.port is not None:
-            self._ports.release(instance.port)
+            if self.runner.fixed_port is None:  # a fixed port was never the allocator's
+                self._ports.release(instance.port)
             instance.port = None
         self._tokens.revoke(instance.id)
         instance.token = None

@@ -16,6 +16,7 @@ import aiohttp
 
 from atrium.errors import HookFailed
 from atrium.lifecycle.owner import foreign_listener
+from atrium.lifecycle.runners import ExitStatus
 
 SECRET_HEADER: Final = "X-Os-Shell-Secret"  # noqa: S105 - a header name, not a secret
 #: what a request from the shell is: `health`, `hook`, `data` or `page` (docs/api.md)
@@ -105,7 +106,7 @@ async def wait_healthy(
     session: aiohttp.ClientSession,
     address: AppAddress,
     deadline_s: float,
-    exited: asyncio.Future[int] | asyncio.Task[int],
+    exited: asyncio.Future[ExitStatus] | asyncio.Task[ExitStatus],
 ) -> None:
     """Poll `/health` with backoff until it matches; raises TimeoutError, HealthMismatch, or
     ChildExited when the child dies first."""
@@ -113,7 +114,8 @@ async def wait_healthy(
     delay = 0.005
     while True:
         if exited.done():
-            raise ChildExited(exited.result() if not exited.cancelled() else -1)
+            status = exited.result() if not exited.cancelled() else ExitStatus(-1, "killed")
+            raise ChildExited(status.code, status.reason)
         remaining = end - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
@@ -126,9 +128,10 @@ async def wait_healthy(
 class ChildExited(Exception):
     """The child exited before answering `/health`."""
 
-    def __init__(self, code: int) -> None:
+    def __init__(self, code: int, reason: str = "exited") -> None:
         super().__init__(f"the app exited with status {code} before answering /health")
         self.code = code
+        self.reason = reason
 
 
 async def call_hook(

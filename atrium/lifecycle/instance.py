@@ -94,20 +94,24 @@ class Instance:
     def address(self) -> AppAddress:
         """Built once per server (the data proxy asks for it on every request)."""
         cached = self._address
-        pid = self.child.pid if self.child is not None else None
+        child = self.child
+        # the runner's handle is asked each time: a server's address may change (a pod's)
+        host, port, pid = (
+            (child.host, child.port, child.pid)
+            if child is not None
+            else (self.host, self.port, None)
+        )
         if (
             cached is not None
-            and cached.port == self.port
-            and cached.host == self.host
+            and cached.port == port
+            and cached.host == host
             and cached.secret == self.secret
             and cached.pid == pid
         ):
             return cached
-        if self.host is None or self.port is None:
+        if host is None or port is None:
             raise RuntimeError(f"instance {self.id} has no running server")
-        cached = self._address = AppAddress(
-            self.app_id, self.id, self.host, self.port, self.secret, pid
-        )
+        cached = self._address = AppAddress(self.app_id, self.id, host, port, self.secret, pid)
         return cached
 
     def enter(self, target: InstanceState) -> None:

@@ -39,7 +39,8 @@ from atrium.lifecycle.headless import HeadlessProviders, NoOperations, Operation
 from atrium.lifecycle.index import InstanceIndex, new_slug
 from atrium.lifecycle.instance import Activity, Instance
 from atrium.lifecycle.ports import PortAllocator
-from atrium.lifecycle.runners import Runner
+from atrium.lifecycle.runners import LogChunk, Runner
+from atrium.lifecycle.runners.process import read_log_file
 from atrium.lifecycle.states import HOOK_BEFORE, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.trials import Trials
 from atrium.lifecycle.views import ViewDesk
@@ -117,6 +118,13 @@ class LifecycleManager(InstanceIndex):
 
     def is_headless(self, instance: Instance) -> bool:
         return self.headless.holds(instance)
+
+    async def logs(self, instance: Instance, lines: int, after: str | None = None) -> LogChunk:
+        """Its output, from the runner's handle while it runs, else from the log file a local
+        runner left (a pod's log goes with its pod)."""
+        if instance.child is not None:
+            return await instance.child.logs(lines, after)
+        return read_log_file(instance.log_path, lines, after)
 
     def ports_in_use(self) -> int:
         return self._booter.ports_in_use()
@@ -257,7 +265,7 @@ class LifecycleManager(InstanceIndex):
             instance.enter(target)  # raises LifecycleTransitionError and reports it
         hook = HOOK_BEFORE.get(target)
         skip = hook is Hook.ON_DESTROY and (
-            instance.child is None or instance.child.returncode is not None
+            instance.child is None or instance.child.status is not None
         )
         if hook is not None and not skip:
             try:

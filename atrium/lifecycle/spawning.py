@@ -114,12 +114,10 @@ def app_environment(
     host: str,
     port: int,
     shell_url: str,
-    token: str,
-    secret: str,
     sdk: Path | None = None,
 ) -> dict[str, str]:
-    """The environment of decisions.md "Manifest" (the runner adds `OS_DATA_DIR`); ``sdk`` is
-    the folder `import atrium.sdk` finds (``PYTHONPATH``)."""
+    """The environment of decisions.md "Manifest" without its secrets (`app_secrets`; the runner
+    adds `OS_DATA_DIR`); ``sdk`` is the folder `import atrium.sdk` finds (``PYTHONPATH``)."""
     extra = {"PYTHONPATH": str(sdk)} if sdk is not None else {}
     return {
         **extra,
@@ -129,14 +127,18 @@ def app_environment(
         "OS_PORT": str(port),
         "PORT": str(port),
         "OS_SHELL_URL": shell_url,
-        "OS_APP_TOKEN": token,
-        "OS_SHELL_SECRET": secret,
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         # app directories are read-only in the sandbox; the shell compiles the SDK at start
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "LANG": "C.UTF-8",
     }
+
+
+def app_secrets(*, token: str, secret: str) -> dict[str, str]:
+    """What only the app may read: its token for the shell's API, and the secret the shell
+    proves itself with on every request to the app."""
+    return {"OS_APP_TOKEN": token, "OS_SHELL_SECRET": secret}
 
 
 async def port_answers(host: str, port: int) -> bool:

@@ -27,7 +27,7 @@ import pytest
 
 from atrium.errors import SpawnFailed
 from atrium.lifecycle.ports import PortAllocator
-from atrium.lifecycle.runners import AppUser, Runner, RunningApp, SpawnSpec
+from atrium.lifecycle.runners import AppUser, ExitStatus, Runner, RunningApp, SpawnSpec
 from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works, classify_early_exit
 from atrium.lifecycle.runners.process import ProcessRunner, _die_with
 from tests.integration.conftest import wait_for
@@ -226,9 +226,9 @@ async def until_answering(app: RunningApp, spec: SpawnSpec, client: httpx.AsyncC
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEADLINE
     while True:
-        if app.returncode is not None:
+        if app.status is not None:
             log = spec.log_path.read_text(errors="replace")
-            raise AssertionError(f"the app exited with {app.returncode}; its log:\n{log}")
+            raise AssertionError(f"the app exited with {app.status}; its log:\n{log}")
         try:
             if (await client.get("/health")).status_code == 200:
                 return
@@ -297,7 +297,7 @@ async def test_app_answers_with_the_given_environment_and_nothing_of_the_shell(
     app = await spawn(runner, spec)
     assert (app.host, app.port) == (spec.host, spec.port)
     assert app.pid > 0
-    assert app.returncode is None
+    assert app.status is None
 
     env = await get_json(app, spec, "/env")
 
@@ -328,12 +328,12 @@ async def test_stop_sends_sigterm_first_and_returns_the_exit_code(
     app = await spawn(runner, spec)
     await get_json(app, spec, "/health")
 
-    code = await app.stop(grace=DEADLINE)
+    status = await app.stop(grace=DEADLINE)
 
-    assert code == 0  # the app's SIGTERM handler exits 0
+    assert status == ExitStatus(0, "exited")  # the app's SIGTERM handler exits 0
     assert (spec.data_dir / "terminated").read_text() == "SIGTERM"
-    assert app.returncode == 0
-    assert await app.wait() == 0
+    assert app.status == status
+    assert await app.wait() == status
 
 
 async def test_stop_kills_every_process_of_the_app(
@@ -388,9 +388,10 @@ async def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(
     app = await spawn(runner, spec)
     await get_json(app, spec, "/health")
 
-    code = await app.stop(grace=0.5)
+    status = await app.stop(grace=0.5)
 
-    assert code == KILLED_BY_SIGKILL[runner_name]
+    # the shell's own kill is how a stop ends, not a kill from outside
+    assert status == ExitStatus(KILLED_BY_SIGKILL[runner_name], "exited")
     assert not (spec.data_dir / "terminated").exists()
 
 
@@ -401,10 +402,13 @@ async def test_stop_is_idempotent_and_shared_by_concurrent_callers(
     app = await spawn(runner, spec)
     await get_json(app, spec, "/health")
 
-    codes = list(await asyncio.gather(app.stop(grace=DEADLINE), app.stop(grace=DEADLINE)))
+    codes = [
+        status.code
+        for status in await asyncio.gather(app.stop(grace=DEADLINE), app.stop(grace=DEADLINE))
+    ]
 
     assert codes == [0, 0]
-    assert await app.stop() == 0
+    assert await app.stop() == ExitStatus(0, "exited")
 
 
 async def test_wait_returns_the_exit_code_to_every_waiter(
@@ -414,11 +418,11 @@ async def test_wait_returns_the_exit_code_to_every_waiter(
     app = await spawn(runner, spec)
 
     async with asyncio.timeout(DEADLINE):
-        codes = list(await asyncio.gather(app.wait(), app.wait()))
+        statuses = list(await asyncio.gather(app.wait(), app.wait()))
 
-    assert codes == [3, 3]
-    assert app.returncode == 3
-    assert await app.stop() == 3
+    assert statuses == [ExitStatus(3, "exited")] * 2
+    assert app.status == ExitStatus(3, "exited")
+    assert await app.stop() == ExitStatus(3, "exited")
 
 
 async def test_a_cancelled_waiter_does_not_disturb_the_others(
@@ -431,8 +435,8 @@ async def test_a_cancelled_waiter_does_not_disturb_the_others(
     cancelled.cancel()
 
     await get_json(app, spec, "/health")
-    assert await app.stop(grace=DEADLINE) == 0
-    assert await app.wait() == 0
+    assert (await app.stop(grace=DEADLINE)).code == 0
+    assert (await app.wait()).code == 0
 
 
 async def test_the_log_gets_stdout_and_stderr_appended(
@@ -648,7 +652,7 @@ async def test_a_missing_bind_source_is_an_early_exit_classified_mount(
     app = await spawn(BwrapRunner(), spec)
 
     async with asyncio.timeout(DEADLINE):
-        code = await app.wait()
+        code = (await app.wait()).code
 
     assert code != 0
     assert classify_early_exit(spec.log_path, code) == "mount"
@@ -661,7 +665,7 @@ async def test_an_app_that_exits_is_classified_exited(make_spec: SpecFactory, sp
     app = await spawn(BwrapRunner(), spec)
 
     async with asyncio.timeout(DEADLINE):
-        code = await app.wait()
+        code = (await app.wait()).code
 
     assert classify_early_exit(spec.log_path, code) == "exited"
 

@@ -1,29 +1,43 @@
-"""Runners start one app instance's server as a child and stop it; chosen by name.
+"""Runners start one app instance's server and stop it; chosen by name.
 
-The contract (every runner, every future back-end: container, Kubernetes):
+The contract (protocol v2: every runner, local or on a cluster; docs/architecture.md "Runners"):
 
-- ``spawn(spec)`` returns a RunningApp as soon as the child is started — not yet healthy; the
-  lifecycle manager polls ``/health`` itself. It raises SpawnFailed (cause ``mount`` or ``exited``)
-  only for failures it can see at once (a missing bind source, an interpreter that cannot start).
-  It must be called from the event-loop thread (bubblewrap's ``--die-with-parent`` follows the
-  spawning *thread*).
-- ``RunningApp.host`` / ``.port``: where the shell reaches the app's server. Never assume loopback.
-- ``RunningApp.wait()`` completes with the exit code when the child is gone (crash detection);
-  it may be awaited by several tasks.
-- ``RunningApp.stop(grace)``: SIGTERM to the whole process group, SIGKILL after ``grace`` seconds;
-  returns only when every process of the group is gone. Idempotent.
-- ``spec.cgroup``: the child enters it before it executes anything (so the app's whole process
-  tree is limited), and the handle removes it once the child has exited; ``exit_reason`` then
-  says ``oom`` when the kernel killed a process of it for want of memory.
-- ``RunningApp.pid``: the child's pid as the shell's host sees it (for `atrium ps`).
-- The child's stdout and stderr go to ``spec.log_path`` (appended).
+- ``spawn(spec)`` returns a RunningApp as soon as the server is started — not yet healthy; the
+  lifecycle manager polls ``/health`` itself. It raises SpawnFailed (cause ``mount``,
+  ``exited``, ``image``, ``schedule``, ``api``) only for failures it can see at once. A local
+  runner must be called from the event-loop thread (bubblewrap's ``--die-with-parent`` follows
+  the spawning *thread*).
+- ``spec.port`` is None for a runner with a ``fixed_port`` (a pod listens on its own address at a
+  fixed port, no allocator); the shell then tells the app ``fixed_port``.
+- ``spec.env`` is what the app may show anyone; ``spec.secrets`` (``OS_APP_TOKEN``,
+  ``OS_SHELL_SECRET``) are kept apart: a local runner adds them to the child's environment, a
+  cluster runner puts them in a Secret the pod reads as files, never in the pod's own spec.
+- ``RunningApp.host`` / ``.port``: where the shell reaches the app's server, re-read on every use
+  (a pod's address is known only once it runs, and may change). Never assume loopback.
+- ``RunningApp.ref``: JSON that names the running thing to its runner (a pid and its start time;
+  a namespace, pod and uid), kept with the instance; ``Runner.adopt(ref)`` turns it back into a
+  RunningApp in a new shell when the runner ``survives_shell``.
+- ``RunningApp.wait()`` completes with an ExitStatus (code and reason: ``oom``, ``image``,
+  ``schedule``, ``exited``, ``killed``) when the server is gone (crash detection); it may be
+  awaited by several tasks.
+- ``RunningApp.stop(grace)``: the polite signal, the kill after ``grace`` seconds; returns only
+  when everything the app started is gone. Idempotent.
+- ``RunningApp.logs(lines, after)``: the last ``lines`` of its output, or with ``after`` (a cursor
+  an earlier call returned) what came since.
+- ``RunningApp.pid``: the child's pid as the shell's host sees it (for `atrium ps`); None for a
+  server on another machine.
+- ``spec.cgroup`` (local runners): the child enters it before it executes anything (so the app's
+  whole process tree is limited), and the handle removes it once the child has exited; the exit
+  reason then says ``oom`` when the kernel killed a process of it for want of memory.
+- The child's stdout and stderr go to ``spec.log_path`` (appended) on a local runner.
 - ``spec.user``: when set (the shell runs as root), the app's processes run under that uid/gid
   with no supplementary groups, never as root; its data directory is made theirs (owner, 0700).
 - One instance never runs twice: the runner takes an exclusive ``flock`` on ``spec.lock_dir``
   (the data directory itself unless a headless provider shares its app's data folder), held by
   the child's side for its whole life, and a spawn on a locked directory raises SpawnFailed
   (cause ``locked``).
-- Nothing the child starts outlives the shell, even one killed with SIGKILL.
+- A local runner (``survives_shell`` False) lets nothing the child starts outlive the shell, even
+  one killed with SIGKILL; a cluster runner leaves its pods running for the next shell to adopt.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from atrium.lifecycle.limits import InstanceCgroup, Limits
 
@@ -45,6 +59,28 @@ class AppUser:
 
     uid: int
     gid: int
+
+
+#: why a server is gone: the kernel's OOM killer (or the cluster's), an image that cannot be
+#: pulled or run, a pod that cannot be scheduled, an exit of its own, a signal the shell did not send
+ExitReason = Literal["oom", "image", "schedule", "exited", "killed"]
+EXIT_REASONS: tuple[ExitReason, ...] = ("oom", "image", "schedule", "exited", "killed")
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a server ended: its exit code (negative: the signal that ended it) and why."""
+
+    code: int
+    reason: ExitReason
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Some of an app's output, and the cursor to ask ``after`` for what comes next."""
+
+    text: str
+    cursor: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +97,8 @@ class SpawnSpec:
     #: the instance's runtime data directory (bind-mounted at /data inside a sandbox)
     data_dir: Path
     host: str
-    port: int
+    #: None: the runner's ``fixed_port`` (no allocator)
+    port: int | None
     log_path: Path
     #: tools the manifest declares ('*' = all), resolved against the toolchain directory
     tools: Sequence[str] = ()
@@ -80,10 +117,16 @@ class SpawnSpec:
     #: which the child joins before it executes anything (`atrium.lifecycle.limits`)
     limits: Limits | None = None
     cgroup: InstanceCgroup | None = None
+    #: the user the instance belongs to (labels and names on a cluster)
+    owner: str = ""
+    #: what only the app may read: ``OS_APP_TOKEN``, ``OS_SHELL_SECRET``
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    #: the content digest of ``app_dir`` (``sha256:…``): what a cluster runner fetches by
+    source_digest: str | None = None
 
 
 class RunningApp(Protocol):
-    """A started child (see the module docstring for the contract)."""
+    """A started server (see the module docstring for the contract)."""
 
     @property
     def host(self) -> str: ...
@@ -92,28 +135,38 @@ class RunningApp(Protocol):
     def port(self) -> int: ...
 
     @property
-    def pid(self) -> int: ...
+    def pid(self) -> int | None: ...
 
     @property
-    def returncode(self) -> int | None: ...
+    def ref(self) -> dict[str, Any]: ...
 
     @property
-    def exit_reason(self) -> str | None:
-        """Once exited: ``oom`` when the kernel killed a process of it for want of memory (its
-        cgroup counted an OOM kill), else ``exited``."""
+    def status(self) -> ExitStatus | None:
+        """How it ended, once it has (None while it runs)."""
         ...
 
-    async def wait(self) -> int: ...
+    async def wait(self) -> ExitStatus: ...
 
-    async def stop(self, grace: float = 3.0) -> int: ...
+    async def stop(self, grace: float = 3.0) -> ExitStatus: ...
+
+    async def logs(self, lines: int, after: str | None = None) -> LogChunk: ...
 
 
 class Runner(Protocol):
     """Starts app servers (see the module docstring for the contract)."""
 
     name: str
+    #: True: its servers keep running when the shell stops, and a new shell adopts them
+    survives_shell: bool
+    #: the port every server listens on (a pod's own address); None: the shell allocates one
+    fixed_port: int | None
 
     async def spawn(self, spec: SpawnSpec) -> RunningApp: ...
+
+    async def adopt(self, ref: dict[str, Any]) -> RunningApp:
+        """The running server ``ref`` names, from an earlier shell; SpawnFailed when it is gone
+        (or the runner cannot adopt: a local runner's children die with their shell)."""
+        ...
 
     def early_exit_cause(self, log_path: Path, returncode: int) -> str:
         """The SpawnFailed cause of a child that ended before answering `/health`: ``mount``
@@ -141,4 +194,14 @@ def load_runner(name: str) -> Runner:
     return ProcessRunner()
 
 
-__all__ = ["AppUser", "Runner", "RunningApp", "SpawnSpec", "load_runner"]
+__all__ = [
+    "EXIT_REASONS",
+    "AppUser",
+    "ExitReason",
+    "ExitStatus",
+    "LogChunk",
+    "Runner",
+    "RunningApp",
+    "SpawnSpec",
+    "load_runner",
+]

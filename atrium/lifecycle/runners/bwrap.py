@@ -45,8 +45,10 @@ from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import (
     SYSTEM_PATH,
     KeptChild,
+    LocalRunner,
     absolute,
     host_command,
+    local_port,
     lock_data_dir,
     prepare_dirs,
     start_child,
@@ -425,7 +427,7 @@ class SandboxedChild(KeptChild):
     """
 
 
-class BwrapRunner:
+class BwrapRunner(LocalRunner):
     """Runs the app's command in a bubblewrap sandbox (see the module docstring for the layout)."""
 
     name = "bwrap"
@@ -444,6 +446,7 @@ class BwrapRunner:
         prepare_dirs(spec)
         env = {
             **spec.env,
+            **spec.secrets,
             "OS_DATA_DIR": SANDBOX_DATA,
             "HOME": SANDBOX_DATA,
             "PATH": str(SANDBOX_BIN),
@@ -462,7 +465,12 @@ class BwrapRunner:
             os.close(lock)
         _LOGGER.info("started %s in bwrap: pid %d, %s", label, process.pid, " ".join(spec.argv))
         return SandboxedChild(
-            process, host=spec.host, port=spec.port, label=label, cgroup=spec.cgroup
+            process,
+            host=spec.host,
+            port=local_port(spec),
+            label=label,
+            cgroup=spec.cgroup,
+            log_path=spec.log_path,
         )
 
 

@@ -31,11 +31,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Final, NamedTuple
+from typing import Any, BinaryIO, Final, NamedTuple
 
 from atrium.errors import SpawnFailed
 from atrium.lifecycle.limits import InstanceCgroup, enter_from_child
-from atrium.lifecycle.runners import AppUser, SpawnSpec
+from atrium.lifecycle.runners import AppUser, ExitReason, ExitStatus, LogChunk, SpawnSpec
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -99,6 +99,33 @@ def group_members(pgid: int) -> list[ProcStat]:
     return [s for s in all_stats() if s.pgrp == pgid and s.state != "Z"]
 
 
+#: the most of a log one call reads (its end): a log that grew huge is not read whole
+MAX_LOG_READ: Final = 256 * 1024
+
+
+def read_log_file(path: Path | None, lines: int, after: str | None = None) -> LogChunk:
+    """The last ``lines`` of a local log file, or with ``after`` (a byte offset an earlier call
+    returned as its cursor) everything written since; the cursor is the file's end. An offset
+    beyond the end means a new log: read from its start."""
+    text, end = "", 0
+    if path is not None and path.exists():
+        with path.open("rb") as log:
+            end = log.seek(0, 2)
+            start = max(0, end - MAX_LOG_READ)
+            offset = int(after) if after is not None and after.isdigit() else None
+            if offset is not None and offset <= end:
+                start = max(start, offset)
+            log.seek(start)
+            data = log.read(end - start)
+        if offset is not None and start > 0 and start != offset:
+            data = data.partition(b"\n")[2]  # a cut line is not shown
+        text = data.decode(errors="replace")
+    if after is None:
+        kept = text.splitlines()[-lines:]
+        text = "\n".join(kept) + ("\n" if kept else "")
+    return LogChunk(text, str(end))
+
+
 class ChildProcess:
     """A started child and its process group: the RunningApp of the local runners.
 
@@ -118,17 +145,21 @@ class ChildProcess:
         port: int,
         label: str,
         cgroup: InstanceCgroup | None = None,
+        log_path: Path | None = None,
     ):
         self._process = process
         self._cgroup = cgroup
-        self._exit_reason: str | None = None
         self._host = host
         self._port = port
         self._label = label
+        self._log_path = log_path
         self._pgid = process.pid  # start_new_session: the child leads its own group
-        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        started = read_stat(process.pid)
+        self._ref = {"pid": process.pid, "start": started.start if started else None}
+        self._signalled = False
+        self._exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
         self._watcher = asyncio.create_task(self._watch(), name=f"watch {label} pid {process.pid}")
-        self._stopping: asyncio.Task[int] | None = None
+        self._stopping: asyncio.Task[ExitStatus] | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._label} pid={self.pid} returncode={self.returncode}>"
@@ -146,17 +177,25 @@ class ChildProcess:
         return self._process.pid
 
     @property
-    def returncode(self) -> int | None:
+    def ref(self) -> dict[str, Any]:
+        """The child's pid and its start time (clock ticks since boot: a reused pid differs)."""
+        return dict(self._ref)
+
+    @property
+    def status(self) -> ExitStatus | None:
         return self._exited.result() if self._exited.done() else None
 
     @property
-    def exit_reason(self) -> str | None:
-        return self._exit_reason if self._exited.done() else None
+    def returncode(self) -> int | None:
+        return self._exited.result().code if self._exited.done() else None
 
-    async def wait(self) -> int:
+    async def wait(self) -> ExitStatus:
         return await asyncio.shield(self._exited)
 
-    async def stop(self, grace: float = 3.0) -> int:
+    async def logs(self, lines: int, after: str | None = None) -> LogChunk:
+        return read_log_file(self._log_path, lines, after)
+
+    async def stop(self, grace: float = 3.0) -> ExitStatus:
         """SIGTERM, SIGKILL after ``grace`` seconds; concurrent and repeated calls share one stop."""
         if self._stopping is None:
             self._stopping = asyncio.create_task(
@@ -168,14 +207,17 @@ class ChildProcess:
         code = await self._process.wait()
         _LOGGER.debug("%s (pid %d) exited with %d", self._label, self.pid, code)
         self._signal_group(signal.SIGKILL)  # leftovers of a child that exited on its own
-        self._exit_reason = "exited"
+        # a signal the shell did not send (a kill from outside) is ``killed``; one it sent to
+        # stop the app is the app's exit
+        reason: ExitReason = "killed" if code < 0 and not self._signalled else "exited"
         if self._cgroup is not None:
             if self._cgroup.oom_kills() > 0:
-                self._exit_reason = "oom"
+                reason = "oom"
             await self._cgroup.remove()  # kills what is left in it (a setsid escapee too)
-        self._exited.set_result(code)
+        self._exited.set_result(ExitStatus(code, reason))
 
-    async def _stop(self, grace: float) -> int:
+    async def _stop(self, grace: float) -> ExitStatus:
+        self._signalled = True
         if not self._exited.done():
             self._terminate()
             if not await self._exits_within(grace):
@@ -259,8 +301,11 @@ class KeptChild(ChildProcess):
         port: int,
         label: str,
         cgroup: InstanceCgroup | None = None,
+        log_path: Path | None = None,
     ):
-        super().__init__(process, host=host, port=port, label=label, cgroup=cgroup)
+        super().__init__(
+            process, host=host, port=port, label=label, cgroup=cgroup, log_path=log_path
+        )
         #: every process ever signalled inside, by (pid, start time): stop() waits for them all
         self._inside: dict[tuple[int, int], ProcStat] = {}
 
@@ -506,7 +551,39 @@ async def start_child(
             os.close(fd)
 
 
-class ProcessRunner:
+def local_port(spec: SpawnSpec) -> int:
+    """The port a local runner's child listens on: the shell always allocates one."""
+    if spec.port is None:
+        raise SpawnFailed(
+            f"cannot start {spec.app_id!r}: a local runner needs the port the shell allocated",
+            app_id=spec.app_id,
+            cause="setup",
+        )
+    return spec.port
+
+
+def child_environment(spec: SpawnSpec) -> dict[str, str]:
+    """What a local child's environment holds: its environment and its secrets (a local child has
+    no other way to read them) and ``OS_DATA_DIR``."""
+    return {**spec.env, **spec.secrets, "OS_DATA_DIR": str(spec.data_dir)}
+
+
+class LocalRunner:
+    """What the local runners share: the shell allocates ports, nothing outlives the shell, and
+    so nothing is left to adopt."""
+
+    survives_shell = False
+    fixed_port: int | None = None
+
+    async def adopt(self, ref: dict[str, Any]) -> ChildProcess:
+        raise SpawnFailed(
+            f"a {type(self).__name__} server does not outlive its shell: nothing to adopt at {ref}",
+            app_id="",
+            cause="exited",
+        )
+
+
+class ProcessRunner(LocalRunner):
     """Runs the app's command directly on the host, below a keeper in its own session."""
 
     name = "process"
@@ -524,8 +601,7 @@ class ProcessRunner:
         user = spec.user
         if user is not None:
             open_for_search([spec.app_dir, spec.data_dir], spec.home)
-        env = dict(spec.env)
-        env["OS_DATA_DIR"] = str(spec.data_dir)
+        env = child_environment(spec)
         env.setdefault("PATH", os.defpath)
         label = f"{spec.app_id} instance {spec.instance_id}"
         lock = lock_data_dir(spec)
@@ -538,7 +614,14 @@ class ProcessRunner:
         finally:
             os.close(lock)
         _LOGGER.info("started %s: keeper pid %d, %s", label, process.pid, " ".join(spec.argv))
-        return KeptChild(process, host=spec.host, port=spec.port, label=label, cgroup=spec.cgroup)
+        return KeptChild(
+            process,
+            host=spec.host,
+            port=local_port(spec),
+            label=label,
+            cgroup=spec.cgroup,
+            log_path=spec.log_path,
+        )
 
 
 __all__ = ["ChildProcess", "KeptChild", "ProcessRunner"]
