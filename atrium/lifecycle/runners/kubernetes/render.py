@@ -6,7 +6,11 @@ One function builds them for both the runner (which creates exactly these) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,6 +28,38 @@ LABEL_OWNER: Final = "atrium.dev/owner"
 LABEL_INSTANCE: Final = "atrium.dev/instance"
 #: which shell made it (a hash of the shell's home and namespace): a shell adopts only its own
 LABEL_SHELL: Final = "atrium.dev/shell"
+#: annotations: the ids as they are (a label value may be hashed), and what has no pod field
+ANNOTATION_APP: Final = "atrium.dev/app-id"
+ANNOTATION_OWNER: Final = "atrium.dev/owner"
+ANNOTATION_INSTANCE: Final = "atrium.dev/instance-id"
+ANNOTATION_DIGEST: Final = "atrium.dev/source-digest"
+#: the process ceiling: a pod has no field for it (the kubelet's ``podPidsLimit`` is per node)
+ANNOTATION_PIDS: Final = "atrium.dev/pids-limit"
+#: the labels of the shell's own pods (`shell_objects`); the NetworkPolicy admits only them
+SHELL_POD_LABELS: Final = {
+    "app.kubernetes.io/name": "atrium",
+    "app.kubernetes.io/component": "shell",
+}
+#: a pod's server listens on every address of its own network namespace (its podIP)
+POD_HOST: Final = "0.0.0.0"  # noqa: S104 - the pod's own namespace; the NetworkPolicy fences it
+#: the unprivileged uid/gid every app container runs as (no name in the image needed)
+POD_UID: Final = 10001
+#: where the init container unpacks the app (the same emptyDir as POD_APP_DIR, writable there)
+FETCH_DIR: Final = "/app-rw"
+#: the module the init container runs (`atrium.lifecycle.runners.kubernetes.fetch`)
+FETCH_MODULE: Final = "atrium.lifecycle.runners.kubernetes.fetch"
+#: the interpreter on the base image's PATH
+POD_PYTHON: Final = "python3"
+#: the pod's own /tmp (an emptyDir: the root filesystem is read-only)
+POD_TMP_DIR: Final = "/tmp"  # noqa: S108 - a folder of the pod, no one else's
+#: the size of the memory-backed /tmp (counted against the pod's memory limit)
+TMP_SIZE: Final = "64Mi"
+#: the names of the Secret's keys (never in a pod's env)
+SECRET_KEYS: Final = ("OS_APP_TOKEN", "OS_SHELL_SECRET")
+#: what `atrium kube render` shows instead of a secret: secrets exist only at spawn
+PLACEHOLDER_SECRET: Final = "<generated at spawn>"  # noqa: S105 - not a secret
+#: the app's environment entries that name the shell's host, not the pod's (its image has both)
+HOST_ONLY_ENV: Final = frozenset({"PATH", "PYTHONPATH"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,33 +89,492 @@ class PodPlan:
     storage_mib: int = 1024
 
 
+#: the longest name or label value Kubernetes takes (a DNS-1123 label)
+MAX_NAME: Final = 63
+#: base32 characters of sha256 appended to a changed name: 80 bits, no practical collision
+HASH_CHARS: Final = 16
+_DNS_PART: Final = re.compile(r"[a-z0-9]+")
+_LABEL_VALUE: Final = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def _hash(*parts: str) -> str:
+    """A digest of the parts as a list (so ``("a-b", "c")`` and ``("a", "b-c")`` differ)."""
+    digest = hashlib.sha256(json.dumps(parts).encode()).digest()
+    return base64.b32encode(digest).decode().lower()[:HASH_CHARS]
+
+
 def dns_name(*parts: str) -> str:
     """``atrium-<parts>`` as a DNS-1123 label of at most 63 characters: lower case, ``[a-z0-9-]``,
-    with a hash suffix whenever anything had to be changed or cut (so two inputs never meet)."""
-    raise NotImplementedError
+    with a hash suffix whenever anything had to be changed or cut (so two inputs never meet).
+
+    A name is kept as it is only when every part is ``[a-z0-9]+`` (no ``-``: joined parts could
+    not be told apart) and the whole fits; it then never holds ``--``. Any other input becomes
+    its readable part, cut, then ``--`` and a hash of the parts themselves: two changed names
+    meet only if their hashes do, and never a kept one (which has no ``--``).
+    """
+    plain = "-".join(("atrium", *parts))
+    if all(_DNS_PART.fullmatch(part) for part in parts) and len(plain) <= MAX_NAME:
+        return plain
+    readable = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")
+    room = MAX_NAME - HASH_CHARS - 2
+    return readable[:room].rstrip("-") + "--" + _hash(*parts)
+
+
+def label_value(value: str) -> str:
+    """``value`` as a label value (63 characters, ``[A-Za-z0-9._-]``, alphanumeric at both ends):
+    as it is when it already is one with no ``--``, else its readable part, ``--`` and a hash (so
+    two values never meet). The whole value is in the object's annotations."""
+    if len(value) <= MAX_NAME and "--" not in value and _LABEL_VALUE.fullmatch(value):
+        return value
+    readable = re.sub(r"[^A-Za-z0-9._]+", "-", value).strip("-._")
+    room = MAX_NAME - HASH_CHARS - 2
+    return (readable[:room].rstrip("-._") + "--" + _hash(value)).lstrip("-")
 
 
 def claim_name(owner: str, instance_id: str) -> str:
     """The PVC of an instance's data, ``atrium-<owner>-<instance>`` (kept after destroy)."""
-    raise NotImplementedError
+    return dns_name(owner, instance_id)
 
 
 def pod_name(instance_id: str) -> str:
-    raise NotImplementedError
+    return dns_name(instance_id)
 
 
 def secret_name(instance_id: str) -> str:
-    raise NotImplementedError
+    return dns_name(instance_id, "secrets")
+
+
+def policy_name(shell: str) -> str:
+    """The NetworkPolicy of one shell's app pods."""
+    return dns_name("apps", shell)
+
+
+def shell_key(home: str, namespace: str) -> str:
+    """LABEL_SHELL's value for the shell with this home in this namespace: two shells sharing a
+    namespace never adopt (or fence in) each other's pods."""
+    return _hash(home, namespace)
+
+
+def pod_argv(entrypoint: str | Sequence[str]) -> tuple[str, ...]:
+    """The manifest's entrypoint as the pod's command: a file of the app is under POD_APP_DIR;
+    ``python3``/``python`` is the base image's ``python3`` (which has the SDK); any other command
+    is looked up on the image's PATH, and a relative path is the app's (the working directory is
+    POD_APP_DIR), as the local runners do with the shell's interpreter and the app's folder."""
+    if isinstance(entrypoint, str):
+        return (f"{POD_APP_DIR}/{entrypoint}",)
+    argv = list(entrypoint)
+    if argv and argv[0] in {"python3", "python"}:
+        argv[0] = POD_PYTHON
+    return tuple(argv)
+
+
+def plan_for(
+    *,
+    namespace: str,
+    shell: str,
+    app_id: str,
+    instance_id: str,
+    owner: str,
+    image: str,
+    source_digest: str,
+    shell_url: str,
+    entrypoint: str | Sequence[str],
+    env: Mapping[str, str],
+    secrets: Mapping[str, str],
+    memory_mib: int | None = None,
+    cpu_milli: int | None = None,
+    pids: int | None = None,
+    storage_class: str | None = None,
+) -> PodPlan:
+    """The plan of one instance from plain values: the runner's spawn and `atrium kube render`
+    both call this, then `instance_objects`.
+
+    ``env`` is the app's environment as `atrium.lifecycle.spawning.app_environment` builds it
+    for a local child; what names the shell's own host (``PATH``, ``PYTHONPATH``) is left out
+    (the image has its own), ``OS_SHELL_URL`` becomes ``shell_url``, and a secret's name is never
+    kept (secrets are files). `instance_objects` adds the pod's address and folders.
+    """
+    pod_env = {
+        key: value
+        for key, value in env.items()
+        if key not in HOST_ONLY_ENV and key not in SECRET_KEYS and key not in secrets
+    }
+    pod_env["OS_SHELL_URL"] = shell_url
+    return PodPlan(
+        namespace=namespace,
+        shell=shell,
+        app_id=app_id,
+        instance_id=instance_id,
+        owner=owner,
+        image=image,
+        source_digest=source_digest,
+        shell_url=shell_url,
+        argv=pod_argv(entrypoint),
+        env=pod_env,
+        secrets=dict(secrets),
+        memory_mib=memory_mib,
+        cpu_milli=cpu_milli,
+        pids=pids,
+        storage_class=storage_class,
+    )
+
+
+def instance_labels(plan: PodPlan) -> dict[str, str]:
+    """The labels of every object of one instance (the runner's watch selects on LABEL_SHELL)."""
+    return {
+        "app.kubernetes.io/managed-by": "atrium",
+        LABEL_APP: label_value(plan.app_id),
+        LABEL_OWNER: label_value(plan.owner),
+        LABEL_INSTANCE: label_value(plan.instance_id),
+        LABEL_SHELL: label_value(plan.shell),
+    }
+
+
+def _annotations(plan: PodPlan) -> dict[str, str]:
+    return {
+        ANNOTATION_APP: plan.app_id,
+        ANNOTATION_OWNER: plan.owner,
+        ANNOTATION_INSTANCE: plan.instance_id,
+    }
+
+
+def _metadata(plan: PodPlan, name: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": plan.namespace,
+        "labels": instance_labels(plan),
+        "annotations": {**_annotations(plan), **annotations},
+    }
+
+
+def _resources(plan: PodPlan) -> dict[str, Any]:
+    """Requests equal to limits (the scheduler reserves what the app may use; with both set the
+    pod is Guaranteed, evicted last); no entry for what has no limit."""
+    limits: dict[str, str] = {}
+    if plan.memory_mib is not None:
+        limits["memory"] = f"{plan.memory_mib}Mi"
+    if plan.cpu_milli is not None:
+        limits["cpu"] = f"{plan.cpu_milli}m"
+    return {"requests": dict(limits), "limits": limits} if limits else {}
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_environment(plan: PodPlan) -> dict[str, str]:
+    """The app container's environment: the plan's, then the pod's own address and folders
+    (a secret's name never: the app reads ``$OS_SECRETS_DIR/<name>``)."""
+    env = {k: v for k, v in plan.env.items() if k not in SECRET_KEYS and k not in plan.secrets}
+    env.update(
+        OS_HOST=POD_HOST,
+        OS_PORT=str(POD_PORT),
+        PORT=str(POD_PORT),
+        OS_DATA_DIR=POD_DATA_DIR,
+        OS_SECRETS_DIR=POD_SECRETS_DIR,
+        OS_SHELL_URL=plan.shell_url,
+    )
+    return env
+
+
+def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def secret_object(plan: PodPlan) -> dict[str, Any]:
+    """The instance's Secret: its token and the shell's secret, read by the pod as files."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(plan, secret_name(plan.instance_id)),
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {key: plan.secrets.get(key, PLACEHOLDER_SECRET) for key in SECRET_KEYS},
+    }
+
+
+def claim_object(plan: PodPlan) -> dict[str, Any]:
+    """The instance's data claim: no owner reference, so deleting the pod keeps it."""
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": f"{plan.storage_mib}Mi"}},
+    }
+    if plan.storage_class is not None:
+        spec["storageClassName"] = plan.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(plan, claim_name(plan.owner, plan.instance_id)),
+        "spec": spec,
+    }
+
+
+def pod_object(plan: PodPlan) -> dict[str, Any]:
+    """The instance's Pod (see docs/decisions.md "Kubernetes: the objects of an instance")."""
+    annotations = {ANNOTATION_DIGEST: plan.source_digest}
+    if plan.pids is not None:
+        annotations[ANNOTATION_PIDS] = str(plan.pids)
+    secrets_mount = {"name": "secrets", "mountPath": POD_SECRETS_DIR, "readOnly": True}
+    resources = _resources(plan)
+    fetch: dict[str, Any] = {
+        "name": "fetch",
+        "image": plan.image,
+        "command": [
+            POD_PYTHON,
+            "-m",
+            FETCH_MODULE,
+            "--digest",
+            plan.source_digest,
+            "--to",
+            FETCH_DIR,
+        ],
+        "env": _env_list({"OS_SHELL_URL": plan.shell_url, "OS_SECRETS_DIR": POD_SECRETS_DIR}),
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "app", "mountPath": FETCH_DIR},
+            {"name": "tmp", "mountPath": POD_TMP_DIR},
+            secrets_mount,
+        ],
+    }
+    app: dict[str, Any] = {
+        "name": "app",
+        "image": plan.image,
+        "command": list(plan.argv),
+        "workingDir": POD_APP_DIR,
+        "env": _env_list(pod_environment(plan)),
+        "ports": [{"name": "http", "containerPort": POD_PORT, "protocol": "TCP"}],
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "app", "mountPath": POD_APP_DIR, "readOnly": True},
+            {"name": "data", "mountPath": POD_DATA_DIR},
+            {"name": "tmp", "mountPath": POD_TMP_DIR},
+            secrets_mount,
+        ],
+    }
+    if resources:
+        fetch["resources"] = resources
+        app["resources"] = resources
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(plan, pod_name(plan.instance_id), **annotations),
+        "spec": {
+            # the shell decides restarts (its crash policy), not the kubelet
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": POD_UID,
+                "runAsGroup": POD_UID,
+                "fsGroup": POD_UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "initContainers": [fetch],
+            "containers": [app],
+            "volumes": [
+                {"name": "app", "emptyDir": {}},
+                {
+                    "name": "data",
+                    "persistentVolumeClaim": {
+                        "claimName": claim_name(plan.owner, plan.instance_id)
+                    },
+                },
+                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": TMP_SIZE}},
+                {
+                    "name": "secrets",
+                    # group-readable: the files belong to root and the pod's fsGroup
+                    "secret": {"secretName": secret_name(plan.instance_id), "defaultMode": 0o440},
+                },
+            ],
+        },
+    }
 
 
 def instance_objects(plan: PodPlan) -> list[dict[str, Any]]:
     """The Secret, the PersistentVolumeClaim and the Pod of one instance, in creation order."""
-    raise NotImplementedError
+    return [secret_object(plan), claim_object(plan), pod_object(plan)]
 
 
 def namespace_objects(
-    namespace: str, shell: str, shell_labels: Mapping[str, str]
+    namespace: str,
+    shell: str,
+    shell_labels: Mapping[str, str],
+    shell_cidrs: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """What the namespace needs once: the NetworkPolicy that lets app pods take traffic only from
-    the shell (pods labelled ``shell_labels``) and reach only the shell and DNS."""
-    raise NotImplementedError
+    the shell (pods labelled ``shell_labels``) and reach only the shell and DNS.
+
+    ``shell_cidrs``: addresses of a shell that is not a pod of the namespace (one run with a
+    kubeconfig from outside the cluster), admitted and reachable as the shell's pods are.
+    """
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": dict(shell_labels)}}]
+    peers += [{"ipBlock": {"cidr": cidr}} for cidr in shell_cidrs]
+    dns = {
+        "to": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+        ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": policy_name(shell),
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "atrium", LABEL_SHELL: shell},
+            },
+            "spec": {
+                "podSelector": {"matchLabels": {LABEL_SHELL: label_value(shell)}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": POD_PORT}]}],
+                "egress": [{"to": peers}, dns],
+            },
+        }
+    ]
+
+
+#: what the shell's service account may do in its namespace, and no more
+SHELL_RULES: Final = (
+    {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["pods/log", "pods/status"],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["secrets", "persistentvolumeclaims"],
+        "verbs": ["get", "list", "create", "delete"],
+    },
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create"],
+    },
+)
+SHELL_NAME: Final = "atrium-shell"
+#: where the shell's home is in its own pod (its PVC)
+SHELL_HOME: Final = "/var/lib/atrium"
+SHELL_PORT: Final = 7070
+
+
+def shell_objects(
+    namespace: str,
+    image: str,
+    *,
+    app_image: str,
+    storage_class: str | None = None,
+    home_mib: int = 10240,
+    labels: Mapping[str, str] = SHELL_POD_LABELS,
+) -> list[dict[str, Any]]:
+    """The shell itself in the namespace: its ServiceAccount, the Role it needs and its binding,
+    its Service and a one-replica StatefulSet whose home is a PVC (docs/deploying.md
+    "On Kubernetes"). ``image`` runs ``atrium serve``; ``app_image`` is ATRIUM_KUBE_IMAGE."""
+    meta = {"namespace": namespace, "labels": dict(labels)}
+    url = f"http://{SHELL_NAME}.{namespace}.svc:{SHELL_PORT}"
+    env = {
+        "ATRIUM_HOME": SHELL_HOME,
+        "ATRIUM_HOST": POD_HOST,
+        "ATRIUM_PORT": str(SHELL_PORT),
+        "ATRIUM_RUNNER": "kubernetes",
+        "ATRIUM_KUBE_NAMESPACE": namespace,
+        "ATRIUM_KUBE_IMAGE": app_image,
+        "ATRIUM_KUBE_SHELL_URL": url,
+    }
+    if storage_class is not None:
+        env["ATRIUM_KUBE_STORAGE_CLASS"] = storage_class
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": f"{home_mib}Mi"}},
+    }
+    if storage_class is not None:
+        claim_spec["storageClassName"] = storage_class
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SHELL_NAME, **meta}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": SHELL_NAME, **meta},
+            "rules": [dict(rule) for rule in SHELL_RULES],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": SHELL_NAME, **meta},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": SHELL_NAME,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": SHELL_NAME, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": SHELL_NAME, **meta},
+            "spec": {
+                "selector": dict(labels),
+                "ports": [
+                    {"name": "http", "port": SHELL_PORT, "targetPort": "http", "protocol": "TCP"}
+                ],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": SHELL_NAME, **meta},
+            "spec": {
+                # one shell per home: a second replica would share nothing and fight over pods
+                "replicas": 1,
+                "serviceName": SHELL_NAME,
+                "selector": {"matchLabels": dict(labels)},
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "serviceAccountName": SHELL_NAME,
+                        "enableServiceLinks": False,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": POD_UID,
+                            "runAsGroup": POD_UID,
+                            "fsGroup": POD_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "shell",
+                                "image": image,
+                                "command": ["atrium", "serve"],
+                                "env": _env_list(env),
+                                "ports": [
+                                    {"name": "http", "containerPort": SHELL_PORT, "protocol": "TCP"}
+                                ],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/health", "port": "http"},
+                                    "periodSeconds": 5,
+                                },
+                                "securityContext": _container_security(),
+                                "volumeMounts": [
+                                    {"name": "home", "mountPath": SHELL_HOME},
+                                    {"name": "tmp", "mountPath": POD_TMP_DIR},
+                                ],
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
+                },
+                "volumeClaimTemplates": [{"metadata": {"name": "home"}, "spec": claim_spec}],
+            },
+        },
+    ]
