@@ -128,7 +128,8 @@ def label_value(value: str) -> str:
         return value
     readable = re.sub(r"[^A-Za-z0-9._]+", "-", value).strip("-._")
     room = MAX_NAME - HASH_CHARS - 2
-    return (readable[:room].rstrip("-._") + "--" + _hash(value)).lstrip("-")
+    # "x" when nothing is readable: the "--" stays, so it is never a value kept as it is
+    return (readable[:room].rstrip("-._") or "x") + "--" + _hash(value)
 
 
 def claim_name(owner: str, instance_id: str) -> str:
