@@ -33,6 +33,7 @@ from atrium.lifecycle.runners.kubernetes.render import (
     namespace_objects,
     plan_for,
     pod_argv,
+    pod_command,
     pod_name,
     secret_name,
     shell_key,
@@ -381,3 +382,15 @@ def test_the_entrypoint_as_the_pods_command(
     entrypoint: str | list[str], argv: tuple[str, ...]
 ) -> None:
     assert pod_argv(entrypoint) == argv
+
+
+def test_a_local_argv_as_the_pods_command() -> None:
+    app = "/home/u/.local/share/atrium/scopes/global/apps/com.example.notes"
+    assert pod_command(["/usr/local/bin/python3.11", f"{app}/server.py", "--x"], app) == [
+        "python3",
+        "/app/server.py",
+        "--x",
+    ]
+    assert pod_command([f"{app}/entrypoint.sh"], app) == ["/app/entrypoint.sh"]
+    # a sibling folder whose name starts like the app's is not the app's
+    assert pod_command(["/bin/sh", f"{app}2/x"], app) == ["/bin/sh", f"{app}2/x"]

@@ -169,6 +169,21 @@ def pod_argv(entrypoint: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def pod_command(argv: Sequence[str], app_dir: str) -> list[str]:
+    """A local spawn's argv (`atrium.lifecycle.spawning.resolve_argv`) as the pod's: the app's
+    folder ``app_dir`` is POD_APP_DIR, the shell's interpreter is the image's ``python3``. The
+    runner's spawn and `atrium kube render` both start from the local argv, so they agree."""
+    command = [
+        POD_APP_DIR + arg[len(app_dir) :]
+        if arg == app_dir or arg.startswith(app_dir + "/")
+        else arg
+        for arg in argv
+    ]
+    if command and command[0].rpartition("/")[2].startswith("python"):
+        command[0] = POD_PYTHON
+    return command
+
+
 def plan_for(
     *,
     namespace: str,
