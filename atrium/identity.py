@@ -99,6 +99,12 @@ class AppTokens:
         self._by_instance[instance_id] = token
         return token
 
+    def register(self, app_id: str, instance_id: str, owner: str, token: str) -> None:
+        """Keep a token an earlier shell issued (an adopted pod holds it in its Secret)."""
+        self.revoke(instance_id)
+        self._by_token[token] = AppCaller(app_id, instance_id, owner)
+        self._by_instance[instance_id] = token
+
     def revoke(self, instance_id: str) -> None:
         token = self._by_instance.pop(instance_id, None)
         if token is not None:

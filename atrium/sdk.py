@@ -271,6 +271,19 @@ class _Stop(BaseException):
     """Raised in the main thread by SIGTERM/SIGINT to leave ``serve_forever`` at once."""
 
 
+def app_secret(name: str) -> str:
+    """``OS_APP_TOKEN`` or ``OS_SHELL_SECRET``: from the environment (a local runner), else the
+    file ``$OS_SECRETS_DIR/<name>`` (a pod reads its Secret as files, never as env)."""
+    value = os.environ.get(name, "")
+    folder = os.environ.get("OS_SECRETS_DIR", "")
+    if not value and folder:
+        try:
+            value = Path(folder, name).read_text().strip()
+        except OSError:
+            value = ""
+    return value
+
+
 class App:
     """One app instance's server, configured from the shell's environment (decisions.md "Manifest").
 
@@ -287,8 +300,8 @@ class App:
         self.host: str = env.get("OS_HOST") or "127.0.0.1"
         self.port: int = int(env.get("OS_PORT") or env.get("PORT") or "0")
         self.shell_url: str = (env.get("OS_SHELL_URL") or "").rstrip("/")
-        self.app_token: str = env.get("OS_APP_TOKEN", "")
-        self._secret = env.get("OS_SHELL_SECRET", "").encode()
+        self.app_token: str = app_secret("OS_APP_TOKEN")
+        self._secret = app_secret("OS_SHELL_SECRET").encode()
         #: ``OS_DATA_DIR``: the instance's runtime data directory (``/data`` in a sandbox)
         self.data_dir = Path(env.get("OS_DATA_DIR") or ".")
         #: the onActivityCreate body of every live activity, by activity id

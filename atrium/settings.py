@@ -28,7 +28,7 @@ from atrium.users.oidc import PROVIDERS_ACCEPTED, OidcProvider, check_unique
 PACKAGE_DIR = Path(__file__).resolve().parent
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
-RunnerName = Literal["auto", "process", "bwrap"]
+RunnerName = Literal["auto", "process", "bwrap", "kubernetes"]
 
 #: what each setting accepts, said in the one-line report of a value it refused
 ACCEPTED: Final = {
@@ -39,7 +39,13 @@ ACCEPTED: Final = {
     "system_apps": "a directory path",
     "user": USER_ID_RULE,
     "index_url": "a URL",
-    "runner": "auto, process or bwrap",
+    "runner": "auto, process, bwrap or kubernetes",
+    "kube_namespace": "a Kubernetes namespace name (lower case letters, digits and '-')",
+    "kube_image": "a container image reference",
+    "kube_config": "the path of a kubeconfig file, or unset for the in-cluster service account",
+    "kube_storage_class": "a storage class name, or unset for the cluster's default",
+    "kube_start_timeout_seconds": "a number of seconds greater than 0",
+    "kube_shell_url": "the URL pods reach the shell at (http or https)",
     "heartbeat_seconds": "a number of seconds greater than 0",
     "usage_seconds": "a number of seconds greater than 0",
     "view_grace_seconds": "a number of seconds, 0 or more",
@@ -142,6 +148,16 @@ class Settings(BaseSettings):
     app_cpu_milli: int = Field(default=0, ge=0, le=1_024_000)
     #: a delegated cgroup v2 folder for the instances' cgroups (default: the shell's own cgroup)
     cgroup_parent: Path | None = None
+    #: the Kubernetes runner (docs/deploying.md "On Kubernetes"): where its pods go, the image
+    #: they run (Python and the SDK), how the shell reaches the API (a kubeconfig, or unset: the
+    #: pod's own service account), the data claims' storage class (unset: the cluster's default),
+    #: how long a pod may take to run, and the URL pods reach the shell at (unset: its own URL)
+    kube_namespace: str = Field(default="atrium", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    kube_image: str = "ghcr.io/atrium/app-python:3.11"
+    kube_config: Path | None = None
+    kube_storage_class: str | None = None
+    kube_start_timeout_seconds: float = Field(default=120.0, gt=0)
+    kube_shell_url: str | None = Field(default=None, pattern=r"^https?://")
 
     @field_validator("member_fetch_hosts")
     @classmethod

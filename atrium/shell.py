@@ -31,6 +31,7 @@ from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import load_runner
+from atrium.lifecycle.runners.kubernetes import KubeSettings
 from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
@@ -90,6 +91,23 @@ class Shell:
 def loopback(host: str) -> str:
     """The address apps use to reach the shell: a wildcard bind is reached on loopback."""
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+
+
+def kube_settings(settings: Settings) -> KubeSettings | None:
+    """The Kubernetes runner's slice of the settings (None for any other runner)."""
+    if settings.runner != "kubernetes":
+        return None
+    from atrium.lifecycle.runners.kubernetes.render import shell_key
+
+    return KubeSettings(
+        namespace=settings.kube_namespace,
+        image=settings.kube_image,
+        config=settings.kube_config,
+        storage_class=settings.kube_storage_class,
+        start_timeout=settings.kube_start_timeout_seconds,
+        shell_url=settings.kube_shell_url or f"http://{loopback(settings.host)}:{settings.port}",
+        shell=shell_key(str(settings.home), settings.kube_namespace),
+    )
 
 
 def installed_at(registry: AppRegistry, layout: ScopeLayout) -> Callable[[str], datetime | None]:
@@ -215,10 +233,12 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         users.on_change.append(forget_kv)
         upstream = await stack.enter_async_context(UpstreamClient())
         tokens = AppTokens()
-        runner = await asyncio.to_thread(load_runner, settings.runner)
+        shell_url = f"http://{loopback(settings.host)}:{settings.port}"
+        runner = await asyncio.to_thread(load_runner, settings.runner, kube_settings(settings))
+        stack.push_async_callback(runner.close)  # after the lifecycle's shutdown (LIFO)
         ceilings = ceilings_of(settings.app_memory_mib, settings.app_cpu_milli, settings.app_pids)
         cgroups = await asyncio.to_thread(
-            open_cgroups, settings.home, ceilings, settings.cgroup_parent
+            open_cgroups, settings.home, ceilings, settings.cgroup_parent, settings.app_limits
         )
         stack.callback(cgroups.close)
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
@@ -239,7 +259,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 ports=PortAllocator(),
                 config=LifecycleConfig(
                     layout=layout,
-                    shell_url=f"http://{loopback(settings.host)}:{settings.port}",
+                    shell_url=shell_url,
                     toolchain_dir=toolchain,
                     cgroups=cgroups,
                 ),
@@ -287,6 +307,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         usage = await stack.enter_async_context(
             UsageMonitor(bus, running_of(lifecycle), settings.home, settings.usage_seconds)
         )
+        # a runner whose servers outlive the shell (pods): the last shell's come back as
+        # instances, with their tokens, before anything new is spawned
+        await lifecycle.adopt_survivors()
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",

@@ -21,6 +21,7 @@ from atrium.api import (
     oidc,
     openapi,
     publish,
+    runner,
     scopes,
     store,
     system,
@@ -143,6 +144,7 @@ def create_app(settings: Settings) -> AtriumApp:
             *scopes.routes,
             *kv.routes,
             *changes.routes,
+            *runner.routes,
             *grants.routes,  # before instances': its POST /{id}/{action} would take /grants
             *instances.routes,
             *tools.routes,

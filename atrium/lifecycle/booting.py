@@ -24,7 +24,7 @@ from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_healthy
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.limits import Cgroups, InstanceCgroup, Limits, effective_limits
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
-from atrium.lifecycle.runners import Runner, SpawnSpec
+from atrium.lifecycle.runners import Runner, SpawnSpec, Survivor
 from atrium.lifecycle.spawning import (
     app_environment,
     app_secrets,
@@ -127,6 +127,26 @@ class Booter:
         await self._await_health(instance, copy.manifest, port, log_path)
         instance.stamp_started()
         instance.watcher = self._spawn_task(self._watch(instance), f"crash watch {instance.id}")
+
+    def adopt(self, instance: Instance, survivor: Survivor) -> None:
+        """Take over a server an earlier shell left running (``survivor``, already adopted by
+        the runner): the instance keeps its token and shell secret (the server holds them), and
+        its exit is watched as a spawn's is."""
+        child = survivor.app
+        instance.port, instance.host = child.port, child.host
+        instance.secret = survivor.secret
+        self._tokens.register(instance.app_id, instance.id, instance.owner, survivor.token)
+        instance.token = survivor.token
+        instance.child = child
+        instance.stamp_started()
+        instance.watcher = self._spawn_task(self._watch(instance), f"crash watch {instance.id}")
+
+    def detach(self, instance: Instance) -> None:
+        """Let go of a server that outlives the shell (its runner ``survives_shell``): it keeps
+        running for the next shell to adopt; only this shell's token for it is forgotten."""
+        instance.child = None
+        self._tokens.revoke(instance.id)
+        instance.token = None
 
     def _cgroup(
         self, instance: Instance, manifest: Manifest

@@ -439,6 +439,35 @@ class LifecycleManager(InstanceIndex):
         task.add_done_callback(self._task_done)
         return task
 
+    async def adopt_survivors(self) -> list[Instance]:
+        """At start: what an earlier shell left running (a ``survives_shell`` runner's) comes
+        back as instances in `started` with the same ids, tokens and shell secrets, without
+        their hooks running again (they ran when the server started). A server whose app is
+        no longer installed for its owner is stopped."""
+        adopted: list[Instance] = []
+        for survivor in await self._booter.runner.survivors():
+            try:
+                instance = self.new_instance(
+                    survivor.app_id, survivor.instance_id, owner=survivor.owner
+                )
+            except AtriumError as err:
+                _LOGGER.warning(
+                    "%s left by the last shell cannot come back (%s): stopped",
+                    survivor.ref,
+                    err.message,
+                )
+                await survivor.app.stop(STOP_GRACE)
+                continue
+            async with instance.lock:
+                self._booter.adopt(instance, survivor)
+                for state in (S.CREATING, S.CREATED, S.STARTING, S.STARTED):
+                    instance.enter(state)
+            _LOGGER.info(
+                "%s %s adopted from the last shell: %s", instance.app_id, instance.id, survivor.ref
+            )
+            adopted.append(instance)
+        return adopted
+
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
@@ -448,13 +477,21 @@ class LifecycleManager(InstanceIndex):
             _LOGGER.error("background task %s failed", task.get_name(), exc_info=err)
 
     async def shutdown(self) -> None:
-        """Destroy every instance: children killed, ports freed; no hooks when they hang."""
+        """Destroy every instance: children killed, ports freed; no hooks when they hang. A
+        runner whose servers outlive the shell (``survives_shell``: pods) keeps those that run,
+        for the next shell to adopt (`adopt_survivors`); the rest are destroyed."""
         self._closed = True
         self.pool.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         instances = self.all()
+        if self._booter.runner.survives_shell:
+            kept = [i for i in instances if i.child is not None and i.child.status is None]
+            for instance in kept:
+                self._booter.detach(instance)
+                self.drop(instance)
+            instances = [i for i in instances if i not in kept]
         await asyncio.gather(*(self._shutdown_one(i) for i in instances), return_exceptions=True)
 
     async def _shutdown_one(self, instance: Instance) -> None:

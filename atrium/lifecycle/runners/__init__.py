@@ -49,8 +49,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from atrium.lifecycle.limits import InstanceCgroup, Limits
+from atrium.lifecycle.runners.kubernetes import INSTALL_HINT, KubeSettings
 
 _LOGGER = logging.getLogger(__name__)
+
+
+class RunnerUnavailable(RuntimeError):
+    """The runner asked for cannot be loaded here (an optional extra is not installed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,20 @@ class SpawnSpec:
     source_digest: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Survivor:
+    """A server an earlier shell left running (a ``survives_shell`` runner's), already adopted:
+    which instance it was, and the secrets it holds (the new shell keeps them)."""
+
+    instance_id: str
+    app_id: str
+    owner: str
+    ref: dict[str, Any]
+    token: str
+    secret: str
+    app: RunningApp
+
+
 class RunningApp(Protocol):
     """A started server (see the module docstring for the contract)."""
 
@@ -168,6 +187,14 @@ class Runner(Protocol):
         (or the runner cannot adopt: a local runner's children die with their shell)."""
         ...
 
+    async def survivors(self) -> list[Survivor]:
+        """What an earlier shell left running, adopted (empty unless ``survives_shell``)."""
+        ...
+
+    async def close(self) -> None:
+        """Let go of what the runner holds (a cluster client, its watch); servers keep running."""
+        ...
+
     def early_exit_cause(self, log_path: Path, returncode: int) -> str:
         """The SpawnFailed cause of a child that ended before answering `/health`: ``mount``
         when the runner itself could not build its sandbox (its words end the log), else
@@ -175,17 +202,30 @@ class Runner(Protocol):
         ...
 
 
-def load_runner(name: str) -> Runner:
-    """``process``, ``bwrap``, or ``auto``: bwrap when it works on this machine, else process."""
+def load_runner(name: str, kube: KubeSettings | None = None) -> Runner:
+    """``process``, ``bwrap``, ``kubernetes`` (with ``kube``, its settings), or ``auto``: bwrap
+    when it works on this machine, else process. kubernetes-asyncio, the Kubernetes runner's
+    client, is an optional extra imported only here: RunnerUnavailable names how to install it."""
     from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works
     from atrium.lifecycle.runners.process import ProcessRunner
 
+    if name == "kubernetes":
+        if kube is None:
+            raise ValueError("the kubernetes runner needs its settings (ATRIUM_KUBE_*)")
+        try:
+            from atrium.lifecycle.runners.kubernetes.runner import KubernetesRunner
+        except ImportError as err:
+            raise RunnerUnavailable(
+                f"the kubernetes runner needs kubernetes-asyncio ({INSTALL_HINT}): {err}"
+            ) from err
+        _LOGGER.info("runner: kubernetes (namespace %s)", kube.namespace)
+        return KubernetesRunner(kube)
     if name == "process":
         return ProcessRunner()
     if name == "bwrap":
         return BwrapRunner()
     if name != "auto":
-        raise ValueError(f"unknown runner {name!r}: auto, process or bwrap")
+        raise ValueError(f"unknown runner {name!r}: auto, process, bwrap or kubernetes")
     problem = bwrap_works()
     if problem is None:
         _LOGGER.info("runner: bwrap (bubblewrap sandbox)")
@@ -201,7 +241,9 @@ __all__ = [
     "ExitStatus",
     "LogChunk",
     "Runner",
+    "RunnerUnavailable",
     "RunningApp",
     "SpawnSpec",
+    "Survivor",
     "load_runner",
 ]

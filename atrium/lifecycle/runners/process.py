@@ -35,7 +35,14 @@ from typing import Any, BinaryIO, Final, NamedTuple
 
 from atrium.errors import SpawnFailed
 from atrium.lifecycle.limits import InstanceCgroup, enter_from_child
-from atrium.lifecycle.runners import AppUser, ExitReason, ExitStatus, LogChunk, SpawnSpec
+from atrium.lifecycle.runners import (
+    AppUser,
+    ExitReason,
+    ExitStatus,
+    LogChunk,
+    SpawnSpec,
+    Survivor,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -581,6 +588,12 @@ class LocalRunner:
             app_id="",
             cause="exited",
         )
+
+    async def survivors(self) -> list[Survivor]:
+        return []
+
+    async def close(self) -> None:
+        return None
 
 
 class ProcessRunner(LocalRunner):

@@ -1,0 +1,95 @@
+"""The init container's fetch: the app's files from the shell, checked, unpacked (stdlib only).
+
+``python -m atrium.lifecycle.runners.kubernetes.fetch --digest sha256:… --to /app``: asks
+``$OS_SHELL_URL/api/runner/source`` with the app token read from ``$OS_SECRETS_DIR/OS_APP_TOKEN``,
+compares the bytes' sha256 with ``--digest`` before anything is written, then unpacks only
+regular files and folders that stay inside the target (no links, no absolute paths, no ``..``).
+Exit status 0 when done; 1 with one line on stderr saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path, PurePosixPath
+
+ATTEMPTS = 5
+
+
+def _token() -> str:
+    folder = os.environ.get("OS_SECRETS_DIR", "")
+    token = os.environ.get("OS_APP_TOKEN", "")
+    if not token and folder:
+        token = Path(folder, "OS_APP_TOKEN").read_text().strip()
+    if not token:
+        raise SystemExit("fetch: no app token (OS_SECRETS_DIR/OS_APP_TOKEN)")
+    return token
+
+
+def download(url: str, token: str) -> bytes:
+    """The tar, retried a few times while the shell is not reachable yet."""
+    if not url.startswith(("http://", "https://")):
+        raise SystemExit(f"fetch: not an http(s) URL: {url!r}")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310 - http(s) only, checked above
+    for attempt in range(ATTEMPTS):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+                data: bytes = answer.read()
+                return data
+        except urllib.error.HTTPError as err:
+            raise SystemExit(f"fetch: {url} answered {err.code}: {err.read()[:300]!r}") from err
+        except OSError as err:
+            if attempt == ATTEMPTS - 1:
+                raise SystemExit(f"fetch: {url} unreachable: {err}") from err
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def unpack(data: bytes, target: Path) -> None:
+    """Every member checked before any is written: a link, a device, an absolute name or one
+    that climbs out of ``target`` refuses the whole archive."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        members = tar.getmembers()
+        for member in members:
+            name = PurePosixPath(member.name)
+            if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                raise SystemExit(f"fetch: refused archive member {member.name!r}")
+        target.mkdir(parents=True, exist_ok=True)
+        for member in members:
+            path = target.joinpath(*PurePosixPath(member.name).parts)
+            if member.isdir():
+                path.mkdir(parents=True, exist_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            if source is None:  # pragma: no cover - a regular file always has content
+                raise SystemExit(f"fetch: no content for {member.name!r}")
+            path.write_bytes(source.read())
+            path.chmod(0o755 if member.mode & 0o100 else 0o644)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="atrium-fetch")
+    parser.add_argument("--digest", required=True)
+    parser.add_argument("--to", required=True, type=Path)
+    parser.add_argument("--url", default=None, help="default: $OS_SHELL_URL/api/runner/source")
+    args = parser.parse_args(argv)
+    url = args.url or os.environ.get("OS_SHELL_URL", "").rstrip("/") + "/api/runner/source"
+    data = download(url, _token())
+    got = "sha256:" + hashlib.sha256(data).hexdigest()
+    if got != args.digest:
+        sys.stderr.write(f"fetch: digest mismatch: wanted {args.digest}, got {got}\n")
+        return 1
+    unpack(data, args.to)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
