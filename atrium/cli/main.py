@@ -61,6 +61,7 @@ lazy_command("keygen", "atrium.cli.trust:keygen")
 app.command("audit")(audit.audit)
 app.command()(publish)
 lazy_command("doctor", "atrium.cli.doctor:doctor")
+lazy_command("kube", "atrium.cli.kube:kube_app")
 
 
 @app.callback()

@@ -9,6 +9,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from atrium.lifecycle.runners.kubernetes.render import (
     ANNOTATION_PIDS,
@@ -38,6 +39,7 @@ from atrium.lifecycle.runners.kubernetes.render import (
     secret_name,
     shell_key,
     shell_objects,
+    to_yaml,
 )
 
 VERSIONS = ("1.29.0", "1.35.0")
@@ -394,3 +396,12 @@ def test_a_local_argv_as_the_pods_command() -> None:
     assert pod_command([f"{app}/entrypoint.sh"], app) == ["/app/entrypoint.sh"]
     # a sibling folder whose name starts like the app's is not the app's
     assert pod_command(["/bin/sh", f"{app}2/x"], app) == ["/bin/sh", f"{app}2/x"]
+
+
+def test_the_yaml_reads_back_as_the_objects() -> None:
+    """Any text an argv may hold (quotes, a tab, YAML words, U+2028, beyond the BMP) survives."""
+    odd = ["python3", "on", "0755", "yes", 'a"b\\c', "\t\n\x85\u2028\U0001f600", "", "- x: y"]
+    objects = every_object(plan(entrypoint=odd))
+    text = to_yaml(objects)
+    assert text.count("---\n") == len(objects)
+    assert list(yaml.safe_load_all(text)) == json.loads(json.dumps(objects))

@@ -594,3 +594,68 @@ def shell_objects(
             },
         },
     ]
+
+
+#: YAML words a plain key could be read as (a boolean or null in YAML 1.1): quoted
+_YAML_WORDS: Final = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"})
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+
+
+def _yaml_string(text: str) -> str:
+    """A double-quoted YAML scalar: every character not printable escaped, so any text (an
+    argv from a manifest) reads back as itself."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list | tuple):
+        return "[]"
+    return _yaml_string(str(value))
+
+
+def _yaml_lines(value: Any, indent: int) -> list[str]:
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = str(key)
+            if not _PLAIN_KEY.fullmatch(name) or name.lower() in _YAML_WORDS:
+                name = _yaml_string(name)
+            if isinstance(item, dict | list | tuple) and item:
+                lines.append(f"{pad}{name}:")
+                lines += _yaml_lines(item, indent + 2)
+            else:
+                lines.append(f"{pad}{name}: {_yaml_scalar(item)}")
+    else:
+        for item in value:
+            if isinstance(item, dict | list | tuple) and item:
+                nested = _yaml_lines(item, indent + 2)
+                nested[0] = f"{pad}- {nested[0][indent + 2 :]}"
+                lines += nested
+            else:
+                lines.append(f"{pad}- {_yaml_scalar(item)}")
+    return lines
+
+
+def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
+    """The objects as YAML documents (``---`` before each), as `kubectl apply -f` reads them;
+    block style, every string double-quoted (no YAML type guessing: ``"0755"`` stays a string)."""
+    return "".join("---\n" + "\n".join(_yaml_lines(dict(obj), 0)) + "\n" for obj in objects)
