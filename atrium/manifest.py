@@ -6,6 +6,7 @@ one problem per field (docs/api.md "Manifest"; decisions.md "Manifest").
 
 from __future__ import annotations
 
+import posixpath
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Final
@@ -43,6 +44,18 @@ MIN_CPU_MILLI: Final = 10
 MAX_CPU_MILLI: Final = 1_024_000
 MIN_PIDS: Final = 8
 MAX_PIDS: Final = 1_000_000
+#: ``runtime.image``: ``host[:port]/repository[:tag][@sha256:<64 hex>]``, the registry named
+IMAGE_RE: Final = re.compile(
+    r"(?P<registry>(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?)/"
+    r"(?P<repository>[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?\Z"
+)
+ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: kernel file systems the sandbox mounts itself: a data folder there would hide or shadow them
+SYSTEM_FOLDERS: Final = ("/proc", "/sys", "/dev")
+MAX_DATA_PATHS: Final = 32
 
 
 class ThemeStrategy(StrEnum):
@@ -218,6 +231,117 @@ class Resources(_ManifestPart):
     pids: int | None = Field(default=None, ge=MIN_PIDS, le=MAX_PIDS)
 
 
+class RuntimeHealth(_ManifestPart):
+    """``runtime.health``: the HTTP probe of an image app (200-399 within the start deadline)."""
+
+    path: str = Field(min_length=1, max_length=2000)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or any(c.isspace() or ord(c) < 32 for c in value):
+            raise ValueError(f"{value!r} must be a URL path starting with '/' (no spaces)")
+        return value
+
+
+def check_image(value: str) -> str:
+    """``host[:port]/repository`` with a tag, a digest or both (the digest wins)."""
+    if not IMAGE_RE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an OCI image reference: host[:port]/repository with a :tag or "
+            "an @sha256:<64 hex> digest (e.g. registry.example.com/apps/web@sha256:...)"
+        )
+    match = IMAGE_RE.fullmatch(value)
+    if match is not None and not match["tag"] and not match["digest"]:
+        raise ValueError(f"{value!r} names no tag and no digest (add :<tag> or @sha256:...)")
+    return value
+
+
+def _check_data_path(value: str) -> str:
+    if (
+        not value.startswith("/")
+        or "\x00" in value
+        or posixpath.normpath(value) != value
+        or ".." in value.split("/")
+        or "//" in value
+    ):
+        raise ValueError(f"{value!r} must be an absolute, normalised path (no '..', '//', '/.')")
+    if value == "/":
+        raise ValueError("'/' cannot be a data folder (the image's root stays read-only)")
+    if any(value == f or value.startswith(f + "/") for f in SYSTEM_FOLDERS):
+        raise ValueError(f"{value!r} is under {', '.join(SYSTEM_FOLDERS)}, which the sandbox owns")
+    return value
+
+
+class Runtime(_ManifestPart):
+    """``runtime``: the app is an existing OCI image run in its own root file system (docs/api.md
+    "Manifest"). ``image`` may carry a tag in what an author writes; the installed manifest holds
+    it pinned by digest (``pinned``). Unknown keys are refused here: a misspelt ``comand`` would
+    otherwise run the image's own command without a word."""
+
+    model_config = ConfigDict(**{**_ManifestPart.model_config, "extra": "forbid"})
+
+    image: Annotated[str, AfterValidator(check_image)]
+    port: int = Field(ge=1, le=65535)
+    health: RuntimeHealth
+    data: list[Annotated[str, AfterValidator(_check_data_path)]] = Field(
+        default_factory=list, max_length=MAX_DATA_PATHS
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    command: list[str] | None = None
+
+    @field_validator("data")
+    @classmethod
+    def _apart(cls, value: list[str]) -> list[str]:
+        for number, path in enumerate(value):
+            for other in value[:number]:
+                if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+                    raise ValueError(f"{path!r} and {other!r} overlap (each folder once, apart)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not an environment variable name (letters, digits, '_', "
+                    "not starting with a digit)"
+                )
+            if "\x00" in text:
+                raise ValueError(f"the value of {name!r} contains a NUL byte")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or not all(value) or any("\x00" in v for v in value)):
+            raise ValueError("must be a non-empty argv list of non-empty strings")
+        return value
+
+    @property
+    def digest(self) -> str | None:
+        """The ``sha256:`` digest the image is pinned to, or None (a tag only)."""
+        match = IMAGE_RE.fullmatch(self.image)
+        return match["digest"] if match else None
+
+    @property
+    def pinned(self) -> bool:
+        return self.digest is not None
+
+    def parts(self) -> tuple[str, str, str | None, str | None]:
+        """``(registry, repository, tag, digest)`` of ``image``."""
+        match = IMAGE_RE.fullmatch(self.image)
+        if match is None:  # validated on construction
+            raise ValueError(f"{self.image!r} is not an OCI image reference")
+        return match["registry"], match["repository"], match["tag"], match["digest"]
+
+    def pin(self, digest: str) -> Runtime:
+        """This runtime with ``image`` pinned to ``digest`` (the tag, if any, is dropped)."""
+        registry, repository, _, _ = self.parts()
+        return self.model_copy(update={"image": f"{registry}/{repository}@{digest}"})
+
+
 class Manifest(_ManifestPart):
     """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest").
 
@@ -242,6 +366,8 @@ class Manifest(_ManifestPart):
     sharing: Sharing = Field(default_factory=Sharing)
     tools: list[str] = Field(default_factory=list)
     resources: Resources | None = None
+    #: an existing OCI image instead of the app tree's entrypoint
+    runtime: Runtime | None = None
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
 
