@@ -61,6 +61,7 @@ ACCEPTED: Final = {
     "app_pids": "a whole number of processes, 0-1000000 (0: no ceiling)",
     "app_cpu_milli": "a whole number of thousandths of a core, 0-1024000 (0: no ceiling)",
     "cgroup_parent": "the path of a delegated cgroup v2 folder",
+    "app_limits": "auto (a cgroup per instance where possible, else rlimits) or rlimit",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -148,6 +149,10 @@ class Settings(BaseSettings):
     app_cpu_milli: int = Field(default=0, ge=0, le=1_024_000)
     #: a delegated cgroup v2 folder for the instances' cgroups (default: the shell's own cgroup)
     cgroup_parent: Path | None = None
+    #: how instances' limits are held: ``auto`` a cgroup each where the host delegates one, else
+    #: rlimits; ``rlimit`` rlimits only (docs/decisions.md "Resource limits: rlimits where no
+    #: cgroup is delegated")
+    app_limits: Literal["auto", "rlimit"] = "auto"
     #: the Kubernetes runner (docs/deploying.md "On Kubernetes"): where its pods go, the image
     #: they run (Python and the SDK), how the shell reaches the API (a kubeconfig, or unset: the
     #: pod's own service account), the data claims' storage class (unset: the cluster's default),

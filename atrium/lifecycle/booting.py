@@ -22,7 +22,13 @@ from atrium.errors import SpawnFailed
 from atrium.identity import AppTokens
 from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_healthy
 from atrium.lifecycle.instance import Instance
-from atrium.lifecycle.limits import Cgroups, InstanceCgroup, Limits, effective_limits
+from atrium.lifecycle.limits import (
+    Cgroups,
+    InstanceCgroup,
+    Limits,
+    effective_limits,
+    rlimit_plan,
+)
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec, Survivor
 from atrium.lifecycle.spawning import (
@@ -46,6 +52,8 @@ _LOGGER = logging.getLogger(__name__)
 S = InstanceState
 STOP_GRACE: Final = 3.0
 SpawnTask = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+#: the runners whose children hold their limits on this machine (a cgroup, else rlimits)
+LOCAL_RUNNERS: Final = ("process", "bwrap")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +117,8 @@ class Booter:
         log_path = instance.log_path = self.layout.home / "run" / "logs" / f"{instance.id}.log"
         cgroup: InstanceCgroup | None = None
         try:
-            cgroup, instance.limits = self._cgroup(instance, copy.manifest)
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
+            cgroup, instance.limits = self._cgroup(instance, copy.manifest, spec.user is not None)
             spec = replace(spec, limits=instance.limits, cgroup=cgroup)
             instance.child = await self.runner.spawn(spec)
         except SpawnFailed as err:
@@ -149,20 +157,23 @@ class Booter:
         instance.token = None
 
     def _cgroup(
-        self, instance: Instance, manifest: Manifest
+        self, instance: Instance, manifest: Manifest, own_uid: bool
     ) -> tuple[InstanceCgroup | None, Limits | None]:
-        """The instance's cgroup with its limits written, and the limits it reports (None when
-        the shell cannot enforce any, as in
-        docs/decisions.md "Resource limits: one cgroup per instance")."""
+        """The instance's cgroup with its limits written, and the limits it reports; where the
+        shell uses no cgroup, no cgroup and what rlimits hold of them (a local runner sets them
+        in the child, docs/decisions.md "Resource limits: rlimits where no cgroup is
+        delegated"); None where nothing holds them (no `Cgroups`, or a runner of its own)."""
         cgroups = self._config.cgroups
-        if cgroups is None or not cgroups.enforced:
+        if cgroups is None or self.runner.name not in LOCAL_RUNNERS:
             return None, None
         asked = manifest.resources
         limits = effective_limits(
             None if asked is None else Limits(asked.memory_mib, asked.cpu_milli, asked.pids),
             cgroups.ceilings,
         )
-        return cgroups.make(instance.id, limits), limits
+        if not cgroups.enforced:
+            return None, rlimit_plan(limits, own_uid).holds
+        return cgroups.make(instance.id, limits), replace(limits, enforcement="cgroup")
 
     async def _await_health(
         self, instance: Instance, manifest: Manifest, port: int, log_path: Path

@@ -2,8 +2,9 @@
 
 The pure part decides: the limits an instance gets (`effective_limits`: the manifest's
 ``resources`` capped by the shell's ceilings), the files a cgroup v1 or v2 hierarchy needs written
-for them (`v1_writes`, `v2_writes`), the OOM kill count a controller file reports (`oom_kills`),
-and where the shell itself sits (`own_cgroups`).
+for them (`v1_writes`, `v2_writes`), the rlimits that stand in where no cgroup is used
+(`rlimit_plan`), the OOM kill count a controller file reports (`oom_kills`), and where the shell
+itself sits (`own_cgroups`).
 
 The edge does the I/O: `detect_cgroups` finds writable hierarchies at start, `Cgroups` (one per
 shell) makes ``<parent>/atrium-<key>/<instance id>`` with the limits written, and `InstanceCgroup`
@@ -12,9 +13,11 @@ kills when it ends, and removes the folder once nothing runs in it.
 
 ``<key>`` is a hash of the shell's home: two shells on one machine (a test suite starts many)
 share a parent cgroup and their instance ids repeat, so each shell keeps its own folder.
-Where no hierarchy is writable, `Cgroups.problem` says why once; instances then run with no
-limits and say so (``limits: null``) rather than pretending, as
-docs/decisions.md "Resource limits: one cgroup per instance" says.
+Where no hierarchy is writable (or ``ATRIUM_APP_LIMITS=rlimit``), `Cgroups.problem` says why
+once and the local runners set rlimits in the child before it executes instead: memory per
+process (``RLIMIT_DATA``), processes per app uid (``RLIMIT_NPROC``, only where the app runs under
+a uid of its own), no CPU quota. Each instance says which it got (``limits.enforcement``), as
+docs/decisions.md "Resource limits: rlimits where no cgroup is delegated" says.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,16 +52,29 @@ _POLL: Final = 0.02
 _MAX_NAMES: Final = 64
 
 
+#: how an instance's limits are held: a cgroup of its own, or rlimits set in its child
+Enforcement = Literal["cgroup", "rlimit"]
+#: ``ATRIUM_APP_LIMITS``: a cgroup where the host delegates one, else rlimits; or rlimits only
+LimitsMode = Literal["auto", "rlimit"]
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one instance may use; None: no limit of that kind."""
+    """What one instance may use; None: no limit of that kind. ``enforcement``: how they are
+    held (None on the manifest's and the settings' side, where nothing holds them yet)."""
 
     memory_mib: int | None = None
     cpu_milli: int | None = None
     pids: int | None = None
+    enforcement: Enforcement | None = None
 
-    def wire(self) -> dict[str, int | None]:
-        return {"memoryMiB": self.memory_mib, "cpuMilli": self.cpu_milli, "pids": self.pids}
+    def wire(self) -> dict[str, int | str | None]:
+        return {
+            "memoryMiB": self.memory_mib,
+            "cpuMilli": self.cpu_milli,
+            "pids": self.pids,
+            "enforcement": self.enforcement,
+        }
 
 
 def _capped(asked: int | None, ceiling: int | None) -> int | None:
@@ -129,6 +145,47 @@ def v2_writes(limits: Limits) -> list[Write]:
 def _quota_us(cpu_milli: int) -> int:
     """Thousandths of a core → microseconds per period (the kernel's minimum is 1000)."""
     return max(1000, cpu_milli * CPU_PERIOD_US // 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class RlimitPlan:
+    """The rlimits a child sets before it executes (``resource`` module numbers → soft and hard
+    value), and the limits that holds, as the instance reports them."""
+
+    rlimits: tuple[tuple[int, int], ...]
+    holds: Limits
+
+
+def rlimit_plan(limits: Limits, own_uid: bool) -> RlimitPlan:
+    """What rlimits can hold of ``limits``, which are per process, not per process tree:
+
+    - memory: ``RLIMIT_DATA`` (the process's private writable memory: heap, anonymous maps,
+      thread stacks), each process of the app up to the limit; not ``RLIMIT_AS``, which counts
+      address space merely reserved (64 MiB per malloc arena of each thread) and stops a threaded
+      server long before it uses its memory;
+    - processes: ``RLIMIT_NPROC``, which the kernel counts per real uid over the whole machine:
+      set only when the app runs under a uid of its own (``own_uid``: a root shell), where it
+      counts that app's (and owner's) processes and threads; a shell's own uid would count the
+      shell and every other app;
+    - CPU: nothing (``RLIMIT_CPU`` ends a process after so many CPU seconds, it is no share).
+    """
+    import resource
+
+    pairs: list[tuple[int, int]] = []
+    if limits.memory_mib is not None:
+        pairs.append((resource.RLIMIT_DATA, limits.memory_mib * MIB))
+    pids = limits.pids if own_uid else None
+    if pids is not None:
+        pairs.append((resource.RLIMIT_NPROC, pids))
+    return RlimitPlan(tuple(pairs), Limits(limits.memory_mib, None, pids, "rlimit"))
+
+
+def set_rlimits_in_child(rlimits: Iterable[tuple[int, int]]) -> None:
+    """In the forked child, before exec: lower soft and hard limits (an app cannot raise them)."""
+    import resource
+
+    for which, value in rlimits:
+        resource.setrlimit(which, (value, value))
 
 
 def oom_kills(text: str) -> int:
@@ -300,12 +357,17 @@ def enter_from_child(fds: Iterable[int]) -> None:
 class Cgroups:
     """The shell's side: one folder ``atrium-<key>`` below the parent(s), an instance's below it."""
 
-    def __init__(self, host: CgroupHost, home: Path, ceilings: Limits) -> None:
+    def __init__(
+        self, host: CgroupHost, home: Path, ceilings: Limits, mode: LimitsMode = "auto"
+    ) -> None:
         self.ceilings = ceilings
         self.version = host.version
         self.problem = host.problem
         self._bases: dict[str, Path] = {}
-        if host.problem is None:
+        if mode == "rlimit":
+            self.version = None
+            self.problem = "cgroups not used: ATRIUM_APP_LIMITS is rlimit"
+        elif host.problem is None:
             try:
                 self._bases = self._make_bases(host, f"atrium-{shell_key(home)}")
             except OSError as err:
@@ -314,7 +376,12 @@ class Cgroups:
 
     @property
     def enforced(self) -> bool:
+        """True when instances get cgroups (False: the local runners set rlimits instead)."""
         return self.problem is None
+
+    @property
+    def enforcement(self) -> Enforcement:
+        return "cgroup" if self.enforced else "rlimit"
 
     @property
     def bases(self) -> list[Path]:
@@ -338,7 +405,10 @@ class Cgroups:
 
     def describe(self) -> str:
         if self.problem is not None:
-            return f"resource limits NOT enforced: {self.problem}"
+            return (
+                "resource limits held with rlimits only (memory per process, processes per app "
+                f"uid where apps run under their own, no CPU quota): {self.problem}"
+            )
         where = ", ".join(str(b) for b in self._bases.values())
         return f"resource limits enforced with cgroup v{self.version} below {where}"
 
@@ -404,10 +474,13 @@ def ceilings_of(memory_mib: int, cpu_milli: int, pids: int) -> Limits:
     return Limits(memory_mib or None, cpu_milli or None, pids or None)
 
 
-def open_cgroups(home: Path, ceilings: Limits, parent: Path | None) -> Cgroups:
+def open_cgroups(
+    home: Path, ceilings: Limits, parent: Path | None, mode: LimitsMode = "auto"
+) -> Cgroups:
     """The shell's `Cgroups` (blocking: reads and makes a few folders at start); says once, in
-    the log, whether limits are enforced (instances report ``limits: null`` when not)."""
-    cgroups = Cgroups(detect_cgroups(parent), home, ceilings)
+    the log, whether limits are held with cgroups or with rlimits only."""
+    host = detect_cgroups(parent) if mode == "auto" else CgroupHost(None, {})
+    cgroups = Cgroups(host, home, ceilings, mode)
     if cgroups.enforced:
         _LOGGER.info("%s", cgroups.describe())
     else:
@@ -418,8 +491,11 @@ def open_cgroups(home: Path, ceilings: Limits, parent: Path | None) -> Cgroups:
 __all__ = [
     "CgroupHost",
     "Cgroups",
+    "Enforcement",
     "InstanceCgroup",
     "Limits",
+    "LimitsMode",
+    "RlimitPlan",
     "ceilings_of",
     "detect_cgroups",
     "effective_limits",
@@ -427,6 +503,8 @@ __all__ = [
     "oom_kills",
     "open_cgroups",
     "own_cgroups",
+    "rlimit_plan",
+    "set_rlimits_in_child",
     "v1_writes",
     "v2_writes",
 ]

@@ -1,6 +1,8 @@
 """Resource limits through the real shell and the real bwrap runner: each instance in its own
 cgroup, a memory overrun kills that instance alone (reason ``oom``), a fork past ``pids`` fails
-inside the app, and destroy leaves no cgroup behind."""
+inside the app, and destroy leaves no cgroup behind; where no cgroup is used, rlimits set in the
+child before it executes; a fork bomb or a 10 GiB allocation leaves the shell and other apps
+answering either way."""
 
 from __future__ import annotations
 
@@ -41,13 +43,15 @@ def usable_here() -> bool:
         return made.enforced
 
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not usable_here(), reason="no usable cgroup here: limits are not enforced"),
-]
+CGROUPS_HERE = usable_here()
+pytestmark = pytest.mark.integration
+needs_cgroups = pytest.mark.skipif(
+    not CGROUPS_HERE, reason="no usable cgroup here: limits are not enforced with cgroups"
+)
 
 HOG = "test.load.hog"
 MEMORY = "test.load.memory"
+BOMB = "test.load.bomb"
 
 
 @pytest.fixture
@@ -91,14 +95,26 @@ def memory_cgroup(pid: int) -> Path:
     return Path("/sys/fs/cgroup" + next(path for hid, _, path in fields if hid == "0"))
 
 
+@needs_cgroups
 def test_the_instance_object_shows_the_limits_applied(api: httpx.Client) -> None:
     hog = launch(api, HOG)
-    assert hog["limits"] == {"memoryMiB": 64, "cpuMilli": 500, "pids": 16}
+    assert hog["limits"] == {
+        "memoryMiB": 64,
+        "cpuMilli": 500,
+        "pids": 16,
+        "enforcement": "cgroup",
+    }
     plain = launch(api, "test.plain.stdlib")
-    assert plain["limits"] == {"memoryMiB": 1024, "cpuMilli": None, "pids": 1024}
+    assert plain["limits"] == {
+        "memoryMiB": 1024,
+        "cpuMilli": None,
+        "pids": 1024,
+        "enforcement": "cgroup",
+    }
     assert api.get(f"/api/instances/{hog['instanceId']}").json()["limits"]["pids"] == 16
 
 
+@needs_cgroups
 def test_an_app_past_its_memory_limit_dies_alone_with_reason_oom(api: httpx.Client) -> None:
     hog = launch(api, HOG)["instanceId"]
     other = launch(api, MEMORY)["instanceId"]
@@ -125,6 +141,7 @@ def test_an_app_past_its_memory_limit_dies_alone_with_reason_oom(api: httpx.Clie
     assert api.get("/api/instances").status_code == 200
 
 
+@needs_cgroups
 def test_an_app_past_its_memory_limit_while_starting_fails_with_cause_oom(
     start_shell: StartShell, system_apps: Path
 ) -> None:
@@ -142,6 +159,7 @@ def test_an_app_past_its_memory_limit_while_starting_fails_with_cause_oom(
     assert "out of memory (its limit is 32 MiB)" in error["message"]
 
 
+@needs_cgroups
 def test_a_fork_past_the_pids_limit_fails_inside_the_app(api: httpx.Client) -> None:
     hog = launch(api, HOG)["instanceId"]
     answer = api.post(f"/api/proxy/{hog}/fork", params={"n": "40"})
@@ -153,6 +171,7 @@ def test_a_fork_past_the_pids_limit_fails_inside_the_app(api: httpx.Client) -> N
     assert api.get(f"/api/proxy/{hog}/health").status_code == 200
 
 
+@needs_cgroups
 def test_destroy_removes_the_instances_cgroup(api: httpx.Client) -> None:
     instance = launch(api, HOG)
     folder = memory_cgroup(instance["pid"])
@@ -177,6 +196,7 @@ def test_a_bad_resources_value_is_a_manifest_problem(
     assert fields == {"resources.memoryMiB", "resources.pids"}, app["problems"]
 
 
+@needs_cgroups
 async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(
     tmp_path: Path, cgroups: Cgroups
 ) -> None:
@@ -213,6 +233,7 @@ async def test_the_process_runner_puts_the_whole_tree_in_the_cgroup(
     assert not any(folder.exists() for folder in cgroup.folders)
 
 
+@needs_cgroups
 def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
     cgroups: Cgroups,
 ) -> None:
@@ -252,10 +273,12 @@ def test_a_cgroup_still_in_use_under_the_same_id_is_never_joined_nor_killed(
     assert again.try_remove()
 
 
-def test_where_no_cgroup_is_usable_instances_say_limits_null(
+def test_where_no_cgroup_is_usable_rlimits_hold_and_the_instance_says_so(
     start_shell: StartShell, system_apps: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Limits not enforced are said (the log, once; `limits: null`), never silently dropped."""
+    """No usable cgroup: the limits rlimits can hold are set in the child before it executes
+    (memory as RLIMIT_DATA, processes as RLIMIT_NPROC of the app's own uid) and said (the log,
+    once; ``enforcement: "rlimit"``, ``cpuMilli: null``), never silently dropped."""
     add_test_apps(system_apps, HOG)
     not_a_cgroup = tmp_path / "plain-folder"
     not_a_cgroup.mkdir()
@@ -263,7 +286,121 @@ def test_where_no_cgroup_is_usable_instances_say_limits_null(
     with shell.client(timeout=30) as client:
         instance = client.post("/api/instances", json={"appId": HOG}).json()
     assert instance["state"] == "started"
-    assert instance["limits"] is None
-    said = [r.getMessage() for r in caplog.records if "NOT enforced" in r.getMessage()]
+    own_uid = os.geteuid() == 0  # the app runs under a uid of its own only when the shell is root
+    assert instance["limits"] == {
+        "memoryMiB": 64,
+        "cpuMilli": None,
+        "pids": 16 if own_uid else None,
+        "enforcement": "rlimit",
+    }
+    said = [r.getMessage() for r in caplog.records if "rlimits" in r.getMessage()]
     assert len(said) == 1
     assert str(not_a_cgroup) in said[0]
+    limits = app_rlimits(instance["pid"])
+    assert limits["Max data size"] == str(64 * 1024 * 1024)
+    assert limits["Max processes"] == (str(16) if own_uid else "unlimited")
+
+
+def app_rlimits(pid: int) -> dict[str, str]:
+    """The soft limits of the app's own process below ``pid`` (bwrap or the keeper): the
+    deepest descendant running ``server.py``."""
+    tree = [s.pid for s in descendants(pid)]
+    app = next(p for p in reversed(tree) if b"server.py" in Path(f"/proc/{p}/cmdline").read_bytes())
+    found: dict[str, str] = {}
+    for line in Path(f"/proc/{app}/limits").read_text().splitlines()[1:]:
+        name, soft = line[:26].strip(), line[26:].split()[0]
+        found[name] = soft
+    return found
+
+
+@pytest.mark.parametrize("enforcement", [pytest.param("cgroup", marks=needs_cgroups), "rlimit"])
+def test_a_fork_bomb_and_a_10_gib_allocation_leave_the_shell_and_other_apps_answering(
+    start_shell: StartShell, system_apps: Path, enforcement: str
+) -> None:
+    """One app allocates 10 GiB, then forks without end (limits 64 MiB, 32 processes): the
+    allocation ends that app (``oom``, with a cgroup) or is refused inside it (rlimit), the bomb
+    stays within 32 processes, and the shell's API and another app answer all along."""
+    if enforcement == "rlimit" and os.geteuid() != 0:
+        pytest.skip("RLIMIT_NPROC holds only where the app runs under its own uid (a root shell)")
+    add_test_apps(system_apps, BOMB, "test.plain.stdlib")
+    shell = start_shell(runner="bwrap", app_limits="auto" if enforcement == "cgroup" else "rlimit")
+    with shell.client(timeout=30) as api:
+        other = launch(api, "test.plain.stdlib")["instanceId"]
+        bomb = launch(api, BOMB)
+        assert bomb["limits"]["enforcement"] == enforcement
+        assert bomb["limits"]["memoryMiB"] == 64
+        assert bomb["limits"]["pids"] == 32
+
+        events = SseReader(api, {"topics": "app:crashed"})
+        try:
+            answer = api.post(f"/api/proxy/{bomb['instanceId']}/alloc", params={"gib": "10"})
+        except httpx.TransportError:
+            answer = None
+        if enforcement == "cgroup":
+            events.wait(1)
+            assert events.events[0].data["reason"] == "oom"
+            assert api.get(f"/api/instances/{bomb['instanceId']}").json()["state"] == "error"
+            bomb = launch(api, BOMB)
+        else:  # RLIMIT_DATA: malloc is refused, the app says so and keeps running
+            assert answer is not None
+            assert answer.status_code == 507, answer.text
+            assert answer.json()["heldMiB"] < 64
+        still_answering(api, other)
+
+        assert api.post(f"/api/proxy/{bomb['instanceId']}/bomb").status_code == 200
+        counts = []
+        for _ in range(10):
+            time.sleep(0.2)
+            counts.append(len(descendants(bomb["pid"])))
+            still_answering(api, other)
+        # bwrap's own processes and the keeper are not the app's uid: at most 2 more than 32
+        assert 16 <= max(counts) <= 32 + 2, counts
+        assert api.delete(f"/api/instances/{bomb['instanceId']}").status_code == 200
+        assert descendants(bomb["pid"]) == []
+
+
+def still_answering(api: httpx.Client, other: str) -> None:
+    """The shell's API and another app's /health answer, each within 3 s (a starved shell or
+    machine would not)."""
+    for path in ("/api/instances", f"/api/proxy/{other}/health"):
+        began = time.monotonic()
+        assert api.get(path, timeout=10).status_code == 200
+        assert time.monotonic() - began < 3.0, path
+
+
+async def test_the_process_runner_sets_the_rlimits_before_the_app_executes(tmp_path: Path) -> None:
+    """Limits held with rlimits: the keeper and the app below it run with the memory limit set;
+    no process limit where the app shares the shell's uid (``user`` None: RLIMIT_NPROC would
+    count the shell's own processes)."""
+    (tmp_path / "app").mkdir()
+    limits = Limits(48, None, 32, "rlimit")
+    spec = SpawnSpec(
+        app_id="probe",
+        instance_id="probe-1",
+        app_dir=tmp_path / "app",
+        argv=[sys.executable, "-c", "import time\ntime.sleep(60)"],
+        env={},
+        data_dir=tmp_path / "data",
+        host="127.0.0.1",
+        port=1,
+        log_path=tmp_path / "log",
+        limits=limits,
+    )
+    child = await ProcessRunner().spawn(spec)
+    try:
+        for _ in range(500):
+            if descendants(child.pid):
+                break
+            await asyncio.sleep(0.01)
+        for pid in [child.pid, *(s.pid for s in descendants(child.pid))]:
+            text = Path(f"/proc/{pid}/limits").read_text()
+            data = next(line for line in text.splitlines() if line.startswith("Max data size"))
+            nproc = next(line for line in text.splitlines() if line.startswith("Max processes"))
+            assert data.split()[3:5] == [str(48 << 20)] * 2, data
+            assert "unlimited" not in data
+            assert (
+                nproc.split()[2]
+                == Path("/proc/self/limits").read_text().split("Max processes")[1].split()[0]
+            )
+    finally:
+        await child.stop(0.5)

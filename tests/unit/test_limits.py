@@ -3,6 +3,7 @@ for v1 and v2, the OOM count and the shell's own cgroup as the kernel reports th
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from atrium.lifecycle.limits import (
     effective_limits,
     oom_kills,
     own_cgroups,
+    rlimit_plan,
     shell_key,
     v1_writes,
     v2_writes,
@@ -132,5 +134,39 @@ def test_v2_is_chosen_only_with_the_memory_pids_and_cpu_controllers(tmp_path: Pa
 def test_limits_not_enforced_make_no_cgroup_and_say_why(tmp_path: Path) -> None:
     cgroups = Cgroups(CgroupHost(None, {}, "no cgroup here"), tmp_path, Limits(64))
     assert not cgroups.enforced
+    assert cgroups.enforcement == "rlimit"
     assert cgroups.make("x-1", Limits(64)) is None
-    assert cgroups.describe() == "resource limits NOT enforced: no cgroup here"
+    assert cgroups.describe() == (
+        "resource limits held with rlimits only (memory per process, processes per app uid "
+        "where apps run under their own, no CPU quota): no cgroup here"
+    )
+
+
+def test_the_rlimit_mode_makes_no_cgroup_even_where_one_could_be(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    host = CgroupHost(1, {"memory": tmp_path / "memory"})
+    cgroups = Cgroups(host, tmp_path, Limits(64), mode="rlimit")
+    assert cgroups.enforcement == "rlimit"
+    assert cgroups.bases == []
+    assert list((tmp_path / "memory").iterdir()) == []
+    assert cgroups.problem is not None
+    assert "ATRIUM_APP_LIMITS" in cgroups.problem
+
+
+def test_rlimits_hold_memory_per_process_and_processes_only_under_an_own_uid() -> None:
+    own = rlimit_plan(Limits(64, 500, 32), own_uid=True)
+    assert own.rlimits == ((resource.RLIMIT_DATA, 64 << 20), (resource.RLIMIT_NPROC, 32))
+    assert own.holds == Limits(64, None, 32, "rlimit")
+    shared = rlimit_plan(Limits(64, 500, 32), own_uid=False)
+    assert shared.rlimits == ((resource.RLIMIT_DATA, 64 << 20),)
+    assert shared.holds == Limits(64, None, None, "rlimit")
+    assert rlimit_plan(Limits(None, None, None), own_uid=True).rlimits == ()
+
+
+def test_the_wire_says_how_the_limits_are_held() -> None:
+    assert Limits(64, None, 16, "rlimit").wire() == {
+        "memoryMiB": 64,
+        "cpuMilli": None,
+        "pids": 16,
+        "enforcement": "rlimit",
+    }

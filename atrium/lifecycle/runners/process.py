@@ -34,7 +34,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, NamedTuple
 
 from atrium.errors import SpawnFailed
-from atrium.lifecycle.limits import InstanceCgroup, enter_from_child
+from atrium.lifecycle.limits import (
+    InstanceCgroup,
+    enter_from_child,
+    rlimit_plan,
+    set_rlimits_in_child,
+)
 from atrium.lifecycle.runners import (
     AppUser,
     ExitReason,
@@ -482,19 +487,35 @@ def prepare_dirs(spec: SpawnSpec) -> None:
 PR_SET_PDEATHSIG: Final = 1
 
 
-def _before_exec(die_with: int | None, cgroup_fds: Sequence[int]) -> Callable[[], None] | None:
+def _before_exec(
+    die_with: int | None,
+    cgroup_fds: Sequence[int],
+    rlimits: Sequence[tuple[int, int]] = (),
+) -> Callable[[], None] | None:
     """What the forked child does before it executes the command: join the instance's cgroup
-    (`enter_from_child`: a plain write on descriptors opened by the shell) and arm `_die_with`."""
+    (`enter_from_child`: a plain write on descriptors opened by the shell), or set the rlimits
+    that stand in for one (inherited by the keeper or bwrap and everything the app starts), and
+    arm `_die_with`."""
     arm = _die_with(die_with) if die_with is not None else None
-    if arm is None and not cgroup_fds:
+    if arm is None and not cgroup_fds and not rlimits:
         return None
 
     def before() -> None:
         enter_from_child(cgroup_fds)
+        set_rlimits_in_child(rlimits)
         if arm is not None:
             arm()
 
     return before
+
+
+def child_rlimits(spec: SpawnSpec) -> tuple[tuple[int, int], ...]:
+    """The rlimits the child sets: those of `rlimit_plan` when the instance's limits are held
+    with rlimits (no cgroup), none otherwise."""
+    limits = spec.limits
+    if spec.cgroup is not None or limits is None or limits.enforcement != "rlimit":
+        return ()
+    return rlimit_plan(limits, own_uid=spec.user is not None).rlimits
 
 
 def _die_with(shell: int) -> Callable[[], None]:
@@ -542,7 +563,9 @@ async def start_child(
             stderr=log,
             start_new_session=True,
             pass_fds=tuple(pass_fds),
-            preexec_fn=_before_exec(os.getpid() if die_with_shell else None, cgroup_fds),
+            preexec_fn=_before_exec(
+                os.getpid() if die_with_shell else None, cgroup_fds, child_rlimits(spec)
+            ),
         )
     except OSError as err:
         raise SpawnFailed(
