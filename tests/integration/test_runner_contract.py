@@ -4,6 +4,7 @@ real shell per runner for the module."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -32,6 +33,9 @@ from tests.runner_contract import (  # noqa: E402 - after the rewrite is registe
 )
 
 pytestmark = pytest.mark.integration
+
+#: the interpreter an app runs where the apps' uid cannot reach the shell's own
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def cgroup_folders(pid: int) -> list[Path]:
@@ -92,7 +96,7 @@ class LocalHarness(Harness):
             self.shell.stop()
 
     def kill_from_outside(self, instance: dict[str, Any]) -> None:
-        os.kill(instance["pid"], signal.SIGKILL)
+        os.kill(([instance["pid"]] + [s.pid for s in descendants(instance["pid"])])[-1], signal.SIGKILL)
 
     def output(self, instance_id: str) -> str:
         log = self.home / "run" / "logs" / f"{instance_id}.log"
@@ -140,8 +144,9 @@ def harness(
     runner: str = request.param
     if runner == "bwrap" and (problem := bwrap_works()) is not None:
         pytest.skip(f"bubblewrap does not work here: {problem}")
-    if runner == "process" and (problem := interpreter_out_of_reach()) is not None:
-        pytest.skip(f"the process runner cannot run an app here as root: {problem}")
+    out_of_reach = interpreter_out_of_reach() if runner == "process" else None
+    if out_of_reach is not None and not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"the process runner cannot run an app here as root: {out_of_reach}")
     base = tmp_path_factory.mktemp(f"contract-{runner}")
     if runner == "process" and os.geteuid() == 0:
         # as a real install's: the app's uid can search its way to the home and system apps
@@ -153,6 +158,12 @@ def harness(
     system_apps = base / "system-apps"
     shutil.copytree(REPO_DIR / "apps", system_apps)
     add_test_apps(system_apps, PROBE)
+    if out_of_reach is not None:
+        # as root the app runs under a uid of its own: the system's python3 then, as the
+        # lifecycle bench does (the process runner binds nothing in, unlike bwrap)
+        manifest = system_apps / PROBE / "app.manifest.json"
+        data = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({**data, "entrypoint": [SYSTEM_PYTHON, "server.py"]}))
     made = LocalHarness(runner, base / "home", system_apps)
     try:
         yield made

@@ -426,6 +426,13 @@ class SandboxedChild(KeptChild):
     may exit a moment before its pid-1 reaper is gone, so stop() also waits for those processes.
     """
 
+    @staticmethod
+    def _by_signal(code: int) -> bool:
+        """bwrap exits with 128 + N when a signal N ended the app (the shell's convention), so
+        a `kill -9` of the app from outside is ``killed``, not an exit of its own (an app that
+        exits with a code above 128 by itself reads the same, as it would to a shell)."""
+        return code < 0 or code > 128
+
 
 class BwrapRunner(LocalRunner):
     """Runs the app's command in a bubblewrap sandbox (see the module docstring for the layout)."""

@@ -221,12 +221,17 @@ class ChildProcess:
         self._signal_group(signal.SIGKILL)  # leftovers of a child that exited on its own
         # a signal the shell did not send (a kill from outside) is ``killed``; one it sent to
         # stop the app is the app's exit
-        reason: ExitReason = "killed" if code < 0 and not self._signalled else "exited"
+        reason: ExitReason = "killed" if self._by_signal(code) and not self._signalled else "exited"
         if self._cgroup is not None:
             if self._cgroup.oom_kills() > 0:
                 reason = "oom"
             await self._cgroup.remove()  # kills what is left in it (a setsid escapee too)
         self._exited.set_result(ExitStatus(code, reason))
+
+    @staticmethod
+    def _by_signal(code: int) -> bool:
+        """Whether exit status ``code`` says a signal ended the child (asyncio: minus it)."""
+        return code < 0
 
     async def _stop(self, grace: float) -> ExitStatus:
         self._signalled = True
