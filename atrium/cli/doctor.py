@@ -38,6 +38,7 @@ from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.repair import repair_backups, repair_scope, uncommitted
 from atrium.git import GitError, ScopeRepo
 from atrium.kv import salvage
+from atrium.lifecycle.limits import ceilings_of, held_here
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import ConfigError, HomeLock, Settings
 
@@ -218,7 +219,10 @@ def doctor(
         ),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help='print {"home", "problems"} (exit 1 when any)')
+        bool,
+        typer.Option(
+            "--json", help='print {"home", "problems", "limits"} (exit 1 when any problem)'
+        ),
     ] = False,
 ) -> None:
     """Report what needs the operator in a home (read-only; safe while a shell runs)."""
@@ -239,9 +243,17 @@ def doctor(
     problems += _backup_problems(BackupStore(settings.home / "backups"), shell_running)
     if settings.home.is_dir() and not shell_running:
         problems += _home_processes(settings.home)
+    limits = held_here(
+        ceilings_of(settings.app_memory_mib, settings.app_cpu_milli, settings.app_pids),
+        settings.cgroup_parent,
+        settings.app_limits,
+    )
     if as_json:
-        typer.echo(json.dumps({"home": str(settings.home), "problems": problems}))
+        typer.echo(
+            json.dumps({"home": str(settings.home), "problems": problems, "limits": limits.wire()})
+        )
         raise typer.Exit(1 if problems else 0)
+    typer.echo(limits.line())
     for problem in problems:
         typer.echo(problem)
     if problems:

@@ -469,6 +469,60 @@ def _enable_controllers(folder: Path) -> None:
         control.write_text(wanted)
 
 
+def in_words(limits: Limits) -> str:
+    """``512 MiB of memory, 64 processes, no CPU quota``: limits as people read them."""
+    memory = (
+        "no memory limit" if limits.memory_mib is None else f"{limits.memory_mib} MiB of memory"
+    )
+    pids = "no process limit" if limits.pids is None else f"{limits.pids} processes"
+    cpu = "no CPU quota" if limits.cpu_milli is None else f"{limits.cpu_milli / 1000:g} CPU cores"
+    return f"{memory}, {pids}, {cpu}"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldHere:
+    """How a shell on this machine would hold the limits (`atrium doctor`): ``enforcement``,
+    the cgroup version (None under rlimits), why, and the ceilings."""
+
+    enforcement: Enforcement
+    cgroup: int | None
+    why: str
+    ceilings: Limits
+
+    def line(self) -> str:
+        if self.cgroup is not None:
+            way = f"cgroup v{self.cgroup}, one per instance: {self.why}"
+        else:
+            way = (
+                "rlimits (memory per process; processes per app uid, only for a root shell; no "
+                f"CPU quota), as {self.why}"
+            )
+        return f"limits: {way}; ceilings: {in_words(self.ceilings)}"
+
+    def wire(self) -> dict[str, object]:
+        return {
+            "enforcement": self.enforcement,
+            "cgroup": self.cgroup,
+            "why": self.why,
+            "ceilings": {k: v for k, v in self.ceilings.wire().items() if k != "enforcement"},
+        }
+
+
+def held_here(
+    ceilings: Limits, parent: Path | None, mode: LimitsMode, root: Path = CGROUP_ROOT
+) -> HeldHere:
+    """What `open_cgroups` would choose, read only (no folder made): a v2 whose controllers
+    cannot be handed down is found only when the shell makes its folder, and the shell's log
+    then says rlimits."""
+    if mode == "rlimit":
+        return HeldHere("rlimit", None, "ATRIUM_APP_LIMITS is rlimit", ceilings)
+    host = detect_cgroups(parent, root)
+    if host.problem is not None or host.version is None:
+        return HeldHere("rlimit", None, host.problem or "no cgroup", ceilings)
+    where = ", ".join(str(p) for p in host.parents.values())
+    return HeldHere("cgroup", host.version, f"writable below {where}", ceilings)
+
+
 def ceilings_of(memory_mib: int, cpu_milli: int, pids: int) -> Limits:
     """The shell's settings (0: no ceiling) as ceilings."""
     return Limits(memory_mib or None, cpu_milli or None, pids or None)
@@ -492,6 +546,7 @@ __all__ = [
     "CgroupHost",
     "Cgroups",
     "Enforcement",
+    "HeldHere",
     "InstanceCgroup",
     "Limits",
     "LimitsMode",
@@ -500,6 +555,8 @@ __all__ = [
     "detect_cgroups",
     "effective_limits",
     "enter_from_child",
+    "held_here",
+    "in_words",
     "oom_kills",
     "open_cgroups",
     "own_cgroups",

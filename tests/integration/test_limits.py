@@ -27,9 +27,11 @@ from atrium.lifecycle.limits import (
     Limits,
     detect_cgroups,
     enter_from_child,
+    shell_key,
 )
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import ProcessRunner, descendants
+from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, SseReader, StartShell, add_test_apps
 
 
@@ -404,3 +406,40 @@ async def test_the_process_runner_sets_the_rlimits_before_the_app_executes(tmp_p
             )
     finally:
         await child.stop(0.5)
+
+
+def run_doctor(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "atrium", "doctor", *args],
+        env={**clean, "ATRIUM_HOME": str(home), **env},
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("mode", ["auto", "rlimit"])
+def test_doctor_says_how_a_shell_here_would_hold_the_limits(tmp_path: Path, mode: str) -> None:
+    """`atrium doctor` names the way (cgroup v2, v1 or rlimits), why, and the ceilings, without
+    making any cgroup."""
+    env = {"ATRIUM_APP_LIMITS": mode, "ATRIUM_APP_MEMORY_MIB": "512", "ATRIUM_APP_PIDS": "64"}
+    said = run_doctor(tmp_path / "home", **env)
+    assert said.returncode == 0, said.stderr
+    line = next(x for x in said.stdout.splitlines() if x.startswith("limits: "))
+    answer = run_doctor(tmp_path / "home", "--json", **env)
+    limits = json.loads(answer.stdout)["limits"]
+    assert limits["ceilings"] == {"memoryMiB": 512, "cpuMilli": None, "pids": 64}
+    if mode == "auto" and CGROUPS_HERE:
+        assert limits["enforcement"] == "cgroup"
+        assert limits["cgroup"] in (1, 2)
+        assert f"cgroup v{limits['cgroup']}" in line
+    else:
+        assert limits["enforcement"] == "rlimit"
+        assert limits["cgroup"] is None
+        assert "rlimits" in line
+        assert "ATRIUM_APP_LIMITS" in limits["why"] or mode == "auto"
+    assert "512 MiB of memory, 64 processes, no CPU quota" in line
+    assert limits["why"] in line
+    assert not list(Path("/sys/fs/cgroup/memory").glob(f"atrium-{shell_key(tmp_path / 'home')}"))
