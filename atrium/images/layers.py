@@ -1,0 +1,153 @@
+"""The rules for an image's layer members, decided before anything touches the disk.
+
+Pure: a tar member's name, type, mode and link target in, a `Step` (what the unpacker does) or a
+`LayerRefused` out (docs/decisions.md "Images: the runtime field and the image store"):
+
+- names are relative to the root file system: a leading ``./`` is dropped; an absolute name, a
+  ``..`` part, a NUL or an empty part after the root is refused (the whole image with it);
+- ``.wh.<name>`` deletes ``<name>`` from the lower layers, ``.wh..wh..opq`` empties its folder of
+  what the lower layers put there (the OCI image layer rules);
+- device nodes and fifos are skipped (the sandbox mounts its own ``/dev``; an image that ships
+  ``/dev/console`` still runs), counted so the store can say how many;
+- setuid, setgid and sticky bits are cleared; a file is 0444, or 0555 when the image made it
+  executable, a folder 0755, all owned by the store (the store is shared read-only by every
+  instance of the image, each under its own uid: the image's owners and private modes would make
+  files unreadable to them, and nothing in a pulled image is a secret from who can pull it);
+- a symbolic link is kept when its target, read inside the image (an absolute target from the
+  image's root, a relative one from the link's folder), stays in the image; a target that climbs
+  out with ``..`` is refused. A hard link must name a member path, never absolute or with ``..``.
+  Links are never followed while unpacking: the unpacker refuses a member whose parent folder is a
+  link (see `atrium.images.store`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat
+import tarfile
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+WHITEOUT: Final = ".wh."
+OPAQUE: Final = ".wh..wh..opq"
+#: a file in the store: readable by all, executable by all when the image made it executable,
+#: never writable, never setuid, setgid or sticky (ownership is the store's, not the image's)
+FILE_MODE: Final = 0o444
+EXEC_MODE: Final = 0o555
+FOLDER_MODE: Final = 0o755
+MAX_NAME: Final = 4096
+#: layer media types the store unpacks (compression is read from the bytes themselves)
+LAYER_TYPES: Final = frozenset(
+    {
+        "application/vnd.oci.image.layer.v1.tar",
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+        "application/vnd.oci.image.layer.v1.tar+zstd",
+        "application/vnd.docker.image.rootfs.diff.tar.gzip",
+        "application/vnd.docker.image.rootfs.diff.tar",
+    }
+)
+
+
+class LayerRefused(ValueError):
+    """A layer member breaks a rule; the message names the member and the rule."""
+
+
+class Kind(StrEnum):
+    """What a member becomes."""
+
+    FOLDER = "folder"
+    FILE = "file"
+    SYMLINK = "symlink"
+    HARDLINK = "hardlink"
+    WHITEOUT = "whiteout"
+    OPAQUE = "opaque"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What to do for one member: ``parts`` is its path under the root (``()`` is the root
+    itself); ``target`` the link target (a symlink's as written, a hard link's as parts);
+    ``mode`` the permission bits to set."""
+
+    kind: Kind
+    parts: tuple[str, ...]
+    mode: int = 0
+    target: str = ""
+    target_parts: tuple[str, ...] = ()
+    size: int = 0
+
+
+def member_parts(name: str, what: str = "member") -> tuple[str, ...]:
+    """The path parts of a member name under the root, or LayerRefused."""
+    if "\x00" in name or len(name) > MAX_NAME:
+        raise LayerRefused(f"{what} {name!r} has a NUL byte or is too long")
+    if name.startswith("/"):
+        raise LayerRefused(f"{what} {name!r} is absolute (a layer's names are relative)")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise LayerRefused(f"{what} {name!r} climbs out with '..'")
+    return tuple(parts)
+
+
+def symlink_stays_inside(parts: tuple[str, ...], target: str) -> bool:
+    """A symlink at ``parts`` pointing at ``target`` resolves inside the image, read as the
+    image sees it (absolute from its root, relative from the link's folder), never climbing
+    above the root."""
+    if not target or "\x00" in target:
+        return False
+    depth = 0 if target.startswith("/") else len(parts) - 1
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        depth += -1 if part == ".." else 1
+        if depth < 0:
+            return False
+    return True
+
+
+def file_mode(mode: int) -> int:
+    return EXEC_MODE if mode & 0o111 else FILE_MODE
+
+
+def plan(member: tarfile.TarInfo) -> Step:
+    """The step for one member (no I/O)."""
+    parts = member_parts(member.name)
+    base = parts[-1] if parts else ""
+    if base == OPAQUE:
+        return Step(Kind.OPAQUE, parts[:-1])
+    if base.startswith(WHITEOUT):
+        hidden = base.removeprefix(WHITEOUT)
+        if not hidden or hidden in (".", ".."):
+            raise LayerRefused(f"whiteout {member.name!r} names nothing")
+        return Step(Kind.WHITEOUT, (*parts[:-1], hidden))
+    if member.ischr() or member.isblk() or member.isfifo():
+        return Step(Kind.SKIP, parts)
+    if member.isdir():
+        return Step(Kind.FOLDER, parts, FOLDER_MODE)
+    if not parts:
+        raise LayerRefused(f"member {member.name!r} would replace the root folder")
+    if member.issym():
+        if not symlink_stays_inside(parts, member.linkname):
+            raise LayerRefused(
+                f"symbolic link {member.name!r} -> {member.linkname!r} leaves the image's root"
+            )
+        return Step(Kind.SYMLINK, parts, target=member.linkname)
+    if member.islnk():
+        target = member_parts(member.linkname, f"hard link {member.name!r} target")
+        if not target:
+            raise LayerRefused(f"hard link {member.name!r} points at the root folder")
+        return Step(Kind.HARDLINK, parts, target=member.linkname, target_parts=target)
+    if member.isreg():
+        return Step(Kind.FILE, parts, file_mode(member.mode), size=member.size)
+    raise LayerRefused(f"member {member.name!r} has an unknown type {member.type!r}")
+
+
+def setid_cleared(mode: int) -> bool:
+    """Whether ``mode`` carried setuid or setgid bits (the store clears them)."""
+    return bool(mode & (stat.S_ISUID | stat.S_ISGID))
+
+
+def normal_path(parts: tuple[str, ...]) -> str:
+    return "/" + posixpath.join(*parts) if parts else "/"

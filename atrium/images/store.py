@@ -1,0 +1,552 @@
+"""The image store: OCI images pulled by digest, verified and unpacked once, shared read-only.
+
+``$ATRIUM_HOME/images/sha256-<hex>/`` holds one image by the digest it is pinned to (an image
+manifest's, or an index's: the entry then holds the platform this machine runs): ``rootfs/`` (the
+layers applied in order by the rules of `atrium.images.layers`), ``config.json`` (the image config
+as served), ``manifest.json`` and ``image.json`` (what the store learnt: digests, sizes, counts).
+
+An entry appears whole or not at all: a pull stages in ``images/.staging/<hex>-<pid>-<token>/``
+and renames it into place; a staging folder whose process is gone (a killed pull) is swept at the
+next pull. A second pull of the same digest reuses the entry without asking the registry. Every
+blob is verified by size and sha256 (`atrium.distribution.ociclient.RegistryClient.blob`) before
+a byte of it is unpacked. The registry client (and its Docker-config logins) is the one app
+artifacts use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import stat
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any, Final
+
+import zstandard
+
+from atrium.distribution import artifact
+from atrium.distribution.ociclient import (
+    PulledManifest,
+    RegistryClient,
+    RegistryError,
+    size_text,
+)
+from atrium.images.config import ConfigInvalid, ImageConfig, parse_config
+from atrium.images.layers import (
+    FOLDER_MODE,
+    LAYER_TYPES,
+    Kind,
+    LayerRefused,
+    Step,
+    normal_path,
+    plan,
+    setid_cleared,
+)
+
+DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}\Z")
+STAGING: Final = ".staging"
+META: Final = "image.json"
+CONFIG_TYPES: Final = frozenset(
+    {"application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"}
+)
+IMAGE_TYPES: Final = frozenset({artifact.OCI_MANIFEST, artifact.DOCKER_MANIFEST})
+INDEX_TYPES: Final = frozenset({artifact.OCI_INDEX, artifact.DOCKER_LIST})
+MAX_CONFIG: Final = 1 << 20
+#: defaults of the store's limits (``ImageStore(max_bytes=..., max_files=...)``)
+MAX_BYTES: Final = 8 << 30
+MAX_FILES: Final = 500_000
+MAX_LAYERS: Final = 128
+ARCHES: Final = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le"}
+ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+GZIP_MAGIC: Final = b"\x1f\x8b"
+CHUNK: Final = 1 << 20
+#: folders every rootfs has, for the sandbox's /proc, /dev, /sys, /tmp and /run
+MOUNT_POINTS: Final = ("proc", "dev", "sys", "tmp", "run")
+
+
+class ImageError(Exception):
+    """A pull failed; ``reason`` is a sentence for the user. Nothing is left in the store."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def machine_arch() -> str:
+    """This machine's architecture as OCI platforms name it."""
+    machine = platform.machine()
+    return ARCHES.get(machine, machine)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredImage:
+    """One entry of the store."""
+
+    digest: str
+    path: Path
+    manifest_digest: str
+    config_digest: str
+    config: ImageConfig
+    #: bytes of the layers as pulled, and unpacked
+    pulled_bytes: int
+    size: int
+    files: int
+    #: device nodes and fifos left out, files whose setuid/setgid bits were cleared
+    skipped: int
+    setid_cleared: int
+    reused: bool = False
+
+    @property
+    def rootfs(self) -> Path:
+        return self.path / "rootfs"
+
+
+@dataclass(slots=True)
+class _Budget:
+    max_bytes: int
+    max_files: int
+    size: int = 0
+    files: int = 0
+    skipped: int = 0
+    setid_cleared: int = 0
+
+    def add_file(self, name: str) -> None:
+        self.files += 1
+        if self.files > self.max_files:
+            raise LayerRefused(
+                f"the image has more than {self.max_files} files (the store's limit) at {name}"
+            )
+
+    def add_bytes(self, count: int, name: str) -> None:
+        self.size += count
+        if self.size > self.max_bytes:
+            raise LayerRefused(
+                f"the image unpacks to more than {size_text(self.max_bytes)} (the store's "
+                f"limit) at {name}"
+            )
+
+
+def entry_name(digest: str) -> str:
+    return digest.replace(":", "-", 1)
+
+
+# -- unpacking (synchronous, run in a thread) ------------------------------------------------
+
+
+@contextmanager
+def _decompressed(path: Path) -> Iterator[IO[bytes]]:
+    """The layer's tar stream: gzip, zstd or plain, told by the bytes (not the media type)."""
+    with path.open("rb") as raw:
+        magic = raw.read(4)
+        raw.seek(0)
+        if magic.startswith(GZIP_MAGIC):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield unzipped  # type: ignore[misc]
+        elif magic == ZSTD_MAGIC:
+            with zstandard.ZstdDecompressor().stream_reader(raw) as unzstd:
+                yield unzstd
+        else:
+            yield raw
+
+
+def _walk_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Path | None:
+    """The folder that holds ``parts``, each folder on the way a real folder (never a link:
+    the unpacker follows no link); missing folders are made (``create``) or None."""
+    folder = root
+    for depth, part in enumerate(parts[:-1], start=1):
+        folder = folder / part
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            if not create:
+                return None
+            folder.mkdir(FOLDER_MODE)
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            raise LayerRefused(
+                f"{normal_path(parts)} would be written through the symbolic link "
+                f"{normal_path(parts[:depth])} (the store follows no link while unpacking)"
+            )
+        if not stat.S_ISDIR(info.st_mode):
+            raise LayerRefused(
+                f"{normal_path(parts)} is under {normal_path(parts[:depth])}, a file"
+            )
+    return folder
+
+
+def _remove(path: Path) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _clear_opaque(folder: Path, parts: tuple[str, ...], touched: set[tuple[str, ...]]) -> None:
+    """Remove what lower layers put under ``folder``, keeping what this layer already wrote."""
+    for path in folder.iterdir():
+        child = (*parts, path.name)
+        if child not in touched:
+            _remove(path)
+        elif stat.S_ISDIR(os.lstat(path).st_mode):
+            _clear_opaque(path, child, touched)
+
+
+def _touch(touched: set[tuple[str, ...]], parts: tuple[str, ...]) -> None:
+    for depth in range(1, len(parts) + 1):
+        touched.add(parts[:depth])
+
+
+def _write_file(path: Path, source: IO[bytes] | None, step: Step, budget: _Budget) -> None:
+    name = normal_path(step.parts)
+    budget.add_bytes(step.size, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        written = 0
+        while source is not None and (chunk := source.read(CHUNK)):
+            written += len(chunk)
+            if written > step.size:
+                raise LayerRefused(f"{name} holds more bytes than its header says")
+            out.write(chunk)
+        os.fchmod(out.fileno(), step.mode)
+
+
+def _placed(root: Path, parts: tuple[str, ...]) -> Path:
+    folder = _walk_parent(root, parts, create=True)
+    if folder is None:  # create=True makes every folder on the way
+        raise LayerRefused(f"{normal_path(parts)} has no folder")
+    return folder / parts[-1]
+
+
+def _make_folder(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        path.mkdir(FOLDER_MODE)
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        path.unlink()
+        path.mkdir(FOLDER_MODE)
+    path.chmod(FOLDER_MODE)
+
+
+def _hard_link(root: Path, path: Path, step: Step) -> None:
+    name = normal_path(step.parts)
+    source_folder = _walk_parent(root, step.target_parts, create=False)
+    source = None if source_folder is None else source_folder / step.target_parts[-1]
+    if source is None or not os.path.lexists(source):
+        raise LayerRefused(f"hard link {name} points at {step.target!r}, not in the image")
+    if not stat.S_ISREG(source.lstat().st_mode):
+        raise LayerRefused(f"hard link {name} points at {step.target!r}, which is not a file")
+    os.link(source, path, follow_symlinks=False)
+
+
+def _apply(
+    root: Path,
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    budget: _Budget,
+    touched: set[tuple[str, ...]],
+) -> None:
+    step = plan(member)
+    name = normal_path(step.parts)
+    if step.kind is Kind.SKIP:
+        budget.skipped += 1
+        return
+    if step.kind is Kind.WHITEOUT:
+        folder = _walk_parent(root, step.parts, create=False)
+        if folder is not None:
+            _remove(folder / step.parts[-1])
+        return
+    if step.kind is Kind.OPAQUE:
+        target = root.joinpath(*step.parts)
+        if step.parts:
+            _walk_parent(root, step.parts, create=False)
+        if target.is_dir() and not target.is_symlink():
+            _clear_opaque(target, step.parts, touched)
+        return
+    budget.add_file(name)
+    if not step.parts:  # the root folder itself
+        root.chmod(FOLDER_MODE)
+        return
+    path = _placed(root, step.parts)
+    _touch(touched, step.parts)
+    if step.kind is Kind.FOLDER:
+        _make_folder(path)
+        return
+    _remove(path)
+    if step.kind is Kind.SYMLINK:
+        path.symlink_to(step.target)
+    elif step.kind is Kind.HARDLINK:
+        _hard_link(root, path, step)
+    else:
+        if setid_cleared(member.mode):
+            budget.setid_cleared += 1
+        _write_file(path, tar.extractfile(member), step, budget)
+
+
+def add_mount_points(root: Path) -> None:
+    """Empty folders where the sandbox mounts its own file systems: the root is read-only once
+    an instance runs, so bubblewrap could not make them then. A name the image already uses
+    (a folder, or a link such as ``/run -> /var/run``) is left as the image has it."""
+    for name in MOUNT_POINTS:
+        if not os.path.lexists(root / name):
+            (root / name).mkdir(FOLDER_MODE)
+
+
+def unpack_layer(layer: Path, root: Path, budget: _Budget) -> None:
+    """Apply one layer (a verified blob on disk) over ``root``."""
+    touched: set[tuple[str, ...]] = set()
+    try:
+        with _decompressed(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                _apply(root, tar, member, budget, touched)
+    except (tarfile.TarError, EOFError, zstandard.ZstdError, gzip.BadGzipFile) as err:
+        raise LayerRefused(f"the layer is not a readable tar archive: {err}") from err
+
+
+# -- manifests --------------------------------------------------------------------------------
+
+
+def _descriptor(value: Any, what: str) -> tuple[str, str, int]:
+    if not isinstance(value, dict):
+        raise ImageError(f"the image manifest's {what} is not a descriptor")
+    media_type, digest, size = value.get("mediaType"), value.get("digest"), value.get("size")
+    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+        raise ImageError(f"the image manifest's {what} has no sha256 digest")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ImageError(f"the image manifest's {what} has no size")
+    return str(media_type or ""), digest, size
+
+
+def pick_platform(index: dict[str, Any], arch: str) -> str:
+    """The digest of the index's linux/``arch`` image (ValueError naming what it offers)."""
+    offered: list[str] = []
+    for entry in index.get("manifests") or []:
+        if not isinstance(entry, dict):
+            continue
+        plat = entry.get("platform") or {}
+        pair = f"{plat.get('os')}/{plat.get('architecture')}"
+        offered.append(pair)
+        if pair == f"linux/{arch}" and entry.get("mediaType", artifact.OCI_MANIFEST) in IMAGE_TYPES:
+            digest = entry.get("digest")
+            if isinstance(digest, str) and DIGEST_RE.fullmatch(digest):
+                return digest
+    raise ImageError(
+        f"the image offers no linux/{arch} build (it has {', '.join(offered) or 'none'})"
+    )
+
+
+# -- the store --------------------------------------------------------------------------------
+
+
+class ImageStore:
+    """``root`` is ``$ATRIUM_HOME/images``."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        docker_config: Path | None = None,
+        max_bytes: int = MAX_BYTES,
+        max_files: int = MAX_FILES,
+        arch: str | None = None,
+    ) -> None:
+        self.root = root
+        self.docker_config = docker_config
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self.arch = arch or machine_arch()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._active: set[Path] = set()
+
+    def entry(self, digest: str) -> Path:
+        return self.root / entry_name(digest)
+
+    def get(self, digest: str) -> StoredImage | None:
+        """The stored entry for ``digest``, or None."""
+        path = self.entry(digest)
+        try:
+            meta = json.loads((path / META).read_text())
+            config = parse_config((path / "config.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+        return StoredImage(
+            digest=digest,
+            path=path,
+            manifest_digest=meta["manifestDigest"],
+            config_digest=meta["configDigest"],
+            config=config,
+            pulled_bytes=meta["pulledBytes"],
+            size=meta["size"],
+            files=meta["files"],
+            skipped=meta["skipped"],
+            setid_cleared=meta["setidCleared"],
+            reused=True,
+        )
+
+    def sweep(self) -> list[Path]:
+        """Remove staging folders of pulls that are no longer running (a killed pull's)."""
+        staging = self.root / STAGING
+        swept: list[Path] = []
+        for folder in staging.iterdir() if staging.is_dir() else []:
+            if folder in self._active:
+                continue
+            pid_text = folder.name.split("-")[-2] if folder.name.count("-") >= 2 else ""
+            pid = int(pid_text) if pid_text.isdigit() else 0
+            if pid and pid != os.getpid() and _alive(pid):
+                continue  # another live process's pull
+            shutil.rmtree(folder, ignore_errors=True)
+            swept.append(folder)
+        return swept
+
+    async def pull(self, registry: str, repository: str, digest: str) -> StoredImage:
+        """The image ``registry/repository@digest``, from the store or pulled into it."""
+        if not DIGEST_RE.fullmatch(digest):
+            raise ImageError(f"{digest!r} is not a sha256 digest: images are pulled by digest")
+        lock = self._locks.setdefault(digest, asyncio.Lock())
+        async with lock:
+            await asyncio.to_thread(self.sweep)
+            found = self.get(digest)
+            if found is not None:
+                return found
+            staging = self.root / STAGING / f"{digest[7:]}-{os.getpid()}-{secrets.token_hex(4)}"
+            self._active.add(staging)
+            try:
+                await asyncio.to_thread(_make_staging, staging)
+                return await self._pull(registry, repository, digest, staging)
+            except RegistryError as err:
+                raise ImageError(err.reason) from err
+            except (LayerRefused, ConfigInvalid) as err:
+                raise ImageError(f"the image {digest} is refused: {err}") from err
+            finally:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+                self._active.discard(staging)
+
+    async def _image_manifest(
+        self, client: RegistryClient, digest: str
+    ) -> tuple[PulledManifest, dict[str, Any]]:
+        """The image manifest ``digest`` names: itself, or an index's linux/<arch> entry."""
+        pulled = await client.manifest(digest)
+        for _ in range(2):
+            document = pulled.json()
+            if not isinstance(document, dict):
+                raise ImageError(f"the manifest {pulled.digest} is not a JSON object")
+            media_type = document.get("mediaType") or pulled.media_type
+            if media_type in IMAGE_TYPES:
+                return pulled, document
+            if media_type not in INDEX_TYPES or pulled.digest != digest:
+                break
+            pulled = await client.manifest(pick_platform(document, self.arch))
+        raise ImageError(f"{pulled.digest} is not an image manifest ({media_type!r})")
+
+    def _check_manifest(
+        self, document: dict[str, Any], digest: str
+    ) -> tuple[str, int, list[tuple[str, int]]]:
+        """The config's digest and size, and each layer's, once the manifest passes."""
+        config_type, config_digest, config_size = _descriptor(document.get("config"), "config")
+        if config_type not in CONFIG_TYPES or config_size > MAX_CONFIG:
+            raise ImageError(f"the image's config {config_type!r} is not an image config")
+        layers = document.get("layers")
+        if not isinstance(layers, list) or len(layers) > MAX_LAYERS:
+            raise ImageError(f"the image manifest's layers are not a list of ≤ {MAX_LAYERS}")
+        described: list[tuple[str, int]] = []
+        for number, layer in enumerate(layers):
+            layer_type, layer_digest, layer_size = _descriptor(layer, f"layer {number}")
+            if layer_type not in LAYER_TYPES:
+                raise ImageError(f"layer {number} has media type {layer_type!r}, not a tar")
+            described.append((layer_digest, layer_size))
+        pulled_bytes = sum(size for _, size in described)
+        if pulled_bytes > self.max_bytes:
+            raise ImageError(
+                f"the image {digest}'s layers are {size_text(pulled_bytes)}, more than the "
+                f"store's limit of {size_text(self.max_bytes)}"
+            )
+        return config_digest, config_size, described
+
+    async def _pull(
+        self, registry: str, repository: str, digest: str, staging: Path
+    ) -> StoredImage:
+        async with RegistryClient(registry, repository, docker_config=self.docker_config) as client:
+            pulled, document = await self._image_manifest(client, digest)
+            config_digest, config_size, described = self._check_manifest(document, digest)
+            pulled_bytes = sum(size for _, size in described)
+            config_body = b"".join([c async for c in client.blob(config_digest, config_size)])
+            config = parse_config(config_body)
+            if config.os not in ("", "linux") or config.architecture not in ("", self.arch):
+                raise ImageError(
+                    f"the image is built for {config.os}/{config.architecture}, "
+                    f"not linux/{self.arch}"
+                )
+            budget = _Budget(self.max_bytes, self.max_files)
+            rootfs = staging / "rootfs"
+            for layer_digest, layer_size in described:
+                blob = staging / "layer.blob"
+                with blob.open("wb") as out:
+                    async for chunk in client.blob(layer_digest, layer_size):
+                        await asyncio.to_thread(out.write, chunk)
+                await asyncio.to_thread(unpack_layer, blob, rootfs, budget)
+                blob.unlink()
+            await asyncio.to_thread(add_mount_points, rootfs)
+        meta = {
+            "digest": digest,
+            "manifestDigest": pulled.digest,
+            "configDigest": config_digest,
+            "pulledFrom": f"{registry}/{repository}",
+            "pulledBytes": pulled_bytes,
+            "size": budget.size,
+            "files": budget.files,
+            "skipped": budget.skipped,
+            "setidCleared": budget.setid_cleared,
+        }
+        await asyncio.to_thread(_seal, staging, self.entry(digest), pulled.body, config_body, meta)
+        stored = self.get(digest)
+        if stored is None:
+            raise ImageError(f"the image {digest} vanished from the store after unpacking")
+        return replace(stored, reused=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_staging(staging: Path) -> None:
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    staging.parent.parent.chmod(FOLDER_MODE)
+    staging.mkdir(FOLDER_MODE)
+    (staging / "rootfs").mkdir(FOLDER_MODE)
+
+
+def _seal(staging: Path, entry: Path, manifest: bytes, config: bytes, meta: dict[str, Any]) -> None:
+    """Write the entry's records and rename the staging folder into place (all or nothing)."""
+    for name, body in (
+        ("manifest.json", manifest),
+        ("config.json", config),
+        (META, json.dumps(meta, indent=1).encode()),
+    ):
+        (staging / name).write_bytes(body)
+        (staging / name).chmod(0o444)
+    staging.chmod(FOLDER_MODE)
+    try:
+        staging.rename(entry)
+    except OSError:
+        if not (entry / META).exists():  # someone else's pull of the same digest won: reuse it
+            raise
