@@ -217,10 +217,12 @@ class FakeCluster:
         self.api.fail_next(method, path, status, count)
 
     def outage(self, seconds: float, refuse: bool = False) -> None:
-        """The API is down for ``seconds``: every request answers 503, or with ``refuse`` the
-        port is closed (connections refused, open watches cut) and opened again after."""
+        """The API is down for ``seconds``: open watches end and every request answers 503, or
+        with ``refuse`` the port is closed (connections refused, every open connection cut) and
+        opened again after."""
         if not refuse:
             self.api.outage(seconds)
+            self.call(self.api.cut_watches)
             return
         self.run(self._refuse(seconds))
 

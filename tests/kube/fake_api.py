@@ -245,7 +245,7 @@ class FakeApi(kmock.KubernetesScaffold):
             self.faults.append(Fault(method.upper(), re.compile(path), status, count))
 
     def outage(self, seconds: float) -> None:
-        """Every request gets 503 for ``seconds`` (watches already open stay open)."""
+        """Every request gets 503 for ``seconds`` (`cut_watches` ends the open ones)."""
         with self._fault_lock:
             self.outage_until = time.monotonic() + seconds
 
@@ -260,6 +260,11 @@ class FakeApi(kmock.KubernetesScaffold):
                         self.faults.remove(fault)
                     return fault.status
         return None
+
+    def cut_watches(self) -> None:
+        """End every open watch's stream (as a server that goes down does); the loop's thread."""
+        for queue in list(self.watchers):
+            queue.put_nowait((-1, "", {}))
 
     def expire_watches(self) -> None:
         """Compact: a version is used up, every open watch ends with 410 Gone, and a watch from
@@ -463,6 +468,8 @@ class FakeApi(kmock.KubernetesScaffold):
                     yield _gone(start, self.oldest_version)
                     return
                 version, res, event = item
+                if version < 0:  # cut: the server went away under it
+                    return
                 if version > start and wanted(res, event):
                     yield event
         finally:
@@ -496,9 +503,12 @@ class FakeApi(kmock.KubernetesScaffold):
         return obj
 
     def _log(self, namespace: str, name: str, params: Mapping[str, str]) -> str:
-        lines = (
-            self.log_source(namespace, name, params.get("container")) if self.log_source else None
-        ) or []
+        container = params.get("container")
+        found = self.log_source(namespace, name, container) if self.log_source else None
+        if found is None:  # as a kubelet answers for a container that never started
+            message = f'container "{container or ""}" in pod "{name}" is waiting to start'
+            raise kmock.KubernetesError(400, "BadRequest", message)
+        lines = found
         if "sinceTime" in params:
             since = parse_time(params["sinceTime"])
             lines = [line for line in lines if line[0] >= since]

@@ -243,7 +243,8 @@ class Kubelet:
         for pod in self.pods.values():
             if (pod.namespace, pod.name) == (namespace, name):
                 names = [c["name"] for c in pod.spec.get("containers", [])]
-                return list(pod.logs.get(container or (names[0] if names else ""), []))
+                lines = pod.logs.get(container or (names[0] if names else ""))
+                return None if lines is None else list(lines)
         return None
 
     async def _follow(self, queue: asyncio.Queue[tuple[int, str, dict[str, Any]] | None]) -> None:

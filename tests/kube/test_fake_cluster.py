@@ -62,7 +62,11 @@ async def until_phase(core: client.CoreV1Api, ns: str, name: str, *phases: str) 
 
 async def until_log(core: client.CoreV1Api, ns: str, name: str, text: str) -> str:
     async def check() -> str | None:
-        log: str = await core.read_namespaced_pod_log(name, ns)
+        try:
+            log: str = await core.read_namespaced_pod_log(name, ns)
+        except ApiException as err:  # 400 until the container starts
+            assert err.status == 400
+            return None
         return log if text in log else None
 
     return await wait_for(check)
@@ -188,7 +192,20 @@ async def test_status_patches_and_injected_faults(
         with pytest.raises(ApiException) as caught:
             await core.read_namespaced_pod("held", ns)
         assert caught.value.status == status
-    kube_settings.outage(0.5)
+    with pytest.raises(ApiException) as caught:
+        await core.read_namespaced_pod_log("held", ns)  # its container never started
+    assert caught.value.status == 400
+
+    async def watch_until_cut() -> list[str]:
+        async with watch.Watch() as watching:
+            return [e["type"] async for e in watching.stream(core.list_namespaced_pod, ns)]
+
+    open_watch = asyncio.create_task(watch_until_cut())
+    await asyncio.sleep(0.2)
+    kube_settings.outage(2)
+    with pytest.raises(ApiException) as caught:  # cut, and its client's re-watch refused
+        await asyncio.wait_for(open_watch, 10)
+    assert caught.value.status == 503
     with pytest.raises(ApiException) as caught:
         await core.read_namespaced_pod("held", ns)
     assert caught.value.status == 503
