@@ -253,6 +253,18 @@ def _hard_link(root: Path, path: Path, step: Step) -> None:
     os.link(source, path, follow_symlinks=False)
 
 
+def _hide(root: Path, step: Step, touched: set[tuple[str, ...]]) -> None:
+    """A whiteout removes its name; an opaque marker empties its folder of the lower layers'."""
+    folder = _walk_parent(root, step.parts, create=False)
+    if step.kind is Kind.WHITEOUT:
+        if folder is not None:
+            _remove(folder / step.parts[-1])
+        return
+    target = root.joinpath(*step.parts)
+    if target.is_dir() and not target.is_symlink():
+        _clear_opaque(target, step.parts, touched)
+
+
 def _apply(
     root: Path,
     tar: tarfile.TarFile,
@@ -262,22 +274,17 @@ def _apply(
 ) -> None:
     step = plan(member)
     name = normal_path(step.parts)
+    # every member costs the unpacker, even one that leaves nothing behind (a fifo, a whiteout
+    # with a body): all count toward the limits; a file's bytes count as it is written
+    budget.add_file(name)
+    if step.kind is not Kind.FILE:
+        budget.add_bytes(member.size, name)
     if step.kind is Kind.SKIP:
         budget.skipped += 1
         return
-    if step.kind is Kind.WHITEOUT:
-        folder = _walk_parent(root, step.parts, create=False)
-        if folder is not None:
-            _remove(folder / step.parts[-1])
+    if step.kind in (Kind.WHITEOUT, Kind.OPAQUE):
+        _hide(root, step, touched)
         return
-    if step.kind is Kind.OPAQUE:
-        target = root.joinpath(*step.parts)
-        if step.parts:
-            _walk_parent(root, step.parts, create=False)
-        if target.is_dir() and not target.is_symlink():
-            _clear_opaque(target, step.parts, touched)
-        return
-    budget.add_file(name)
     if not step.parts:  # the root folder itself
         root.chmod(FOLDER_MODE)
         return
@@ -431,6 +438,10 @@ class ImageStore:
                 raise ImageError(err.reason) from err
             except (LayerRefused, ConfigInvalid) as err:
                 raise ImageError(f"the image {digest} is refused: {err}") from err
+            except OSError as err:  # the disk said no: a name too long, no space left
+                raise ImageError(
+                    f"the image {digest} could not be unpacked: {err.strerror or err}"
+                ) from err
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
                 self._active.discard(staging)

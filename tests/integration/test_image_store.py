@@ -535,3 +535,33 @@ def test_the_unpacked_busybox_serves_under_bwrap_with_a_read_only_root(
         server.wait(timeout=20)
         if server.stdout is not None:
             server.stdout.close()
+
+
+async def test_what_the_disk_refuses_is_an_image_error_and_nothing_is_stored(
+    registry: Registry, tmp_path: Path
+) -> None:
+    layer = Layer().file("n" * 300, b"a name longer than a file system allows\n")
+    digest, _ = await push_image(registry, "apps/long-name", "1", [layer], {})
+    with pytest.raises(ImageError, match="could not be unpacked"):
+        await ImageStore(tmp_path / "images").pull(registry.host, "apps/long-name", digest)
+    assert store_entries(tmp_path / "images") == []
+
+
+async def test_skipped_members_count_toward_the_limits(registry: Registry, tmp_path: Path) -> None:
+    # entries that leave nothing behind still cost the unpacker: a layer of nothing but fifos and
+    # whiteouts is bounded like one of files
+    layer = Layer(compression="zstd")
+    for number in range(5):
+        layer.special(f"pipe{number}", tarfile.FIFOTYPE).file(f".wh.gone{number}", b"")
+    digest, _ = await push_image(registry, "apps/only-skipped", "1", [layer], {})
+    with pytest.raises(ImageError, match="more than 4 files"):
+        await ImageStore(tmp_path / "images", max_files=4).pull(
+            registry.host, "apps/only-skipped", digest
+        )
+    big_whiteout = Layer().file(".wh.big", b"\0" * (2 << 20))
+    digest, _ = await push_image(registry, "apps/big-whiteout", "1", [big_whiteout], {})
+    with pytest.raises(ImageError, match=r"more than 1\.0 MiB"):
+        await ImageStore(tmp_path / "images", max_bytes=1 << 20).pull(
+            registry.host, "apps/big-whiteout", digest
+        )
+    assert store_entries(tmp_path / "images") == []
