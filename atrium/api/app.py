@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException
@@ -65,7 +67,14 @@ class HostNames:
         # the app domain itself names the host page: on a LAN, `atrium.lan` is the host page and
         # `<slug>.atrium.lan` its apps (one wildcard DNS record); the operator chose the name
         names.add(domain.lower())
-        self._exact = frozenset(names | {f"{name}:{port}" for name in names})
+        exact = names | {f"{name}:{port}" for name in names}
+        if settings.runner == "kubernetes" and settings.kube_shell_url:
+            # the name pods reach the shell by (a Service's, or the node's address), which the
+            # operator chose as they chose the app domain; with the port the URL names
+            pods = urlsplit(settings.kube_shell_url)
+            if pods.hostname:
+                exact |= {pods.netloc.lower().rpartition("@")[2], pods.hostname.lower()}
+        self._exact = frozenset(exact)
         self._app_suffixes = (f".{domain}:{port}", f".{domain}")
 
     def allows(self, host: str) -> bool:

@@ -159,6 +159,8 @@ class PodApp:
         self._exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
         self._changed = asyncio.Event()
         self._stopping: asyncio.Task[ExitStatus] | None = None
+        #: the pod has left the API (not only ended): what stop() waits for
+        self._gone = False
 
     def __repr__(self) -> str:
         return f"<PodApp {self._runner.namespace}/{self._name} uid={self._uid}>"
@@ -209,6 +211,7 @@ class PodApp:
                 self._uid = self._uid or uid
                 self._pod = pod
         if pod is None:
+            self._gone = True
             self._finish(ExitStatus(KILLED_CODE, "killed"))
         elif (ended := exit_of(pod)) is not None:
             self._finish(ended)
@@ -240,10 +243,11 @@ class PodApp:
         if self.instance_id:
             await runner.delete_secret(self.instance_id)
         deadline = time.monotonic() + grace + API_PATIENCE * 3
-        while not self._exited.done() and time.monotonic() < deadline:
+        while not self._gone and time.monotonic() < deadline:
             await self.changed(POLL_SECONDS)
-            if not self._exited.done():
-                self.observe(await runner.read_pod(self._name))
+            if not self._gone:
+                with contextlib.suppress(SpawnFailed):
+                    self.observe(await runner.read_pod(self._name))
         runner.forget(self)
         self._finish(ExitStatus(-15, "killed"))
         return self._exited.result()

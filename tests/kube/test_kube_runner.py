@@ -1,0 +1,278 @@
+"""The Kubernetes runner through a real shell (``ATRIUM_RUNNER=kubernetes``) against the fake
+cluster: pods run under the fake kubelet in network namespaces of their own, and the shell reaches
+them at ``podIP:8080`` (tests/kube/conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from atrium.lifecycle.runners.kubernetes import render
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
+from tests.kube.cluster import FakeCluster
+
+PROBE = "test.contract.probe"
+SLOW: float = 60  # every wait is bounded; none is asserted on
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))  # noqa: S104 - pods reach the shell on the bridge
+        port: int = probe.getsockname()[1]
+        return port
+
+
+KubeShell = Callable[..., RunningShell]
+
+
+@pytest.fixture
+def namespace(kube_settings: FakeCluster) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube_settings.call(kube_settings.api.create, "v1/namespaces", "", {"metadata": {"name": name}})
+    yield name
+    kube_settings.call(kube_settings.api.remove, "v1/namespaces", "", name)
+
+
+@pytest.fixture
+def kube_shell(tmp_path: Path, kube_settings: FakeCluster, namespace: str) -> Iterator[KubeShell]:
+    """Start (and restart) shells on one home against the fake cluster; stopped after the test."""
+    system_apps = tmp_path / "system-apps"
+    system_apps.mkdir()
+    shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
+    running: list[RunningShell] = []
+
+    def start(**overrides: Any) -> RunningShell:
+        port = free_port()
+        options: dict[str, Any] = {
+            "host": "0.0.0.0",  # noqa: S104
+            "port": port,
+            "runner": "kubernetes",
+            "kube_config": kube_settings.kubeconfig,
+            "kube_namespace": namespace,
+            "kube_shell_url": f"http://{kube_settings.host_address}:{port}",
+            "kube_start_timeout_seconds": 30.0,
+            **overrides,
+        }
+        shell = launch_shell(tmp_path / "home", system_apps, **options)
+        running.append(shell)
+        return shell
+
+    yield start
+    for shell in running:
+        if shell.thread.is_alive():
+            shell.stop()
+    # the shell leaves its pods running (they outlive it): the test's go with it
+    for pod in pods(kube_settings, namespace):
+        kube_settings.call(
+            kube_settings.api.delete, "v1/pods", namespace, pod["metadata"]["name"], 0
+        )
+    wait_for(lambda: not pods(kube_settings, namespace), "the test's pods to go", SLOW)
+
+
+def launch(api: httpx.Client, app_id: str = PROBE) -> dict[str, Any]:
+    answer = api.post("/api/instances", json={"appId": app_id}, timeout=SLOW)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def pods(cluster: FakeCluster, namespace: str) -> list[dict[str, Any]]:
+    def listed() -> list[dict[str, Any]]:
+        return [
+            obj
+            for (resource, ns, _), obj in cluster.api.store.items()
+            if resource == "v1/pods" and ns == namespace
+        ]
+
+    found: list[dict[str, Any]] = cluster.call(listed)
+    return found
+
+
+def test_a_launch_runs_a_pod_the_shell_reaches_at_its_address(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        instance = launch(api)
+        iid = instance["instanceId"]
+        assert instance["state"] == "started"
+        pod = kube_settings.pod(namespace, render.pod_name(iid))
+        assert pod is not None
+        assert pod["status"]["phase"] == "Running"
+        # the secrets are files of a Secret, never in the pod's spec
+        assert "OS_APP_TOKEN" not in str(pod["spec"])
+        boot = api.get(f"/api/proxy/{iid}/boot")
+        assert boot.status_code == 200, boot.text
+        assert shell.shell.lifecycle.get(iid).child.host == pod["status"]["podIP"]  # type: ignore[union-attr]
+
+
+def instance_state(api: httpx.Client, iid: str) -> str:
+    state: str = api.get(f"/api/instances/{iid}").json()["state"]
+    return state
+
+
+def test_a_crash_is_one_app_crashed_with_its_reason(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        events = SseReader(api, {"topics": "app:crashed"})
+        api.post(f"/api/proxy/{iid}/exit?code=3")
+        events.wait(1)
+        crashed = events.events[0].data
+        assert (crashed["instanceId"], crashed["exitCode"], crashed["reason"]) == (iid, 3, "exited")
+        assert instance_state(api, iid) == "error"
+        # one event only: the pod's later updates (and its deletion) are not crashes again
+        api.post(f"/api/instances/{iid}/reset")
+        assert len([e for e in events.events if e.data.get("instanceId") == iid]) == 1
+
+
+def test_logs_come_from_the_pod_and_after_gives_only_what_is_new(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        api.post(f"/api/proxy/{iid}/log?line=first-line")
+        first = wait_for(
+            lambda: (
+                (r := api.get(f"/api/instances/{iid}/logs")).status_code == 200
+                and "first-line" in r.text
+                and r
+            ),
+            "the first line in the pod's log",
+        )
+        cursor = first.headers["X-Log-End"]
+        api.post(f"/api/proxy/{iid}/log?line=second-line")
+        later = wait_for(
+            lambda: (
+                "second-line" in (t := api.get(f"/api/instances/{iid}/logs?after={cursor}").text)
+                and t
+            ),
+            "the second line after the cursor",
+        )
+        assert "first-line" not in later
+
+
+def test_destroy_deletes_the_pod_and_secret_and_keeps_the_claim(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        owner = shell.settings.user
+        claim = render.claim_name(owner, iid)
+        kube_settings.kubelet.claim_folder(namespace, claim).joinpath("kept.txt").write_text("1")
+        answer = api.delete(f"/api/instances/{iid}")
+        assert answer.status_code in (200, 204), answer.text
+        assert kube_settings.pod(namespace, render.pod_name(iid)) is None
+        get = kube_settings.api.get
+        assert kube_settings.call(get, "v1/secrets", namespace, render.secret_name(iid)) is None
+        assert kube_settings.call(get, "v1/persistentvolumeclaims", namespace, claim) is not None
+        again = launch(api)["instanceId"]
+        assert again == iid
+        assert kube_settings.kubelet.claim_folder(namespace, claim).joinpath("kept.txt").exists()
+
+
+def test_a_new_shell_adopts_the_running_pod_without_restarting_it(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    first = kube_shell()
+    with first.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        boot = api.get(f"/api/proxy/{iid}/boot").json()["boot"]
+    uid = kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"]  # type: ignore[index]
+    first.stop()
+    pod = kube_settings.pod(namespace, render.pod_name(iid))
+    assert pod is not None
+    assert pod["status"]["phase"] == "Running"
+    second = kube_shell()
+    with second.client(timeout=SLOW) as api:
+        instance = api.get(f"/api/instances/{iid}").json()
+        assert instance["state"] == "started"
+        answer = api.get(f"/api/proxy/{iid}/boot")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["boot"] == boot  # the same process: not restarted
+        assert kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"] == uid  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "words"),
+    [
+        (r"/pods$", 403, "may not create pods"),
+        (r"/pods$", 422, "refused the pods as invalid"),
+        (r"/secrets$", 403, "may not create secrets"),
+    ],
+)
+def test_an_api_refusal_is_a_spawn_failure_that_says_what_to_fix(
+    kube_shell: KubeShell, kube_settings: FakeCluster, path: str, status: int, words: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        kube_settings.fail_next("POST", path, status)
+        answer = api.post("/api/instances", json={"appId": PROBE}, timeout=SLOW)
+        assert answer.status_code == 502, answer.text
+        error = answer.json()["error"]
+        assert error["cause"] == "api"
+        assert words in error["message"]
+        iid = next(i for i in api.get("/api/instances").json() if i["appId"] == PROBE)["instanceId"]
+        assert instance_state(api, iid) == "error"
+        assert api.post(f"/api/instances/{iid}/retry").json()["state"] == "started"
+
+
+def test_an_api_down_longer_than_the_retry_fails_the_spawn_with_cause_api(
+    kube_shell: KubeShell, kube_settings: FakeCluster
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        kube_settings.outage(14)
+        answer = api.post("/api/instances", json={"appId": PROBE}, timeout=SLOW)
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["cause"] == "api"
+        assert "did not answer" in answer.json()["error"]["message"]
+
+
+def test_a_short_api_outage_and_an_expired_watch_are_ridden_out(
+    kube_shell: KubeShell, kube_settings: FakeCluster
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        kube_settings.outage(2)
+        iid = launch(api)["instanceId"]  # retried within the bound
+        kube_settings.expire_watches()  # 410 Gone: the runner lists again
+        events = SseReader(api, {"topics": "app:crashed"})
+        api.post(f"/api/proxy/{iid}/exit?code=4")
+        events.wait(1)
+        assert events.events[0].data["exitCode"] == 4
+
+
+def test_a_pod_left_by_an_earlier_spawn_is_replaced_not_a_conflict(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        uid = kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"]  # type: ignore[index]
+        # the shell forgets the instance without deleting its pod (as a crash of the shell
+        # between create and record would): the next spawn of that id meets a 409
+        shell.on_loop(_forget(shell, iid))
+        again = launch(api)
+        assert again["instanceId"] == iid
+        assert again["state"] == "started"
+        assert kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"] != uid  # type: ignore[index]
+
+
+async def _forget(shell: RunningShell, iid: str) -> None:
+    lifecycle = shell.shell.lifecycle
+    instance = lifecycle.get(iid)
+    instance.child = None
+    await lifecycle.force(instance)
