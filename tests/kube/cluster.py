@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import aiohttp.web
 
 from tests.kube.fake_api import FakeApi
-from tests.kube.kubelet import MEMORY_CGROUP, Kubelet
+from tests.kube.kubelet import MEMORY_CGROUP, PIDS_CGROUP, Kubelet
 
 T = TypeVar("T")
 PREFIX = "atk"
@@ -70,8 +70,8 @@ def sweep() -> list[str]:
         if _dead_owner(name):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
             removed.append(name)
-    if MEMORY_CGROUP.is_dir():
-        for parent in MEMORY_CGROUP.glob(f"{PREFIX}*"):
+    for hierarchy in (MEMORY_CGROUP, PIDS_CGROUP):
+        for parent in hierarchy.glob(f"{PREFIX}*") if hierarchy.is_dir() else []:
             if _dead_owner(parent.name):
                 for child in [p for p in parent.iterdir() if p.is_dir()]:
                     with contextlib.suppress(OSError):

@@ -12,7 +12,7 @@ own, so the shell reaches pods off loopback as it would in a cluster.
 ``url``, ``kubeconfig`` (a file naming the server, context namespace ``atrium``),
 ``host_address`` (where pods reach a server of the test or the shell: bind it there or on
 0.0.0.0), ``api`` (state, ``api.store``), ``kubelet`` (``missing_images``,
-``ceiling_memory_mib``, ``ceiling_cpu_milli``, ``claim_folder(ns, claim)``), fault helpers
+``ceiling_memory_mib``, ``ceiling_cpu_milli``, ``pod_pids_limit``, ``claim_folder(ns, claim)``), fault helpers
 ``fail_next(method, path_regex, status, count)``, ``outage(seconds, refuse=False)``,
 ``expire_watches()``, and ``pod(ns, name)``. Tests that change the kubelet's settings put them back
 (``kube_settings`` does it for them). Each test should use namespaces of its own
@@ -55,9 +55,19 @@ def fake_cluster() -> Iterator[FakeCluster]:
 def kube_settings(fake_cluster: FakeCluster) -> Iterator[FakeCluster]:
     """The fake cluster, its kubelet's images and ceilings put back after the test."""
     kubelet = fake_cluster.kubelet
-    saved = (set(kubelet.missing_images), kubelet.ceiling_memory_mib, kubelet.ceiling_cpu_milli)
+    saved = (
+        set(kubelet.missing_images),
+        kubelet.ceiling_memory_mib,
+        kubelet.ceiling_cpu_milli,
+        kubelet.pod_pids_limit,
+    )
     yield fake_cluster
-    kubelet.missing_images, kubelet.ceiling_memory_mib, kubelet.ceiling_cpu_milli = saved
+    (
+        kubelet.missing_images,
+        kubelet.ceiling_memory_mib,
+        kubelet.ceiling_cpu_milli,
+        kubelet.pod_pids_limit,
+    ) = saved
     fake_cluster.api.faults.clear()
     fake_cluster.api.outage_until = 0.0
 

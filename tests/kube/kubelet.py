@@ -17,7 +17,8 @@ For every pod it sees (it reads the fake API's event feed in-process, on the sam
   ``readOnly`` mount read-only;
 - the run: init containers in order, each to the end, then the containers with their literal
   ``env``, ``workingDir``, ``command`` + ``args`` (``python`` is the venv's), in a memory cgroup (v1)
-  with ``resources.limits.memory``; stdout and stderr captured line by line with the time for
+  with ``resources.limits.memory`` (and a pids cgroup with `Kubelet.pod_pids_limit`, the node-wide
+  limit a kubelet's ``podPidsLimit`` sets); stdout and stderr captured line by line with the time for
   ``pods/log``; the status patched as a kubelet does (``podIP``, ``phase``, ``conditions``,
   ``containerStatuses`` waiting/running/terminated with ``Completed``/``Error``/``OOMKilled``);
   readiness from an ``httpGet`` or ``tcpSocket`` probe (probed until it first succeeds), else
@@ -52,6 +53,8 @@ from tests.kube.fake_api import FakeApi, LogLine
 
 _LOGGER = logging.getLogger(__name__)
 MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")
+#: the v1 pids hierarchy (`Kubelet.pod_pids_limit`, as a kubelet's ``podPidsLimit``)
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
 #: entries of / the sandbox gets its own of
 _OWN = {"proc", "dev", "tmp"}
 _UNITS = {
@@ -185,6 +188,7 @@ class Pod:
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     net: tuple[str, str, str] | None = None
     cgroup: Path | None = None
+    pids_cgroup: Path | None = None
     task: asyncio.Task[None] | None = None
     stopping: bool = False
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -207,6 +211,9 @@ class Kubelet:
         self.ceiling_memory_mib: int | None = None
         self.ceiling_cpu_milli: int | None = None
         self.cgroup_parent = MEMORY_CGROUP / prefix
+        self.pids_parent = PIDS_CGROUP / prefix
+        #: the most processes one pod may have (None: no limit), a node-wide setting
+        self.pod_pids_limit: int | None = None
         self._feed: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -222,6 +229,8 @@ class Kubelet:
         await self.network.up()
         with contextlib.suppress(OSError):
             self.cgroup_parent.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):
+            self.pids_parent.mkdir(exist_ok=True)
         self.api.kubelet_attached = True
         self.api.log_source = self._logs
         queue = self.api.subscribe()
@@ -238,6 +247,8 @@ class Kubelet:
         await self.network.down()
         with contextlib.suppress(OSError):
             self.cgroup_parent.rmdir()
+        with contextlib.suppress(OSError):
+            self.pids_parent.rmdir()
 
     def _logs(self, namespace: str, name: str, container: str | None) -> list[LogLine] | None:
         for pod in self.pods.values():
@@ -374,43 +385,49 @@ class Kubelet:
                         return f'{kind} "{ref}" not found'
         return None
 
-    async def _lifecycle(self, pod: Pod) -> None:
+    def _held(self, pod: Pod) -> bool:
+        """Whether the pod cannot start (status patched to say why): unschedulable, an image
+        that cannot be pulled, a volume that cannot be mounted."""
         containers = pod.spec.get("containers", [])
         inits = pod.spec.get("initContainers", [])
         problem = self._unschedulable(pod)
         if problem is not None:
             self._condition(pod, "PodScheduled", False, "Unschedulable", problem)
             self._patch(pod, phase="Pending")
-            return
+            return True
         self._condition(pod, "PodScheduled", True)
+        waiting = {"waiting": {"reason": "PodInitializing" if inits else "ContainerCreating"}}
+        for container in containers:
+            self._container_status(pod, container, waiting)
+        self._condition(pod, "Initialized", not inits)
+        self._condition(pod, "Ready", False, "ContainersNotReady")
         for container in inits + containers:
             if container.get("image") in self.missing_images:
                 message = f'failed to pull image "{container.get("image")}": not found'
-                waiting = {"waiting": {"reason": "ErrImagePull", "message": message}}
-                for each in containers:
-                    self._container_status(
-                        pod,
-                        each,
-                        waiting
-                        if each is container
-                        else {"waiting": {"reason": "PodInitializing"}},
-                    )
+                pulling = {"waiting": {"reason": "ErrImagePull", "message": message}}
+                self._container_status(pod, container, pulling, init=container in inits)
                 self._patch(pod, phase="Pending")
-                return
-        for container in containers:
-            self._container_status(pod, container, {"waiting": {"reason": "ContainerCreating"}})
-        self._condition(pod, "Initialized", not inits)
-        self._condition(pod, "Ready", False, "ContainersNotReady")
+                return True
         problem = self._volume_problem(pod)
         if problem is not None:
             for container in containers:
-                self._container_status(
-                    pod, container, {"waiting": {"reason": "ContainerCreating", "message": problem}}
-                )
+                creating = {"waiting": {"reason": "ContainerCreating", "message": problem}}
+                self._container_status(pod, container, creating)
             self._patch(pod, phase="Pending", message=f"MountVolume.SetUp failed: {problem}")
+            return True
+        return False
+
+    async def _lifecycle(self, pod: Pod) -> None:
+        containers = pod.spec.get("containers", [])
+        inits = pod.spec.get("initContainers", [])
+        if self._held(pod):
             return
         pod.net = await self.network.add()
-        pod.cgroup = self._make_cgroup(pod)
+        pod.cgroup = self._make_cgroup(self.cgroup_parent / pod.uid)
+        if self.pod_pids_limit is not None:
+            pod.pids_cgroup = self._make_cgroup(self.pids_parent / pod.uid)
+            if pod.pids_cgroup is not None:
+                (pod.pids_cgroup / "pids.max").write_text(str(self.pod_pids_limit))
         started = stamp()
         self._patch(
             pod,
@@ -513,8 +530,8 @@ class Kubelet:
     def _terminated(code: int, reason: str, began: str) -> dict[str, Any]:
         return {"exitCode": code, "reason": reason, "startedAt": began, "finishedAt": stamp()}
 
-    def _make_cgroup(self, pod: Pod) -> Path | None:
-        folder = self.cgroup_parent / pod.uid
+    @staticmethod
+    def _make_cgroup(folder: Path) -> Path | None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
@@ -610,8 +627,10 @@ class Kubelet:
                 (pod.cgroup / "memory.limit_in_bytes").write_text(size)
                 with contextlib.suppress(OSError):
                     (pod.cgroup / "memory.memsw.limit_in_bytes").write_text(size)
-            enter = 'echo 0 > "$1" && shift && exec "$@"'
-            sandbox = ["sh", "-c", enter, "sh", str(pod.cgroup / "cgroup.procs"), *sandbox]
+            procs = [str(c / "cgroup.procs") for c in (pod.cgroup, pod.pids_cgroup) if c]
+            joins = " && ".join(f'echo 0 > "${n}"' for n in range(1, len(procs) + 1))
+            enter = f'{joins} && shift {len(procs)} && exec "$@"'
+            sandbox = ["sh", "-c", enter, "sh", *procs, *sandbox]
         return sandbox, env
 
     async def _exec(
@@ -696,10 +715,10 @@ class Kubelet:
             pod.task.cancel()
         if pod.net is not None:
             await self.network.remove(*pod.net)
-        if pod.cgroup is not None:
+        for folder in [f for f in (pod.cgroup, pod.pids_cgroup) if f is not None]:
             for _ in range(100):
                 try:
-                    pod.cgroup.rmdir()
+                    folder.rmdir()
                     break
                 except OSError:
                     await asyncio.sleep(0.05)

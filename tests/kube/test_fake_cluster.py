@@ -443,3 +443,27 @@ async def test_delete_waits_the_grace_period_then_kills(
         )
         == 0
     )
+
+
+FORKER = """
+import os, time
+children = 0
+try:
+    for _ in range(40):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+except OSError as err:
+    print("fork refused after", children, type(err).__name__, flush=True)
+"""
+
+
+async def test_the_node_pids_limit_holds_a_pod(
+    core: client.CoreV1Api, kube_namespace: str, kube_settings: FakeCluster
+) -> None:
+    kube_settings.kubelet.pod_pids_limit = 16
+    await core.create_namespaced_pod(kube_namespace, pod("forker", FORKER))
+    log = await until_log(core, kube_namespace, "forker", "fork refused")
+    assert "BlockingIOError" in log
+    await core.delete_namespaced_pod("forker", kube_namespace, grace_period_seconds=0)
