@@ -97,8 +97,10 @@ def parse_config(body: bytes) -> ImageConfig:
     inner = document.get("config") or {}
     if not isinstance(inner, dict):
         raise ConfigInvalid("the image config's config is not an object")
-    working_dir = inner.get("WorkingDir") or ""
-    user = inner.get("User") or ""
+    working_dir = inner.get("WorkingDir")
+    user = inner.get("User")
+    working_dir = "" if working_dir is None else working_dir
+    user = "" if user is None else user
     if not isinstance(working_dir, str) or (working_dir and not working_dir.startswith("/")):
         raise ConfigInvalid(f"the image config's WorkingDir {working_dir!r} is not absolute")
     if not isinstance(user, str):
