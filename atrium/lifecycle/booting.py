@@ -162,15 +162,20 @@ class Booter:
         """The instance's cgroup with its limits written, and the limits it reports; where the
         shell uses no cgroup, no cgroup and what rlimits hold of them (a local runner sets them
         in the child, docs/decisions.md "Resource limits: rlimits where no cgroup is
-        delegated"); None where nothing holds them (no `Cgroups`, or a runner of its own)."""
+        delegated"); on a cluster runner, what its pods' resources hold; None where nothing holds
+        them (no `Cgroups`)."""
         cgroups = self._config.cgroups
-        if cgroups is None or self.runner.name not in LOCAL_RUNNERS:
+        if cgroups is None:
             return None, None
         asked = manifest.resources
         limits = effective_limits(
             None if asked is None else Limits(asked.memory_mib, asked.cpu_milli, asked.pids),
             cgroups.ceilings,
         )
+        if self.runner.name not in LOCAL_RUNNERS:
+            # a pod's resources hold memory and CPU; a pod has no field for a process ceiling
+            # (the kubelet's podPidsLimit is the node's), so none is claimed
+            return None, replace(limits, pids=None, enforcement="pod")
         if not cgroups.enforced:
             return None, rlimit_plan(limits, own_uid).holds
         return cgroups.make(instance.id, limits), replace(limits, enforcement="cgroup")

@@ -53,7 +53,9 @@ _MAX_NAMES: Final = 64
 
 
 #: how an instance's limits are held: a cgroup of its own, or rlimits set in its child
-Enforcement = Literal["cgroup", "rlimit"]
+#: how an instance's limits are held: its own cgroup here, rlimits here, or its pod's resources
+#: on a cluster (the cluster's kubelet holds memory and CPU)
+Enforcement = Literal["cgroup", "rlimit", "pod"]
 #: ``ATRIUM_APP_LIMITS``: a cgroup where the host delegates one, else rlimits; or rlimits only
 LimitsMode = Literal["auto", "rlimit"]
 

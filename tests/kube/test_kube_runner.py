@@ -276,3 +276,21 @@ async def _forget(shell: RunningShell, iid: str) -> None:
     instance = lifecycle.get(iid)
     instance.child = None
     await lifecycle.force(instance)
+
+
+def test_an_app_past_its_memory_limit_is_oom_killed_alone(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        instance = launch(api)
+        iid = instance["instanceId"]
+        assert instance["limits"]["enforcement"] == "pod"
+        pod = kube_settings.pod(namespace, render.pod_name(iid))
+        assert pod is not None
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "64Mi"
+        events = SseReader(api, {"topics": "app:crashed"})
+        api.post(f"/api/proxy/{iid}/alloc?mib=256")
+        events.wait(1)
+        assert events.events[0].data["reason"] == "oom"
+        assert api.get("/api/version").status_code == 200
