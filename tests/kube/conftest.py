@@ -12,7 +12,8 @@ own, so the shell reaches pods off loopback as it would in a cluster.
 ``url``, ``kubeconfig`` (a file naming the server, context namespace ``atrium``),
 ``host_address`` (where pods reach a server of the test or the shell: bind it there or on
 0.0.0.0), ``api`` (state, ``api.store``), ``kubelet`` (``missing_images``,
-``ceiling_memory_mib``, ``ceiling_cpu_milli``, ``pod_pids_limit``, ``claim_folder(ns, claim)``), fault helpers
+``ceiling_memory_mib``, ``ceiling_cpu_milli``, ``pod_pids_limit``, ``run_as_user``,
+``claim_folder(ns, claim)``), fault helpers
 ``fail_next(method, path_regex, status, count)``, ``outage(seconds, refuse=False)``,
 ``expire_watches()``, and ``pod(ns, name)``. Tests that change the kubelet's settings put them back
 (``kube_settings`` does it for them). Each test should use namespaces of its own
@@ -60,6 +61,7 @@ def kube_settings(fake_cluster: FakeCluster) -> Iterator[FakeCluster]:
         kubelet.ceiling_memory_mib,
         kubelet.ceiling_cpu_milli,
         kubelet.pod_pids_limit,
+        kubelet.run_as_user,
     )
     yield fake_cluster
     (
@@ -67,6 +69,7 @@ def kube_settings(fake_cluster: FakeCluster) -> Iterator[FakeCluster]:
         kubelet.ceiling_memory_mib,
         kubelet.ceiling_cpu_milli,
         kubelet.pod_pids_limit,
+        kubelet.run_as_user,
     ) = saved
     fake_cluster.api.faults.clear()
     fake_cluster.api.outage_until = 0.0

@@ -26,8 +26,9 @@ For every pod it sees (it reads the fake API's event feed in-process, on the sam
 - delete: SIGTERM to the sandbox's process group, SIGKILL after the grace period, then the
   namespace, the folders and the cgroup go and the pod leaves the API.
 
-Not done: container restarts (every pod behaves as ``restartPolicy: Never``), ``runAsUser``
-(the sandbox runs as root), ``valueFrom``/``envFrom``, liveness probes, more than one node.
+Volumes belong to the pod's ``fsGroup``; containers run as their ``runAsUser`` only with
+`Kubelet.run_as_user` (else as root). Not done: container restarts (every pod behaves as
+``restartPolicy: Never``), ``valueFrom``/``envFrom``, liveness probes, more than one node.
 """
 
 from __future__ import annotations
@@ -174,7 +175,15 @@ def filesystem_args(mount_points: list[str]) -> list[str]:
                 args.extend(["--ro-bind", str(path), str(path)])
 
     entries(Path("/"))
-    return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
+    made: set[Path] = set()
+    for point in mount_points:  # bwrap would make the missing parents 0700: a user could not pass
+        real = Path(os.path.realpath(point))
+        for folder in [*reversed(real.parents), real]:
+            if not folder.exists() and folder not in made:
+                made.add(folder)
+                args += ["--perms", "0755", "--dir", str(folder)]
+    return args
 
 
 @dataclass
@@ -214,6 +223,8 @@ class Kubelet:
         self.pids_parent = PIDS_CGROUP / prefix
         #: the most processes one pod may have (None: no limit), a node-wide setting
         self.pod_pids_limit: int | None = None
+        #: run containers as their ``runAsUser`` (off: as root, which hides permission mistakes)
+        self.run_as_user = False
         self._feed: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -548,10 +559,12 @@ class Kubelet:
                     pod.namespace, volume["persistentVolumeClaim"]["claimName"]
                 )
                 folder.mkdir(parents=True, exist_ok=True)
+                self._share(pod, folder)
                 found[name] = (folder, bool(volume["persistentVolumeClaim"].get("readOnly")))
             elif "emptyDir" in volume:
                 folder = pod.folder / "volumes" / name
                 folder.mkdir(parents=True, exist_ok=True)
+                self._share(pod, folder)
                 found[name] = (folder, False)
             elif "secret" in volume or "configMap" in volume:
                 kind = "secret" if "secret" in volume else "configMap"
@@ -576,10 +589,23 @@ class Kubelet:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(data.get(item["key"], b""))
                     target.chmod(item.get("mode", mode))
+                    self._share(pod, target)
+                self._share(pod, folder)
                 found[name] = (folder, True)
             else:
                 raise RuntimeError(f"the fake kubelet has no volume kind of {volume}")
         return found
+
+    @staticmethod
+    def _share(pod: Pod, path: Path) -> None:
+        """A volume's folder or file as a kubelet hands it to the pod's ``fsGroup``: the group
+        owns it, and a folder is group-writable with new files inheriting the group."""
+        group = (pod.spec.get("securityContext") or {}).get("fsGroup")
+        if group is None:
+            return
+        os.chown(path, -1, int(group))
+        if path.is_dir():
+            path.chmod(0o2775 if path.stat().st_mode & 0o200 else 0o2755)
 
     def _command(
         self, pod: Pod, container: dict[str, Any], volumes: dict[str, tuple[Path, bool]]
@@ -613,6 +639,7 @@ class Kubelet:
                 env[item["name"]] = str(item["value"])
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable
+        argv = [*self._user(pod, container), *argv] if argv else argv
         sandbox = [
             "ip", "netns", "exec", pod.net[0],
             "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -671,6 +698,26 @@ class Kubelet:
         if self._oom_count(pod) > before:
             return code or 137, "OOMKilled", began
         return code, "Completed" if code == 0 else "Error", began
+
+    def _user(self, pod: Pod, container: dict[str, Any]) -> list[str]:
+        """With `run_as_user`, the prefix that runs the command as the pod's ``runAsUser`` /
+        ``runAsGroup`` with its ``fsGroup`` and ``supplementalGroups``, no capabilities."""
+        pod_context = pod.spec.get("securityContext") or {}
+        context = {**pod_context, **(container.get("securityContext") or {})}
+        uid = context.get("runAsUser")
+        if not self.run_as_user or uid in (None, 0):
+            return []
+        gid = context.get("runAsGroup", uid)
+        extra = [pod_context.get("fsGroup"), *(pod_context.get("supplementalGroups") or [])]
+        groups = ",".join(str(g) for g in extra if g is not None)
+        return [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ]
 
     @staticmethod
     def _name_files(pod: Pod) -> list[str]:

@@ -467,3 +467,47 @@ async def test_the_node_pids_limit_holds_a_pod(
     log = await until_log(core, kube_namespace, "forker", "fork refused")
     assert "BlockingIOError" in log
     await core.delete_namespaced_pod("forker", kube_namespace, grace_period_seconds=0)
+
+
+AS_USER = """
+import os, pathlib
+print("uid", os.getuid(), "groups", sorted(os.getgroups()), flush=True)
+print("secret", pathlib.Path("/var/run/atrium/secrets/token").read_text(), flush=True)
+pathlib.Path("/data/mine").write_text("written")
+try:
+    pathlib.Path("/app/x").write_text("no")
+except OSError as err:
+    print("app read-only", type(err).__name__, flush=True)
+"""
+
+
+async def test_run_as_user_with_fs_group_volumes(
+    core: client.CoreV1Api, kube_namespace: str, kube_settings: FakeCluster
+) -> None:
+    kube_settings.kubelet.run_as_user = True
+    ns = kube_namespace
+    claim: Any = {"metadata": {"name": "data-2"}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+    await core.create_namespaced_persistent_volume_claim(ns, claim)
+    secret: Any = {"metadata": {"name": "keys"}, "stringData": {"token": "s3cret"}}
+    await core.create_namespaced_secret(ns, secret)
+    volumes = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data-2"}},
+        {"name": "app", "emptyDir": {}},
+        {"name": "keys", "secret": {"secretName": "keys", "defaultMode": 0o440}},
+    ]
+    mounts = [
+        {"name": "data", "mountPath": "/data"},
+        {"name": "app", "mountPath": "/app", "readOnly": True},
+        {"name": "keys", "mountPath": "/var/run/atrium/secrets", "readOnly": True},
+    ]
+    context = {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10002}
+    body = pod("user", AS_USER, container={"volumeMounts": mounts}, volumes=volumes)
+    body["spec"]["securityContext"] = context
+    await core.create_namespaced_pod(ns, body)
+    status = await until_phase(core, ns, "user", "Succeeded", "Failed")
+    log = await core.read_namespaced_pod_log("user", ns)
+    assert status.phase == "Succeeded", log
+    assert "uid 10001 groups [10002]" in log
+    assert "secret s3cret" in log
+    assert "app read-only OSError" in log
+    assert (kube_settings.kubelet.claim_folder(ns, "data-2") / "mine").read_text() == "written"
