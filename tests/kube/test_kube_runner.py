@@ -4,6 +4,7 @@ them at ``podIP:8080`` (tests/kube/conftest.py)."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import socket
 import uuid
@@ -294,3 +295,25 @@ def test_an_app_past_its_memory_limit_is_oom_killed_alone(
         events.wait(1)
         assert events.events[0].data["reason"] == "oom"
         assert api.get("/api/version").status_code == 200
+
+
+def test_the_source_endpoint_answers_only_an_instances_own_app(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        assert api.get("/api/runner/source").status_code == 403  # the user's token
+        pod = kube_settings.pod(namespace, render.pod_name(iid))
+        assert pod is not None
+        secret = kube_settings.call(
+            kube_settings.api.get, "v1/secrets", namespace, render.secret_name(iid)
+        )
+        token = base64.b64decode(secret["data"]["OS_APP_TOKEN"]).decode()
+        with shell.client(token=token) as app:
+            answer = app.get("/api/runner/source")
+        assert answer.status_code == 200
+        digest = pod["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        assert answer.headers["X-Atrium-Digest"] == digest
+        with shell.anonymous() as anyone:
+            assert anyone.get("/api/runner/source").status_code == 401

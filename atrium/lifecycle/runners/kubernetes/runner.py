@@ -354,17 +354,8 @@ class KubernetesRunner:
     # -- spawn ---------------------------------------------------------------------------------
 
     def plan(self, spec: SpawnSpec, digest: str) -> render.PodPlan:
-        """The PodPlan of one spawn (`render.plan_for`): the command as the pod sees it (the
-        shell's interpreter is the image's ``python3``, the app's folder is POD_APP_DIR)."""
-        app_dir = str(spec.app_dir)
-        argv = [
-            render.POD_APP_DIR + arg[len(app_dir) :]
-            if arg == app_dir or arg.startswith(app_dir + "/")
-            else arg
-            for arg in spec.argv
-        ]
-        if argv and Path(argv[0]).name.startswith("python"):
-            argv[0] = "python3"
+        """The PodPlan of one spawn, built as `atrium kube render` builds it (`render.pod_command`,
+        `render.plan_for`), so what is reviewed is what is created."""
         limits = spec.limits
         return render.plan_for(
             namespace=self.namespace,
@@ -375,7 +366,7 @@ class KubernetesRunner:
             image=self.settings.image,
             source_digest=digest,
             shell_url=self.settings.shell_url,
-            entrypoint=argv,
+            entrypoint=render.pod_command(spec.argv, str(spec.app_dir)),
             env=spec.env,
             secrets=spec.secrets,
             memory_mib=limits.memory_mib if limits else None,
