@@ -309,6 +309,7 @@ def test_the_source_endpoint_answers_only_an_instances_own_app(
         secret = kube_settings.call(
             kube_settings.api.get, "v1/secrets", namespace, render.secret_name(iid)
         )
+        assert secret is not None
         token = base64.b64decode(secret["data"]["OS_APP_TOKEN"]).decode()
         with shell.client(token=token) as app:
             answer = app.get("/api/runner/source")
