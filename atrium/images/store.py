@@ -27,7 +27,7 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -158,18 +158,30 @@ def _decompressed(path: Path) -> Iterator[IO[bytes]]:
             yield raw
 
 
-def _walk_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Path | None:
+@dataclass(slots=True)
+class _Layer:
+    """What one layer's unpack remembers: the paths it wrote (an opaque marker keeps them) and the
+    folders already checked to be real folders (each removal of a folder forgets them all)."""
+
+    touched: set[tuple[str, ...]] = field(default_factory=set)
+    folders: set[tuple[str, ...]] = field(default_factory=set)
+
+
+def _walk_parent(root: Path, parts: tuple[str, ...], layer: _Layer, *, create: bool) -> Path | None:
     """The folder that holds ``parts``, each folder on the way a real folder (never a link:
     the unpacker follows no link); missing folders are made (``create``) or None."""
     folder = root
     for depth, part in enumerate(parts[:-1], start=1):
         folder = folder / part
+        if parts[:depth] in layer.folders:
+            continue
         try:
             info = os.lstat(folder)
         except FileNotFoundError:
             if not create:
                 return None
             folder.mkdir(FOLDER_MODE)
+            layer.folders.add(parts[:depth])
             continue
         if stat.S_ISLNK(info.st_mode):
             raise LayerRefused(
@@ -180,28 +192,30 @@ def _walk_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Path | 
             raise LayerRefused(
                 f"{normal_path(parts)} is under {normal_path(parts[:depth])}, a file"
             )
+        layer.folders.add(parts[:depth])
     return folder
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path, layer: _Layer) -> None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(info.st_mode):
+        layer.folders.clear()
         shutil.rmtree(path)
     else:
         path.unlink()
 
 
-def _clear_opaque(folder: Path, parts: tuple[str, ...], touched: set[tuple[str, ...]]) -> None:
+def _clear_opaque(folder: Path, parts: tuple[str, ...], layer: _Layer) -> None:
     """Remove what lower layers put under ``folder``, keeping what this layer already wrote."""
     for path in folder.iterdir():
         child = (*parts, path.name)
-        if child not in touched:
-            _remove(path)
+        if child not in layer.touched:
+            _remove(path, layer)
         elif stat.S_ISDIR(os.lstat(path).st_mode):
-            _clear_opaque(path, child, touched)
+            _clear_opaque(path, child, layer)
 
 
 def _touch(touched: set[tuple[str, ...]], parts: tuple[str, ...]) -> None:
@@ -223,8 +237,8 @@ def _write_file(path: Path, source: IO[bytes] | None, step: Step, budget: _Budge
         os.fchmod(out.fileno(), step.mode)
 
 
-def _placed(root: Path, parts: tuple[str, ...]) -> Path:
-    folder = _walk_parent(root, parts, create=True)
+def _placed(root: Path, parts: tuple[str, ...], layer: _Layer) -> Path:
+    folder = _walk_parent(root, parts, layer, create=True)
     if folder is None:  # create=True makes every folder on the way
         raise LayerRefused(f"{normal_path(parts)} has no folder")
     return folder / parts[-1]
@@ -242,9 +256,9 @@ def _make_folder(path: Path) -> None:
     path.chmod(FOLDER_MODE)
 
 
-def _hard_link(root: Path, path: Path, step: Step) -> None:
+def _hard_link(root: Path, path: Path, step: Step, layer: _Layer) -> None:
     name = normal_path(step.parts)
-    source_folder = _walk_parent(root, step.target_parts, create=False)
+    source_folder = _walk_parent(root, step.target_parts, layer, create=False)
     source = None if source_folder is None else source_folder / step.target_parts[-1]
     if source is None or not os.path.lexists(source):
         raise LayerRefused(f"hard link {name} points at {step.target!r}, not in the image")
@@ -253,16 +267,16 @@ def _hard_link(root: Path, path: Path, step: Step) -> None:
     os.link(source, path, follow_symlinks=False)
 
 
-def _hide(root: Path, step: Step, touched: set[tuple[str, ...]]) -> None:
+def _hide(root: Path, step: Step, layer: _Layer) -> None:
     """A whiteout removes its name; an opaque marker empties its folder of the lower layers'."""
-    folder = _walk_parent(root, step.parts, create=False)
+    folder = _walk_parent(root, step.parts, layer, create=False)
     if step.kind is Kind.WHITEOUT:
         if folder is not None:
-            _remove(folder / step.parts[-1])
+            _remove(folder / step.parts[-1], layer)
         return
     target = root.joinpath(*step.parts)
     if target.is_dir() and not target.is_symlink():
-        _clear_opaque(target, step.parts, touched)
+        _clear_opaque(target, step.parts, layer)
 
 
 def _apply(
@@ -270,7 +284,7 @@ def _apply(
     tar: tarfile.TarFile,
     member: tarfile.TarInfo,
     budget: _Budget,
-    touched: set[tuple[str, ...]],
+    layer: _Layer,
 ) -> None:
     step = plan(member)
     name = normal_path(step.parts)
@@ -283,21 +297,21 @@ def _apply(
         budget.skipped += 1
         return
     if step.kind in (Kind.WHITEOUT, Kind.OPAQUE):
-        _hide(root, step, touched)
+        _hide(root, step, layer)
         return
     if not step.parts:  # the root folder itself
         root.chmod(FOLDER_MODE)
         return
-    path = _placed(root, step.parts)
-    _touch(touched, step.parts)
+    path = _placed(root, step.parts, layer)
+    _touch(layer.touched, step.parts)
     if step.kind is Kind.FOLDER:
         _make_folder(path)
         return
-    _remove(path)
+    _remove(path, layer)
     if step.kind is Kind.SYMLINK:
         path.symlink_to(step.target)
     elif step.kind is Kind.HARDLINK:
-        _hard_link(root, path, step)
+        _hard_link(root, path, step, layer)
     else:
         if setid_cleared(member.mode):
             budget.setid_cleared += 1
@@ -315,11 +329,11 @@ def add_mount_points(root: Path) -> None:
 
 def unpack_layer(layer: Path, root: Path, budget: _Budget) -> None:
     """Apply one layer (a verified blob on disk) over ``root``."""
-    touched: set[tuple[str, ...]] = set()
+    state = _Layer()
     try:
         with _decompressed(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
-                _apply(root, tar, member, budget, touched)
+                _apply(root, tar, member, budget, state)
     except (tarfile.TarError, EOFError, zstandard.ZstdError, gzip.BadGzipFile) as err:
         raise LayerRefused(f"the layer is not a readable tar archive: {err}") from err
 

@@ -337,6 +337,20 @@ async def test_an_absolute_link_stays_inside_and_nothing_is_written_through_a_li
         await store.pull(registry.host, "apps/through-link", digest)
     assert list(outside.iterdir()) == []
 
+    # a folder the unpacker already walked through, replaced by a link in the same layer
+    swapped = (
+        Layer()
+        .folder("evil")
+        .file("evil/first", b"first\n")
+        .link("evil", str(outside))
+        .file("evil/planted", b"planted\n")
+    )
+    digest, _ = await push_image(registry, "apps/through-link", "3", [swapped], {})
+    with pytest.raises(ImageError, match="through the symbolic link /evil"):
+        await store.pull(registry.host, "apps/through-link", digest)
+    assert list(outside.iterdir()) == []
+    assert store_entries(tmp_path / "images") == []
+
     kept = Layer().folder("bin").link("bin/sh", "/bin/busybox").link("up", "a/../b")
     digest, _ = await push_image(registry, "apps/abs-link", "1", [kept], {})
     image = await store.pull(registry.host, "apps/abs-link", digest)
