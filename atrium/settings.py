@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib.util
 import ipaddress
 import os
 import stat
@@ -163,6 +164,16 @@ class Settings(BaseSettings):
     kube_storage_class: str | None = None
     kube_start_timeout_seconds: float = Field(default=120.0, gt=0)
     kube_shell_url: str | None = Field(default=None, pattern=r"^https?://")
+
+    @field_validator("runner")
+    @classmethod
+    def _runner(cls, value: str) -> str:
+        # the Kubernetes client is an optional extra: said before anything is opened
+        if value == "kubernetes" and importlib.util.find_spec("kubernetes_asyncio") is None:
+            raise ValueError(
+                "the kubernetes runner needs kubernetes-asyncio: pip install 'atrium[kubernetes]'"
+            )
+        return value
 
     @field_validator("member_fetch_hosts")
     @classmethod
