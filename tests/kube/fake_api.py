@@ -302,6 +302,8 @@ class FakeApi(kmock.KubernetesScaffold):
     def _publish(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         version = int(obj["metadata"]["resourceVersion"])
         event = {"type": kind, "object": copy.deepcopy(obj)}
+        if len(self.history) == self.history.maxlen:  # the oldest event falls out: no resume
+            self.oldest_version = max(self.oldest_version, self.history[0][0])  # from before it
         self.history.append((version, resource, event))
         for queue in list(self.watchers):
             queue.put_nowait((version, resource, event))
