@@ -69,6 +69,8 @@ ARCHES: Final = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64l
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC: Final = b"\x1f\x8b"
 CHUNK: Final = 1 << 20
+#: staging folders of the pulls under way in this process, whichever store started them
+_PULLING: Final[set[Path]] = set()
 #: folders every rootfs has, for the sandbox's /proc, /dev, /sys, /tmp and /run
 MOUNT_POINTS: Final = ("proc", "dev", "sys", "tmp", "run")
 
@@ -391,7 +393,6 @@ class ImageStore:
         self.max_files = max_files
         self.arch = arch or machine_arch()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._active: set[Path] = set()
 
     def entry(self, digest: str) -> Path:
         return self.root / entry_name(digest)
@@ -423,7 +424,7 @@ class ImageStore:
         staging = self.root / STAGING
         swept: list[Path] = []
         for folder in staging.iterdir() if staging.is_dir() else []:
-            if folder in self._active:
+            if folder in _PULLING:
                 continue
             pid_text = folder.name.split("-")[-2] if folder.name.count("-") >= 2 else ""
             pid = int(pid_text) if pid_text.isdigit() else 0
@@ -444,7 +445,7 @@ class ImageStore:
             if found is not None:
                 return found
             staging = self.root / STAGING / f"{digest[7:]}-{os.getpid()}-{secrets.token_hex(4)}"
-            self._active.add(staging)
+            _PULLING.add(staging)
             try:
                 await asyncio.to_thread(_make_staging, staging)
                 return await self._pull(registry, repository, digest, staging)
@@ -458,7 +459,7 @@ class ImageStore:
                 ) from err
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
-                self._active.discard(staging)
+                _PULLING.discard(staging)
 
     async def _image_manifest(
         self, client: RegistryClient, digest: str

@@ -579,3 +579,22 @@ async def test_skipped_members_count_toward_the_limits(registry: Registry, tmp_p
             registry.host, "apps/big-whiteout", digest
         )
     assert store_entries(tmp_path / "images") == []
+
+
+async def test_a_pull_under_way_is_not_swept_by_another_store_of_this_process(
+    registry: Registry, tmp_path: Path
+) -> None:
+    many = Layer(compression="gzip")
+    for number in range(FILES):
+        many.file(f"f{number}", b"")
+    digest, _ = await push_image(registry, "apps/slow", "1", [many], {})
+    root = tmp_path / "images"
+    pulling = asyncio.create_task(ImageStore(root).pull(registry.host, "apps/slow", digest))
+    deadline = time.monotonic() + 60
+    while not list((root / STAGING).glob("*/rootfs/f20")):
+        assert not pulling.done(), "the pull ended before the other store could sweep"
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+    assert ImageStore(root).sweep() == []
+    image = await pulling
+    assert image.files == FILES
