@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,9 @@ class LocalHarness(Harness):
             self.shell.stop()
 
     def kill_from_outside(self, instance: dict[str, Any]) -> None:
-        os.kill(([instance["pid"]] + [s.pid for s in descendants(instance["pid"])])[-1], signal.SIGKILL)
+        os.kill(
+            ([instance["pid"]] + [s.pid for s in descendants(instance["pid"])])[-1], signal.SIGKILL
+        )
 
     def output(self, instance_id: str) -> str:
         log = self.home / "run" / "logs" / f"{instance_id}.log"
@@ -138,23 +141,18 @@ class LocalHarness(Harness):
 
 
 @pytest.fixture(scope="module", params=["process", "bwrap"])
-def harness(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalHarness]:
+def harness(request: pytest.FixtureRequest) -> Iterator[LocalHarness]:
     runner: str = request.param
     if runner == "bwrap" and (problem := bwrap_works()) is not None:
         pytest.skip(f"bubblewrap does not work here: {problem}")
     out_of_reach = interpreter_out_of_reach() if runner == "process" else None
     if out_of_reach is not None and not os.access(SYSTEM_PYTHON, os.X_OK):
         pytest.skip(f"the process runner cannot run an app here as root: {out_of_reach}")
-    base = tmp_path_factory.mktemp(f"contract-{runner}")
-    if runner == "process" and os.geteuid() == 0:
-        # as a real install's: the app's uid can search its way to the home and system apps
-        # (the runner opens the folders below the home itself; pytest's are 0700)
-        top = tmp_path_factory.getbasetemp().parent
-        for folder in (base, *base.parents):
-            if folder.is_relative_to(top):
-                folder.chmod(stat.S_IMODE(folder.stat().st_mode) | stat.S_IXOTH)
+    # a folder of its own, not pytest's: another pytest session makes /tmp/pytest-of-<user>
+    # 0700 again when it starts, and the process runner's app uid must search its way in (as
+    # root it runs under a uid of its own; the runner opens the folders below the home itself)
+    base = Path(tempfile.mkdtemp(prefix=f"atrium-contract-{runner}-"))
+    base.chmod(0o711)
     system_apps = base / "system-apps"
     shutil.copytree(REPO_DIR / "apps", system_apps)
     add_test_apps(system_apps, PROBE)
@@ -170,6 +168,7 @@ def harness(
     finally:
         with contextlib.suppress(Exception):
             made.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class TestLocalRunnerContract(RunnerContract):
