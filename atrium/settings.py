@@ -151,8 +151,8 @@ class Settings(BaseSettings):
     #: a delegated cgroup v2 folder for the instances' cgroups (default: the shell's own cgroup)
     cgroup_parent: Path | None = None
     #: how instances' limits are held: ``auto`` a cgroup each where the host delegates one, else
-    #: rlimits; ``rlimit`` rlimits only (docs/decisions.md "Resource limits: rlimits where no
-    #: cgroup is delegated")
+    #: rlimits; ``rlimit`` rlimits only
+    #: (docs/decisions.md "Resource limits: rlimits where no cgroup is delegated")
     app_limits: Literal["auto", "rlimit"] = "auto"
     #: the Kubernetes runner (docs/deploying.md "On Kubernetes"): where its pods go, the image
     #: they run (Python and the SDK), how the shell reaches the API (a kubeconfig, or unset: the

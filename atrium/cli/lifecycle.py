@@ -33,14 +33,30 @@ def _role(instance: dict[str, Any]) -> str:
     return "warm pool" if instance.get("pooled") else ""
 
 
+def _memory(instance: dict[str, Any], figures: dict[str, Any] | None) -> str:
+    """``12.3 MiB of 64 MiB``: what it holds now beside its limit (blank until the shell has
+    figures for it)."""
+    if figures is None:
+        return ""
+    held = f"{figures['memoryBytes'] / (1 << 20):.1f} MiB"
+    limit = (instance.get("limits") or {}).get("memoryMiB")
+    return held if limit is None else f"{held} of {limit} MiB"
+
+
+def _cpu(figures: dict[str, Any] | None) -> str:
+    return "" if figures is None else f"{figures['cpuPercent']:.1f} %"
+
+
 def ps(as_json: bool = JSON_OPT) -> None:
-    """Instances with state, port, scope, uptime, role (warm pool, woken provider), and a
-    THEMED/OVERRIDE chip."""
+    """Instances with state, port, scope, uptime, memory (of its limit) and CPU, role (warm
+    pool, woken provider), and a THEMED/OVERRIDE chip."""
     with ShellClient() as client:
         items = client.request("GET", "/api/instances")
-    if as_json:
-        print_json(items)
-        return
+        if as_json:
+            print_json(items)
+            return
+        usage = client.request("GET", "/api/system/usage")
+    figures = {u["instanceId"]: u for u in usage.get("instances", [])}
     rows = [
         (
             i["instanceId"],
@@ -48,6 +64,8 @@ def ps(as_json: bool = JSON_OPT) -> None:
             i["port"],
             i["scope"],
             _uptime(i["startedAt"]),
+            _memory(i, figures.get(i["instanceId"])),
+            _cpu(figures.get(i["instanceId"])),
             i["views"],
             _role(i),
             CHIPS.get(i["themeStrategy"], ""),
@@ -57,11 +75,23 @@ def ps(as_json: bool = JSON_OPT) -> None:
     ]
     print_table(
         "Instances",
-        ["instance", "state", "port", "scope", "uptime", "views", "role", "theme", "error"],
+        [
+            "instance",
+            "state",
+            "port",
+            "scope",
+            "uptime",
+            "memory",
+            "cpu",
+            "views",
+            "role",
+            "theme",
+            "error",
+        ],
         rows,
         # in a narrow terminal: an error is shown whole under the table, then the columns that
         # say least go first; the id and its state stay
-        drop_first=["error", "theme", "views", "uptime", "scope", "port", "role"],
+        drop_first=["error", "theme", "views", "cpu", "uptime", "scope", "port", "memory", "role"],
         below=["error"],
     )
 

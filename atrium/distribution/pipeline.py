@@ -74,6 +74,7 @@ from atrium.events import (
     DistUpdateComplete,
 )
 from atrium.git import ScopeRepo
+from atrium.lifecycle.limits import Limits, effective_limits, review_words
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.manifest import Manifest
 from atrium.permissions import describe
@@ -114,6 +115,24 @@ def _signature(verdict: Verdict | None, changed: bool = False) -> dict[str, Any]
     if changed:
         wire["signerChanged"] = True
     return {"signature": wire}
+
+
+def _resources(manifest: Manifest, ceilings: Limits) -> dict[str, Any]:
+    """What the app may use once installed, as the review shows it: the manifest's ``resources``
+    capped by the administrator's ceilings (their default where it asks nothing), in numbers and
+    in plain words (docs/api.md "Resource limits")."""
+    asked = manifest.resources
+    limits = effective_limits(
+        None if asked is None else Limits(asked.memory_mib, asked.cpu_milli, asked.pids),
+        ceilings,
+    )
+    return {
+        "memoryMiB": limits.memory_mib,
+        "cpuMilli": limits.cpu_milli,
+        "pids": limits.pids,
+        "asked": asked is not None,
+        "words": review_words(limits, asked is not None),
+    }
 
 
 def _summary(manifest: Manifest, size: int) -> dict[str, Any]:
@@ -262,6 +281,7 @@ class Distribution:
                 resolved=resolved.wire(),
                 app=_summary(manifest, size),
                 permissions=[describe(name, labels) for name in diff.permissions_added],
+                resources=_resources(manifest, self._lifecycle.limit_ceilings),
                 **({"note": note} if note else {}),
                 **_signature(verdict),
             )

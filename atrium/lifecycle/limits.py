@@ -481,6 +481,25 @@ def in_words(limits: Limits) -> str:
     return f"{memory}, {pids}, {cpu}"
 
 
+def review_words(limits: Limits, asked: bool) -> str:
+    """``may use up to 512 MiB of memory and 64 processes``: the install review's sentence;
+    ``asked`` False (the manifest names no ``resources``) adds that the values are the
+    administrator's default."""
+    parts = []
+    if limits.memory_mib is not None:
+        parts.append(f"{limits.memory_mib} MiB of memory")
+    if limits.pids is not None:
+        parts.append(f"{limits.pids} processes")
+    if limits.cpu_milli is not None:
+        cores = limits.cpu_milli / 1000
+        parts.append(f"{cores:g} CPU core{'' if cores == 1 else 's'}")
+    if not parts:
+        return "may use memory, processes and CPU without limit"
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    default = "" if asked else " (the administrator's default)"
+    return f"may use up to {listed}{default}"
+
+
 @dataclass(frozen=True, slots=True)
 class HeldHere:
     """How a shell on this machine would hold the limits (`atrium doctor`): ``enforcement``,
@@ -562,6 +581,7 @@ __all__ = [
     "oom_kills",
     "open_cgroups",
     "own_cgroups",
+    "review_words",
     "rlimit_plan",
     "set_rlimits_in_child",
     "v1_writes",

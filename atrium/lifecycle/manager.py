@@ -38,6 +38,7 @@ from atrium.lifecycle.calls import call_hook
 from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
 from atrium.lifecycle.index import InstanceIndex, new_slug
 from atrium.lifecycle.instance import Activity, Instance
+from atrium.lifecycle.limits import Limits
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import LogChunk, Runner
 from atrium.lifecycle.runners.process import read_log_file
@@ -112,6 +113,13 @@ class LifecycleManager(InstanceIndex):
     @property
     def runner_name(self) -> str:
         return self._booter.runner.name
+
+    @property
+    def limit_ceilings(self) -> Limits:
+        """The administrator's ceilings of every instance's ``resources`` (none without
+        `Cgroups`, as in unit tests)."""
+        cgroups = self._config.cgroups
+        return cgroups.ceilings if cgroups is not None else Limits()
 
     def is_pooled(self, instance: Instance) -> bool:
         return self.pool.holds(instance)

@@ -58,9 +58,15 @@ function takeUsage(data) {
  * shell has figures for the instance. */
 function figuresOf(instanceId) {
   const figures = usage.get(instanceId);
+  // its limit beside what it holds ("120 MiB of 512 MiB"), when it runs under one
+  // (in MiB both, as the limit is set)
+  const limits = shared.instances.get(instanceId)?.limits;
+  const held = (bytes) => `${(bytes / 1048576).toFixed(bytes < 10 * 1048576 ? 1 : 0)}\u00a0MiB`;
+  const memory = !figures ? "—" : limits?.memoryMiB ? `${held(figures.memoryBytes)} of ${limits.memoryMiB}\u00a0MiB` : size(figures.memoryBytes);
+  const cores = limits?.cpuMilli ? ` (at most ${limits.cpuMilli / 1000} of a core)` : "";
   return [
-    el("span", { className: "memory", textContent: figures ? size(figures.memoryBytes) : "—", title: "Memory" }),
-    el("span", { className: "cpu", textContent: figures ? `${figures.cpuPercent.toFixed(1)}\u00a0% CPU` : "", title: "Share of the machine's CPU" }),
+    el("span", { className: "memory", textContent: memory, title: limits?.memoryMiB ? "Memory, of its limit" : "Memory" }),
+    el("span", { className: "cpu", textContent: figures ? `${figures.cpuPercent.toFixed(1)}\u00a0% CPU` : "", title: `Share of the machine's CPU${cores}` }),
   ];
 }
 

@@ -413,6 +413,8 @@ function showReview(ref, result) {
     ["Size", humanSize(size) || "not stated"],
     ["App id", app.id],
   ];
+  // the limits its instances will run under, in words (the manifest's, else the admin's default)
+  if (result.resources?.words) facts.splice(2, 0, ["Resources", `It ${result.resources.words}.`]);
   $("install-facts").replaceChildren(...facts.map(([k, v]) => el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }))));
   const asks = (result.permissions || []).map((p) => {
     const item = el("li", {}, el("strong", { textContent: p.label }));

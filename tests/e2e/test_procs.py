@@ -74,6 +74,10 @@ def test_processes_show_names_words_and_ask_before_ending(page: Page, served: Se
     assert "resumed" not in row.locator("td.state").inner_text()
     memory = row.locator("td.usage .memory").inner_text()
     assert memory == "—" or memory[0].isdigit(), memory
+    # once the shell has figures: what it holds beside its limit (the default, 1024 MiB)
+    row.locator("td.usage .memory", has_text="of 1024\u00a0MiB").wait_for()
+    held = row.locator("td.usage .memory").inner_text()
+    assert held[0].isdigit(), held
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"procs-{size}.png"))
     assert axe_serious(page) == [], "the processes panel"

@@ -242,6 +242,11 @@ def test_the_review_says_what_the_app_is_and_installs_into_the_scope_chosen_on_i
         assert "a git repository" in facts
         assert "the catalogue" in facts
         assert "123\xa0KB" in facts
+        # what it may use, in words: it names no resources, so the administrator's default
+        assert (
+            "It may use up to 1024 MiB of memory and 1024 processes (the administrator's "
+            "default)." in facts
+        )
         assert "Nothing: it asks for no permissions." in page.locator("#install-asks").inner_text()
         assert "Nothing to other apps." in page.locator("#install-offers").inner_text()
         assert page.locator('input[name="install-scope"][value="global"]').is_checked()

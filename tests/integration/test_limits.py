@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -443,3 +444,32 @@ def test_doctor_says_how_a_shell_here_would_hold_the_limits(tmp_path: Path, mode
     assert "512 MiB of memory, 64 processes, no CPU quota" in line
     assert limits["why"] in line
     assert not list(Path("/sys/fs/cgroup/memory").glob(f"atrium-{shell_key(tmp_path / 'home')}"))
+
+
+def test_ps_shows_each_instances_memory_and_cpu_beside_its_limit(
+    start_shell: StartShell, system_apps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`atrium ps`: current memory of the limit (``12.3 MiB of 64 MiB``) and CPU per instance."""
+    from typer.testing import CliRunner
+
+    from atrium.cli.main import app
+
+    add_test_apps(system_apps, HOG)
+    shell = start_shell(runner="bwrap", app_limits="rlimit", usage_seconds=0.2)
+    with shell.client(timeout=30) as api:
+        hog = launch(api, HOG)["instanceId"]
+        for _ in range(100):  # the shell's first figures come after one sampling period
+            if api.get("/api/system/usage").json()["instances"]:
+                break
+            time.sleep(0.1)
+    monkeypatch.setenv("ATRIUM_URL", shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", shell.token)
+    monkeypatch.setenv("COLUMNS", "240")
+    listed = CliRunner().invoke(app, ["ps"])
+    assert listed.exit_code == 0, listed.output
+    header = next(line for line in listed.output.splitlines() if "instance" in line)
+    assert "memory" in header
+    assert "cpu" in header
+    row = next(line for line in listed.output.splitlines() if hog in line)
+    assert re.search(r"\d+(\.\d)? MiB of 64 MiB", row), row
+    assert re.search(r"\d+\.\d %", row), row

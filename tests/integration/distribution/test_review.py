@@ -4,9 +4,13 @@ words of the apps that define them, whatever the source (a git source has no man
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
 
+from tests.integration.conftest import StartShell
 from tests.integration.distribution.conftest import MakeApp
 
 pytestmark = pytest.mark.integration
@@ -60,3 +64,40 @@ def test_a_preview_names_the_authority_a_provider_offers(
     answer = api.post("/api/dist/install/preview", json={"ref": f"local:{source}"}).json()
     assert answer["diff"]["dataProviderAdded"] is True
     assert answer["app"]["authority"] == "reviewed"
+
+
+def test_a_preview_says_in_plain_words_what_the_app_may_use(
+    start_shell: StartShell, make_app: MakeApp
+) -> None:
+    """The review words the resources the app will run under: what its manifest asks, capped by
+    the administrator's ceilings, and the administrator's default where it asks nothing."""
+    shell = start_shell(app_memory_mib=1024, app_pids=128)
+    asking = make_app("com.example.bounded", resources={"memoryMiB": 512, "pids": 64})
+    silent = make_app("com.example.silent")
+    greedy = make_app("com.example.greedy", resources={"memoryMiB": 4096, "cpuMilli": 500})
+    with shell.client(timeout=60) as api:
+
+        def preview(source: Path) -> dict[str, Any]:
+            answer = api.post("/api/dist/install/preview", json={"ref": f"local:{source}"})
+            assert answer.status_code == 200, answer.text
+            result: dict[str, Any] = answer.json()["resources"]
+            return result
+
+        bounded = preview(asking)
+        assert bounded == {
+            "memoryMiB": 512,
+            "cpuMilli": None,
+            "pids": 64,
+            "asked": True,
+            "words": "may use up to 512 MiB of memory and 64 processes",
+        }
+        default = preview(silent)
+        assert default["asked"] is False
+        assert default["words"] == (
+            "may use up to 1024 MiB of memory and 128 processes (the administrator's default)"
+        )
+        capped = preview(greedy)
+        assert (capped["memoryMiB"], capped["cpuMilli"], capped["pids"]) == (1024, 500, 128)
+        assert capped["words"] == (
+            "may use up to 1024 MiB of memory, 128 processes and 0.5 CPU cores"
+        )
