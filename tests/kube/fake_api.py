@@ -512,7 +512,10 @@ class FakeApi(kmock.KubernetesScaffold):
             raise kmock.KubernetesError(400, "BadRequest", message)
         lines = found
         if "sinceTime" in params:
-            since = parse_time(params["sinceTime"])
+            try:
+                since = parse_time(params["sinceTime"])
+            except ValueError as err:
+                raise kmock.KubernetesError(400, "BadRequest", str(err)) from err
             lines = [line for line in lines if line[0] >= since]
         if "sinceSeconds" in params:
             cut = datetime.datetime.now(datetime.UTC) - datetime.timedelta(

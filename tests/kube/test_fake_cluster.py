@@ -4,6 +4,9 @@ kubelet runs pods as a cluster would: own addresses, logs, limits, claims, grace
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +15,7 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.kube.cluster import FakeCluster, wait_for
+from tests.kube.cluster import PREFIX, FakeCluster, sweep, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -511,3 +514,23 @@ async def test_run_as_user_with_fs_group_volumes(
     assert "secret s3cret" in log
     assert "app read-only OSError" in log
     assert (kube_settings.kubelet.claim_folder(ns, "data-2") / "mine").read_text() == "written"
+
+
+def test_the_leftovers_of_a_dead_session_are_swept(fake_cluster: FakeCluster) -> None:
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not Path(f"/proc/{pid}").exists())
+    bridge, netns = f"{PREFIX}{dead}b", f"{PREFIX}{dead}-1"
+    folder = Path(f"/tmp/atrium-kube-{dead}")  # noqa: S108
+    try:
+        subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        folder.mkdir()
+        removed = sweep()
+        assert {bridge, netns, str(folder)} <= set(removed)
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+        assert bridge not in links.stdout
+        assert not folder.exists()
+        assert fake_cluster.kubelet.network.bridge in links.stdout  # this session's are kept
+    finally:
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
