@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
