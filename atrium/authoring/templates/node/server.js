@@ -19,7 +19,18 @@ const path = require("node:path");
 
 const APP_ID = process.env.OS_APP_ID || "{{APP_ID}}";
 const INSTANCE_ID = process.env.OS_INSTANCE_ID || "";
-const SECRET = Buffer.from(process.env.OS_SHELL_SECRET || "");
+// OS_APP_TOKEN / OS_SHELL_SECRET: the environment, else the file $OS_SECRETS_DIR/<name>
+// (on Kubernetes the secrets are files of the pod, never its environment).
+function appSecret(name) {
+  if (process.env[name]) return process.env[name];
+  if (!process.env.OS_SECRETS_DIR) return "";
+  try {
+    return fs.readFileSync(path.join(process.env.OS_SECRETS_DIR, name), "utf8").trim();
+  } catch {
+    return "";
+  }
+}
+const SECRET = Buffer.from(appSecret("OS_SHELL_SECRET"));
 const DATA_DIR = process.env.OS_DATA_DIR || ".";
 const PAGE = fs.readFileSync(path.join(__dirname, "index.html"));
 const PROVIDER = "/api/data/items";
@@ -90,7 +101,7 @@ function add(text) {
 function notifyChange(changed) {
   fetch((process.env.OS_SHELL_URL || "").replace(/\/$/, "") + "/api/data-changes", {
     method: "POST",
-    headers: {"Authorization": "Bearer " + (process.env.OS_APP_TOKEN || ""), "Content-Type": "application/json"},
+    headers: {"Authorization": "Bearer " + appSecret("OS_APP_TOKEN"), "Content-Type": "application/json"},
     body: JSON.stringify({path: changed}),
   }).catch((err) => console.error(`notifyChange ${changed} failed: ${err}`));
 }

@@ -29,7 +29,22 @@ from pathlib import Path
 
 APP_ID = os.environ.get("OS_APP_ID", "{{APP_ID}}")
 INSTANCE_ID = os.environ.get("OS_INSTANCE_ID", "")
-SECRET = os.environ.get("OS_SHELL_SECRET", "").encode()
+
+
+def app_secret(name: str) -> str:
+    """OS_APP_TOKEN / OS_SHELL_SECRET: the environment, else the file $OS_SECRETS_DIR/<name>
+    (on Kubernetes the secrets are files of the pod, never its environment)."""
+    value = os.environ.get(name, "")
+    folder = os.environ.get("OS_SECRETS_DIR", "")
+    if not value and folder:
+        try:
+            value = Path(folder, name).read_text().strip()
+        except OSError:
+            value = ""
+    return value
+
+
+SECRET = app_secret("OS_SHELL_SECRET").encode()
 DATA_DIR = Path(os.environ.get("OS_DATA_DIR") or ".")
 PAGE = Path(__file__).with_name("index.html").read_bytes()
 PROVIDER = "/api/data/items"
@@ -73,7 +88,7 @@ def notify_change(path: str) -> None:
         os.environ.get("OS_SHELL_URL", "").rstrip("/") + "/api/data-changes",
         data=json.dumps({"path": path}).encode(),
         headers={
-            "Authorization": "Bearer " + os.environ.get("OS_APP_TOKEN", ""),
+            "Authorization": "Bearer " + app_secret("OS_APP_TOKEN"),
             "Content-Type": "application/json",
         },
         method="POST",
