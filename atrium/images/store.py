@@ -40,6 +40,7 @@ from atrium.distribution.ociclient import (
     RegistryError,
     size_text,
 )
+from atrium.distribution.reach import Reach
 from atrium.images.config import ConfigInvalid, ImageConfig, parse_config
 from atrium.images.layers import (
     FOLDER_MODE,
@@ -434,8 +435,13 @@ class ImageStore:
             swept.append(folder)
         return swept
 
-    async def pull(self, registry: str, repository: str, digest: str) -> StoredImage:
-        """The image ``registry/repository@digest``, from the store or pulled into it."""
+    async def pull(
+        self, registry: str, repository: str, digest: str, *, reach: Reach | None = None
+    ) -> StoredImage:
+        """The image ``registry/repository@digest``, from the store or pulled into it.
+
+        ``reach``: whose pull this is (a member's connects only where a member's fetch may, without
+        the shell's registry logins: `atrium.distribution.reach`); None is the shell's own."""
         if not DIGEST_RE.fullmatch(digest):
             raise ImageError(f"{digest!r} is not a sha256 digest: images are pulled by digest")
         lock = self._locks.setdefault(digest, asyncio.Lock())
@@ -448,7 +454,7 @@ class ImageStore:
             _PULLING.add(staging)
             try:
                 await asyncio.to_thread(_make_staging, staging)
-                return await self._pull(registry, repository, digest, staging)
+                return await self._pull(registry, repository, digest, staging, reach)
             except RegistryError as err:
                 raise ImageError(err.reason) from err
             except (LayerRefused, ConfigInvalid) as err:
@@ -503,9 +509,11 @@ class ImageStore:
         return config_digest, config_size, described
 
     async def _pull(
-        self, registry: str, repository: str, digest: str, staging: Path
+        self, registry: str, repository: str, digest: str, staging: Path, reach: Reach | None
     ) -> StoredImage:
-        async with RegistryClient(registry, repository, docker_config=self.docker_config) as client:
+        async with RegistryClient(
+            registry, repository, docker_config=self.docker_config, reach=reach
+        ) as client:
             pulled, document = await self._image_manifest(client, digest)
             config_digest, config_size, described = self._check_manifest(document, digest)
             pulled_bytes = sum(size for _, size in described)

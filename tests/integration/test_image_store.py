@@ -30,6 +30,8 @@ import zstandard
 
 from atrium.distribution import artifact
 from atrium.distribution.ociclient import RegistryClient
+from atrium.distribution.reach import FetchPolicy, Reach
+from atrium.errors import FetchHostRefused
 from atrium.images.config import launch
 from atrium.images.store import STAGING, ImageError, ImageStore, machine_arch
 from atrium.manifest import Runtime
@@ -598,3 +600,20 @@ async def test_a_pull_under_way_is_not_swept_by_another_store_of_this_process(
     assert ImageStore(root).sweep() == []
     image = await pulling
     assert image.files == FILES
+
+
+async def test_a_members_pull_reaches_only_where_a_members_fetch_may(
+    registry: Registry, busybox: str, tmp_path: Path
+) -> None:
+    # the registry is on loopback: the shell's own pull may go there, a member's may not
+    member = Reach(FetchPolicy())
+    with pytest.raises(FetchHostRefused):
+        await ImageStore(tmp_path / "images").pull(
+            registry.host, "apps/busybox", busybox, reach=member
+        )
+    assert store_entries(tmp_path / "images") == []
+    allowed = Reach(FetchPolicy.parse(["127.0.0.1"]))
+    image = await ImageStore(tmp_path / "images").pull(
+        registry.host, "apps/busybox", busybox, reach=allowed
+    )
+    assert (image.rootfs / "www/index.html").is_file()
