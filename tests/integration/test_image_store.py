@@ -617,3 +617,34 @@ async def test_a_members_pull_reaches_only_where_a_members_fetch_may(
         registry.host, "apps/busybox", busybox, reach=allowed
     )
     assert (image.rootfs / "www/index.html").is_file()
+
+
+async def test_a_docker_format_image_written_by_skopeo_is_pulled(
+    registry: Registry, tmp_path: Path
+) -> None:
+    layers = [Layer().folder("etc").file("etc/hello", b"from a docker v2 image\n")]
+    layers.append(Layer().file("etc/.wh.hello", b"").file("etc/other", b"other\n"))
+    oci_digest, _ = await push_image(registry, "apps/oci-src", "1", layers, {"Cmd": ["/x"]})
+    subprocess.run(
+        [
+            "skopeo",
+            "copy",
+            "--src-tls-verify=false",
+            "--dest-tls-verify=false",
+            "--format",
+            "v2s2",
+            f"docker://{registry.host}/apps/oci-src@{oci_digest}",
+            f"docker://{registry.host}/apps/docker-format:1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    async with RegistryClient(registry.host, "apps/docker-format", docker_config=None) as client:
+        pulled = await client.manifest("1")
+    assert pulled.media_type == artifact.DOCKER_MANIFEST
+    image = await ImageStore(tmp_path / "images").pull(
+        registry.host, "apps/docker-format", pulled.digest
+    )
+    assert sorted(p.name for p in (image.rootfs / "etc").iterdir()) == ["other"]
+    assert image.config.cmd == ("/x",)
