@@ -183,10 +183,15 @@ def rlimit_plan(limits: Limits, own_uid: bool) -> RlimitPlan:
 
 
 def set_rlimits_in_child(rlimits: Iterable[tuple[int, int]]) -> None:
-    """In the forked child, before exec: lower soft and hard limits (an app cannot raise them)."""
+    """In the forked child, before exec: lower soft and hard limits (an app cannot raise them).
+    A hard limit already lower (a container's) is kept: raising it would be refused, and the
+    child would fail before it executes."""
     import resource
 
     for which, value in rlimits:
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
 

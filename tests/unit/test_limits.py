@@ -4,6 +4,8 @@ for v1 and v2, the OOM count and the shell's own cgroup as the kernel reports th
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from atrium.lifecycle.limits import (
 )
 from atrium.manifest import parse_manifest
 
+REPO = Path(__file__).resolve().parents[2]
 CEILINGS = Limits(memory_mib=1024, cpu_milli=None, pids=256)
 
 
@@ -170,3 +173,23 @@ def test_the_wire_says_how_the_limits_are_held() -> None:
         "pids": 16,
         "enforcement": "rlimit",
     }
+
+
+def test_an_rlimit_above_the_hard_limit_already_set_keeps_the_lower_one() -> None:
+    """A shell started under a lower hard limit (a container's): the child keeps that one, never
+    fails before exec (raising a hard limit is refused to an unprivileged process)."""
+    script = (
+        "import resource\n"
+        "from atrium.lifecycle.limits import set_rlimits_in_child\n"
+        "resource.setrlimit(resource.RLIMIT_DATA, (100 << 20, 100 << 20))\n"
+        "import os\n"
+        "if os.geteuid() == 0:\n"
+        "    os.setgid(65534); os.setuid(65534)\n"
+        "set_rlimits_in_child([(resource.RLIMIT_DATA, 200 << 20)])\n"
+        "print(resource.getrlimit(resource.RLIMIT_DATA))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"({100 << 20}, {100 << 20})"
