@@ -15,6 +15,7 @@ from bench import (
     hostpage,
     install,
     intents,
+    kube,
     lifecycle,
     load,
     rollback,
@@ -48,6 +49,7 @@ BENCHES = {
     "hostpage": hostpage.main,
     "store": store.main,
     "load": load.main,
+    "kube": kube.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}
