@@ -21,6 +21,13 @@ CRASHES = "test.fault.crashes"
 BUNDLED = [(t.id, t.tone.value) for t in ThemeCatalogue.load(None).themes()]
 
 
+#: the last event id the notifications centre stored (localStorage, per user)
+LAST_ID = """(() => {
+  const key = Object.keys(localStorage).find((k) => k.startsWith("atrium.notices."));
+  return key ? JSON.parse(localStorage.getItem(key) || "null")?.lastId ?? null : null;
+})()"""
+
+
 def client(served: Served) -> httpx.Client:
     return httpx.Client(
         base_url=served.url.replace("localhost", "127.0.0.1"),
@@ -126,7 +133,11 @@ def test_a_crash_is_a_notice_with_an_unread_count_cleared_by_opening(
 
     # a crash while no page is open is there when the page comes back
     url = page.url
-    page.wait_for_timeout(4_000)  # a system:usage id or two: where this page stopped listening
+    # a system:usage id or two: where this page stopped listening (the stored last id moves on
+    # past the crash's; waited for rather than guessed at with a fixed pause)
+    heard = page.evaluate(f"() => {LAST_ID}")
+    assert heard is not None, "the page stored no event id"
+    page.wait_for_function(f"(heard) => {LAST_ID} > heard", arg=heard, timeout=20_000)
     page.goto("about:blank")
     crashed = crash(served)
     page.goto(url)
