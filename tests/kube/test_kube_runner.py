@@ -318,3 +318,23 @@ def test_the_source_endpoint_answers_only_an_instances_own_app(
         assert answer.headers["X-Atrium-Digest"] == digest
         with shell.anonymous() as anyone:
             assert anyone.get("/api/runner/source").status_code == 401
+
+
+def test_an_image_that_cannot_be_pulled_or_a_pod_no_node_fits_is_its_cause(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        kube_settings.kubelet.missing_images = {shell.settings.kube_image}
+        answer = api.post("/api/instances", json={"appId": PROBE}, timeout=SLOW)
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["cause"] == "image"
+        # the failed pod is not left behind
+        wait_for(lambda: not pods(kube_settings, namespace), "the failed pod to go", SLOW)
+        kube_settings.kubelet.missing_images = set()
+        kube_settings.kubelet.ceiling_memory_mib = 32  # the probe asks 64 MiB
+        iid = next(i for i in api.get("/api/instances").json() if i["appId"] == PROBE)["instanceId"]
+        again = api.post(f"/api/instances/{iid}/retry", timeout=SLOW)
+        assert again.status_code == 502, again.text
+        assert again.json()["error"]["cause"] == "schedule"
+        assert instance_state(api, iid) == "error"
