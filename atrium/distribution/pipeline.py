@@ -425,6 +425,7 @@ class Distribution:
                         diff=diff.wire(),
                         resolved=resolved.wire(),
                         permissions=described,
+                        resources=_resources(manifest, self._lifecycle.limit_ceilings),
                         **({"note": note} if note else {}),
                         **signed,
                     )

@@ -222,6 +222,8 @@ function review(app, body, result) {
   if (diff.intentFiltersAdded?.length) asks.push(el("li", { textContent: `Handle requests to ${[...new Set(diff.intentFiltersAdded.map((f) => VERBS[f.action] || f.action))].join(", ")}` }));
   const signature = result.signature;
   if (signature?.signerChanged) asks.push(el("li", { textContent: `It is signed by ${signature.signer || "no trusted key"}, not by ${app.record?.signedBy || "the key"} that signed the installed version` }));
+  // what the new version may use, in words (its manifest's resources, else the admin's default)
+  if (result.resources?.words) asks.push(el("li", { className: "resources", textContent: `It ${result.resources.words}.` }));
   $("detail-asks").replaceChildren(...asks);
   $("detail-review").hidden = false;
   $("detail-approve").onclick = () => quietly(update(app, { ...body, autoApprove: true, approvedDigest: result.resolved?.digest }));

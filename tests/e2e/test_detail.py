@@ -167,6 +167,10 @@ def test_a_pinned_install_shows_its_newer_tags_and_updates_to_one_after_review(
         # v2 asks for more: the review waits for the user, nothing is installed before
         page.locator("#detail-review").wait_for(state="visible", timeout=30_000)
         assert "Read your notes" in page.locator("#detail-asks").inner_text()
+        # and what it may use, in words (it names no resources: the administrator's default)
+        assert "It may use up to 1024 MiB of memory and 1024 processes (the administrator's " in (
+            page.locator("#detail-asks").inner_text()
+        )
         with api(served) as client:
             assert client.get(f"/api/apps/{app_id}").json()["version"] == "1.0.0"
         shot(page, f"{size}-review")

@@ -36,7 +36,7 @@ def test_json_answers_needs_approval_with_the_diff_and_installs_nothing(
     response = install(api, f"local:{asking}")
     assert response.status_code == 200
     answer = response.json()
-    assert set(answer) == {"ok", "needsApproval", "diff", "resolved", "permissions"}
+    assert set(answer) == {"ok", "needsApproval", "diff", "resolved", "permissions", "resources"}
     assert (answer["ok"], answer["needsApproval"]) == (False, True)
     assert answer["diff"]["permissionsAdded"] == [PERMISSION]
     # in the words of the app that defines it (Notes' permissionInfo)

@@ -101,3 +101,16 @@ def test_a_preview_says_in_plain_words_what_the_app_may_use(
         assert capped["words"] == (
             "may use up to 1024 MiB of memory, 128 processes and 0.5 CPU cores"
         )
+
+
+def test_an_install_or_update_waiting_for_approval_words_the_resources_too(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    """The review an update shows (its answer waiting for approval) says what the app may use, as
+    the install preview does."""
+    source = make_app(
+        "com.example.approve", permissions=[PERMISSION], resources={"memoryMiB": 256, "pids": 32}
+    )
+    answer = api.post("/api/dist/install", json={"ref": f"local:{source}"}).json()
+    assert answer["needsApproval"] is True
+    assert answer["resources"]["words"] == "may use up to 256 MiB of memory and 32 processes"
