@@ -38,7 +38,7 @@ from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.repair import repair_backups, repair_scope, uncommitted
 from atrium.git import GitError, ScopeRepo
 from atrium.kv import salvage
-from atrium.lifecycle.limits import ceilings_of, held_here
+from atrium.lifecycle.limits import ceilings_of, held_here, in_words
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import ConfigError, HomeLock, Settings
 
@@ -209,6 +209,20 @@ def _run_repair(settings: Settings, layout: ScopeLayout) -> None:
         typer.echo(f"repaired: {line}")
 
 
+def _kube_problems(settings: Settings) -> list[str]:
+    """What keeps a shell with ``ATRIUM_RUNNER=kubernetes`` from reaching its cluster, said
+    without contacting it: a kubeconfig that is not a file, or no in-cluster service account."""
+    config = settings.kube_config
+    if config is not None and not config.is_file():
+        return [f"ATRIUM_KUBE_CONFIG {config}: not a file (a kubeconfig, or unset in a pod)"]
+    if config is None and not Path("/var/run/secrets/kubernetes.io/serviceaccount/token").is_file():
+        return [
+            "ATRIUM_KUBE_CONFIG is unset and this is not a pod with a service account: "
+            "set it to a kubeconfig"
+        ]
+    return []
+
+
 def doctor(
     home: Annotated[Path | None, typer.Option(help="data directory [env ATRIUM_HOME]")] = None,
     repair: Annotated[
@@ -248,12 +262,19 @@ def doctor(
         settings.cgroup_parent,
         settings.app_limits,
     )
+    line = limits.line()
+    if settings.runner == "kubernetes":
+        problems += _kube_problems(settings)
+        line = (
+            f"limits: the pods' resources (memory and CPU) on Kubernetes, namespace "
+            f"{settings.kube_namespace}; ceilings: {in_words(limits.ceilings)}"
+        )
     if as_json:
         typer.echo(
             json.dumps({"home": str(settings.home), "problems": problems, "limits": limits.wire()})
         )
         raise typer.Exit(1 if problems else 0)
-    typer.echo(limits.line())
+    typer.echo(line)
     for problem in problems:
         typer.echo(problem)
     if problems:

@@ -5,8 +5,11 @@ them at ``podIP:8080`` (tests/kube/conftest.py)."""
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ import httpx
 import pytest
 
 from atrium.lifecycle.runners.kubernetes import render
-from tests.conftest import TESTS_DIR
+from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
 from tests.kube.cluster import FakeCluster
 
@@ -338,3 +341,29 @@ def test_an_image_that_cannot_be_pulled_or_a_pod_no_node_fits_is_its_cause(
         assert again.status_code == 502, again.text
         assert again.json()["error"]["cause"] == "schedule"
         assert instance_state(api, iid) == "error"
+
+
+def test_doctor_says_a_kubernetes_shells_limits_are_its_pods_and_checks_the_kubeconfig(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")},
+        "ATRIUM_HOME": str(tmp_path / "home"),
+        "ATRIUM_RUNNER": "kubernetes",
+        "ATRIUM_KUBE_NAMESPACE": "apps",
+        "ATRIUM_KUBE_CONFIG": str(tmp_path / "missing.kubeconfig"),
+    }
+    said = subprocess.run(
+        [sys.executable, "-m", "atrium", "doctor"],
+        env=env,
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert said.returncode == 1, said.stdout + said.stderr
+    line = next(x for x in said.stdout.splitlines() if x.startswith("limits: "))
+    assert "pods' resources" in line
+    assert "namespace apps" in line
+    assert f"ATRIUM_KUBE_CONFIG {tmp_path / 'missing.kubeconfig'}" in said.stdout
