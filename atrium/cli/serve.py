@@ -33,7 +33,9 @@ def serve(
     ] = None,
     user: Annotated[str | None, typer.Option(help="user id of the user scope [default]")] = None,
     index_url: Annotated[str | None, typer.Option(help="URL of the app index")] = None,
-    runner: Annotated[str | None, typer.Option(help="auto, process or bwrap [auto]")] = None,
+    runner: Annotated[
+        str | None, typer.Option(help="auto, process, bwrap or kubernetes [auto]")
+    ] = None,
     heartbeat_seconds: Annotated[float | None, typer.Option(help="SSE heartbeat [15]")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning [info]")] = None,
 ) -> None:
