@@ -16,7 +16,7 @@ import pytest
 
 from atrium.lifecycle.runners.kubernetes import render
 from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, launch_shell
+from tests.integration.conftest import RunningShell, launch_shell, wait_for
 from tests.kube.cluster import FakeCluster
 from tests.kube.kubelet import MEMORY_CGROUP, Pod
 
@@ -73,6 +73,9 @@ class KubeHarness(Harness):
         self.api = self.shell.client(timeout=SLOW)
 
     def close(self) -> None:
+        """Destroy what runs (a stopped shell leaves its pods to the next), then stop."""
+        for instance in self.api.get("/api/instances").json():
+            self.api.delete(f"/api/instances/{instance['instanceId']}")
         self.api.close()
         if self.shell.thread.is_alive():
             self.shell.stop()
@@ -161,20 +164,14 @@ def harness(
         with contextlib.suppress(Exception):
             made.close()
         fake_cluster.call(fake_cluster.api.remove, "v1/namespaces", "", namespace)
+        kubelet = fake_cluster.kubelet
+
+        def none_left() -> bool:
+            return not any(pod.namespace == namespace for pod in kubelet.pods.values())
+
+        # leave the session's cluster as found: its kubelet done with every pod of this module
+        wait_for(lambda: fake_cluster.call(none_left), "the module's pods to end", timeout=SLOW)
 
 
 class TestKubernetesRunnerContract(RunnerContract):
-    """The Kubernetes runner keeps the runner contract (on the fake cluster), but for the case
-    marked: a defect found by this suite, not yet fixed (non-strict, so a fix shows as XPASS
-    and the mark is then removed)."""
-
-    @pytest.mark.xfail(
-        reason="a pod deleted by someone else ends with its app's own exit (SIGTERM, code 0), "
-        "which PodApp.observe reads as 'exited': it does not tell a deletion it did not ask "
-        "for (deletionTimestamp with no stop() of its own) from an exit of the app's own",
-        strict=False,
-    )
-    def test_a_kill_from_outside_the_shell_is_one_crash_with_reason_killed(
-        self, harness: Harness
-    ) -> None:
-        super().test_a_kill_from_outside_the_shell_is_one_crash_with_reason_killed(harness)
+    """The Kubernetes runner keeps the runner contract (on the fake cluster)."""

@@ -214,6 +214,11 @@ class PodApp:
             self._gone = True
             self._finish(ExitStatus(KILLED_CODE, "killed"))
         elif (ended := exit_of(pod)) is not None:
+            deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+            if ended.reason == "exited" and deleting and self._stopping is None:
+                # deleted by someone other than this shell: the app's own exit is only how it
+                # took that delete's SIGTERM, so it is a kill from outside
+                ended = ExitStatus(ended.code, "killed")
             self._finish(ended)
         self._changed.set()
 
