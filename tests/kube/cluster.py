@@ -161,7 +161,10 @@ class FakeCluster:
 
     async def _start(self) -> None:
         await self.api.__aenter__()
-        self._runner = aiohttp.web.ServerRunner(aiohttp.web.Server(self.api), handle_signals=False)
+        # at the end, open watches are cut at once: aiohttp's default waits 60 s for them
+        self._runner = aiohttp.web.ServerRunner(
+            aiohttp.web.Server(self.api), handle_signals=False, shutdown_timeout=0.5
+        )
         await self._runner.setup()
         self._site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port)
         await self._site.start()
@@ -187,6 +190,12 @@ class FakeCluster:
             if self._runner is not None:
                 await self._runner.cleanup()
             await self.api.__aexit__(None, None, None)
+            # what is left on the loop (kmock's stream feeders, cut handlers) ends here, not
+            # as "Task was destroyed" noise when the loop closes
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         """Run a coroutine on the cluster's loop, its result."""

@@ -367,3 +367,71 @@ def test_doctor_says_a_kubernetes_shells_limits_are_its_pods_and_checks_the_kube
     assert "pods' resources" in line
     assert "namespace apps" in line
     assert f"ATRIUM_KUBE_CONFIG {tmp_path / 'missing.kubeconfig'}" in said.stdout
+
+
+def _foreign(kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """An object another shell of the same namespace made (its own shell label)."""
+    meta = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {render.LABEL_SHELL: render.label_value("another-shell")},
+    }
+    if kind == "secret":
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": {"X": "eQ=="}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta,
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+@pytest.mark.parametrize("kind", ["secret", "claim"])
+def test_a_secret_or_claim_another_shell_made_is_never_taken_over(
+    kind: str, kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """Two shells in one namespace share instance ids: a spawn that meets the other shell's
+    Secret must not delete it, nor mount the other shell's data claim as its own."""
+    shell = kube_shell()
+    iid = f"{PROBE}-1"
+    resource, name = (
+        ("v1/secrets", render.secret_name(iid))
+        if kind == "secret"
+        else ("v1/persistentvolumeclaims", render.claim_name(shell.settings.user, iid))
+    )
+    kube_settings.call(
+        kube_settings.api.create, resource, namespace, _foreign(kind, name, namespace)
+    )
+    before = kube_settings.call(kube_settings.api.get, resource, namespace, name)
+    with shell.client(timeout=SLOW) as api:
+        answer = api.post("/api/instances", json={"appId": PROBE}, timeout=SLOW)
+        assert answer.status_code == 502, answer.text
+        error = answer.json()["error"]
+        assert error["cause"] == "api"
+        assert "another shell" in error["message"]
+    after = kube_settings.call(kube_settings.api.get, resource, namespace, name)
+    assert after is not None
+    assert before is not None
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert kube_settings.pod(namespace, render.pod_name(iid)) is None
+
+
+def test_the_namespace_gets_the_network_policy_that_fences_app_pods(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        launch(api)
+    policies = kube_settings.call(
+        lambda: [
+            obj
+            for (resource, ns, _), obj in kube_settings.api.store.items()
+            if resource.endswith("/networkpolicies") and ns == namespace
+        ]
+    )
+    assert len(policies) == 1, policies
+    spec = policies[0]["spec"]
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    # the shell runs outside the cluster here: it is admitted by its address
+    peers = spec["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": f"{kube_settings.host_address}/32"}} in peers

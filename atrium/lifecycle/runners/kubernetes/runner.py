@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 from kubernetes_asyncio import client, config, watch
@@ -278,6 +280,7 @@ class KubernetesRunner:
         self._handles: dict[str, PodApp] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._api_lock = asyncio.Lock()
+        self._policy_made = False
         #: set once the watch has listed the pods (or failed to: survivors reads itself)
         self.watching = asyncio.Event()
 
@@ -384,6 +387,7 @@ class KubernetesRunner:
         digest = spec.source_digest
         if digest is None:
             digest = await asyncio.to_thread(source_digest, spec.app_dir)
+        await self._ensure_policy(spec.app_id)
         objects = render.instance_objects(self.plan(spec, digest))
         pod_body: dict[str, Any] | None = None
         for body in objects:
@@ -421,6 +425,7 @@ class KubernetesRunner:
             except ApiException as err:
                 if err.status != 409 or attempt:
                     raise self._refused(err, "create", "secrets", app_id) from err
+            await self._not_anothers("secrets", body["metadata"]["name"], app_id)
             await self.delete_secret(body["metadata"]["annotations"][render.ANNOTATION_INSTANCE])
 
     async def _ensure_claim(self, body: dict[str, Any], app_id: str) -> None:
@@ -437,6 +442,71 @@ class KubernetesRunner:
         except ApiException as err:
             if err.status != 409:
                 raise self._refused(err, "create", "persistentvolumeclaims", app_id) from err
+            await self._not_anothers("persistentvolumeclaims", body["metadata"]["name"], app_id)
+
+    async def _not_anothers(self, resource: str, name: str, app_id: str) -> None:
+        """Refuse to take over an object of this name another shell made: two shells in one
+        namespace share instance ids, and one must never delete the other's Secret or mount the
+        other's data claim as its own instance's."""
+        readers = {
+            "secrets": lambda c: c.read_namespaced_secret(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            ),
+            "persistentvolumeclaims": lambda c: c.read_namespaced_persistent_volume_claim(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            ),
+        }
+        try:
+            there = self._plain(
+                await self._call(readers[resource], verb="get", resource=resource, app_id=app_id)
+            )
+        except ApiException as err:
+            if err.status == 404:  # gone since the 409: the next create decides
+                return
+            raise self._refused(err, "get", resource, app_id) from err
+        if not self._ours(there):
+            raise SpawnFailed(
+                f"a {resource[:-1]} named {name!r} already exists in namespace "
+                f"{self.namespace!r} and another shell made it: not touched (give each shell "
+                "a namespace of its own)",
+                app_id=app_id,
+                cause="api",
+            )
+
+    async def _ensure_policy(self, app_id: str) -> None:
+        """The namespace's NetworkPolicy for this shell's app pods, made before the first pod:
+        a pod never runs unfenced. A shell outside the cluster (a kubeconfig) is admitted by its
+        address in ``shell_url`` when that is an IP address."""
+        if self._policy_made:
+            return
+        cidrs: list[str] = []
+        host = urlsplit(self.settings.shell_url).hostname or ""
+        with contextlib.suppress(ValueError):
+            address = ipaddress.ip_address(host)
+            if self.settings.config is not None:
+                cidrs.append(f"{address}/{address.max_prefixlen}")
+        for body in render.namespace_objects(
+            self.namespace, self.settings.shell, render.SHELL_POD_LABELS, cidrs
+        ):
+
+            async def create(_: client.CoreV1Api, policy: dict[str, Any] = body) -> Any:
+                # the client is made by `core()` before `_call` calls this
+                networking = client.NetworkingV1Api(self._api)
+                return await networking.create_namespaced_network_policy(
+                    self.namespace, _any(policy), _request_timeout=REQUEST_TIMEOUT
+                )
+
+            try:
+                await self._call(
+                    create,
+                    verb="create",
+                    resource="networkpolicies",
+                    app_id=app_id,
+                )
+            except ApiException as err:
+                if err.status != 409:  # there already: made by an earlier start of this shell
+                    raise self._refused(err, "create", "networkpolicies", app_id) from err
+        self._policy_made = True
 
     async def _create_pod(self, body: dict[str, Any], app_id: str) -> PodApp:
         """Create the pod. A pod of that name already there (409) is an earlier spawn's that no
