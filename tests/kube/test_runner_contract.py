@@ -3,7 +3,6 @@ cluster (tests/kube/conftest.py): one shell for the module, in a namespace of it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -74,11 +73,13 @@ class KubeHarness(Harness):
 
     def close(self) -> None:
         """Destroy what runs (a stopped shell leaves its pods to the next), then stop."""
-        for instance in self.api.get("/api/instances").json():
-            self.api.delete(f"/api/instances/{instance['instanceId']}")
-        self.api.close()
-        if self.shell.thread.is_alive():
-            self.shell.stop()
+        try:
+            for instance in self.api.get("/api/instances").json():
+                self.api.delete(f"/api/instances/{instance['instanceId']}")
+        finally:
+            self.api.close()
+            if self.shell.thread.is_alive():
+                self.shell.stop()
 
     def launch(self, app_id: str = PROBE) -> dict[str, Any]:
         instance = super().launch(app_id)
@@ -161,16 +162,17 @@ def harness(
     try:
         yield made
     finally:
-        with contextlib.suppress(Exception):
+        try:
             made.close()
-        fake_cluster.call(fake_cluster.api.remove, "v1/namespaces", "", namespace)
-        kubelet = fake_cluster.kubelet
+        finally:
+            fake_cluster.call(fake_cluster.api.remove, "v1/namespaces", "", namespace)
+            kubelet = fake_cluster.kubelet
 
-        def none_left() -> bool:
-            return not any(pod.namespace == namespace for pod in kubelet.pods.values())
+            def none_left() -> bool:
+                return not any(pod.namespace == namespace for pod in kubelet.pods.values())
 
-        # leave the session's cluster as found: its kubelet done with every pod of this module
-        wait_for(lambda: fake_cluster.call(none_left), "the module's pods to end", timeout=SLOW)
+            # leave the session's cluster as found: its kubelet done with this module's pods
+            wait_for(lambda: fake_cluster.call(none_left), "the module's pods to end", SLOW)
 
 
 class TestKubernetesRunnerContract(RunnerContract):
