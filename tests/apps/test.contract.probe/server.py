@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -71,6 +72,18 @@ def fork(request: Request) -> dict[str, object]:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     return {"forked": len(children), "failed": failed}
+
+
+@app.route("POST", "/reach")
+def reach(request: Request) -> dict[str, object]:
+    """Can this app open a TCP connection to ``host:port``? (the network fence's tests)"""
+    host = request.query.get("host", "")
+    port = number(request, "port", 80, 65535)
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as err:
+        return {"reached": False, "error": str(err)}
+    return {"reached": True, "error": None}
 
 
 if __name__ == "__main__":
