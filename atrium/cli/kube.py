@@ -89,11 +89,18 @@ def _app_objects(
         secrets={},
         memory_mib=limits.memory_mib,
         cpu_milli=limits.cpu_milli,
-        pids=limits.pids,
+        # a pod has no process ceiling of its own (the node's podPidsLimit holds it): the runner
+        # claims none, so none is shown
+        pids=None,
         storage_class=settings.kube_storage_class,
     )
     return [
-        *render.namespace_objects(plan.namespace, shell, render.SHELL_POD_LABELS),
+        *render.namespace_objects(
+            plan.namespace,
+            shell,
+            render.SHELL_POD_LABELS,
+            render.shell_cidrs(shell_url, settings.kube_config is not None),
+        ),
         *render.instance_objects(plan),
     ]
 

@@ -5,6 +5,7 @@ them at ``podIP:8080`` (tests/kube/conftest.py)."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import socket
@@ -435,3 +436,61 @@ def test_the_namespace_gets_the_network_policy_that_fences_app_pods(
     # the shell runs outside the cluster here: it is admitted by its address
     peers = spec["ingress"][0]["from"]
     assert {"ipBlock": {"cidr": f"{kube_settings.host_address}/32"}} in peers
+
+
+def test_kube_render_prints_the_objects_the_runner_created(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str, tmp_path: Path
+) -> None:
+    """`atrium kube render` is for review and GitOps: what it prints must be what the runner
+    made, secrets aside (placeholders in the one, this spawn's values in the other)."""
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+    settings = shell.settings
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
+    printed = subprocess.run(
+        [sys.executable, "-m", "atrium", "kube", "render", PROBE, "--instance", iid, "--json"],
+        env={
+            **clean,
+            "ATRIUM_HOME": str(settings.home),
+            "ATRIUM_SYSTEM_APPS": str(settings.system_apps),
+            "ATRIUM_HOST": settings.host,
+            "ATRIUM_PORT": str(settings.port),
+            "ATRIUM_RUNNER": "kubernetes",
+            "ATRIUM_KUBE_CONFIG": str(settings.kube_config),
+            "ATRIUM_KUBE_NAMESPACE": namespace,
+            "ATRIUM_KUBE_SHELL_URL": str(settings.kube_shell_url),
+        },
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=SLOW,
+    )
+    assert printed.returncode == 0, printed.stderr
+    rendered = {obj["kind"]: obj for obj in json.loads(printed.stdout)}
+    names = {
+        "Pod": ("v1/pods", render.pod_name(iid)),
+        "Secret": ("v1/secrets", render.secret_name(iid)),
+        "PersistentVolumeClaim": (
+            "v1/persistentvolumeclaims",
+            render.claim_name(settings.user, iid),
+        ),
+        "NetworkPolicy": (
+            "networking.k8s.io/v1/networkpolicies",
+            render.policy_name(render.shell_key(str(settings.home), namespace)),
+        ),
+    }
+    assert set(rendered) == set(names)
+    for kind, (resource, name) in names.items():
+        made = kube_settings.call(kube_settings.api.get, resource, namespace, name)
+        assert made is not None, kind
+        shown = rendered[kind]
+        for part in ("labels", "annotations"):
+            assert made["metadata"].get(part) == shown["metadata"].get(part), (kind, part)
+        if kind == "Secret":
+            assert sorted(made.get("stringData") or made.get("data") or {}) == sorted(
+                shown.get("stringData") or shown.get("data") or {}
+            )
+        else:
+            assert made["spec"] == shown["spec"], kind

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 #: the port every app pod listens on (its own address: no allocator)
 POD_PORT: Final = 8080
@@ -415,6 +417,17 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
 def instance_objects(plan: PodPlan) -> list[dict[str, Any]]:
     """The Secret, the PersistentVolumeClaim and the Pod of one instance, in creation order."""
     return [secret_object(plan), claim_object(plan), pod_object(plan)]
+
+
+def shell_cidrs(shell_url: str, outside: bool) -> list[str]:
+    """The addresses the NetworkPolicy admits as the shell besides its pods: a shell outside the
+    cluster (one with a kubeconfig) whose ``shell_url`` names an IP address is that address."""
+    host = urlsplit(shell_url).hostname or ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return []
+    return [f"{address}/{address.max_prefixlen}"] if outside else []
 
 
 def namespace_objects(

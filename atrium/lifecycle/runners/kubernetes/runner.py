@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ipaddress
 import json
 import logging
 import time
@@ -26,7 +25,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 from kubernetes_asyncio import client, config, watch
@@ -479,12 +477,7 @@ class KubernetesRunner:
         address in ``shell_url`` when that is an IP address."""
         if self._policy_made:
             return
-        cidrs: list[str] = []
-        host = urlsplit(self.settings.shell_url).hostname or ""
-        with contextlib.suppress(ValueError):
-            address = ipaddress.ip_address(host)
-            if self.settings.config is not None:
-                cidrs.append(f"{address}/{address.max_prefixlen}")
+        cidrs = render.shell_cidrs(self.settings.shell_url, self.settings.config is not None)
         for body in render.namespace_objects(
             self.namespace, self.settings.shell, render.SHELL_POD_LABELS, cidrs
         ):
