@@ -14,16 +14,25 @@ import tarfile
 from pathlib import Path
 from typing import Final
 
+from atrium.distribution.validate import runtime_dir_re
+
 #: folders of an app copy that are not the app (its git history)
 SKIPPED: Final = frozenset({".git"})
 
 
 def source_tar(app_dir: Path) -> bytes:
     """The regular files and folders under ``app_dir`` (symlinks and special files left out: a
-    pod gets no link to follow), modes kept as 0755 for executables and 0644 otherwise."""
+    pod gets no link to follow), modes kept as 0755 for executables and 0644 otherwise.
+
+    The instances' data folders the bootstrap admin keeps inside an app folder (`<appId>-<n>`,
+    `<appId>-provider`, ``ScopeLayout.runtime_dir``) are not the app: they are left out, as the
+    local sandbox covers them, so no pod gets another instance's data (and the digest does not
+    change when an instance is made or writes)."""
     buffer = io.BytesIO()
+    runtime = runtime_dir_re(app_dir.name)
+    top = [e for e in _entries(app_dir) if not runtime.fullmatch(e.name)]
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in _walk(app_dir):
+        for path in _walk(app_dir, top):
             relative = path.relative_to(app_dir).as_posix()
             info = tarfile.TarInfo(relative)
             info.mtime = 0
@@ -41,9 +50,13 @@ def source_tar(app_dir: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _walk(root: Path) -> list[Path]:
+def _entries(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir(), key=lambda p: p.name)
+
+
+def _walk(root: Path, entries: list[Path] | None = None) -> list[Path]:
     found: list[Path] = []
-    for entry in sorted(root.iterdir(), key=lambda p: p.name):
+    for entry in _entries(root) if entries is None else entries:
         if entry.name in SKIPPED or entry.is_symlink():
             continue
         if entry.is_dir():
