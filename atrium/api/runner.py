@@ -4,6 +4,11 @@ A pod on a cluster has no folder of the shell's machine: its init container fetc
 the digest its spec names (`atrium.lifecycle.runners.kubernetes.fetch`). The caller proves which
 instance it is with that instance's app token, and gets only its own app's files, as the same
 deterministic tar the runner took the digest of; the digest is in ``X-Atrium-Digest``.
+
+Only while the instance is being made (``creating``: the init container runs once, before the
+app), and one answer at a time per instance: the shell builds the whole folder in memory for each
+answer, and a running app asking again and again, or many times at once, would make it hold its
+folder that many times over (409 ``not_serving`` / ``busy``).
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
-from atrium.errors import NotFound, PermissionDenied
+from atrium.errors import Busy, NotFound, NotServing, PermissionDenied
 from atrium.identity import AppCaller, Caller
 from atrium.lifecycle.runners.kubernetes.source import digest_of, source_tar
+from atrium.lifecycle.states import InstanceState
 
 DIGEST_HEADER = "X-Atrium-Digest"
+#: the instances whose source is being built or sent (by object: ids are per shell)
+_SERVING: set[int] = set()
 
 
 async def source(request: Request, caller: Caller) -> Response:
@@ -30,10 +38,20 @@ async def source(request: Request, caller: Caller) -> Response:
     instance = shell.lifecycle.find(caller.instance_id)
     if instance is None or instance.app_id != caller.app_id or instance.owner != caller.owner:
         raise NotFound("instance", caller.instance_id)
+    if instance.state is not InstanceState.CREATING:
+        raise NotServing(
+            instance.id, instance.app_id, instance.state, "its files are fetched only as it is made"
+        )
     copy = instance.source or shell.registry.get(instance.app_id, instance.owner)
     if copy is None:
         raise NotFound("app", instance.app_id)
-    data = await asyncio.to_thread(source_tar, copy.path)
+    if id(instance) in _SERVING:
+        raise Busy(instance.app_id, "a fetch of its files")
+    _SERVING.add(id(instance))
+    try:
+        data = await asyncio.to_thread(source_tar, copy.path)
+    finally:
+        _SERVING.discard(id(instance))
     return Response(
         data,
         media_type="application/x-tar",

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from atrium.lifecycle.runners.kubernetes import render
+from atrium.lifecycle.runners.kubernetes.source import source_digest
 from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
 from tests.kube.cluster import FakeCluster
@@ -315,11 +316,16 @@ def test_the_source_endpoint_answers_only_an_instances_own_app(
         )
         assert secret is not None
         token = base64.b64decode(secret["data"]["OS_APP_TOKEN"]).decode()
+        # the pod runs, so its init container fetched the tar and found the digest it names;
+        # once the instance runs, its token fetches nothing more (409 not_serving)
+        instance = shell.shell.lifecycle.find(iid)
+        assert instance is not None
+        digest = pod["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        assert digest == source_digest(instance.app_dir)
         with shell.client(token=token) as app:
             answer = app.get("/api/runner/source")
-        assert answer.status_code == 200
-        digest = pod["metadata"]["annotations"][render.ANNOTATION_DIGEST]
-        assert answer.headers["X-Atrium-Digest"] == digest
+        assert answer.status_code == 409
+        assert answer.json()["error"]["code"] == "not_serving"
         with shell.anonymous() as anyone:
             assert anyone.get("/api/runner/source").status_code == 401
 
