@@ -451,10 +451,23 @@ class LifecycleManager(InstanceIndex):
         """At start: what an earlier shell left running (a ``survives_shell`` runner's) comes
         back as instances in `started` with the same ids, tokens and shell secrets, without
         their hooks running again (they ran when the server started). A server whose app is
-        no longer installed for its owner is stopped."""
+        no longer installed for its owner, whose owner is disabled or removed (a disable whose
+        sweep the last shell did not finish), or whose instance id is not one this shell makes
+        for that app and owner (``<prefix><n>``, ``<prefix>provider``: the id names folders of
+        the shell's) is stopped."""
         adopted: list[Instance] = []
         for survivor in await self._booter.runner.survivors():
             try:
+                self._refuse_stopped_owner(survivor.owner)
+                prefix = self.id_prefix(survivor.app_id, survivor.owner)
+                rest = survivor.instance_id.removeprefix(prefix)
+                if rest == survivor.instance_id or not (
+                    (rest.isascii() and rest.isdigit()) or rest == "provider"
+                ):
+                    raise InvalidRequest(
+                        f"instance id {survivor.instance_id[:200]!r} is not one of "
+                        f"{survivor.app_id}'s for {survivor.owner}"
+                    )
                 instance = self.new_instance(
                     survivor.app_id, survivor.instance_id, owner=survivor.owner
                 )

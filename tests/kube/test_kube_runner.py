@@ -4,6 +4,7 @@ them at ``podIP:8080`` (tests/kube/conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.runners.kubernetes.source import source_digest
+from atrium.users.store import UserStore
 from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
 from tests.kube.cluster import FakeCluster
@@ -500,3 +502,35 @@ def test_kube_render_prints_the_objects_the_runner_created(
             )
         else:
             assert made["spec"] == shown["spec"], kind
+
+
+def test_a_disabled_users_pod_is_not_adopted_by_the_next_shell(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """A user disabled while their pod outlived the shell (the disable committed, then the
+    shell was killed before its sweep reached the pod) must not come back: adoption would give
+    their app its token again, acting for a user who may no longer act. The pod is deleted."""
+    first = kube_shell()
+    bob = first.add_user("bob")
+    with first.client(bob, timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+    settings = first.shell.settings
+    first.stop()
+    assert kube_settings.pod(namespace, render.pod_name(iid)) is not None
+
+    async def disable() -> None:
+        async with UserStore.open(settings.users_path, bootstrap_admin=settings.user) as users:
+            await users.update("bob", disabled=True)
+
+    asyncio.run(disable())
+    second = kube_shell()
+    assert second.shell.lifecycle.find(iid) is None
+    wait_for(
+        lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
+        "the disabled user's pod to go",
+        SLOW,
+    )
+    secret = kube_settings.call(
+        kube_settings.api.get, "v1/secrets", namespace, render.secret_name(iid)
+    )
+    assert secret is None  # its token is nowhere to read back
