@@ -132,3 +132,37 @@ def test_fetch_checks_the_digest_before_it_unpacks(
     assert fetch.main(["--digest", right, "--to", str(tmp_path / "good"), "--url", url]) == 0
     assert (tmp_path / "good" / "server.py").exists()
     assert seen == ["Bearer token-from-the-secret"] * 2
+
+
+def test_fetch_follows_no_redirect_with_the_token(
+    tmp_path: Path, served: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """urllib follows a redirect with every header, Authorization too: whatever answered the
+    shell's URL with a 302 (a proxy in front, a captured name) would send the instance's token
+    to any host. The fetch refuses the redirect instead."""
+    elsewhere, seen = served
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", elsewhere)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("OS_APP_TOKEN", "the-instance-token")
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/runner/source"
+        right = source_digest(tmp_path / "app")
+        with pytest.raises(SystemExit, match="302"):
+            fetch.main(["--digest", right, "--to", str(tmp_path / "to"), "--url", url])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == []  # the token never left for the place the redirect named
+    assert not (tmp_path / "to").exists()

@@ -33,14 +33,28 @@ def _token() -> str:
     return token
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: urllib would follow it with every header, the token too."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """Straight to the shell: no redirect followed, no proxy from the image's environment
+    (either would hand the instance's token to someone else)."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
 def download(url: str, token: str) -> bytes:
     """The tar, retried a few times while the shell is not reachable yet."""
     if not url.startswith(("http://", "https://")):
         raise SystemExit(f"fetch: not an http(s) URL: {url!r}")
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310 - http(s) only, checked above
+    opener = _opener()
     for attempt in range(ATTEMPTS):
         try:
-            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+            with opener.open(request, timeout=30) as answer:
                 data: bytes = answer.read()
                 return data
         except urllib.error.HTTPError as err:
