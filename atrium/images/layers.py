@@ -17,7 +17,9 @@ Pure: a tar member's name, type, mode and link target in, a `Step` (what the unp
   image's root, a relative one from the link's folder), stays in the image; a target that climbs
   out with ``..`` is refused. A hard link must name a member path, never absolute or with ``..``.
   Links are never followed while unpacking: the unpacker refuses a member whose parent folder is a
-  link (see `atrium.images.store`).
+  link (see `atrium.images.store`);
+- an extended header (PAX, GNU long name or link) larger than `MAX_HEADER` is refused before
+  tarfile reads it (`BoundedTarInfo`): tarfile holds one whole in memory, beyond every limit.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ FILE_MODE: Final = 0o444
 EXEC_MODE: Final = 0o555
 FOLDER_MODE: Final = 0o755
 MAX_NAME: Final = 4096
+#: the most an extended header (PAX, GNU long name or link) may hold: tarfile reads one whole
+#: into memory before any member is seen, so an unbounded one is a memory bomb
+MAX_HEADER: Final = 1 << 20
+_EXTENDED: Final = frozenset(
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
+)
 #: layer media types the store unpacks (compression is read from the bytes themselves)
 LAYER_TYPES: Final = frozenset(
     {
@@ -77,6 +91,20 @@ class Step:
     target: str = ""
     target_parts: tuple[str, ...] = ()
     size: int = 0
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A member whose extended header is refused past `MAX_HEADER` before tarfile reads it
+    (``tarfile.open(..., tarinfo=BoundedTarInfo)``)."""
+
+    def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED and self.size > MAX_HEADER:
+            raise LayerRefused(
+                f"an extended header of {self.size} bytes (more than {MAX_HEADER}) is refused "
+                "before it is read"
+            )
+        member: tarfile.TarInfo = super()._proc_member(archive)  # type: ignore[misc]
+        return member
 
 
 def member_parts(name: str, what: str = "member") -> tuple[str, ...]:

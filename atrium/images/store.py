@@ -45,6 +45,7 @@ from atrium.images.config import ConfigInvalid, ImageConfig, parse_config
 from atrium.images.layers import (
     FOLDER_MODE,
     LAYER_TYPES,
+    BoundedTarInfo,
     Kind,
     LayerRefused,
     Step,
@@ -334,7 +335,10 @@ def unpack_layer(layer: Path, root: Path, budget: _Budget) -> None:
     """Apply one layer (a verified blob on disk) over ``root``."""
     state = _Layer()
     try:
-        with _decompressed(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        with (
+            _decompressed(layer) as stream,
+            tarfile.open(fileobj=stream, mode="r|", tarinfo=BoundedTarInfo) as tar,
+        ):
             for member in tar:
                 _apply(root, tar, member, budget, state)
     except (tarfile.TarError, EOFError, zstandard.ZstdError, gzip.BadGzipFile) as err:

@@ -74,6 +74,13 @@ class Layer:
         self.members.append((info, data))
         return self
 
+    def padded(self, name: str, header_bytes: int) -> Layer:
+        """A file whose PAX extended header carries ``header_bytes`` of comment."""
+        info = tarfile.TarInfo(name)
+        info.pax_headers = {"comment": "a" * header_bytes}
+        self.members.append((info, b""))
+        return self
+
     def link(self, name: str, target: str, *, hard: bool = False) -> Layer:
         info = tarfile.TarInfo(name)
         info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
@@ -581,6 +588,26 @@ async def test_skipped_members_count_toward_the_limits(registry: Registry, tmp_p
             registry.host, "apps/big-whiteout", digest
         )
     assert store_entries(tmp_path / "images") == []
+
+
+async def test_a_huge_extended_header_is_refused_before_it_is_read(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """tarfile reads a PAX (or GNU long name) header whole into memory before the store sees
+    the member: a layer of a few hundred KiB could make the shell hold gigabytes (a 200 MiB
+    header took 700 MiB), no limit of the store's counting it. A header past 1 MiB refuses the
+    image before it is read."""
+    layer = Layer().file("fine.txt", b"fine\n").padded("padded.txt", 4 << 20)
+    digest, _ = await push_image(registry, "apps/huge-header", "1", [layer], {})
+    with pytest.raises(ImageError, match="extended header") as refused:
+        await ImageStore(tmp_path / "images").pull(registry.host, "apps/huge-header", digest)
+    assert "is refused" in refused.value.reason
+    assert store_entries(tmp_path / "images") == []
+    # a header of a usual size (a long name, a few attributes) is read as before
+    usual = Layer().padded("usual.txt", 64 << 10)
+    digest, _ = await push_image(registry, "apps/usual-header", "1", [usual], {})
+    entry = await ImageStore(tmp_path / "images").pull(registry.host, "apps/usual-header", digest)
+    assert (entry.rootfs / "usual.txt").is_file()
 
 
 async def test_a_pull_under_way_is_not_swept_by_another_store_of_this_process(
