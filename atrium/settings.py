@@ -164,6 +164,10 @@ class Settings(BaseSettings):
     kube_storage_class: str | None = None
     kube_start_timeout_seconds: float = Field(default=120.0, gt=0)
     kube_shell_url: str | None = Field(default=None, pattern=r"^https?://")
+    #: the database of the shell's state: unset, ``state.sqlite3`` in the home;
+    #: ``postgresql+psycopg://…`` for several shells; a secret, as it may hold a password
+    #: (docs/decisions.md "State: one interface, two databases (the first step)")
+    database_url: SecretStr | None = None
 
     @field_validator("runner")
     @classmethod
@@ -266,6 +270,13 @@ class Settings(BaseSettings):
     @property
     def audit_path(self) -> Path:
         return self.home / "audit.sqlite3"
+
+    @property
+    def state_url(self) -> str:
+        """``database_url``, else the SQLite file ``state.sqlite3`` in the home."""
+        if self.database_url and self.database_url.get_secret_value():
+            return self.database_url.get_secret_value()
+        return f"sqlite+aiosqlite:///{self.home / 'state.sqlite3'}"
 
 
 #: what makes an existing, non-empty directory recognisably an Atrium home (safe to make 0700)
