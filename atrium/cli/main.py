@@ -62,6 +62,7 @@ app.command("audit")(audit.audit)
 app.command()(publish)
 lazy_command("doctor", "atrium.cli.doctor:doctor")
 lazy_command("kube", "atrium.cli.kube:kube_app")
+lazy_command("db", "atrium.cli.db:db_app")
 
 
 @app.callback()

@@ -38,6 +38,9 @@ def serve(
     ] = None,
     heartbeat_seconds: Annotated[float | None, typer.Option(help="SSE heartbeat [15]")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning [info]")] = None,
+    migrate: Annotated[
+        bool, typer.Option("--migrate", help="first migrate the database to this shell's schema")
+    ] = False,
 ) -> None:
     """Start the shell (CLI flags > ATRIUM_* environment > defaults)."""
     try:
@@ -61,6 +64,8 @@ def serve(
         server = ShellServer(settings, token)
         prepare_home(settings)
         lock = lock or HomeLock.claim(settings)
+        if migrate:
+            _migrate(settings)
         # the home is ours now: a URL left by a shell killed before it could remove it is stale
         settings.url_path.unlink(missing_ok=True)
     except ConfigError as err:
@@ -86,6 +91,17 @@ def serve(
         if url_path.exists() and url_path.read_text().strip() == server.url:
             url_path.unlink()
         lock.release()
+
+
+def _migrate(settings: Settings) -> None:
+    """`atrium db upgrade` before serving (SQLAlchemy and Alembic imported only then); a schema
+    newer than this shell knows is refused (ConfigError) and left as it is."""
+    from atrium.state.migrate import upgrade_now
+
+    name, before, after = upgrade_now(settings.state_url)
+    typer.echo(
+        f"Database {name}: schema version {after}" + (f" (was {before})" if before != after else "")
+    )
 
 
 def _refuse(err: ConfigError) -> NoReturn:
