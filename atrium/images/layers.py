@@ -94,8 +94,11 @@ class Step:
 
 
 class BoundedTarInfo(tarfile.TarInfo):
-    """A member whose extended header is refused past `MAX_HEADER` before tarfile reads it
-    (``tarfile.open(..., tarinfo=BoundedTarInfo)``)."""
+    """A member whose extended header is refused past `MAX_HEADER`, and a sparse member refused
+    outright, before tarfile reads either (``tarfile.open(..., tarinfo=BoundedTarInfo)``): tarfile
+    holds an extended header, and a sparse member's map (old GNU extension blocks, or PAX 1.0's
+    map in the data), whole in memory, beyond every limit of the store's. No image builder
+    writes sparse members."""
 
     def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in _EXTENDED and self.size > MAX_HEADER:
@@ -103,8 +106,28 @@ class BoundedTarInfo(tarfile.TarInfo):
                 f"an extended header of {self.size} bytes (more than {MAX_HEADER}) is refused "
                 "before it is read"
             )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            _refuse_sparse(self.name)
         member: tarfile.TarInfo = super()._proc_member(archive)  # type: ignore[misc]
         return member
+
+    def _proc_gnusparse_00(self, *args: object) -> None:
+        _refuse_sparse(_member_name(args))
+
+    def _proc_gnusparse_01(self, *args: object) -> None:
+        _refuse_sparse(_member_name(args))
+
+    def _proc_gnusparse_10(self, *args: object) -> None:
+        _refuse_sparse(_member_name(args))
+
+
+def _member_name(args: tuple[object, ...]) -> str:
+    """The member a PAX sparse header describes (tarfile passes it first)."""
+    return args[0].name if args and isinstance(args[0], tarfile.TarInfo) else "?"
+
+
+def _refuse_sparse(name: str) -> None:
+    raise LayerRefused(f"sparse member {name[:200]!r} is refused (no image builder writes one)")
 
 
 def member_parts(name: str, what: str = "member") -> tuple[str, ...]:
