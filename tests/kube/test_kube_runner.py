@@ -534,3 +534,34 @@ def test_a_disabled_users_pod_is_not_adopted_by_the_next_shell(
         kube_settings.api.get, "v1/secrets", namespace, render.secret_name(iid)
     )
     assert secret is None  # its token is nowhere to read back
+
+
+def test_a_pod_naming_an_instance_id_the_shell_would_not_make_is_not_adopted(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """The adoption reads the instance id back from the pod; the id names the shell's own
+    folders (the instance's data, its log), so one that climbs (`<appId>-1/../..`) is never
+    taken as an instance: the pod is deleted instead."""
+    first = kube_shell()
+    with first.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+    first.stop()
+    forged = f"{iid}/../../../escaped"
+    pod = kube_settings.pod(namespace, render.pod_name(iid))
+    assert pod is not None
+    pod["metadata"]["annotations"][render.ANNOTATION_INSTANCE] = forged
+    kube_settings.call(kube_settings.api.update, "v1/pods", namespace, pod["metadata"]["name"], pod)
+    secret = kube_settings.call(
+        kube_settings.api.get, "v1/secrets", namespace, render.secret_name(iid)
+    )
+    assert secret is not None
+    copy = {"metadata": {"name": render.secret_name(forged)}, "data": dict(secret["data"])}
+    kube_settings.call(kube_settings.api.create, "v1/secrets", namespace, copy)
+    second = kube_shell()
+    assert second.shell.lifecycle.find(forged) is None
+    assert second.shell.lifecycle.find(iid) is None
+    wait_for(
+        lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
+        "the forged pod to go",
+        SLOW,
+    )
