@@ -5,6 +5,9 @@ target."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -166,3 +169,40 @@ def test_fetch_follows_no_redirect_with_the_token(
         server.server_close()
     assert seen == []  # the token never left for the place the redirect named
     assert not (tmp_path / "to").exists()
+
+
+def test_fetch_streams_an_app_larger_than_its_memory(tmp_path: Path) -> None:
+    """The init container runs under the pod's memory limit: the fetch held the whole tar, then
+    each member whole again, so an app folder of half the limit could not start on a cluster
+    though it ran locally. A 48 MiB app is fetched under a 64 MiB data limit (the archive is
+    spooled to the target's disk and hashed as it comes)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "big.bin").write_bytes(os.urandom(48 << 20))
+    data = source_tar(app)
+    (tmp_path / "source.tar").write_bytes(data)
+    del data
+    script = f"""
+import functools, http.server, os, resource, sys, threading
+from atrium.lifecycle.runners.kubernetes import fetch
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+handler = functools.partial(Quiet, directory={str(tmp_path)!r})
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+os.environ["OS_APP_TOKEN"] = "t"
+resource.setrlimit(resource.RLIMIT_DATA, (64 << 20, 64 << 20))
+url = f"http://127.0.0.1:{{server.server_address[1]}}/source.tar"
+sys.exit(fetch.main(["--digest", sys.argv[1], "--to", sys.argv[2], "--url", url]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, source_digest(app), str(tmp_path / "to")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "to" / "big.bin").stat().st_size == 48 << 20
+    assert sorted(p.name for p in (tmp_path / "to").iterdir()) == ["big.bin"]  # no spool left
