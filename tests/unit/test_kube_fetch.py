@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -206,3 +207,20 @@ sys.exit(fetch.main(["--digest", sys.argv[1], "--to", sys.argv[2], "--url", url]
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "to" / "big.bin").stat().st_size == 48 << 20
     assert sorted(p.name for p in (tmp_path / "to").iterdir()) == ["big.bin"]  # no spool left
+
+
+def test_the_digest_is_taken_without_holding_the_app(tmp_path: Path) -> None:
+    """The runner takes the digest at every spawn, on the shell's event loop's thread pool:
+    the tar was built whole in memory (and each file read whole) to hash it, the app's size
+    at every spawn. It is hashed as it is written now."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "big.bin").write_bytes(os.urandom(32 << 20))
+    tracemalloc.start()
+    try:
+        digest = source_digest(app)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    assert digest == digest_of(source_tar(app))
