@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import atrium
 from atrium.lifecycle.limits import oom_kills
 from tests.kube.fake_api import FakeApi, LogLine
 
@@ -149,6 +150,17 @@ class Network:
 
     async def down(self) -> None:
         await run("ip", "link", "del", self.bridge, check=False)
+
+
+def image_args() -> list[str]:
+    """The "image" is this machine's interpreter and checkout: one under /tmp (a clone tested
+    there) is bound again over the pod's own /tmp, or the pod finds no python. Last on the
+    command line: the pod's /tmp volume is mounted before."""
+    args: list[str] = []
+    for needed in (Path(atrium.__file__).resolve().parents[1], Path(sys.prefix)):
+        if needed.resolve().is_relative_to("/tmp"):  # noqa: S108
+            args += ["--ro-bind", str(needed), str(needed)]
+    return args
 
 
 def filesystem_args(mount_points: list[str]) -> list[str]:
@@ -626,6 +638,7 @@ class Kubelet:
             flag = "--ro-bind" if always_ro or mount.get("readOnly") else "--bind"
             # bwrap cannot make a mount point through a symlink (/var/run -> /run): its target
             args += [flag, str(folder), os.path.realpath(mount["mountPath"])]
+        args += image_args()
         if workdir:
             args += ["--dir", workdir, "--chdir", workdir]
         args += self._name_files(pod)
