@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -46,7 +47,7 @@ ACCEPTED: Final = {
     "kube_config": "the path of a kubeconfig file, or unset for the in-cluster service account",
     "kube_storage_class": "a storage class name, or unset for the cluster's default",
     "kube_start_timeout_seconds": "a number of seconds greater than 0",
-    "kube_shell_url": "the URL pods reach the shell at (http or https)",
+    "kube_shell_url": "the URL pods reach the shell at (http or https, a host pods can reach)",
     "heartbeat_seconds": "a number of seconds greater than 0",
     "usage_seconds": "a number of seconds greater than 0",
     "view_grace_seconds": "a number of seconds, 0 or more",
@@ -168,6 +169,21 @@ class Settings(BaseSettings):
     #: ``postgresql+psycopg://…`` for several shells; a secret, as it may hold a password
     #: (docs/decisions.md "State: one interface, two databases (the first step)")
     database_url: SecretStr | None = None
+
+    @field_validator("kube_shell_url")
+    @classmethod
+    def _kube_shell_url(cls, value: str | None) -> str | None:
+        # where a server listens (0.0.0.0, ::) is no address a pod can reach, and the URL's host
+        # becomes an accepted Host name
+        if value is not None:
+            host = urlsplit(value).hostname or ""
+            try:
+                unspecified = ipaddress.ip_address(host).is_unspecified
+            except ValueError:
+                unspecified = False
+            if not host or unspecified:
+                raise ValueError("names no address a pod can reach")
+        return value
 
     @field_validator("runner")
     @classmethod

@@ -72,3 +72,15 @@ def test_prepare_home_names_the_file_in_the_way(tmp_path: Path) -> None:
     settings = Settings.load(**{**FLAGS, "home": tmp_path / "file" / "home"})
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'file'} is not a directory")):
         prepare_home(settings)
+
+
+@pytest.mark.parametrize("url", ["http://0.0.0.0:7070", "http://[::]:7070", "https://0.0.0.0"])
+def test_the_kube_shell_url_names_an_address_pods_can_reach(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unspecified address is where a server listens, never one a pod can reach; it would also
+    make that address an accepted Host name."""
+    monkeypatch.setenv("ATRIUM_KUBE_SHELL_URL", url)
+    with pytest.raises(ConfigError) as refused:
+        Settings.load()
+    assert any("ATRIUM_KUBE_SHELL_URL" in problem for problem in refused.value.problems)
