@@ -42,7 +42,8 @@ MAX_NAME: Final = 4096
 #: the most an extended header (PAX, GNU long name or link) may hold: tarfile reads one whole
 #: into memory before any member is seen, so an unbounded one is a memory bomb
 MAX_HEADER: Final = 1 << 20
-_EXTENDED: Final = frozenset(
+#: the tar member types whose body tarfile reads whole into memory (PAX, GNU long name/link)
+EXTENDED_HEADERS: Final = frozenset(
     {
         tarfile.XHDTYPE,
         tarfile.XGLTYPE,
@@ -101,7 +102,7 @@ class BoundedTarInfo(tarfile.TarInfo):
     writes sparse members."""
 
     def _proc_member(self, archive: tarfile.TarFile) -> tarfile.TarInfo:
-        if self.type in _EXTENDED and self.size > MAX_HEADER:
+        if self.type in EXTENDED_HEADERS and self.size > MAX_HEADER:
             raise LayerRefused(
                 f"an extended header of {self.size} bytes (more than {MAX_HEADER}) is refused "
                 "before it is read"

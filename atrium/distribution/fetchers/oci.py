@@ -34,6 +34,7 @@ from atrium.distribution.refs import OciRef, parse_ref
 from atrium.distribution.tree import UnsafeTree, check_tree, is_vcs_name
 from atrium.errors import BadRef, FetchFailed
 from atrium.events import FETCH_PROGRESS
+from atrium.images.layers import EXTENDED_HEADERS, MAX_HEADER
 
 MAX_UNPACKED: Final = 256 << 20
 #: a compressed layer cannot legitimately be much larger than what it unpacks to
@@ -42,17 +43,6 @@ MAX_MEMBERS: Final = 100_000
 PROGRESS_STEP: Final = 256 << 10
 #: tar headers and padding on top of the file bytes, for the cap on the decompressed stream
 TAR_OVERHEAD: Final = 2048
-#: long names and pax records are read into memory whole: a huge one is a memory bomb
-MAX_META_HEADER: Final = 1 << 20
-META_TYPES: Final = frozenset(
-    {
-        tarfile.GNUTYPE_LONGNAME,
-        tarfile.GNUTYPE_LONGLINK,
-        tarfile.XHDTYPE,
-        tarfile.XGLTYPE,
-        tarfile.SOLARIS_XHDTYPE,
-    }
-)
 COPY_CHUNK: Final = 1 << 20
 
 
@@ -135,7 +125,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         info = super().frombuf(buf, encoding, errors)
-        if info.type in META_TYPES and info.size > MAX_META_HEADER:
+        if info.type in EXTENDED_HEADERS and info.size > MAX_HEADER:
             raise _MetaHeaderTooLarge(f"a {info.size}-byte {info.type!r} metadata header")
         return info
 
