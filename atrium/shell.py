@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from atrium.bus import EventBus
@@ -46,6 +47,9 @@ from atrium.users.model import Role
 from atrium.users.store import UserStore
 from atrium.userscopes import UserScopes
 
+if TYPE_CHECKING:  # SQLAlchemy and Alembic load when a shell opens, not for `atrium --help`
+    from atrium.state.database import Database
+
 _LOGGER = logging.getLogger(__name__)
 SDK_SOURCE = Path(__file__).resolve().parent / "sdk.py"
 
@@ -56,6 +60,9 @@ class Shell:
 
     settings: Settings
     layout: ScopeLayout
+    #: the shell's state (``ATRIUM_DATABASE_URL``): SQLite in the home, or PostgreSQL shared by
+    #: several shells
+    db: Database
     bus: EventBus
     kv: KvStore
     registry: AppRegistry
@@ -170,6 +177,10 @@ def index_host(index: IndexClient) -> Callable[[], str | None]:
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
     async with AsyncExitStack() as stack:
+        from atrium.state.versions import open_checked
+
+        # first: a database this shell cannot use stops start-up before anything else is touched
+        db = await stack.enter_async_context(open_checked(settings.state_url))
         repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
         # the two repositories are independent, each opened by a few git runs: side by side, and
         # the first one's error (in this order) is the one start-up reports, as one after the other
@@ -320,6 +331,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         yield Shell(
             settings=settings,
             layout=layout,
+            db=db,
             bus=bus,
             kv=kv,
             registry=registry,

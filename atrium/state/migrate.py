@@ -19,36 +19,10 @@ from alembic.util import CommandError
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from atrium.settings import ConfigError
 from atrium.state.database import Database
+from atrium.state.versions import EMPTY, SchemaTooNew, check_version, unusable
 
 MIGRATIONS: Final = Path(__file__).resolve().parent / "migrations"
-#: how a database with no schema yet is named
-EMPTY: Final = "none"
-
-
-class SchemaTooNew(ConfigError):
-    """The database was migrated by a newer shell: this one would misread or damage it."""
-
-    def __init__(self, database: str, found: str, known: str) -> None:
-        super().__init__(
-            f"the database {database} has schema version {found}, newer than this shell knows "
-            f"(up to {known}): run a shell of the version that migrated it, or a newer one"
-        )
-        self.found = found
-        self.known = known
-
-
-class SchemaBehind(ConfigError):
-    """The database's schema is older than this shell's: it is migrated only when asked to."""
-
-    def __init__(self, database: str, found: str, known: str) -> None:
-        super().__init__(
-            f"the database {database} has schema version {found}, older than this shell's "
-            f"{known}: run `atrium db upgrade` (or `atrium serve --migrate`) first"
-        )
-        self.found = found
-        self.known = known
 
 
 def config() -> Config:
@@ -77,13 +51,10 @@ def _current(conn: Connection) -> str:
 
 async def check(db: Database) -> str:
     """The database's schema version when it is this shell's; else SchemaTooNew or SchemaBehind
-    (what a shell calls at start)."""
-    found, known = await current(db), head()
-    if found == known:
-        return found
-    if not _known(found):
-        raise SchemaTooNew(db.name, found, known)
-    raise SchemaBehind(db.name, found, known)
+    (what a shell calls at start, through `atrium.state.versions.open_checked`)."""
+    found = await current(db)
+    check_version(db.name, found)
+    return found
 
 
 def _known(revision: str) -> bool:
@@ -131,7 +102,7 @@ def upgrade_now(url: str) -> tuple[str, str, str]:
             try:
                 before, after = await upgrade(db)
             except DBAPIError as err:
-                raise _unusable(db, err) from err
+                raise unusable(db, err) from err
             return db.name, before, after
 
     return asyncio.run(run())
@@ -145,11 +116,6 @@ def status_now(url: str) -> tuple[str, str, str]:
             try:
                 return db.name, await current(db), head()
             except DBAPIError as err:
-                raise _unusable(db, err) from err
+                raise unusable(db, err) from err
 
     return asyncio.run(run())
-
-
-def _unusable(db: Database, err: DBAPIError) -> ConfigError:
-    """The driver's own words on one line (libpq adds a hint line), the URL without its password."""
-    return ConfigError(f"the database {db.name} cannot be used: {' '.join(str(err.orig).split())}")

@@ -125,3 +125,62 @@ def test_a_command_without_a_database_does_not_import_sqlalchemy() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert found.stdout.strip() == "[]"
+
+
+def serve_once(home: Path, database_url: str | None) -> subprocess.CompletedProcess[str]:
+    """`atrium serve` on ``home`` until it prints its URL (then stopped), or until it exits."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ATRIUM_")}
+    if database_url:
+        env["ATRIUM_DATABASE_URL"] = database_url
+    cmd = [ATRIUM, "serve", "--home", str(home), "--port", "0"]
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        if first.startswith("Atrium http://"):
+            proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        return subprocess.CompletedProcess(cmd, proc.returncode, first + out, err)
+
+
+def test_serve_checks_the_schema_at_start_and_refuses_a_newer_one(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Without ``--migrate``: a shell never runs on a schema it does not know."""
+    home = tmp_path / "home"
+    assert (
+        CliRunner()
+        .invoke(
+            app, ["db", "upgrade", "--home", str(home)], env={"ATRIUM_DATABASE_URL": database_url}
+        )
+        .exit_code
+        == 0
+    )
+    set_version(database_url, "0999")
+    served = serve_once(home, database_url)
+    assert served.returncode == 2, (served.stdout, served.stderr)
+    assert "has schema version 0999, newer than this shell knows (up to 0001)" in served.stderr
+    assert not (home / "run" / "url").exists()
+
+
+def test_the_embedded_database_is_upgraded_at_start_a_shared_one_only_when_asked(
+    database_url: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    served = serve_once(home, database_url)
+    status = CliRunner().invoke(
+        app,
+        ["db", "status", "--home", str(home), "--json"],
+        env={"ATRIUM_DATABASE_URL": database_url},
+    )
+    if database_url.startswith("sqlite"):
+        assert served.stdout.startswith("Atrium http://"), served.stderr
+        assert json.loads(status.output)["version"] == "0001"
+    else:
+        assert served.returncode == 2, (served.stdout, served.stderr)
+        assert (
+            "has schema version none, older than this shell's 0001: run `atrium db upgrade`"
+            in served.stderr
+        )
+        assert json.loads(status.output)["version"] == "none"

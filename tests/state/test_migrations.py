@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from atrium.settings import ConfigError
-from atrium.state import migrate
+from atrium.state import migrate, versions
 from atrium.state.database import Database, parse_url
 
 TABLES = {"event_counter", "events", "kv"}
@@ -20,11 +20,11 @@ async def tables(db: Database) -> set[str]:
 
 async def test_upgrade_from_empty_then_downgrade_and_again(database_url: str) -> None:
     async with Database.open(database_url) as db:
-        assert await migrate.current(db) == migrate.EMPTY
-        assert await migrate.upgrade(db) == (migrate.EMPTY, migrate.head())
+        assert await migrate.current(db) == versions.EMPTY
+        assert await migrate.upgrade(db) == (versions.EMPTY, migrate.head())
         assert await tables(db) == TABLES
         assert await migrate.upgrade(db) == (migrate.head(), migrate.head())  # nothing to do
-        assert await migrate.downgrade(db, "base") == (migrate.head(), migrate.EMPTY)
+        assert await migrate.downgrade(db, "base") == (migrate.head(), versions.EMPTY)
         assert await tables(db) == set()
         await migrate.upgrade(db)
         assert await tables(db) == TABLES
@@ -48,13 +48,13 @@ async def test_the_schema_the_migrations_make_is_the_one_the_code_describes(db: 
 async def test_a_newer_schema_is_refused_naming_both_versions(db: Database) -> None:
     async with db.transaction() as tx:
         await tx.execute(sa.text("UPDATE alembic_version SET version_num = '0999'"))
-    with pytest.raises(migrate.SchemaTooNew) as refused:
+    with pytest.raises(versions.SchemaTooNew) as refused:
         await migrate.check(db)
     message = str(refused.value)
     assert "schema version 0999, newer than this shell knows (up to 0001)" in message
     assert isinstance(refused.value, ConfigError)
     # upgrading does not touch it either
-    with pytest.raises(migrate.SchemaTooNew):
+    with pytest.raises(versions.SchemaTooNew):
         await migrate.upgrade(db)
     assert await migrate.current(db) == "0999"
 
@@ -62,7 +62,7 @@ async def test_a_newer_schema_is_refused_naming_both_versions(db: Database) -> N
 async def test_an_older_schema_names_the_command_that_upgrades_it(database_url: str) -> None:
     async with Database.open(database_url) as db:
         with pytest.raises(
-            migrate.SchemaBehind,
+            versions.SchemaBehind,
             match=r"version none, older than this shell's "
             r"0001: run `atrium db upgrade`",
         ):
@@ -79,3 +79,14 @@ def test_database_urls_refused_name_what_is_accepted() -> None:
     assert "hunter2" not in str(refused.value)
     with pytest.raises(ConfigError, match="names its file"):
         parse_url("sqlite+aiosqlite://")
+
+
+def test_the_versions_a_shell_knows_are_the_migrations_in_order() -> None:
+    """A shell checks its schema without Alembic, against `versions.KNOWN`: a migration added
+    without its version there would leave every shell refusing (or upgrading past) it."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrate.config())
+    ordered = [rev.revision for rev in reversed(list(script.walk_revisions()))]
+    assert tuple(ordered) == versions.KNOWN
+    assert migrate.head() == versions.HEAD
