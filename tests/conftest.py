@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+#: Debian's PostgreSQL (the ``postgres_server`` fixture), for every test folder
+pytest_plugins = ["tests.postgres"]
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 _CLEARED_PREFIXES = ("ATRIUM_", "OS_")
