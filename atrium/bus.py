@@ -1,40 +1,80 @@
-"""The in-process event bus: `publish` never blocks; each subscriber has a bounded queue.
+"""The event bus: `emit` never blocks; each subscriber has a bounded queue.
+
+With a `Database` (the shell's), every event is a row of the events table
+(`atrium.state.events`), its id the one-row counter's (commit order), and streams are fed from the
+table, so a stream resumed with ``Last-Event-ID`` on any shell sharing the database misses nothing
+and gets nothing twice:
+
+- `emit` calls this shell's listeners at once (as the event happens, with ``id`` 0: the row is not
+  written yet) and queues the event; a writer task writes what is queued, several events per
+  transaction. A store that writes its event in the transaction of its change calls `committed`
+  after the commit instead.
+- One reader reads the rows it has not seen, once, in id order (woken by its writer, by
+  `committed`, and on PostgreSQL by ``NOTIFY``), calls the listeners of the events other shells
+  committed (this shell's own ones were heard already), and offers each event's frame to the
+  subscribers whose globs and admission take it.
+- A resumed subscription first reads the table after its id by itself, then joins the reader's
+  fan-out at the id it reached (`Subscription.cursor`): no event between the two is lost or sent
+  twice.
+- A payload that is not replayed (a figure stale seconds later) is no row: it goes to this shell's
+  streams at once, its frame carrying the id of the stream's last event, so a resume from it misses
+  nothing.
+
+Without a database (the bus's own tests and components tested without a shell) the bus is
+in memory: ids from the clock, the last `HISTORY` events kept for replay, frames offered as the
+event is published.
 
 A frame is encoded once per event and shared by every subscriber. A subscriber whose queue is full is
-dropped (its stream ends; it may reconnect with ``Last-Event-ID`` and replay what it missed from the
-last ``history`` events). Its queue is full because its writer is stuck behind a client that does
-not read, so ending the queue alone would end nothing: the subscription's ``on_drop`` is called
-too, and the HTTP edge cuts the connection there. ``close`` ends every stream so open streams
-never hold up shutdown.
+dropped (its stream ends; it may reconnect with ``Last-Event-ID`` and replay what it missed). Its
+queue is full because its writer is stuck behind a client that does not read, so ending the queue
+alone would end nothing: the subscription's ``on_drop`` is called too, and the HTTP edge cuts the
+connection there. ``close`` ends every stream so open streams never hold up shutdown; leaving the
+bus (``async with``) also writes what was emitted before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Self
 
-from atrium.events import Payload, matches_any
+from atrium.events import PAYLOADS, Payload, matches_any
+from atrium.state import events as log
+from atrium.state.database import Database
+from atrium.state.events import StoredEvent
 
 _LOGGER = logging.getLogger(__name__)
 
-HISTORY: Final = 1000
+#: how many events a resume can reach back (the events table keeps as many)
+HISTORY: Final = log.KEEP
 QUEUE_SIZE: Final = 1024
 HEARTBEAT: Final = b": heartbeat\n\n"
+#: the most events the writer puts in one transaction
+BATCH: Final = 200
+#: the most events waiting for the writer; beyond, the oldest are given up (and logged)
+PENDING_LIMIT: Final = 100_000
+#: how long leaving the bus waits for the writer to write what was emitted
+FLUSH_WAIT: Final = 10.0
+#: how long a failed read, write or LISTEN waits before it is tried again
+RETRY: Final = 0.5
 
 Listener = Callable[["Event"], object]
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One published event; ``frame`` is its SSE encoding, made once. ``data`` is the typed
-    payload it was emitted with (None for a raw `publish`); ``payload`` its wire form."""
+    """One event; ``frame`` is its SSE encoding, made once. ``data`` is the typed payload it was
+    emitted with (None for a raw `publish`, or a row this shell cannot read as one); ``payload``
+    its wire form. ``id`` is 0 while the row is not written (what `emit` returns and this shell's
+    listeners hear, with ``frame`` empty)."""
 
     id: int
     topic: str
@@ -46,6 +86,32 @@ class Event:
 def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
     data = json.dumps({**payload, "type": topic}, separators=(",", ":"), default=str)
     return f"id: {event_id}\nevent: {topic}\ndata: {data}\n\n".encode()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.rstrip("_").split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def decode(stored: StoredEvent) -> Payload | None:
+    """The typed payload of a row (the inverse of `Payload.wire`, with the row's owner); None
+    for a topic without a payload class or a row that does not fit its class."""
+    cls = PAYLOADS.get(stored.topic)
+    if cls is None:
+        return None
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.kw_only:
+            continue
+        key = _camel(f.name)
+        if key in stored.data:
+            values[f.name] = stored.data[key]
+        elif f.default is dataclasses.MISSING:
+            return None
+    try:
+        return cls(**values, owner=stored.owner)
+    except TypeError:
+        return None
 
 
 @dataclass(eq=False, slots=True)
@@ -64,6 +130,11 @@ class Subscription:
     dropped: bool = False
     #: when a frame was last queued (the heartbeat goes to streams quiet for longer)
     last_offer: float = field(default_factory=time.monotonic)
+    #: with a database: the last event id this stream has been given or passed over
+    cursor: int = 0
+    #: with a database: still reading the table after its ``Last-Event-ID`` (the reader's
+    #: fan-out passes it over until it has caught up)
+    resuming: bool = False
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` without waiting; False when the queue is full."""
@@ -94,15 +165,23 @@ class Subscription:
 
 
 class EventBus:
-    """Publish/subscribe by topic with globs, history for replay, and synchronous listeners.
+    """Publish/subscribe by topic with globs, replay, and synchronous listeners.
 
     While open (``async with``), a streams' heartbeat is offered to every subscriber that has
-    been quiet for ``heartbeat`` seconds: one timer for all, none per frame.
+    been quiet for ``heartbeat`` seconds: one timer for all, none per frame. With ``db`` the bus
+    must be open to write and read events (see the module docstring).
     """
 
-    def __init__(self, history: int = HISTORY, heartbeat: float | None = None) -> None:
-        # ids stay increasing across restarts, so a client holding an id from a previous process
-        # replays everything the new process still has
+    def __init__(
+        self,
+        history: int = HISTORY,
+        heartbeat: float | None = None,
+        *,
+        db: Database | None = None,
+        batch: int = BATCH,
+    ) -> None:
+        # in memory: ids stay increasing across restarts, so a client holding an id from a
+        # previous process replays everything the new process still has
         self._next_id = int(time.time() * 1000) * 1000
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: set[Subscription] = set()
@@ -110,11 +189,43 @@ class EventBus:
         self._closed = False
         self._heartbeat = heartbeat
         self._beat: asyncio.Task[None] | None = None
+        self._db = db
+        self._batch = batch
+        #: emitted, not yet written
+        self._pending: deque[Event] = deque()
+        #: this shell's events written (or `committed`) and not yet read back: their listeners
+        #: were called already
+        self._own: dict[int, Event] = {}
+        #: the newest id the reader has fanned out
+        self._seen = 0
+        self._write_wake = asyncio.Event()
+        self._read_wake = asyncio.Event()
+        #: set while nothing emitted waits to be written or read back (`flush`)
+        self._idle = asyncio.Event()
+        self._writing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._catching_up: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Self:
         if self._heartbeat is not None:
             self._beat = asyncio.create_task(self._beat_loop(self._heartbeat), name="bus heartbeat")
+        if self._db is not None:
+            async with self._db.connect() as conn:
+                self._seen = await log.newest_id(conn)
+            self._spawn(self._write_loop(self._db), "bus writer")
+            self._spawn(self._read_loop(self._db), "bus reader")
+            if self._db.dialect == "postgresql":
+                listening = asyncio.Event()
+                self._spawn(self._listen_loop(self._db, listening), "bus listen")
+                # events other shells commit from now on are heard (a first LISTEN that fails
+                # is retried; the reader catches up when it succeeds)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        await listening.wait()
         return self
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self._tasks.add(asyncio.create_task(coro, name=name))
 
     async def _beat_loop(self, interval: float) -> None:
         while True:
@@ -133,6 +244,37 @@ class EventBus:
         if self._beat is not None:
             self._beat.cancel()
         self.close()
+        try:
+            await self.flush(FLUSH_WAIT)
+        finally:
+            for task in (*self._tasks, *self._catching_up):
+                task.cancel()
+            for task in (*self._tasks, *self._catching_up):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self._beat is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._beat
+            if self._pending:
+                _LOGGER.error(
+                    "%d events emitted were not written: the database did not take them",
+                    len(self._pending),
+                )
+
+    async def flush(self, wait: float | None = None) -> None:
+        """Wait until what was emitted so far is written and read back (fanned out here)."""
+        if self._db is None or not self._tasks:
+            return
+        self._check_idle()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._idle.wait()
+
+    def _check_idle(self) -> None:
+        if self._pending or self._writing or self._own or self._read_wake.is_set():
+            self._idle.clear()
+        else:
+            self._idle.set()
 
     @property
     def subscriber_count(self) -> int:
@@ -146,29 +288,182 @@ class EventBus:
         self, topic: str, payload: Mapping[str, Any], *, data: Payload | None = None
     ) -> Event:
         """Deliver to every matching subscriber and listener; never waits. The shell itself uses
-        `emit`; a raw topic and mapping is for the bus's own tests."""
-        self._next_id += 1
-        event = Event(
-            self._next_id, topic, dict(payload), encode_frame(self._next_id, topic, payload), data
-        )
-        if data is None or data.REPLAYED:
-            self._history.append(event)
+        `emit`; a raw topic and mapping is for the bus's own tests. With a database the event
+        returned has id 0 (its row is written after): nothing may rely on its id."""
+        replayed = data is None or data.REPLAYED
+        if self._db is None:
+            self._next_id += 1
+            event = Event(
+                self._next_id,
+                topic,
+                dict(payload),
+                encode_frame(self._next_id, topic, payload),
+                data,
+            )
+            if replayed:
+                self._history.append(event)
+            self._fan_out(event)
+        else:
+            event = Event(0, topic, dict(payload), b"", data)
+            if not replayed:
+                self._fan_out_unstored(event)
+            elif len(self._pending) >= PENDING_LIMIT:
+                _LOGGER.error(
+                    "the event writer is %d events behind: %s not written",
+                    len(self._pending),
+                    topic,
+                )
+            else:
+                self._pending.append(event)
+                self._write_wake.set()
+        self._tell_listeners(event)
+        return event
+
+    def committed(self, items: Sequence[tuple[StoredEvent, Payload]]) -> None:
+        """What a store calls right after its transaction that wrote these events
+        (`atrium.state.events.append`) committed: this shell's listeners hear them now, and the
+        reader fans them out. Never waits. (In memory they are published as new events.)"""
+        if self._db is None:
+            for stored, data in items:
+                self.publish(stored.topic, stored.data, data=data)
+            return
+        for stored, data in items:
+            event = Event(stored.id, stored.topic, dict(stored.data), b"", data)
+            if stored.id <= self._seen:
+                continue  # the reader read it first, and its listeners heard it then
+            self._own[stored.id] = event
+            self._tell_listeners(event)
+        self._read_wake.set()
+
+    def _tell_listeners(self, event: Event) -> None:
+        for globs, listener in tuple(self._listeners):
+            if matches_any(event.topic, globs):
+                try:
+                    listener(event)
+                except Exception:  # a listener's bug must not break publishing
+                    _LOGGER.exception("event listener failed on %s", event.topic)
+
+    def _fan_out(self, event: Event) -> None:
+        """Offer ``event``'s frame to every live subscriber that takes it (in id order)."""
         matched: dict[tuple[str, ...] | None, bool] = {}  # subscribers mostly share a few filters
         for sub in tuple(self._subscribers):
+            if self._db is not None:
+                if sub.resuming or event.id <= sub.cursor:
+                    continue
+                sub.cursor = event.id
             hit = matched.get(sub.globs)
             if hit is None:
-                hit = matched[sub.globs] = matches_any(topic, sub.globs)
+                hit = matched[sub.globs] = matches_any(event.topic, sub.globs)
             if not hit or (sub.admit is not None and not sub.admit(event)):
                 continue
             if not sub.offer(event.frame):
                 self._drop(sub)
-        for globs, listener in tuple(self._listeners):
-            if matches_any(topic, globs):
+
+    def _fan_out_unstored(self, event: Event) -> None:
+        """A payload that is not replayed: to this shell's live streams now, each frame carrying
+        the id of its stream's last event (a resume from it misses nothing, repeats nothing)."""
+        frames: dict[int, bytes] = {}
+        for sub in tuple(self._subscribers):
+            if sub.resuming or not matches_any(event.topic, sub.globs):
+                continue
+            if sub.admit is not None and not sub.admit(event):
+                continue
+            event_id = max(sub.cursor, self._seen)
+            frame = frames.get(event_id)
+            if frame is None:
+                frame = frames[event_id] = encode_frame(event_id, event.topic, event.payload)
+            if not sub.offer(frame):
+                self._drop(sub)
+
+    async def _write_loop(self, db: Database) -> None:
+        while True:
+            await self._write_wake.wait()
+            self._write_wake.clear()
+            while self._pending:
+                batch = [self._pending[i] for i in range(min(self._batch, len(self._pending)))]
+                ids: list[int] = []
+                self._writing = True
                 try:
-                    listener(event)
-                except Exception:  # a listener's bug must not break publishing
-                    _LOGGER.exception("event listener failed on %s", topic)
-        return event
+                    async with db.transaction() as tx:
+                        for event in batch:
+                            owner = event.data.owner if event.data is not None else None
+                            stored = await log.append(tx, event.topic, owner, event.payload)
+                            ids.append(stored.id)
+                            # known before the commit: the reader meets the row only after it
+                            self._own[stored.id] = event
+                except Exception:
+                    for event_id in ids:
+                        self._own.pop(event_id, None)
+                    _LOGGER.exception("writing %d events failed; trying again", len(batch))
+                    self._writing = False
+                    await asyncio.sleep(RETRY)
+                    continue
+                for _ in batch:
+                    self._pending.popleft()
+                self._writing = False
+                self._read_wake.set()
+
+    async def _read_loop(self, db: Database) -> None:
+        while True:
+            await self._read_wake.wait()
+            self._read_wake.clear()
+            try:
+                await self._read_new(db)
+            except Exception:
+                _LOGGER.exception("reading new events failed; trying again")
+                await asyncio.sleep(RETRY)
+                self._read_wake.set()
+            self._check_idle()
+
+    async def _read_new(self, db: Database) -> None:
+        while True:
+            async with db.connect() as conn:
+                rows = await log.after(conn, self._seen)
+            for stored in rows:
+                if stored.id != self._seen + 1:
+                    self._fell_behind(stored.id)
+                own = self._own.pop(stored.id, None)
+                data = own.data if own is not None else decode(stored)
+                event = Event(
+                    stored.id,
+                    stored.topic,
+                    stored.data,
+                    encode_frame(stored.id, stored.topic, stored.data),
+                    data,
+                )
+                self._seen = stored.id
+                if own is None:
+                    self._tell_listeners(event)
+                self._fan_out(event)
+            if len(rows) < log.PAGE:
+                return
+
+    def _fell_behind(self, next_id: int) -> None:
+        """Ids have no gaps: the rows between were dropped from the table before this shell read
+        them. Its streams end (their clients resume from the table and learn what it still has)."""
+        _LOGGER.error(
+            "the event reader fell behind: events %d to %d were gone before it read them",
+            self._seen + 1,
+            next_id - 1,
+        )
+        for event_id in [i for i in self._own if i < next_id]:
+            del self._own[event_id]
+        for sub in tuple(self._subscribers):
+            if not sub.resuming:
+                self._drop(sub)
+
+    async def _listen_loop(self, db: Database, listening: asyncio.Event) -> None:
+        while True:
+            try:
+                async for event_id in log.notified_ids(db):
+                    if event_id == 0:  # listening (again): catch up with what came before
+                        listening.set()
+                        self._read_wake.set()
+                    elif event_id > self._seen:
+                        self._read_wake.set()
+            except Exception:
+                _LOGGER.warning("listening for events failed; trying again", exc_info=True)
+            await asyncio.sleep(RETRY)
 
     def _drop(self, sub: Subscription) -> None:
         _LOGGER.warning("dropping a slow event subscriber (%d frames queued)", QUEUE_SIZE)
@@ -195,7 +490,15 @@ class EventBus:
         if self._closed:
             sub.end()
             return sub
-        if last_event_id is not None:
+        if self._db is not None:
+            sub.cursor = self._seen
+            if last_event_id is not None and last_event_id < self._seen:
+                sub.cursor = max(last_event_id, 0)
+                sub.resuming = True
+                task = asyncio.create_task(self._catch_up(self._db, sub), name="bus resume")
+                self._catching_up.add(task)
+                task.add_done_callback(self._catching_up.discard)
+        elif last_event_id is not None:
             for event in self._history:
                 if (
                     event.id > last_event_id
@@ -205,6 +508,40 @@ class EventBus:
                     sub.offer(event.frame)
         self._subscribers.add(sub)
         return sub
+
+    async def _catch_up(self, db: Database, sub: Subscription) -> None:
+        """Feed ``sub`` the table's events after its cursor, then hand it to the reader's
+        fan-out: the hand-over happens with no wait between the last read and the check, so the
+        reader gives it exactly the ids after the last one read here."""
+        try:
+            while sub in self._subscribers:
+                async with db.connect() as conn:
+                    rows = await log.after(conn, sub.cursor)
+                for stored in rows:
+                    if sub not in self._subscribers:
+                        return
+                    own = self._own.get(stored.id)
+                    event = Event(
+                        stored.id,
+                        stored.topic,
+                        stored.data,
+                        encode_frame(stored.id, stored.topic, stored.data),
+                        own.data if own is not None else decode(stored),
+                    )
+                    sub.cursor = stored.id
+                    if not matches_any(event.topic, sub.globs) or (
+                        sub.admit is not None and not sub.admit(event)
+                    ):
+                        continue
+                    if not sub.offer(event.frame):
+                        self._drop(sub)
+                        return
+                if len(rows) < log.PAGE and sub.cursor >= self._seen:
+                    sub.resuming = False
+                    return
+        except Exception:
+            _LOGGER.exception("resuming an event stream failed; it ends (its client resumes)")
+            self.unsubscribe(sub)
 
     def hearers(self, topic: str) -> set[str]:
         """The users with a stream open whose globs take ``topic``: who a figure made only for
@@ -226,7 +563,8 @@ class EventBus:
         return lambda: self._listeners.remove(entry)
 
     def close(self) -> None:
-        """End every stream; later subscriptions end at once."""
+        """End every stream; later subscriptions end at once. Events emitted after are still
+        written (leaving the bus waits for them)."""
         self._closed = True
         for sub in tuple(self._subscribers):
             self.unsubscribe(sub)
