@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
+import functools
 import logging
 import os
 import re
+import shutil
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from atrium.files import write_atomic
 from atrium.settings import ConfigError
@@ -129,30 +133,142 @@ async def run_git(
     config = NEUTRALISED if user_config else NEUTRALISED + OWN_REPO
     options = [item for pair in config for item in ("-c", pair)]
     seconds = deadline if deadline is not None else git_timeout()
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *options,
-        *args,
-        cwd=cwd,
-        env=git_env(user_config=user_config, ceiling=cwd.parent),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_dies_with(os.getpid()),
+    proc = _spawn(
+        ["git", *options, *args], cwd, git_env(user_config=user_config, ceiling=cwd.parent)
     )
     try:
         async with asyncio.timeout(seconds):
-            out, err = await proc.communicate()
+            out, err = await _communicate(proc)
     except (TimeoutError, asyncio.CancelledError) as exc:
         _kill(proc)
-        await proc.wait()
+        await asyncio.shield(_reaped(proc))
         if isinstance(exc, asyncio.CancelledError):
             raise
         raise GitTimeout(args, seconds) from exc
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     if check and proc.returncode != 0:
         raise GitError(args, proc.returncode or -1, err.decode(errors="replace"))
     return out.decode(errors="replace")
+
+
+#: run by ``sh`` between setpriv (which asked for the death signal) and git: exits 1 when the
+#: shell (``$0``) is no longer its parent, i.e. it died before the kernel could be told
+_STILL_PARENT: Final = 'test "$PPID" = "$0" || exit 1; exec "$@"'
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux's ``setpriv`` when it has ``--pdeathsig`` (2.33 and later), else None."""
+    found = shutil.which("setpriv")
+    if found is None:
+        return None
+    try:
+        usage = subprocess.run(  # noqa: S603 (our own fixed argv)
+            [found, "--help"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return found if "--pdeathsig" in usage.stdout else None
+
+
+def _spawn(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (git) in a session of its own, set to be SIGKILLed when the shell dies.
+
+    The death signal is asked for by ``setpriv --pdeathsig`` and the parent checked by ``sh``
+    before git is executed: without a ``preexec_fn`` Python starts the child with vfork, about a
+    millisecond, where forking the whole shell to run Python in the child costs 10-15 ms and
+    blocked the event loop meanwhile (docs/decisions.md "Faster shell start"). Without a
+    setpriv that knows ``--pdeathsig``, the `_dies_with` ``preexec_fn`` does the same.
+    """
+    # a missing git is FileNotFoundError here as from any exec, not sh's words
+    program = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+    if program is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    argv = [program, *argv[1:]]
+    setpriv = _setpriv()
+    options: dict[str, Any] = {}
+    if setpriv is not None:
+        guard = ["sh", "-c", _STILL_PARENT, str(os.getpid())]
+        argv = [setpriv, "--pdeathsig", "KILL", "--", *guard, *argv]
+    else:
+        options["preexec_fn"] = _dies_with(os.getpid())
+    return subprocess.Popen(  # noqa: S603 (argv: git and Atrium's own options)
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **options,
+    )
+
+
+async def _communicate(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Read ``proc``'s stdout and stderr to their end on the running loop, then wait for it."""
+    loop = asyncio.get_running_loop()
+    pipes = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe is not None}
+    open_fds = set(pipes)
+    ended = loop.create_future()
+
+    def readable(fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as err:
+            data = b""
+            if not ended.done():
+                ended.set_exception(err)
+        if data:
+            pipes[fd] += data
+            return
+        loop.remove_reader(fd)
+        open_fds.discard(fd)
+        if not open_fds and not ended.done():
+            ended.set_result(None)
+
+    for fd in pipes:
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable, fd)
+    try:
+        await ended
+    finally:
+        for fd in open_fds:
+            loop.remove_reader(fd)
+    await _reaped(proc)
+    out, err = pipes.values()
+    return bytes(out), bytes(err)
+
+
+async def _reaped(proc: subprocess.Popen[bytes]) -> None:
+    """Wait, without blocking the loop, until ``proc`` has exited, and reap it."""
+    if proc.poll() is not None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # a kernel before 5.3
+        await asyncio.to_thread(proc.wait)
+        return
+    try:
+        exited = loop.create_future()
+
+        def gone() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, gone)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+    proc.wait()
 
 
 def _dies_with(shell: int) -> Callable[[], None]:
@@ -232,7 +348,7 @@ def head_problem(root: Path) -> str | None:
     return None
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Kill git and what it started (ssh, a remote helper): they share its process group."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

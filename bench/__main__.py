@@ -22,6 +22,7 @@ from bench import (
     sdkload,
     signin,
     soak,
+    startup,
     store,
     streaming,
     theme,
@@ -50,6 +51,7 @@ BENCHES = {
     "store": store.main,
     "load": load.main,
     "kube": kube.main,
+    "startup": startup.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}
