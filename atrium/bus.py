@@ -145,6 +145,12 @@ class Subscription:
         self.last_offer = time.monotonic()
         return True
 
+    async def put(self, frame: bytes) -> None:
+        """Queue ``frame``, waiting for room: a resume's backlog goes at the client's pace (one
+        that stops reading is dropped by the heartbeat, which does not wait)."""
+        await self.queue.put(frame)
+        self.last_offer = time.monotonic()
+
     def end(self) -> None:
         """End the stream: discard what is queued (the client can replay it) and wake the reader."""
         if self.closed:
@@ -385,9 +391,14 @@ class EventBus:
                 self._writing = True
                 try:
                     async with db.transaction() as tx:
-                        for event in batch:
-                            owner = event.data.owner if event.data is not None else None
-                            stored = await log.append(tx, event.topic, owner, event.payload)
+                        written = await log.append_many(
+                            tx,
+                            [
+                                (e.topic, e.data.owner if e.data is not None else None, e.payload)
+                                for e in batch
+                            ],
+                        )
+                        for stored, event in zip(written, batch, strict=True):
                             ids.append(stored.id)
                             # known before the commit: the reader meets the row only after it
                             self._own[stored.id] = event
@@ -533,9 +544,7 @@ class EventBus:
                         sub.admit is not None and not sub.admit(event)
                     ):
                         continue
-                    if not sub.offer(event.frame):
-                        self._drop(sub)
-                        return
+                    await sub.put(event.frame)
                 if len(rows) < log.PAGE and sub.cursor >= self._seen:
                     sub.resuming = False
                     return

@@ -214,7 +214,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         user_auth = UserAuth(user_token)
         # a new bootstrap token ends the sign-ins its predecessor's login link made
         await users.end_link_sessions(keep=user_auth.link_key)
-        bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds))
+        bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
         kv = await stack.enter_async_context(
             KvStore.open(settings.kv_path, bus=bus, user=settings.user)
         )

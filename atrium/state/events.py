@@ -13,7 +13,7 @@ The newest `KEEP` events are kept; `after` reads what followed an id (a stream's
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -71,6 +71,39 @@ async def append(
     if tx.dialect.name == "postgresql":
         await tx.execute(sa.select(sa.func.pg_notify(CHANNEL, str(event_id))))
     return stored
+
+
+async def append_many(
+    tx: AsyncConnection, items: Sequence[tuple[str, str | None, Mapping[str, Any]]]
+) -> list[StoredEvent]:
+    """`append` for several events ``(topic, owner, data)`` at once, with consecutive ids: four
+    statements whatever their number (the bus's writer; one statement each costs a round trip)."""
+    if not items:
+        return []
+    last = (
+        await tx.execute(
+            sa.update(event_counter)
+            .where(event_counter.c.id == 1)
+            .values(value=event_counter.c.value + len(items))
+            .returning(event_counter.c.value)
+        )
+    ).scalar_one()
+    at = _now()
+    written = [
+        StoredEvent(last - len(items) + 1 + n, topic, owner, dict(data), at)
+        for n, (topic, owner, data) in enumerate(items)
+    ]
+    await tx.execute(
+        sa.insert(events),
+        [
+            {"id": e.id, "topic": e.topic, "owner": e.owner, "data": e.data, "at": e.at}
+            for e in written
+        ],
+    )
+    await tx.execute(sa.delete(events).where(events.c.id <= last - KEEP))
+    if tx.dialect.name == "postgresql":
+        await tx.execute(sa.select(sa.func.pg_notify(CHANNEL, str(last))))
+    return written
 
 
 async def after(conn: AsyncConnection, last_id: int, limit: int = PAGE) -> list[StoredEvent]:

@@ -8,7 +8,9 @@ import time
 import httpx
 import pytest
 
+from atrium.state.migrate import upgrade_now
 from tests.integration.conftest import RunningShell, SseReader, StartShell, wait_for
+from tests.postgres import new_database
 
 pytestmark = pytest.mark.integration
 
@@ -73,17 +75,63 @@ def test_last_event_id_replays_what_was_missed(shell: RunningShell, api: httpx.C
     assert replay.events[-1].data["n"] == 5
 
 
-def test_replay_is_limited_to_the_last_thousand_events(
+def test_replay_is_limited_to_the_last_ten_thousand_events(
     shell: RunningShell, api: httpx.Client
 ) -> None:
-    first = SseReader(api, {"topics": "r:*"})
+    first = SseReader(api, {"topics": "r:first,r:last"})
     publish(shell, "r:first")
     first.wait(1)
-    for n in range(1100):
-        publish(shell, "r:n", n=n)
+    publish_many(shell, "r:n", 10_100)
+    publish(shell, "r:last")
+    first.wait(2)  # every one written
     replay = SseReader(api, {"topics": "r:*"}, headers={"Last-Event-ID": first.events[0].id})
-    replay.wait(1000)
-    assert [e.data["n"] for e in replay.events[:1000]] == list(range(100, 1100))
+    replay.wait(10_000)
+    assert [e.data.get("n") for e in replay.events] == [*range(101, 10_100), None]
+    assert replay.events[-1].id == first.events[1].id
+
+
+def publish_many(shell: RunningShell, topic: str, count: int) -> None:
+    """Publish ``count`` events in one turn of the shell's loop (``n``: 0, 1, …)."""
+    loop = shell.server._loop
+    assert loop is not None
+    done = threading.Event()
+
+    def run() -> None:
+        for n in range(count):
+            shell.shell.bus.publish(topic, {"n": n})
+        done.set()
+
+    loop.call_soon_threadsafe(run)
+    assert done.wait(5)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_resume_after_a_restart_of_the_shell_misses_nothing(
+    start_shell: StartShell, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The ids and the events to resume from are the database's: a stream resumed on the next
+    shell (or another replica) gets every event after its id, once, in order."""
+    options: dict[str, object] = {}
+    if backend == "postgresql":
+        url = new_database(request.getfixturevalue("postgres_server"))
+        upgrade_now(url)
+        options["database_url"] = url
+    shell = start_shell(**options)
+    with shell.client() as api:
+        stream = SseReader(api, {"topics": "t:*"})
+        for n in range(4):
+            publish(shell, "t:n", n=n)
+        seen = stream.wait(4)[1].id
+        publish(shell, "t:n", n=4)  # emitted as the shell stops: written all the same
+        shell.stop()
+    shell = start_shell(**options)
+    with shell.client() as api:
+        publish(shell, "t:n", n=5)
+        resumed = SseReader(api, {"topics": "t:*"}, headers={"Last-Event-ID": seen})
+        publish(shell, "t:n", n=6)
+        got = resumed.wait(5)
+        assert [e.data["n"] for e in got] == [2, 3, 4, 5, 6]
+        assert [int(e.id) for e in got] == list(range(int(seen) + 1, int(seen) + 6))
 
 
 def test_a_heartbeat_comment_keeps_a_quiet_stream_alive(start_shell: StartShell) -> None:

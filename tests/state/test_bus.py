@@ -112,9 +112,7 @@ async def test_a_resume_hears_only_what_its_filters_admit(db: Database, bus: Eve
     assert [f[2]["key"] for f in await frames(sub, 2)] == ["ana's", "ana's 2"]
 
 
-async def test_a_figure_is_no_row_and_carries_the_id_before_it(
-    db: Database, bus: EventBus
-) -> None:
+async def test_a_figure_is_no_row_and_carries_the_id_before_it(db: Database, bus: EventBus) -> None:
     sub = bus.subscribe()
     bus.emit(AppInstalled("a", "global"))
     ((first, _, _),) = await frames(sub, 1)
@@ -181,7 +179,8 @@ async def test_an_event_of_one_replica_reaches_the_other_once(replicas: list[Eve
     await one.flush()
     await two.flush()
     await asyncio.sleep(0.2)  # a late duplicate would come now
-    assert sub_one.queue.empty() and sub_two.queue.empty()
+    assert sub_one.queue.empty()
+    assert sub_two.queue.empty()
     # each replica's listeners hear each event once: their own at once, the other's typed
     assert sorted(e.topic for e in heard_one) == ["app:installed", "kv:changed"]
     assert sorted(e.topic for e in heard_two) == ["app:installed", "kv:changed"]

@@ -153,3 +153,18 @@ async def test_the_newest_ten_thousand_are_kept(db: Database) -> None:
         assert count == events.KEEP
         assert await events.oldest_id(conn) == base + 2
         assert newest.id == base + events.KEEP + 1
+
+
+async def test_several_events_at_once_take_consecutive_ids_and_keep_the_newest(
+    db: Database,
+) -> None:
+    async with db.transaction() as tx:
+        single = await events.append(tx, "kv:changed", None, {"n": -1})
+        many = await events.append_many(
+            tx, [("kv:changed", "ana" if n % 2 else None, {"n": n}) for n in range(events.KEEP)]
+        )
+    assert [e.id for e in many] == list(range(single.id + 1, single.id + 1 + events.KEEP))
+    kept = await stored(db)
+    assert [(e.id, e.owner, e.data) for e in kept] == [(e.id, e.owner, e.data) for e in many]
+    async with db.connect() as conn:
+        assert await events.newest_id(conn) == many[-1].id
