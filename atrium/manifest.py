@@ -476,6 +476,12 @@ class Manifest(_ManifestPart):
         return migrate_grants(value)[0]
 
     @property
+    def injects_theme(self) -> bool:
+        """Whether the proxy injects theming into the app's pages: an image app, which knows
+        nothing of the shell's themes, only when its manifest names a ``themeStrategy``."""
+        return self.runtime is None or "theme_strategy" in self.model_fields_set
+
+    @property
     def warm_pool_size(self) -> int:
         """``warmPool``: true means one pre-spawned instance, a number means that many."""
         if isinstance(self.warm_pool, bool):

@@ -109,11 +109,13 @@ def _file_problems(path: Path, manifest: Manifest) -> tuple[Mapping[str, str], .
     problems: list[Mapping[str, str]] = []
     if manifest.icon and len(manifest.icon) > 3 and not (path / manifest.icon).is_file():
         problems.append({"field": "icon", "message": f"icon file {manifest.icon!r} is missing"})
-    if isinstance(manifest.entrypoint, str) and not (path / manifest.entrypoint).is_file():
+    # an image app runs its image's command: it has no entrypoint file
+    entrypoint = manifest.entrypoint if manifest.runtime is None else None
+    if isinstance(entrypoint, str) and not (path / entrypoint).is_file():
         problems.append(
             {
                 "field": "entrypoint",
-                "message": f"entrypoint file {manifest.entrypoint!r} is missing",
+                "message": f"entrypoint file {entrypoint!r} is missing",
             }
         )
     return tuple(problems)

@@ -43,13 +43,17 @@ class Activities:
         }
         if intent is not None:
             body["intent"] = dict(intent)
-        answer = await call_hook(
-            self._upstream.session,
-            instance.address,
-            Hook.ON_ACTIVITY_CREATE.value,
-            body,
-            instance.manifest.hook_timeout_ms,
-        )
+        if instance.manifest.runtime is not None:
+            # an image has no hooks: its activity is its page at the root
+            answer: dict[str, Any] = {"path": "/"}
+        else:
+            answer = await call_hook(
+                self._upstream.session,
+                instance.address,
+                Hook.ON_ACTIVITY_CREATE.value,
+                body,
+                instance.manifest.hook_timeout_ms,
+            )
         title = answer.get("title")
         activity = Activity(
             activity_id, answer["path"], title if isinstance(title, str) else instance.manifest.name
@@ -77,11 +81,12 @@ class Activities:
                 instance.state,
                 "an activity is destroyed in resuming, resumed, pausing or paused",
             )
-        await call_hook(
-            self._upstream.session,
-            instance.address,
-            f"{Hook.ON_ACTIVITY_DESTROY.value}/{activity_id}",
-            {"instanceId": instance.id, "appId": instance.app_id, "activityId": activity_id},
-            instance.manifest.hook_timeout_ms,
-        )
+        if instance.manifest.runtime is None:
+            await call_hook(
+                self._upstream.session,
+                instance.address,
+                f"{Hook.ON_ACTIVITY_DESTROY.value}/{activity_id}",
+                {"instanceId": instance.id, "appId": instance.app_id, "activityId": activity_id},
+                instance.manifest.hook_timeout_ms,
+            )
         del instance.activities[activity_id]

@@ -20,7 +20,9 @@ from typing import Any, Final
 
 from atrium.errors import SpawnFailed
 from atrium.identity import AppTokens
-from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_healthy
+from atrium.images.config import ConfigInvalid, launch
+from atrium.images.store import ImageStore
+from atrium.lifecycle.calls import ChildExited, HealthMismatch, wait_answers, wait_healthy
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.limits import (
     Cgroups,
@@ -31,6 +33,7 @@ from atrium.lifecycle.limits import (
 )
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec, Survivor
+from atrium.lifecycle.runners.image import ImageRun, ImageRunner, image_ids, read_inside
 from atrium.lifecycle.spawning import (
     app_environment,
     app_secrets,
@@ -42,7 +45,7 @@ from atrium.lifecycle.spawning import (
     sdk_path,
 )
 from atrium.lifecycle.states import InstanceState
-from atrium.manifest import Manifest
+from atrium.manifest import Manifest, Runtime
 from atrium.registry import AppCopy, AppRegistry
 from atrium.scopes import ScopeLayout
 from atrium.settings import create_private
@@ -53,7 +56,7 @@ S = InstanceState
 STOP_GRACE: Final = 3.0
 SpawnTask = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
 #: the runners whose children hold their limits on this machine (a cgroup, else rlimits)
-LOCAL_RUNNERS: Final = ("process", "bwrap")
+LOCAL_RUNNERS: Final = ("process", "bwrap", "image")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class Booter:
         spawn_task: SpawnTask,
     ) -> None:
         self.runner = runner
+        #: image apps run here whichever runner the shell uses for the others
+        self.images = ImageRunner()
         self._registry = registry
         self._upstream = upstream
         self._tokens = tokens
@@ -104,7 +109,9 @@ class Booter:
         if copy is None or copy.manifest is None:
             raise await self._fail(instance, "the app is no longer installed", "exited")
         instance.manifest = copy.manifest
-        fixed = self.runner.fixed_port
+        runtime = copy.manifest.runtime
+        runner: Runner = self.runner if runtime is None else self.images
+        fixed = runner.fixed_port
         try:
             port = fixed if fixed is not None else self._ports.reserve()
         except PortExhausted as err:
@@ -118,9 +125,19 @@ class Booter:
         cgroup: InstanceCgroup | None = None
         try:
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
-            cgroup, instance.limits = self._cgroup(instance, copy.manifest, spec.user is not None)
+            run = None if runtime is None else self._image_run(instance, runtime)
+            if run is not None:
+                # an image does not speak the contract: its argv and environment are its own
+                spec = replace(
+                    spec, argv=run.launch.argv, env={}, secrets={}, ro_paths=(), port=port
+                )
+            own_uid = spec.user is not None or run is not None
+            cgroup, instance.limits = self._cgroup(instance, copy.manifest, own_uid, runner)
             spec = replace(spec, limits=instance.limits, cgroup=cgroup)
-            instance.child = await self.runner.spawn(spec)
+            if run is not None:
+                instance.child = await self.images.spawn(spec, run)
+            else:
+                instance.child = await self.runner.spawn(spec)
         except SpawnFailed as err:
             if cgroup is not None:
                 cgroup.try_remove()
@@ -132,7 +149,7 @@ class Booter:
             # before the child runs (the log cannot be opened, no fd left, a full disk): the
             # instance goes to `error` with the reason, never stays in `creating`
             raise await self._fail(instance, _setup_problem(err), "setup") from err
-        await self._await_health(instance, copy.manifest, port, log_path)
+        await self._await_health(instance, copy.manifest, port, log_path, runner)
         instance.stamp_started()
         instance.watcher = self._spawn_task(self._watch(instance), f"crash watch {instance.id}")
 
@@ -156,8 +173,32 @@ class Booter:
         self._tokens.revoke(instance.id)
         instance.token = None
 
+    def _image_run(self, instance: Instance, runtime: Runtime) -> ImageRun:
+        """The pinned image from the store, its config with the manifest's ``runtime`` over it
+        (the user named by the image's own /etc/passwd and /etc/group, read inside it)."""
+        digest = runtime.digest
+        image = None if digest is None else ImageStore(self.layout.home / "images").get(digest)
+        if image is None:
+            raise SpawnFailed(
+                f"cannot start {instance.app_id!r}: its image {runtime.image} is not in the "
+                "image store (install the app again to pull it)",
+                app_id=instance.app_id,
+                cause="image",
+            )
+        passwd = read_inside(image.rootfs, "etc/passwd")
+        group = read_inside(image.rootfs, "etc/group")
+        try:
+            launched = launch(image.config, runtime, passwd, group)
+        except ConfigInvalid as err:
+            raise SpawnFailed(
+                f"cannot start {instance.app_id!r}: {err}", app_id=instance.app_id, cause="image"
+            ) from err
+        owner = None if instance.owner == self.layout.user else instance.owner
+        ids = image_ids(instance.app_id, owner)
+        return ImageRun(image.rootfs, launched, ids, tuple(runtime.data))
+
     def _cgroup(
-        self, instance: Instance, manifest: Manifest, own_uid: bool
+        self, instance: Instance, manifest: Manifest, own_uid: bool, runner: Runner
     ) -> tuple[InstanceCgroup | None, Limits | None]:
         """The instance's cgroup with its limits written, and the limits it reports; where the
         shell uses no cgroup, no cgroup and what rlimits hold of them (a local runner sets them
@@ -172,7 +213,7 @@ class Booter:
             None if asked is None else Limits(asked.memory_mib, asked.cpu_milli, asked.pids),
             cgroups.ceilings,
         )
-        if self.runner.name not in LOCAL_RUNNERS:
+        if runner.name not in LOCAL_RUNNERS:
             # a pod's resources hold memory and CPU; a pod has no field for a process ceiling
             # (the kubelet's podPidsLimit is the node's), so none is claimed
             return None, replace(limits, pids=None, enforcement="pod")
@@ -181,7 +222,7 @@ class Booter:
         return cgroups.make(instance.id, limits), replace(limits, enforcement="cgroup")
 
     async def _await_health(
-        self, instance: Instance, manifest: Manifest, port: int, log_path: Path
+        self, instance: Instance, manifest: Manifest, port: int, log_path: Path, runner: Runner
     ) -> None:
         child = instance.child
         if child is None:  # pragma: no cover - set by spawn just before
@@ -189,16 +230,24 @@ class Booter:
         instance.host = child.host
         exited = asyncio.ensure_future(child.wait())
         try:
-            await wait_healthy(
-                self._upstream.session, instance.address, manifest.start_timeout_ms / 1000, exited
-            )
+            deadline = manifest.start_timeout_ms / 1000
+            if manifest.runtime is not None:
+                await wait_answers(
+                    self._upstream.session,
+                    instance.address,
+                    manifest.runtime.health.path,
+                    deadline,
+                    exited,
+                )
+            else:
+                await wait_healthy(self._upstream.session, instance.address, deadline, exited)
         except ChildExited as err:
             if err.reason == "oom":
                 memory = instance.limits.memory_mib if instance.limits is not None else None
                 raise await self._fail(
                     instance, f"{err}: out of memory (its limit is {memory} MiB)", "oom"
                 ) from err
-            cause = self.runner.early_exit_cause(log_path, err.code)
+            cause = runner.early_exit_cause(log_path, err.code)
             raise await self._fail(instance, f"{err} ({log_tail(log_path)})", cause) from err
         except HealthMismatch as err:
             raise await self._fail(instance, str(err), "identity") from err
@@ -293,7 +342,8 @@ class Booter:
 
     def release(self, instance: Instance) -> None:
         if instance.port is not None:
-            if self.runner.fixed_port is None:  # a fixed port was never the allocator's
+            # a fixed port was never the allocator's; an image's always is (a local runner)
+            if self.runner.fixed_port is None or instance.manifest.runtime is not None:
                 self._ports.release(instance.port)
             instance.port = None
         self._tokens.revoke(instance.id)

@@ -125,6 +125,41 @@ async def wait_healthy(
         delay = min(delay * 2, 0.1)
 
 
+async def wait_answers(
+    session: aiohttp.ClientSession,
+    address: AppAddress,
+    path: str,
+    deadline_s: float,
+    exited: asyncio.Future[ExitStatus] | asyncio.Task[ExitStatus],
+) -> None:
+    """An image app's health: poll ``GET path`` until it answers 200-399 (a redirect is not
+    followed; answering one is healthy). An image does not speak the contract, so no identity is
+    asked and no secret sent; the port is the shell's own forwarder (`runners.image`), so no
+    other process can answer in its place. Raises as `wait_healthy` does."""
+    end = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        if exited.done():
+            status = exited.result() if not exited.cancelled() else ExitStatus(-1, "killed")
+            raise ChildExited(status.code, status.reason)
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        try:
+            async with session.get(
+                f"{address.base_url}{path}",
+                headers={KIND_HEADER: "health"},
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=min(2.0, max(remaining, 0.05))),
+            ) as response:
+                if 200 <= response.status < 400:
+                    return
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.wait({exited}, timeout=min(delay, max(end - time.monotonic(), 0)))
+        delay = min(delay * 2, 0.1)
+
+
 class ChildExited(Exception):
     """The child exited before answering `/health`."""
 

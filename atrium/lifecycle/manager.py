@@ -272,8 +272,11 @@ class LifecycleManager(InstanceIndex):
         if target not in TRANSITIONS[current]:
             instance.enter(target)  # raises LifecycleTransitionError and reports it
         hook = HOOK_BEFORE.get(target)
-        skip = hook is Hook.ON_DESTROY and (
-            instance.child is None or instance.child.status is not None
+        # an image app does not speak the contract: its hook steps pass through (the move is
+        # made, nothing is sent); an app that exited gets no onDestroy
+        skip = instance.manifest.runtime is not None or (
+            hook is Hook.ON_DESTROY
+            and (instance.child is None or instance.child.status is not None)
         )
         if hook is not None and not skip:
             try:

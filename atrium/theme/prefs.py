@@ -397,5 +397,7 @@ def html_transform_for(
 ) -> HtmlTransform | None:
     """The seam `AppOrigins(transform_html=…)` takes: the injection for the instance's
     manifest `themeStrategy` with the selection of ``viewer``, the user looking (None: the
-    instance's owner)."""
+    instance's owner); None for an image app that names no ``themeStrategy`` (theming none)."""
+    if not instance.manifest.injects_theme:
+        return None
     return service.html_transform(instance.manifest.theme_strategy, viewer or instance.owner)

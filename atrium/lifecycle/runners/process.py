@@ -496,13 +496,14 @@ def _before_exec(
     die_with: int | None,
     cgroup_fds: Sequence[int],
     rlimits: Sequence[tuple[int, int]] = (),
+    then: Callable[[], None] | None = None,
 ) -> Callable[[], None] | None:
     """What the forked child does before it executes the command: join the instance's cgroup
     (`enter_from_child`: a plain write on descriptors opened by the shell), or set the rlimits
     that stand in for one (inherited by the keeper or bwrap and everything the app starts), and
     arm `_die_with`."""
     arm = _die_with(die_with) if die_with is not None else None
-    if arm is None and not cgroup_fds and not rlimits:
+    if arm is None and not cgroup_fds and not rlimits and then is None:
         return None
 
     def before() -> None:
@@ -510,6 +511,8 @@ def _before_exec(
         set_rlimits_in_child(rlimits)
         if arm is not None:
             arm()
+        if then is not None:
+            then()
 
     return before
 
@@ -546,6 +549,8 @@ async def start_child(
     label: str,
     pass_fds: Sequence[int] = (),
     die_with_shell: bool = False,
+    before_exec: Callable[[], None] | None = None,
+    cwd: Path | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with the app's log as stdout and stderr.
 
@@ -554,14 +559,16 @@ async def start_child(
     ``--die-with-parent`` follows the spawning thread). ``die_with_shell``: the child asks for
     SIGKILL at the shell's death before it executes ``argv`` and leaves when the shell is already
     gone (`_die_with`), closing the window between the fork and the command's own
-    ``--die-with-parent``.
+    ``--die-with-parent``. ``before_exec``: what else the forked child does last before it
+    executes ``argv`` (system calls only: the child of a threaded process); ``cwd``: where it
+    starts (the app directory by default).
     """
     log: BinaryIO = spec.log_path.open("ab")
     cgroup_fds = spec.cgroup.open_procs() if spec.cgroup is not None else []
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
-            cwd=spec.app_dir,
+            cwd=cwd or spec.app_dir,
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -569,7 +576,10 @@ async def start_child(
             start_new_session=True,
             pass_fds=tuple(pass_fds),
             preexec_fn=_before_exec(
-                os.getpid() if die_with_shell else None, cgroup_fds, child_rlimits(spec)
+                os.getpid() if die_with_shell else None,
+                cgroup_fds,
+                child_rlimits(spec),
+                before_exec,
             ),
         )
     except OSError as err:

@@ -1,0 +1,122 @@
+"""Image apps through the real shell: Debian's busybox-static httpd, built by the test as an OCI
+image (tests/integration/test_image_store.py's helpers), pushed to the real docker-registry, run
+under bubblewrap as an app and its page fetched through the app's origin (root only: the shell
+maps the image's users onto ids of their own)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from atrium.images.store import ImageStore
+from atrium.lifecycle.runners.image import image_ids
+from atrium.lifecycle.runners.process import descendants
+from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.registry import Registry, running_registry
+from tests.integration.test_image_store import Layer, busybox_layers, push_image
+from tests.integration.test_origins import enter, open_view
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="image apps need the shell to run as root"),
+]
+
+APP: Final = "test.image.busybox"
+#: a CGI that writes into the data folder and says who it runs as
+SAVE: Final = b"""#!/bin/sh
+echo "saved by $(id -u)" > /www/data/note
+printf 'Content-Type: text/plain\r\n\r\n'
+id -u
+"""
+CONFIG: Final[dict[str, object]] = {
+    "Entrypoint": ["/bin/busybox", "httpd", "-f", "-v"],
+    "Cmd": ["-p", "80", "-h", "/www"],
+    "Env": ["PATH=/bin"],
+    "WorkingDir": "/www",
+    "ExposedPorts": {"80/tcp": {}},
+    "User": "www:web",
+}
+
+
+def httpd_layers() -> list[Layer]:
+    cgi = Layer().folder("www/cgi-bin").file("www/cgi-bin/save", SAVE, 0o755)
+    for applet in ("id", "printf"):
+        cgi.link(f"bin/{applet}", "busybox")
+    return [*busybox_layers(), cgi]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with running_registry(tmp_path_factory.mktemp("image-app-registry")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def httpd(registry: Registry) -> str:
+    digest, _ = asyncio.run(push_image(registry, "apps/httpd", "1", httpd_layers(), CONFIG))
+    return digest
+
+
+def manifest(registry: Registry, digest: str) -> dict[str, object]:
+    return {
+        "id": APP,
+        "version": "1.0.0",
+        "name": "Busybox httpd",
+        "runtime": {
+            "image": f"{registry.host}/apps/httpd@{digest}",
+            "port": 80,
+            "health": {"path": "/"},
+            "data": ["/www/data"],
+        },
+    }
+
+
+def host_ids(pid: int) -> tuple[int, int]:
+    """The real uid and gid of ``pid`` as the host sees them."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["Uid"].split()[0]), int(fields["Gid"].split()[0])
+
+
+def test_an_image_runs_as_an_app_its_data_survives_a_restart(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, httpd: str
+) -> None:
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/httpd", httpd))
+    (system_apps / APP).mkdir()
+    (system_apps / APP / "app.manifest.json").write_text(json.dumps(manifest(registry, httpd)))
+    shell: RunningShell = start_shell()
+    with shell.client(timeout=30) as api:
+        instance, url = open_view(api, APP)
+        assert instance["state"] in ("started", "resumed"), instance
+        client, location = enter(shell, url)
+        with closing(client):
+            page = client.get(location)
+            assert page.status_code == 200
+            assert page.text == "hello from the image\n"
+            assert "<script" not in page.text  # theming none: nothing injected
+            saved = client.get("/cgi-bin/save")
+            assert saved.status_code == 200, saved.text
+            assert saved.text.strip() == "33"  # the image's User, www
+        # on the host, uid 33 of the image is an id of the app's own block, never root
+        first = image_ids(APP).uid
+        pid = api.get(f"/api/instances/{instance['instanceId']}").json()["pid"]
+        inside = [p.pid for p in descendants(pid) if p.pid != pid]
+        assert {host_ids(p)[0] for p in inside} >= {first + 33}
+        assert all(host_ids(p)[0] >= first for p in [pid, *inside])
+        iid = instance["instanceId"]
+        assert api.post(f"/api/instances/{iid}/stop").status_code == 200
+        assert api.post(f"/api/instances/{iid}/start").status_code == 200
+        url = api.post(f"/api/instances/{iid}/views", json={"path": "/"}).json()["url"]
+        client, _ = enter(shell, url)
+        with closing(client):
+            note = client.get("/data/note")
+            assert note.status_code == 200
+            assert note.text == "saved by 33\n"
