@@ -45,6 +45,7 @@ unit test keeps the two together::
     ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
     ├── UpstreamTimeout                 504 upstream_timeout
     ├── ShuttingDown                    503 shutting_down
+    ├── DatabaseLost                    503 database_lost
     ├── StorageFailed                   503 storage_failed         (path)
     │   ├── StorageDamaged              503 storage_damaged        (path)
     │   └── StorageFull                 507 storage_full           (path)
@@ -604,6 +605,20 @@ class ShuttingDown(AtriumError):
             "the shell is shutting down and stopped this request before it was answered; "
             "whether it took effect shows once the shell runs again (an install, update or "
             "other change to an app is then either complete or undone)"
+        )
+
+
+class DatabaseLost(AtriumError):
+    """This shell is cut off from the shared state database (or its instance lock's session
+    ended): it does not act on instances, another shell may hold their locks by now."""
+
+    code = "database_lost"
+    http_status = 503
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"this shell lost its link to the state database and does not act on instances "
+            f"until it is back; another shell serves them ({reason})"
         )
 
 

@@ -37,6 +37,7 @@ from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
+from atrium.state.locks import Coordination
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
@@ -63,6 +64,8 @@ class Shell:
     #: the shell's state (``ATRIUM_DATABASE_URL``): SQLite in the home, or PostgreSQL shared by
     #: several shells
     db: Database
+    #: the instance locks and the leader among the shells on that database
+    coordination: Coordination
     bus: EventBus
     kv: KvStore
     registry: AppRegistry
@@ -181,6 +184,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
 
         # first: a database this shell cannot use stops start-up before anything else is touched
         db = await stack.enter_async_context(open_checked(settings.state_url))
+        # on PostgreSQL: whether this shell leads, decided before anything once-only runs
+        coordination = await stack.enter_async_context(Coordination.open(db))
+        await coordination.start()
         repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
         # the two repositories are independent, each opened by a few git runs: side by side, and
         # the first one's error (in this order) is the one start-up reports, as one after the other
@@ -276,6 +282,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 ),
                 operations=locks,
                 may_run=lambda owner: (user := users.get(owner)) is not None and not user.disabled,
+                coordination=coordination,
             )
         )
         stack.callback(lifecycle.pool.follow_registry())
@@ -332,6 +339,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             settings=settings,
             layout=layout,
             db=db,
+            coordination=coordination,
             bus=bus,
             kv=kv,
             registry=registry,

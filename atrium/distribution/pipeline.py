@@ -24,6 +24,7 @@ from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_ap
 from atrium.distribution.exports import unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for, verify_source
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
+from atrium.distribution.images import PinnedImage, image_review, pin_image
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.keeping import DataKeeping
@@ -74,6 +75,7 @@ from atrium.events import (
     DistUpdateComplete,
 )
 from atrium.git import ScopeRepo
+from atrium.images.store import ImageStore
 from atrium.lifecycle.limits import Limits, effective_limits, review_words
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.manifest import Manifest
@@ -269,6 +271,7 @@ class Distribution:
                     yield item
             verdict = await self._verify(resolved, scope)
             manifest, diff = await self._check(resolved, path, scope)
+            pinned = await self._image(manifest, path / resolved.dir_name)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             note = self.data_note(manifest.id, scope)
             labels = self._registry.permission_labels()
@@ -277,9 +280,10 @@ class Distribution:
                 RESULT,
                 ok=True,
                 diff=diff.wire(),
-                requiresApproval=requires_approval(diff),
+                requiresApproval=requires_approval(diff) or self._new_image(pinned, scope),
                 resolved=resolved.wire(),
                 app=_summary(manifest, size),
+                **({} if pinned is None else {"image": image_review(pinned)}),
                 permissions=[describe(name, labels) for name in diff.permissions_added],
                 resources=_resources(manifest, self._lifecycle.limit_ceilings),
                 **({"note": note} if note else {}),
@@ -400,10 +404,16 @@ class Distribution:
             manifest, diff = await self._check(resolved, path, scope)
             if expected_id is not None:
                 same_app(expected_id, ref_text, manifest.id)
+            pinned = await self._image(manifest, path / resolved.dir_name)
+            if pinned is not None:
+                manifest = pinned.manifest
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             signer_changed = self._signer_changed(scope, manifest.id, verdict, op)
             signed = _signature(verdict, signer_changed)
-            if requires_approval(diff) or signer_changed or approval.approve is False:
+            if pinned is not None:
+                signed = {**signed, "image": image_review(pinned)}
+            new_image = self._new_image(pinned, scope)
+            if requires_approval(diff) or signer_changed or new_image or approval.approve is False:
                 labels = self._registry.permission_labels()
                 described = [describe(name, labels) for name in diff.permissions_added]
                 yield event(
@@ -454,6 +464,27 @@ class Distribution:
             if op == "install" and (note := self.data_note(manifest.id, scope)):
                 extra["note"] = note
             yield event(RESULT, ok=True, record=record.wire(), **extra, **signed)
+
+    async def _image(self, manifest: Manifest, app_dir: Path) -> PinnedImage | None:
+        """An image app's image pulled and pinned in the staged manifest (`pin_image`)."""
+        if manifest.runtime is None:
+            return None
+        return await pin_image(
+            manifest,
+            app_dir,
+            ImageStore(self._layout.home / "images", docker_config=self._docker_config),
+            docker_config=self._docker_config,
+            reach=self._reach,
+        )
+
+    def _new_image(self, pinned: PinnedImage | None, scope: Scope) -> bool:
+        """An image app whose image is not the one the copy it replaces runs: always reviewed,
+        like added permissions (another program, whatever its manifest says)."""
+        if pinned is None or pinned.manifest.runtime is None:
+            return False
+        before = self._installed_manifest(pinned.manifest.id, scope)
+        previous = None if before is None or before.runtime is None else before.runtime.digest
+        return previous != pinned.manifest.runtime.digest
 
     async def _verify(self, resolved: ResolvedRef, scope: Scope) -> Verdict | None:
         """The fetched artifact's signature against ``scope``'s trust store (decisions.md

@@ -15,6 +15,7 @@ from atrium.errors import InvalidRequest, NotFound
 from atrium.lifecycle.instance import Instance
 from atrium.registry import AppRegistry
 from atrium.scopes import ScopeLayout
+from atrium.state.locks import Coordination
 
 SLUG_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
 
@@ -26,8 +27,17 @@ def new_slug() -> str:
 class InstanceIndex:
     """The live instances; `new_instance` adds one, `drop` takes one out."""
 
-    def __init__(self, registry: AppRegistry, bus: EventBus, layout: ScopeLayout) -> None:
+    def __init__(
+        self,
+        registry: AppRegistry,
+        bus: EventBus,
+        layout: ScopeLayout,
+        coordination: Coordination | None = None,
+    ) -> None:
+        """``coordination``: where the instances' locks come from (default: this process only,
+        one shell)."""
         self._registry = registry
+        self.coordination = coordination or Coordination()
         self._bus = bus
         self._layout = layout
         self._instances: dict[str, Instance] = {}
@@ -115,6 +125,7 @@ class InstanceIndex:
             slug=new_slug(),
             bus=self._bus,
             owner=owner,
+            lock=self.coordination.instance(instance_id),
         )
         self._instances[instance.id] = instance
         self._by_slug[instance.slug] = instance

@@ -24,6 +24,7 @@ from atrium.lifecycle.states import InstanceState, is_allowed
 from atrium.manifest import Manifest
 from atrium.registry import AppCopy
 from atrium.scopes import Scope
+from atrium.state.locks import InstanceLock
 
 _LOGGER = logging.getLogger(__name__)
 S = InstanceState
@@ -82,7 +83,9 @@ class Instance:
     activities: dict[str, Activity] = field(default_factory=dict)
     started_at: datetime | None = None
     error: str | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: held around every move: in-process, and on PostgreSQL an advisory lock every shell
+    #: honours (`atrium.state.locks`); the index gives each instance its shell's
+    lock: InstanceLock = field(default_factory=InstanceLock)
     watcher: asyncio.Task[None] | None = None
     _address: AppAddress | None = field(default=None, repr=False)
 
@@ -116,7 +119,9 @@ class Instance:
 
     def enter(self, target: InstanceState) -> None:
         """Move to ``target`` if the table allows it; else LifecycleTransitionError (and the
-        `app:lifecycle.error` event)."""
+        `app:lifecycle.error` event). DatabaseLost when this shell lost the instance's lock (or
+        its link to the shared database): another shell may be acting on it."""
+        self.lock.check()
         current = self._state
         if not is_allowed(current, target):
             err = LifecycleTransitionError(self.id, current, target, app_id=self.app_id)

@@ -47,6 +47,7 @@ from atrium.lifecycle.trials import Trials
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
 from atrium.registry import AppCopy, AppRegistry
+from atrium.state.locks import Coordination
 from atrium.upstream import UpstreamClient
 
 __all__ = ["STOP_GRACE", "LifecycleConfig", "LifecycleManager"]
@@ -72,11 +73,14 @@ class LifecycleManager(InstanceIndex):
         config: LifecycleConfig,
         operations: OperationGate | None = None,
         may_run: Callable[[str], bool] | None = None,
+        coordination: Coordination | None = None,
     ) -> None:
         """``operations``: which apps a distribution operation holds (no wake starts then).
         ``may_run(owner)``: whether that user may have instances running (not disabled or
-        removed; default: everyone), asked before and again after an instance of theirs boots."""
-        super().__init__(registry, bus, config.layout)
+        removed; default: everyone), asked before and again after an instance of theirs boots.
+        ``coordination``: the instance locks and the leader of several shells on one database
+        (default: this shell alone)."""
+        super().__init__(registry, bus, config.layout, coordination)
         self._upstream = upstream
         self._config = config
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -93,7 +97,7 @@ class LifecycleManager(InstanceIndex):
         self.views = ViewDesk(self)
         self._operations = operations or NoOperations()
         self._may_run = may_run or (lambda _owner: True)
-        self.pool = WarmPool(self, registry, bus, self._operations)
+        self.pool = WarmPool(self, registry, bus, self._operations, self.coordination)
         self.headless = HeadlessProviders(self, self._operations)
         self.trials = Trials(self)
         #: set by shutdown: nothing boots after it (an operation ending later brings nothing back)
@@ -251,6 +255,7 @@ class LifecycleManager(InstanceIndex):
             bus=self._bus,
             source=copy,
             owner=self._layout.user,
+            lock=self.coordination.instance(f"{copy.id}-check"),
         )
         return await self.trials.run(copy, instance)
 
@@ -269,6 +274,7 @@ class LifecycleManager(InstanceIndex):
         `app:lifecycle.error` and raises HookFailed.
         """
         current = instance.state
+        instance.lock.check()  # a shell that lost the lock calls no hook
         if target not in TRANSITIONS[current]:
             instance.enter(target)  # raises LifecycleTransitionError and reports it
         hook = HOOK_BEFORE.get(target)

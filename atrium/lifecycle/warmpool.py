@@ -10,6 +10,11 @@ lock): an update's registry event and its own restart both ask for a refill whil
 the app, and a pooled instance started then took the next free id, which is the id (and the
 runtime data) of an instance the update was about to bring back. A refill waits for the
 operation's end, and checks again before each instance it adds.
+
+Of several shells on one database only the leader fills pools (`Coordination.is_leader`): a pool
+is the bootstrap admin's, and each shell filling its own would boot it once per shell. A shell
+that becomes leader fills every pool; one that stops leading refills nothing more (what it has
+pooled is still handed out on its own launches).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from atrium.lifecycle.headless import NoOperations, OperationGate, after_operati
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
 from atrium.registry import AppRegistry
+from atrium.state.locks import Coordination
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -53,8 +59,11 @@ class WarmPool:
         registry: AppRegistry,
         bus: EventBus,
         operations: OperationGate | None = None,
+        coordination: Coordination | None = None,
     ) -> None:
         self._host = host
+        self._coordination = coordination or Coordination()
+        self._coordination.on_lead(self._lead)
         self._registry = registry
         self._bus = bus
         self._operations = operations or NoOperations()
@@ -94,8 +103,8 @@ class WarmPool:
 
     async def refill(self, app_id: str) -> None:
         """Pre-spawn the app to `resumed` until its pool holds `warmPool` instances (of the copy
-        visible then), each once no operation holds the app."""
-        while not self._closing:
+        visible then), each once no operation holds the app; only while this shell leads."""
+        while not self._closing and self._coordination.is_leader:
             if await after_operation(self._operations, app_id, self.held):
                 continue
             copy = self._registry.get(app_id)
@@ -115,7 +124,13 @@ class WarmPool:
     def _size(self, app_id: str) -> int:
         return len([i for i in self._host.of_app(app_id) if self.holds(i)])
 
+    def _lead(self) -> None:
+        if not self._closing:
+            self._host.spawn_task(self.fill_all(), "warm-pool fill (leader)")
+
     async def fill_all(self) -> None:
+        if not self._coordination.is_leader:
+            return
         for copy in self._registry.visible():
             if copy.manifest is not None and copy.manifest.warm_pool_size:
                 self._host.spawn_task(self.refill(copy.id), f"warm-pool fill {copy.id}")

@@ -8,17 +8,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from atrium.images.store import ImageStore
 from atrium.lifecycle.runners.image import image_ids
 from atrium.lifecycle.runners.process import descendants
-from tests.integration.conftest import RunningShell, StartShell
+from tests.integration.conftest import RunningShell, StartShell, serving, wait_for
 from tests.integration.registry import Registry, running_registry
 from tests.integration.test_image_store import Layer, busybox_layers, push_image
 from tests.integration.test_origins import enter, open_view
@@ -120,3 +123,71 @@ def test_an_image_runs_as_an_app_its_data_survives_a_restart(
             note = client.get("/data/note")
             assert note.status_code == 200
             assert note.text == "saved by 33\n"
+
+
+def block_processes(first: int) -> list[int]:
+    """Pids whose real uid is in the block starting at ``first``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                uid, _ = host_ids(int(entry.name))
+            except (OSError, KeyError):
+                continue
+            if first <= uid < first + 65536:
+                found.append(int(entry.name))
+    return found
+
+
+def test_an_image_app_installs_pinned_after_a_plain_review_and_a_killed_shell_leaves_nothing(
+    home: Path, tmp_path: Path, registry: Registry, httpd: str
+) -> None:
+    source = tmp_path / "source" / APP
+    source.mkdir(parents=True)
+    described = manifest(registry, httpd)
+    described["runtime"]["image"] = f"{registry.host}/apps/httpd:1"  # type: ignore[index]
+    (source / "app.manifest.json").write_text(json.dumps(described))
+    first = image_ids(APP).uid
+    missing = tmp_path / "missing" / APP
+    missing.mkdir(parents=True)
+    described["runtime"]["image"] = f"{registry.host}/apps/httpd:nope"  # type: ignore[index]
+    (missing / "app.manifest.json").write_text(json.dumps(described))
+    with serving(home, stop=signal.SIGKILL) as served, served.client(timeout=60) as api:
+        refused = api.post(
+            "/api/dist/install", json={"ref": f"local:{missing}", "autoApprove": True}
+        )
+        assert refused.status_code == 502, refused.text
+        assert refused.json()["error"]["code"] == "fetch_failed"
+        assert api.get(f"/api/apps/{APP}").status_code == 404  # nothing half installed
+        asked = api.post("/api/dist/install", json={"ref": f"local:{source}"})
+        assert asked.status_code == 200, asked.text
+        review = asked.json()
+        assert review["ok"] is False
+        assert review["needsApproval"] is True
+        image = review["image"]
+        assert image["kind"] == "container image"
+        assert image["publisher"] == f"{registry.host}/apps/httpd"
+        assert image["digest"] == httpd
+        assert image["size"] > 1_000_000
+        assert image["folders"] == ["/www/data"]
+        assert image["network"] is False
+        assert not (home / "apps" / APP).exists()
+        done = api.post("/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True})
+        assert done.status_code == 200, done.text
+        assert done.json()["ok"] is True
+        listed = api.get(f"/api/apps/{APP}").json()
+        assert listed["manifest"]["runtime"]["image"] == f"{registry.host}/apps/httpd@{httpd}"
+        instance = api.post("/api/instances", json={"appId": APP}).json()
+        assert instance["state"] == "started", instance
+        iid = instance["instanceId"]
+        url = api.post(f"/api/instances/{iid}/views", json={"path": "/"}).json()["url"]
+        parts = urlsplit(url)
+        with httpx.Client(base_url=served.url, headers={"Host": parts.netloc}) as page:
+            entered = page.get(f"{parts.path}?{parts.query}")
+            cookie = entered.headers["set-cookie"].split(";", 1)[0]
+            answer = page.get("/", headers={"Cookie": cookie})
+            assert answer.status_code == 200
+            assert answer.text == "hello from the image\n"
+        assert block_processes(first)
+    # serving() ended the shell with SIGKILL: the sandbox and everything in it went with it
+    wait_for(lambda: not block_processes(first), "the image's processes to be gone")

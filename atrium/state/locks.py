@@ -1,0 +1,391 @@
+"""Coordination between shells that share one state database: a lock per instance, a leader for
+the jobs that must run once, and what a shell cut off from the database does.
+
+- PostgreSQL: advisory locks, keyed by `lock_key` (a 64-bit BLAKE2b of a name: the same on every
+  shell and every start, unlike Python's salted ``hash``; 2^64 keys make a collision between
+  instance ids negligible; the ``atrium:<kind>:`` prefix keeps kinds apart). An instance lock is
+  a session lock (``pg_advisory_lock``) on a connection of its own, held for the whole action
+  (hooks and boots take seconds, longer than a transaction should stay open), and the writes made
+  under it go through that same connection (`InstanceLock.transaction`): when the session ends
+  the lock is gone and so is the only way to write under it. The leader lock
+  (``pg_try_advisory_lock`` of `LEADER_KEY`) is held by one shell's beacon connection; every
+  other shell asks again each second, so one takes over within about a second of the leader's
+  session ending.
+- A shell cut off from the database stops acting within 5 s: the beacon and every held instance
+  lock send ``SELECT 1`` each `PING_EVERY` s and count a reply later than `PING_TIMEOUT` s as
+  the session gone (the client keepalives of `database.KEEPALIVES` end a silent socket in about
+  4 s as well); then the shell is no longer leader and every instance move is refused
+  (`DatabaseLost`). The server ends the cut-off session (and so frees its locks) after its own
+  ``tcp_keepalives_*`` (2 s idle, 1 s apart, 2 probes: about 4 s after the last packet), so the
+  shell that was cut off has stopped before another can take its locks.
+- SQLite: one shell holds the home, so the in-process lock is the whole lock and the shell
+  always leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self
+
+from atrium.errors import DatabaseLost
+
+if TYPE_CHECKING:  # SQLAlchemy loads when a shell opens its database
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from atrium.state.database import Database
+
+_LOGGER = logging.getLogger(__name__)
+#: seconds between two liveness checks of a lock's session
+PING_EVERY: Final = 1.0
+#: a check not answered within this many seconds counts as the session gone
+PING_TIMEOUT: Final = 1.5
+#: seconds between two attempts at the leader lock (and at reconnecting after a loss)
+LEADER_RETRY: Final = 1.0
+
+
+def lock_key(kind: str, name: str) -> int:
+    """The advisory-lock key of ``name`` among locks of ``kind``: a signed 64-bit integer
+    (PostgreSQL's ``bigint``), stable across shells, starts and Python versions."""
+    digest = hashlib.blake2b(f"atrium:{kind}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+LEADER_KEY: Final = lock_key("leader", "shell")
+
+
+def instance_key(instance_id: str) -> int:
+    return lock_key("instance", instance_id)
+
+
+async def _scalar(conn: AsyncConnection, sql: str, **params: Any) -> Any:
+    """One statement in its own transaction; TimeoutError when it is not answered within
+    `PING_TIMEOUT` s. The statement is not cancelled then but left to fail on its own: psycopg
+    answers a cancellation by asking the server to cancel it over a new connection, which on a
+    cut link blocks for up to 10 s more, beyond the 5 s promised."""
+    from sqlalchemy import text
+
+    async def run() -> Any:
+        value = (await conn.execute(text(sql), params)).scalar_one()
+        await conn.commit()
+        return value
+
+    task = asyncio.ensure_future(run())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=PING_TIMEOUT)
+    finally:
+        if not task.done():
+            _ABANDONED[task] = conn
+            task.add_done_callback(_forget)
+    if not done:
+        raise TimeoutError(f"the database did not answer within {PING_TIMEOUT} s")
+    return task.result()
+
+
+#: statements given up on, and their connections, kept until they end (a cut link's socket
+#: errors after the client keepalives); their connections are closed only then, since closing
+#: one under a waiting statement leaves its descriptor in the event loop for the next socket
+#: that gets the same number
+_ABANDONED: dict[asyncio.Future[Any], AsyncConnection] = {}
+_CLOSING: set[asyncio.Future[Any]] = set()
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    _ABANDONED.pop(task, None)
+    if not task.cancelled():
+        task.exception()
+
+
+async def _discard(conn: AsyncConnection) -> None:
+    """Close a connection whose session is gone or unknown, never back into the pool (a session
+    that may still hold a lock must end, and its socket with it); once its abandoned
+    statement, if any, has ended."""
+    pending = next((t for t, c in _ABANDONED.items() if c is conn and not t.done()), None)
+    if pending is not None:
+        pending.add_done_callback(lambda _: _discard_later(conn))
+        return
+    with suppress(Exception):
+        async with asyncio.timeout(PING_TIMEOUT):
+            await conn.invalidate()
+    with suppress(Exception):
+        async with asyncio.timeout(PING_TIMEOUT):
+            await conn.close()
+
+
+def _discard_later(conn: AsyncConnection) -> None:
+    with suppress(RuntimeError):  # the loop is closing: the socket goes with it
+        task = asyncio.ensure_future(_discard(conn))
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+
+class Coordination:
+    """One shell's part in the coordination: its instance locks, whether it leads, whether it
+    still reaches the database. See the module docstring."""
+
+    def __init__(self, db: Database | None = None, engine: AsyncEngine | None = None) -> None:
+        """``db``: the state database (None: one shell, nothing shared, as in unit tests);
+        ``engine``: the lock sessions' own (PostgreSQL; see `open`)."""
+        self._db = db
+        self._engine = engine
+        self.shared = engine is not None
+        #: whether this shell runs the once-only jobs; always on SQLite
+        self.is_leader = not self.shared
+        self._lost: str | None = None
+        self._on_lead: list[Callable[[], None]] = []
+        self._on_unlead: list[Callable[[], None]] = []
+        self._beacon: AsyncConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, db: Database, name: str | None = None) -> AsyncIterator[Coordination]:
+        """The coordination over ``db``; `start` begins leading or waiting to lead.
+
+        On PostgreSQL the lock sessions come from an engine of their own: each held instance
+        lock keeps a connection for its action, which must neither starve the stores' pool nor
+        wait behind it. ``name`` (default ``<host>:<pid>``) is their ``application_name``, so
+        ``pg_stat_activity`` and ``pg_locks`` tell which shell holds what."""
+        engine = None
+        if db.dialect == "postgresql":
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            from atrium.state.database import KEEPALIVES
+
+            label = name or f"{socket.gethostname()}:{os.getpid()}"
+            engine = create_async_engine(
+                db.url,
+                connect_args={**KEEPALIVES, "application_name": f"atrium lock {label}"[:63]},
+                pool_size=4,
+                max_overflow=-1,
+            )
+        coordination = cls(db, engine)
+        try:
+            yield coordination
+        finally:
+            await coordination.close()
+            if engine is not None:
+                await engine.dispose()
+
+    @property
+    def lost(self) -> str | None:
+        """Why this shell counts itself cut off from the database, or None."""
+        return self._lost
+
+    def instance(self, instance_id: str) -> InstanceLock:
+        """A new lock for the instance ``instance_id`` (one per instance object)."""
+        return InstanceLock(instance_key(instance_id), self)
+
+    def on_lead(self, gained: Callable[[], None], lost: Callable[[], None] | None = None) -> None:
+        """Call ``gained`` each time this shell becomes leader, ``lost`` each time it stops."""
+        self._on_lead.append(gained)
+        if lost is not None:
+            self._on_unlead.append(lost)
+
+    def check(self) -> None:
+        """DatabaseLost when this shell is cut off from the database."""
+        if self._lost is not None:
+            raise DatabaseLost(self._lost)
+
+    async def start(self) -> None:
+        """PostgreSQL: one attempt at the leader lock now (a lone shell leads from its start),
+        then the beacon goes on in the background. Nothing on SQLite."""
+        if not self.shared or self._task is not None:
+            return
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._beacon_loop(first), name="coordination beacon")
+        await asyncio.shield(first)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+        self._set_leader(False)
+        beacon, self._beacon = self._beacon, None
+        if beacon is not None:
+            await _discard(beacon)
+
+    def _set_leader(self, leading: bool) -> None:
+        if leading == self.is_leader or not self.shared:
+            return
+        self.is_leader = leading
+        _LOGGER.warning("this shell %s the leader", "is now" if leading else "is no longer")
+        for callback in self._on_lead if leading else self._on_unlead:
+            try:
+                callback()
+            except Exception:
+                _LOGGER.exception("a leader callback failed")
+
+    async def _beacon_loop(self, first: asyncio.Future[None]) -> None:
+        engine = self._engine
+        if engine is None:  # pragma: no cover - started only when shared
+            return
+        while True:
+            try:
+                async with asyncio.timeout(PING_TIMEOUT * 2):
+                    self._beacon = await engine.connect()
+                self._lost = None
+                while True:
+                    if self.is_leader:
+                        await _scalar(self._beacon, "SELECT 1")
+                    elif await _scalar(
+                        self._beacon, "SELECT pg_try_advisory_lock(:k)", k=LEADER_KEY
+                    ):
+                        self._set_leader(True)
+                    if not first.done():
+                        first.set_result(None)
+                    await asyncio.sleep(PING_EVERY if self.is_leader else LEADER_RETRY)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - any failure: the session (or the way to it) is gone
+                self._lost = f"the database did not answer: {type(err).__name__}: {err}"[:300]
+                _LOGGER.warning("coordination: %s", self._lost)
+                self._set_leader(False)
+                beacon, self._beacon = self._beacon, None
+                if beacon is not None:
+                    await _discard(beacon)
+                if not first.done():
+                    first.set_result(None)
+                await asyncio.sleep(LEADER_RETRY)
+
+
+class InstanceLock:
+    """The lock of one instance: `async with` it around every move. In-process on SQLite (or
+    without a database); an advisory session lock besides on PostgreSQL, whose connection the
+    writes under it use (`transaction`) and a watchdog checks each `PING_EVERY` s. `check`
+    raises DatabaseLost once that session (or the shell's link to the database) is gone."""
+
+    def __init__(self, key: int = 0, coordination: Coordination | None = None) -> None:
+        self.key = key
+        self._coordination = coordination
+        self._local = asyncio.Lock()
+        self._conn: AsyncConnection | None = None
+        #: the connection is used by one statement at a time (the watchdog and the holder's)
+        self._use = asyncio.Lock()
+        self._lost: str | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    def locked(self) -> bool:
+        return self._local.locked()
+
+    @property
+    def held_on(self) -> AsyncConnection | None:
+        """The connection whose session holds the advisory lock (None: in-process only)."""
+        return self._conn
+
+    def check(self) -> None:
+        """Raise DatabaseLost when the lock's session, or this shell's link, is gone: nothing
+        may be done on the instance then (another shell may hold its lock already)."""
+        if self._lost is not None:
+            raise DatabaseLost(self._lost)
+        if self._coordination is not None:
+            self._coordination.check()
+
+    async def __aenter__(self) -> Self:
+        coordination = self._coordination
+        if coordination is not None:
+            coordination.check()  # a cut-off shell does not even queue
+        await self._local.acquire()
+        if coordination is None or not coordination.shared:
+            return self
+        engine = coordination._engine
+        self._lost = None
+        conn: AsyncConnection | None = None
+        try:
+            if engine is None:  # pragma: no cover - shared means an engine
+                raise RuntimeError("no lock engine")
+            conn = await engine.connect()
+            from sqlalchemy import text
+
+            # the wait for another shell's hold is unbounded (a boot holds it for as long as it
+            # takes); a cut link ends it through the client keepalives
+            await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self.key})
+            await conn.commit()
+        except BaseException as err:
+            if conn is not None:
+                await _discard(conn)
+            self._local.release()
+            if isinstance(err, Exception) and not isinstance(err, DatabaseLost):
+                raise DatabaseLost(f"the instance lock could not be taken: {err}"[:300]) from err
+            raise
+        self._conn = conn
+        self._watch = asyncio.create_task(self._watchdog(conn), name=f"lock watch {self.key}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                watch.cancel()
+                with suppress(asyncio.CancelledError):
+                    await watch
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await self._release(conn)
+        finally:
+            self._local.release()
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        if self._lost is None:
+            try:
+                async with self._use:
+                    if await _scalar(conn, "SELECT pg_advisory_unlock(:k)", k=self.key):
+                        await conn.close()  # back to the pool, holding nothing
+                        return
+            except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - discarded below
+                _LOGGER.info(
+                    "unlocking %d failed (%s): its session is ended instead", self.key, err
+                )
+        await _discard(conn)
+
+    async def _watchdog(self, conn: AsyncConnection) -> None:
+        while True:
+            await asyncio.sleep(PING_EVERY)
+            try:
+                async with self._use:
+                    await _scalar(conn, "SELECT 1")
+            except Exception as err:  # noqa: BLE001 - any failure: the session is gone
+                self._lost = f"the instance lock's database session ended: {err}"[:300]
+                _LOGGER.warning("%s", self._lost)
+                return
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction under the lock: on PostgreSQL on the connection that holds it
+        (the caller holds the lock), so a shell that lost the lock cannot write either; on
+        SQLite the database's own write transaction."""
+        self.check()
+        conn = self._conn
+        coordination = self._coordination
+        if conn is None:
+            if coordination is None or coordination._db is None:
+                raise RuntimeError("an instance lock without a database has nothing to write to")
+            if coordination.shared:
+                raise RuntimeError("the instance lock is not held")
+            async with coordination._db.transaction() as tx:
+                yield tx
+            return
+        from sqlalchemy.exc import DBAPIError
+
+        async with self._use:
+            try:
+                async with conn.begin():
+                    yield conn
+            except DBAPIError as err:
+                if err.connection_invalidated or conn.closed or conn.invalidated:
+                    self._lost = f"the instance lock's database session ended: {err}"[:300]
+                    raise DatabaseLost(self._lost) from err
+                raise

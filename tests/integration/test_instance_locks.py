@@ -1,0 +1,121 @@
+"""Locks between shells on one PostgreSQL, through the real shell: a move waits for the instance
+lock another shell holds (an advisory lock on the instance id's key), and only the leader fills
+the warm pool, which a shell does once it takes the lead. The other shell is a plain session
+holding the same advisory keys."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from atrium.state.locks import LEADER_KEY, instance_key
+from atrium.state.migrate import upgrade_now
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, StartShell, wait_for
+from tests.postgres import new_database
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def pg_url(postgres_server: str) -> str:
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    return url
+
+
+def conninfo(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def sessions_on(url: str, key: int) -> list[tuple[bool, str]]:
+    """(granted, application_name) of every session holding or awaiting advisory ``key``."""
+    with psycopg.connect(conninfo(url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT l.granted, a.application_name FROM pg_locks l JOIN pg_stat_activity a "
+            "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+            "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchall()
+    return [(bool(granted), str(name)) for granted, name in rows]
+
+
+def with_apps(system_apps: Path, *names: str) -> None:
+    for name in names:
+        shutil.copytree(TESTS_DIR / "apps" / name, system_apps / name)
+
+
+@pytest.fixture
+def other_shell(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A session standing for another shell on the same database."""
+    with psycopg.connect(conninfo(pg_url), autocommit=True) as conn:
+        yield conn
+
+
+def test_a_move_waits_for_the_instance_lock_another_shell_holds(
+    start_shell: StartShell,
+    system_apps: Path,
+    pg_url: str,
+    other_shell: psycopg.Connection[Any],
+) -> None:
+    with_apps(system_apps, "test.plain.stdlib")
+    shell: RunningShell = start_shell(database_url=pg_url)
+    with shell.client(timeout=30) as api:
+        created = api.post("/api/instances", json={"appId": "test.plain.stdlib"})
+        assert created.status_code == 200, created.text
+        iid = created.json()["instanceId"]
+        assert created.json()["state"] == "started"
+        key = instance_key(iid)
+        assert sessions_on(pg_url, key) == []  # held only while a move runs
+        other_shell.execute("SELECT pg_advisory_lock(%s)", (key,))
+        answers: list[httpx.Response] = []
+
+        def stop() -> None:
+            with shell.client(timeout=30) as own:
+                answers.append(own.post(f"/api/instances/{iid}/stop"))
+
+        stopping = threading.Thread(target=stop)
+        stopping.start()
+        # the shell's lock session queues behind the other shell's, and nothing moves meanwhile
+        wait_for(
+            lambda: any(not granted for granted, _ in sessions_on(pg_url, key)),
+            "the shell waiting for the instance lock",
+        )
+        assert api.get(f"/api/instances/{iid}").json()["state"] == "started"
+        assert not answers
+        other_shell.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        stopping.join(30)
+        assert answers[0].status_code == 200, answers[0].text
+        assert api.get(f"/api/instances/{iid}").json()["state"] == "stopped"
+        wait_for(lambda: sessions_on(pg_url, key) == [], "the lock released after the move")
+
+
+def test_only_the_leader_fills_the_warm_pool_and_a_new_leader_does(
+    start_shell: StartShell,
+    system_apps: Path,
+    pg_url: str,
+    other_shell: psycopg.Connection[Any],
+) -> None:
+    with_apps(system_apps, "test.sdk.echo")
+    other_shell.execute("SELECT pg_advisory_lock(%s)", (LEADER_KEY,))  # the other shell leads
+    shell: RunningShell = start_shell(database_url=pg_url)
+    with shell.client(timeout=30) as api:
+
+        def pooled() -> list[dict[str, Any]]:
+            return [i for i in api.get("/api/instances").json() if i["pooled"]]
+
+        assert pooled() == []
+        assert not shell.shell.coordination.is_leader
+        other_shell.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))  # the leader is gone
+        wait_for(lambda: shell.shell.coordination.is_leader, "the shell taking the lead")
+        wait_for(lambda: [i for i in pooled() if i["state"] == "resumed"], "the pool filled")
+        leaders = [name for granted, name in sessions_on(pg_url, LEADER_KEY) if granted]
+        assert len(leaders) == 1
+        assert leaders[0].startswith("atrium lock ")
