@@ -13,6 +13,7 @@ from bench import (
     dataproxy,
     events,
     hostpage,
+    images,
     install,
     intents,
     kube,
@@ -52,6 +53,7 @@ BENCHES = {
     "load": load.main,
     "kube": kube.main,
     "startup": startup.main,
+    "images": images.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

@@ -1,0 +1,140 @@
+"""An image app's spawn → first HTTP 200: Debian's busybox-static httpd as an unpacked image (the
+store's layout: files 0444/0555, folders 0755, the mount points), started by the image runner
+(`atrium.lifecycle.runners.image`: the relay, setpriv, bwrap with its user namespace mapped by
+the shell, its own network and the forwarder) and polled through the forwarder's port until it
+answers 200. Goal: ≤ 300 ms (median), the image already pulled. Root only.
+
+A second row is the same busybox started by plain bwrap on the host network (no user namespace
+of the shell's, no forwarder) as the baseline: what the image runner's own steps cost. A third
+is one request through the forwarder of a running instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from atrium.images.config import Launch
+from atrium.lifecycle.runners import SpawnSpec
+from atrium.lifecycle.runners.image import ImageRun, ImageRunner, image_ids
+from bench.report import table
+
+RUNS = 15
+GOAL_MS = 300.0
+BUSYBOX = Path("/bin/busybox")
+
+
+def rootfs(folder: Path) -> Path:
+    root = folder / "rootfs"
+    for name in ("bin", "www", "etc", "proc", "dev", "sys", "tmp", "run"):
+        (root / name).mkdir(parents=True, mode=0o755)
+    shutil.copyfile(BUSYBOX, root / "bin" / "busybox")
+    (root / "bin" / "busybox").chmod(0o555)
+    (root / "www" / "index.html").write_text("hello from the image\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/:/bin/sh\n")
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def first_200(session: aiohttp.ClientSession, port: int, started: float) -> float:
+    while True:
+        try:
+            async with session.get(f"http://127.0.0.1:{port}/") as response:
+                if response.status == 200:
+                    return time.perf_counter() - started
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.002)
+
+
+async def image_runs(folder: Path, root: Path) -> tuple[list[float], list[float]]:
+    runner = ImageRunner()
+    launch = Launch(
+        argv=("/bin/busybox", "httpd", "-f", "-p", "80", "-h", "/www"),
+        env={"PATH": "/bin"},
+        cwd="/www",
+        port=80,
+    )
+    run = ImageRun(root, launch, image_ids("bench.image"), ())
+    spawns: list[float] = []
+    requests: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for number in range(RUNS):
+            port = free_port()
+            spec = SpawnSpec(
+                app_id="bench.image",
+                instance_id=f"bench.image-{number}",
+                app_dir=folder,
+                argv=launch.argv,
+                env={},
+                data_dir=folder / "data" / str(number),
+                host="127.0.0.1",
+                port=port,
+                log_path=folder / "logs" / f"{number}.log",
+            )
+            started = time.perf_counter()
+            child = await runner.spawn(spec, run)
+            spawns.append(await first_200(session, port, started))
+            for _ in range(20):
+                began = time.perf_counter()
+                async with session.get(f"http://127.0.0.1:{port}/") as response:
+                    await response.read()
+                requests.append(time.perf_counter() - began)
+            await child.stop(1.0)
+    return spawns, requests
+
+
+async def bwrap_runs(root: Path) -> list[float]:
+    samples: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(RUNS):
+            port = free_port()
+            started = time.perf_counter()
+            process = await asyncio.create_subprocess_exec(
+                "bwrap", "--ro-bind", str(root), "/", "--proc", "/proc", "--dev", "/dev",
+                "--unshare-pid", "--die-with-parent", "--",
+                "/bin/busybox", "httpd", "-f", "-p", str(port), "-h", "/www",
+            )  # fmt: skip
+            samples.append(await first_200(session, port, started))
+            process.kill()
+            await process.wait()
+    return samples
+
+
+async def main() -> None:
+    if os.geteuid() != 0 or not BUSYBOX.is_file():
+        print("\nimages: skipped (needs root and Debian's busybox-static at /bin/busybox)")
+        return
+    with tempfile.TemporaryDirectory(prefix="atrium-bench-images-") as name:
+        folder = Path(name)
+        folder.chmod(0o755)
+        root = rootfs(folder)
+        spawns, requests = await image_runs(folder, root)
+        plain = await bwrap_runs(root)
+    table(
+        f"Image app: spawn → first HTTP 200 (busybox httpd, image pulled), {RUNS} spawns",
+        [
+            ("plain bwrap, host network (baseline)", plain),
+            ("image runner (own ids, network, forwarder)", spawns),
+        ],
+        baseline="plain bwrap, host network (baseline)",
+        target_ms=GOAL_MS,
+    )
+    table(
+        "One GET / through the forwarder (busybox closes each connection: a new one each)",
+        [("image runner forwarder", requests)],
+        baseline="image runner forwarder",
+    )
