@@ -45,6 +45,7 @@ unit test keeps the two together::
     ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
     ├── UpstreamTimeout                 504 upstream_timeout
     ├── ShuttingDown                    503 shutting_down
+    ├── DatabaseUnavailable             503 database_unavailable   (database)
     ├── DatabaseLost                    503 database_lost
     ├── StorageFailed                   503 storage_failed         (path)
     │   ├── StorageDamaged              503 storage_damaged        (path)
@@ -619,6 +620,21 @@ class DatabaseLost(AtriumError):
         super().__init__(
             f"this shell lost its link to the state database and does not act on instances "
             f"until it is back; another shell serves them ({reason})"
+        )
+
+
+class DatabaseUnavailable(AtriumError):
+    """The shell's database did not answer (``GET /api/ready``). ``database`` is its kind
+    (``postgresql`` or ``sqlite``), never its address: the answer is for anyone who asks."""
+
+    code = "database_unavailable"
+    http_status = 503
+
+    def __init__(self, database: str) -> None:
+        super().__init__(
+            f"this shell cannot reach its database ({database}); it is not ready to serve "
+            "(the shell's log says why)",
+            database=database,
         )
 
 

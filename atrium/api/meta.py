@@ -1,9 +1,12 @@
-"""Open routes: the version, the login URL that sets the host page's cookie, the host page."""
+"""Open routes: the version, readiness, the login URL that sets the host page's cookie, the
+host page."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Final
+from weakref import WeakKeyDictionary
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
@@ -12,17 +15,41 @@ from starlette.staticfiles import StaticFiles
 
 from atrium import API_VERSION, MANIFEST_SCHEMA, __version__
 from atrium.api.auth import Access, audit_subject, endpoint, shell_of
-from atrium.errors import Unauthenticated
+from atrium.errors import DatabaseUnavailable, Unauthenticated
 from atrium.identity import SESSION_COOKIE, Caller
+from atrium.state.database import Database
 from atrium.users.model import SessionKind
 
 WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
+#: how long `/api/ready` waits for the database's ``SELECT 1`` (below the check timeout of
+#: deploy/haproxy.cfg, so a slow database is a 503 rather than a check that timed out)
+READY_TIMEOUT: Final = 1.0
+_LOGGER = logging.getLogger(__name__)
+#: the databases found unreachable, with why: logged when it changes, not at every check
+_UNREACHABLE: WeakKeyDictionary[Database, str] = WeakKeyDictionary()
 
 
 async def version(request: Request, caller: Caller) -> Response:
     return JSONResponse(
         {"version": __version__, "api": API_VERSION, "manifestSchema": MANIFEST_SCHEMA}
     )
+
+
+async def ready(request: Request, caller: Caller) -> Response:
+    """``GET /api/ready``: 200 while this shell reaches its database, else 503
+    ``database_unavailable``: what a load balancer's health check asks. Anyone may ask; the
+    answer names the kind of database, never its address or the driver's message (those go to
+    the log, once when the database is lost and once when it is back)."""
+    db = shell_of(request).db
+    reason = await db.ping(READY_TIMEOUT)
+    if reason is not None:
+        if _UNREACHABLE.get(db) is None:
+            _LOGGER.warning("not ready: the database %s does not answer: %s", db.name, reason)
+        _UNREACHABLE[db] = reason
+        raise DatabaseUnavailable(db.dialect)
+    if _UNREACHABLE.pop(db, None) is not None:
+        _LOGGER.info("ready again: the database %s answers", db.name)
+    return JSONResponse({"ready": True}, headers={"Cache-Control": "no-store"})
 
 
 async def login(request: Request, caller: Caller) -> Response:
@@ -69,6 +96,7 @@ async def host_page(request: Request, caller: Caller) -> Response:
 
 routes: list[BaseRoute] = [
     endpoint("/api/version", version, methods=["GET"], access=Access.ANYONE),
+    endpoint("/api/ready", ready, methods=["GET"], access=Access.ANYONE),
     endpoint(
         "/login",
         login,

@@ -11,14 +11,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from atrium.settings import ConfigError, create_private
@@ -33,6 +34,10 @@ KEEPALIVES: Final = {
     "keepalives_count": 2,
 }
 _IMMEDIATE: Final = "atrium_immediate"
+#: seconds one `Database.ping` may take before it is given up (a connection attempt to a cut
+#: link would otherwise wait for TCP's retries): the longest a shell stays "not ready" after its
+#: database is back, when the ping under way was stuck on the cut
+PING_LIMIT: Final = 5.0
 Dialect = Literal["sqlite", "postgresql"]
 
 
@@ -71,6 +76,7 @@ class Database:
     def __init__(self, engine: AsyncEngine, url: URL) -> None:
         self.engine = engine
         self.url = url
+        self._ping: asyncio.Task[str | None] | None = None
 
     @property
     def dialect(self) -> Dialect:
@@ -91,9 +97,12 @@ class Database:
             engine = _sqlite_engine(parsed)
         else:
             engine = create_async_engine(parsed, connect_args=dict(KEEPALIVES), pool_pre_ping=True)
+        db = cls(engine, parsed)
         try:
-            yield cls(engine, parsed)
+            yield db
         finally:
+            if db._ping is not None:
+                db._ping.cancel()  # a ping left running by callers that stopped waiting
             await engine.dispose()
 
     @asynccontextmanager
@@ -109,6 +118,33 @@ class Database:
         """A read-only transaction (one snapshot on SQLite; each statement's on PostgreSQL)."""
         async with self.engine.connect() as conn, conn.begin():
             yield conn
+
+    async def ping(self, seconds: float) -> str | None:
+        """A ``SELECT 1`` answered within ``seconds``: None, else why not (for the log).
+
+        Whoever asks while a ping is under way waits for that one, so any number of callers (a
+        load balancer's checks, anyone's ``GET /api/ready``) costs one connection at a time. A
+        caller stops waiting at its bound, but the ping is not cancelled then: psycopg answers a
+        cancellation by asking the server to cancel, which on a cut link waits up to 10 s; the
+        ping ends by itself (`PING_LIMIT`, or the client keepalives) and the next caller after
+        that starts a new one."""
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.ensure_future(self._select_one())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ping), seconds)
+        except TimeoutError:
+            return f"no answer within {seconds:g} s"
+
+    async def _select_one(self) -> str | None:
+        try:
+            async with asyncio.timeout(PING_LIMIT), self.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except TimeoutError:
+            return f"no answer within {PING_LIMIT:g} s"
+        except (SQLAlchemyError, OSError) as err:
+            cause = getattr(err, "orig", None) or err
+            return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        return None
 
 
 def _sqlite_engine(url: URL) -> AsyncEngine:

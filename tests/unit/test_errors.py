@@ -292,6 +292,7 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ProviderUnavailable: lambda: errors.ProviderUnavailable("notes", "paused"),
     errors.UpstreamTimeout: lambda: errors.UpstreamTimeout("no answer in 30 s"),
     errors.ShuttingDown: errors.ShuttingDown,
+    errors.DatabaseUnavailable: lambda: errors.DatabaseUnavailable("postgresql"),
     errors.DatabaseLost: lambda: errors.DatabaseLost("no answer within 1.5 s"),
     errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
     errors.StorageFailed: lambda: errors.StorageFailed("I/O error", path="/h/kv.sqlite3"),
