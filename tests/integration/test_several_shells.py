@@ -1,0 +1,295 @@
+"""Several shells behind HAProxy (docs/deploying.md "Several shells"): Debian's haproxy runs the
+repository's own deploy/haproxy.cfg (its addresses given through the environment variables the
+file reads) in front of two `atrium serve` processes, each with its own home, on one PostgreSQL
+database. Replica 1 reaches the database through a TCP relay the test can cut.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from atrium.state.migrate import upgrade_now
+from tests.conftest import REPO_DIR
+from tests.integration.conftest import RunningShell, ServeProcess, serving, wait_for
+from tests.postgres import new_database
+
+HAPROXY_CFG = REPO_DIR / "deploy" / "haproxy.cfg"
+#: the name users reach the group by: the shells' app domain and the health check's Host
+DOMAIN = "atrium.test"
+#: the client's pace (requests per second) and how long a gap in its answers may last
+RATE = 50
+BACK_WITHIN = 3.0
+
+
+class Relay:
+    """A TCP relay from a local port to ``target``, for one replica's database connections:
+    `cut` closes the port and every connection through it (the database is then unreachable
+    for that replica), `mend` listens again on the same port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.mend()
+
+    def mend(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                with suppress(OSError):  # wakes the thread in accept(), which close alone does not
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                self._listener.close()
+                self._listener = None
+            for sock in self._open:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        with suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Balancer:
+    """HAProxy on ``port`` with its runtime socket at ``stats``."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    stats: Path
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """``show stat`` of the `shells` backend: each server's row by name."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(self.stats))
+            sock.sendall(b"show stat\n")
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        lines = raw.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            r["svname"]: r for r in rows if r["pxname"] == "shells" and r["svname"][:5] == "shell"
+        }
+
+    def status(self, server: str) -> str:
+        return self.servers()[server]["status"]
+
+    def served(self, server: str) -> int:
+        return int(self.servers()[server]["stot"])
+
+
+@contextmanager
+def haproxy(tmp: Path, shells: list[ServeProcess]) -> Iterator[Balancer]:
+    """The repository's deploy/haproxy.cfg, as it is, in front of ``shells``."""
+    port = free_port()
+    stats = tmp / "haproxy.sock"
+    env = {
+        **os.environ,
+        "ATRIUM_APP_DOMAIN": DOMAIN,
+        "ATRIUM_LB_BIND": f"127.0.0.1:{port}",
+        "ATRIUM_LB_STATS": str(stats),
+        **{
+            f"ATRIUM_SHELL_{i}": f"127.0.0.1:{urlsplit(s.url).port}"
+            for i, s in enumerate(shells, 1)
+        },
+    }
+    checked = subprocess.run(
+        ["haproxy", "-c", "-f", str(HAPROXY_CFG)], env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr
+    with (tmp / "haproxy.log").open("w") as log:
+        proc = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(HAPROXY_CFG)], env=env, stdout=log, stderr=log, text=True
+        )
+    try:
+        wait_for(stats.exists, "haproxy's runtime socket")
+        yield Balancer(proc, port, stats)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@dataclass
+class Client:
+    """GET ``path`` through the balancer at ``RATE`` per second from a thread: each answer's
+    status and when it came."""
+
+    url: str
+    path: str
+    answers: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, headers={"Host": DOMAIN}, timeout=10) as client:
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    status = client.get(self.path).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers.append((time.monotonic(), status))
+                next_at += 1 / RATE
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    @contextmanager
+    def running(self) -> Iterator[Client]:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(timeout=15)
+
+    def since(self, moment: float) -> list[tuple[float, int]]:
+        return [(at, status) for at, status in self.answers if at >= moment]
+
+
+def serve_together(
+    stack: ExitStack, *shells: AbstractContextManager[ServeProcess]
+) -> list[ServeProcess]:
+    """Start ``shells`` at the same time (a shell takes seconds to start on a loaded machine);
+    each one started is stopped when ``stack`` closes, also when another failed to start."""
+    with ThreadPoolExecutor(len(shells)) as pool:
+        started = [pool.submit(shell.__enter__) for shell in shells]
+        wait(started)
+    for shell, future in zip(shells, started, strict=True):
+        if future.exception() is None:
+            stack.push(shell.__exit__)
+    return [future.result() for future in started]
+
+
+@pytest.fixture
+def pg_url(postgres_server: str) -> str:
+    url = new_database(postgres_server)
+    upgrade_now(url)  # a shared database is upgraded by `atrium db upgrade`, not at start
+    return url
+
+
+def test_ready_answers_on_the_embedded_database_and_only_to_the_shells_names(
+    shell: RunningShell,
+) -> None:
+    with shell.anonymous() as client:
+        answer = client.get("/api/ready")
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"ready": True}
+        assert answer.headers["cache-control"] == "no-store"
+        # a DNS-rebinding page learns nothing: a name that is not the shell's is refused
+        refused = client.get("/api/ready", headers={"Host": "rebound.attacker.test"})
+        assert refused.status_code == 421
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="make test installs Debian's haproxy")
+def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg_url: str) -> None:
+    parsed = urlsplit(pg_url.replace("postgresql+psycopg", "postgresql"))
+    relay = Relay((parsed.hostname or "127.0.0.1", parsed.port or 5432))
+    via_relay = pg_url.replace(f":{parsed.port}/", f":{relay.port}/")
+    with ExitStack() as stack:
+        stack.callback(relay.cut)
+        replicas = serve_together(
+            stack,
+            *(
+                serving(
+                    tmp_path / f"home{i}",
+                    stop=signal.SIGKILL,
+                    ATRIUM_DATABASE_URL=url,
+                    ATRIUM_APP_DOMAIN=DOMAIN,
+                )
+                for i, url in ((1, via_relay), (2, pg_url))
+            ),
+        )
+        balancer = stack.enter_context(haproxy(tmp_path, replicas))
+        lb = f"http://127.0.0.1:{balancer.port}"
+        wait_for(
+            lambda: [balancer.status(s) for s in ("shell1", "shell2")] == ["UP", "UP"],
+            "both shells UP behind haproxy",
+        )
+
+        # replica 1 loses its database: its /api/ready says so, and HAProxy stops sending to it
+        relay.cut()
+        with httpx.Client(base_url=replicas[0].url, headers={"Host": DOMAIN}) as direct:
+            answer = direct.get("/api/ready")
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "database_unavailable"
+        assert error["database"] == "postgresql"
+        assert str(relay.port) not in answer.text  # the database's address is not told
+        wait_for(lambda: balancer.status("shell1").startswith("DOWN"), "shell1 DOWN")
+        before = balancer.served("shell1")
+        with Client(lb, "/api/ready").running() as client:
+            wait_for(lambda: len(client.answers) >= RATE, "a second of requests")
+        assert {status for _, status in client.answers} == {200}
+        assert balancer.served("shell1") == before
+
+        # back: the database again, then replica 1 is sent requests again
+        relay.mend()
+        wait_for(lambda: balancer.status("shell1") == "UP", "shell1 UP again")
+
+        # kill -9 of replica 1 under load: no request fails, the gap is short
+        with Client(lb, "/api/version").running() as client:
+            wait_for(lambda: len(client.answers) >= RATE, "a second of requests")
+            served_by_1 = balancer.served("shell1")
+            killed_at = time.monotonic()
+            replicas[0].proc.kill()
+            wait_for(lambda: len(client.since(killed_at)) >= 2 * RATE, "two seconds after")
+        assert served_by_1 > 0  # replica 1 took its share before the kill
+        failed = [status for _, status in client.answers if status != 200]
+        assert failed == [], f"{len(failed)} of {len(client.answers)} requests failed: {failed}"
+        times = [killed_at] + [at for at, _ in client.since(killed_at)]
+        longest = max(b - a for a, b in pairwise(times))
+        assert longest < BACK_WITHIN, f"no answer for {longest:.2f} s after the kill"
+        wait_for(lambda: balancer.status("shell1").startswith("DOWN"), "shell1 DOWN")
