@@ -277,6 +277,7 @@ class Settings(BaseSettings):
 
     @property
     def kv_path(self) -> Path:
+        """The KV file of an older shell: its rows move into the state database at start."""
         return self.home / "kv.sqlite3"
 
     @property
@@ -296,7 +297,7 @@ class Settings(BaseSettings):
 
 
 #: what makes an existing, non-empty directory recognisably an Atrium home (safe to make 0700)
-HOME_MARKERS: Final = ("run", "scopes", "kv.sqlite3")
+HOME_MARKERS: Final = ("run", "scopes", "kv.sqlite3", "state.sqlite3")
 
 
 def prepare_home(settings: Settings) -> None:

@@ -222,7 +222,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         await users.end_link_sessions(keep=user_auth.link_key)
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
         kv = await stack.enter_async_context(
-            KvStore.open(settings.kv_path, bus=bus, user=settings.user)
+            KvStore.open(db, bus=bus, user=settings.user, moved_from=settings.kv_path)
         )
         registry = await stack.enter_async_context(AppRegistry(layout, bus))
         catalogue = await asyncio.to_thread(ThemeCatalogue.load, settings.home / "themes")

@@ -37,7 +37,7 @@ from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADAB
 from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.repair import repair_backups, repair_scope, uncommitted
 from atrium.git import GitError, ScopeRepo
-from atrium.kv import salvage
+from atrium.kv import salvage, salvage_state
 from atrium.lifecycle.limits import ceilings_of, held_here, in_words
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import ConfigError, HomeLock, Settings
@@ -117,6 +117,23 @@ def _spool_problems(home: Path) -> list[str]:
     ]
 
 
+def _kv_files(settings: Settings) -> list[tuple[Path, bool]]:
+    """The SQLite files that hold KV rows, each with whether it is the state database: an older
+    shell's ``kv.sqlite3`` not moved yet (a damaged one stops the move), and the state database
+    when it is SQLite (a PostgreSQL one is its server's to check)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    files = [(settings.kv_path, False)] if settings.kv_path.exists() else []
+    try:
+        url = make_url(settings.state_url)
+    except ArgumentError:  # `atrium serve` names what is wrong with it
+        return files
+    if url.get_backend_name() == "sqlite" and url.database:
+        files.append((Path(url.database).expanduser(), True))
+    return files
+
+
 def _kv_problem(path: Path) -> tuple[str | None, bool]:
     """What is wrong with the KV file, and whether it is damage (which ``--repair`` rebuilds)."""
     if not path.exists():
@@ -182,9 +199,14 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
         done += await repair_scope(layout, repo, scope, lost)
     done += await asyncio.to_thread(repair_backups, BackupStore(settings.home / "backups"), lost)
     done += await asyncio.to_thread(spool.sweep, settings.home)
-    problem, damaged = _kv_problem(settings.kv_path)
-    if problem is not None and damaged:
-        kept, aside = await asyncio.to_thread(salvage, settings.kv_path, stamp, settings.user)
+    for path, state in _kv_files(settings):
+        problem, damaged = _kv_problem(path)
+        if problem is None or not damaged:
+            continue
+        if state:
+            kept, aside = await asyncio.to_thread(salvage_state, path, stamp)
+        else:
+            kept, aside = await asyncio.to_thread(salvage, path, stamp, settings.user)
         done.append(
             f"{problem}: rebuilt with the {kept} rows still readable; original kept as {aside}"
         )
@@ -249,8 +271,9 @@ def doctor(
     if repair:
         _run_repair(settings, layout)
     problems = [p for s in MUTABLE for p in _scope_problems(layout, s)]
-    kv_problem, _ = _kv_problem(settings.kv_path)
-    problems += [kv_problem] if kv_problem else []
+    for path, _ in _kv_files(settings):
+        kv_problem, _ = _kv_problem(path)
+        problems += [kv_problem] if kv_problem else []
     shell_running = _lock_held(settings.lock_path)
     # while a shell runs, a file in cache/imports or cache/exports is a request in progress
     problems += [] if shell_running else _spool_problems(settings.home)

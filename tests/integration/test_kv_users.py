@@ -17,6 +17,7 @@ import pytest
 from atrium.bus import EventBus
 from atrium.kv import KvStore, salvage
 from atrium.settings import ConfigError
+from atrium.state.versions import open_checked
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import (
     RunningShell,
@@ -203,12 +204,16 @@ def test_the_rows_of_an_older_file_become_the_bootstrap_admins(
         assert bob.get("/api/os/theme").json()["colorMode"] == "auto"  # not the admin's choice
         assert api.put("/api/kv/os/x", json={"value": "new"}).status_code == 200
     shell.stop()
-    conn = sqlite3.connect(home / "kv.sqlite3")
-    rows = conn.execute("SELECT owner, namespace, key FROM kv ORDER BY namespace, key").fetchall()
+    conn = sqlite3.connect(home / "state.sqlite3")
+    rows = conn.execute(
+        "SELECT owner, namespace, key FROM kv WHERE owner NOT LIKE '#%' ORDER BY namespace, key"
+    ).fetchall()
     conn.close()
     admin = shell.settings.user
     assert rows == [(admin, f"app/{ECHO}", "k"), (admin, "os", "theme"), (admin, "os", "x")]
-    # a second start finds the table migrated and changes nothing
+    assert not (home / "kv.sqlite3").exists()  # moved aside, never deleted
+    assert len(list(home.glob("kv.sqlite3.moved-*"))) == 1
+    # a second start finds the rows moved and changes nothing
     again = start_shell()
     with again.client() as api:
         assert api.get("/api/kv/os/x").json()["value"] == "new"
@@ -240,7 +245,7 @@ def test_a_removed_users_rows_are_set_aside_and_a_new_user_of_that_id_starts_emp
         wait_for(lambda: new_bob.get("/api/kv/os/x").status_code == 404, "old bob's row gone")
         assert new_bob.get("/api/os/theme").json()["colorMode"] == "auto"
     # nothing was deleted: the rows stay in the file, out of every user's reach
-    conn = sqlite3.connect(two.settings.home / "kv.sqlite3")
+    conn = sqlite3.connect(two.settings.home / "state.sqlite3")
     owners = [r[0] for r in conn.execute("SELECT owner FROM kv WHERE key = 'x'").fetchall()]
     conn.close()
     assert len(owners) == 1
@@ -269,9 +274,10 @@ def test_a_grantee_sees_an_instance_in_their_own_theme(
         assert scheme in css.text
 
 
-def test_a_migration_that_meets_a_full_disk_changes_nothing_and_runs_again(home: Path) -> None:
-    """The migration is one transaction: a full disk midway refuses the start with the file
-    named, the old table stays whole, and once space is freed the next open migrates."""
+def test_a_move_that_meets_a_full_disk_changes_nothing_and_runs_again(home: Path) -> None:
+    """The move into the state database is one transaction: a full disk midway refuses the
+    start with the file named, the old file stays whole where it was, and once space is freed
+    the next open moves it."""
     with tmpfs(home, 16) as disk:
         path = disk / "kv.sqlite3"
         old_file(path)
@@ -286,7 +292,7 @@ def test_a_migration_that_meets_a_full_disk_changes_nothing_and_runs_again(home:
         conn.close()
         filler = fill_disk(disk, leave=256 * 1024)  # enough to open, not to copy the rows
         with pytest.raises(
-            ConfigError, match=f"the KV store {path} cannot be opened: database or disk is full"
+            ConfigError, match=f"the KV store {path} cannot be moved into .*: the disk holding"
         ):
             run_async(open_and_read(path))
         filler.unlink()
@@ -300,7 +306,12 @@ def test_a_migration_that_meets_a_full_disk_changes_nothing_and_runs_again(home:
 
 
 async def open_and_read(path: Path) -> tuple[object, int]:
-    async with EventBus() as bus, KvStore.open(path, bus=bus, user="alice") as kv:
+    """Open the store on a state database beside ``path``, moving ``path`` into it."""
+    async with (
+        EventBus() as bus,
+        open_checked(f"sqlite+aiosqlite:///{path.parent / 'state.sqlite3'}") as db,
+        KvStore.open(db, bus=bus, user="alice", moved_from=path) as kv,
+    ):
         entry = await kv.get("os", "x", owner="alice")
         assert entry is not None
         return entry.value, len(await kv.keys("os", owner="alice")) + 1

@@ -140,10 +140,10 @@ def test_the_shell_keeps_its_home_private(tmp_path: Path) -> None:
             "run/url",
             "run/serve.lock",
             "run/logs",
-            "kv.sqlite3",
+            "state.sqlite3",
         ):
             assert must in checked
-        assert "kv.sqlite3-wal" in checked
+        assert "state.sqlite3-wal" in checked
         assert "scopes/users/default/.git" in checked
         assert any(c.startswith("scopes/users/default/records/") for c in checked)
         # the app tree keeps the modes of the tree it came from
@@ -156,8 +156,13 @@ def test_an_older_home_left_readable_is_tightened(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with serving(home):
         pass
-    for path in (home, home / "run", home / "kv.sqlite3"):
+    for path in (home, home / "run", home / "state.sqlite3"):
         path.chmod(0o755 if path.is_dir() else 0o644)
+    # and the KV file of a shell older still, which moves into the state database
+    older = sqlite3.connect(home / "kv.sqlite3")
+    older.execute("CREATE TABLE kv (namespace, key, value, updated_at)")
+    older.close()
+    (home / "kv.sqlite3").chmod(0o644)
     (home / "run" / "logs").mkdir(exist_ok=True, mode=0o755)
     log = home / "run" / "logs" / "old.log"
     log.write_text("old\n")
@@ -166,7 +171,9 @@ def test_an_older_home_left_readable_is_tightened(tmp_path: Path) -> None:
         assert mode(home) == 0o700
         assert mode(home / "run") == 0o700
         assert mode(home / "run" / "logs") == 0o700
-        assert mode(home / "kv.sqlite3") == 0o600
+        assert mode(home / "state.sqlite3") == 0o600
+        (aside,) = home.glob("kv.sqlite3.moved-*")
+        assert mode(aside) == 0o600
         assert mode(log) == 0o600
 
 
@@ -188,13 +195,21 @@ PAGE = 4096
 
 def _fill_kv(home: Path, keys: int, size: int) -> dict[str, str]:
     """Write ``keys`` values of ``size`` characters through a real shell, then stop it cleanly
-    (which checkpoints the WAL into ``kv.sqlite3``)."""
+    (which checkpoints the WAL into ``state.sqlite3``)."""
     values = {f"k{n:04d}": f"{n:04d}" + "v" * (size - 4) for n in range(keys)}
     with serving(home) as served, served.client() as api:
         for key, value in values.items():
             assert api.put(f"/api/kv/os/{key}", json={"value": value}).status_code == 200
-    assert not (home / "kv.sqlite3-wal").exists() or not (home / "kv.sqlite3-wal").stat().st_size
+    wal = home / "state.sqlite3-wal"
+    assert not wal.exists() or not wal.stat().st_size
     return values
+
+
+def _page_of(path: Path, needle: bytes) -> int:
+    """The first page of a SQLite file that holds ``needle`` (a KV value: the state database
+    holds the event log too, which a page picked by position may belong to)."""
+    data = path.read_bytes()
+    return data.index(needle) // PAGE
 
 
 def _damage(path: Path, first_page: int, pages: int = 1) -> None:
@@ -208,7 +223,7 @@ def _damage(path: Path, first_page: int, pages: int = 1) -> None:
 def test_a_damaged_kv_file_stops_start_up_with_one_line_naming_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     _fill_kv(home, 300, 200)
-    kv = home / "kv.sqlite3"
+    kv = home / "state.sqlite3"
     pages = kv.stat().st_size // PAGE
     assert pages > 10
     _damage(kv, pages // 2)
@@ -224,9 +239,9 @@ def test_a_damaged_kv_file_stops_start_up_with_one_line_naming_it(tmp_path: Path
 def test_a_file_that_is_not_a_database_stops_start_up(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "kv.sqlite3").write_bytes(b"this is not SQLite\n" * 300)
+    (home / "state.sqlite3").write_bytes(b"this is not SQLite\n" * 300)
     [line] = serve_refused(home)
-    assert f"the KV store {home / 'kv.sqlite3'} is damaged (file is not a database)" in line
+    assert f"{home / 'state.sqlite3'} cannot be used: file is not a database" in line
 
 
 def test_damage_met_at_run_time_is_a_storage_error_never_500_nor_wrong_data(
@@ -234,13 +249,13 @@ def test_damage_met_at_run_time_is_a_storage_error_never_500_nor_wrong_data(
 ) -> None:
     home = tmp_path / "home"
     values = _fill_kv(home, 300, 200)
-    kv = home / "kv.sqlite3"
-    pages = kv.stat().st_size // PAGE
+    kv = home / "state.sqlite3"
+    page = _page_of(kv, values["k0150"].encode())
     with serving(home) as served, served.client() as api:
         # the disk goes bad under the running shell. SQLite keeps the pages the start-up check
         # read in its own cache; a change by another connection (here the header's user_version)
         # makes it read them from the file again, as it would after evicting them
-        _damage(kv, pages // 2)
+        _damage(kv, page)
         poke = sqlite3.connect(kv)
         poke.execute("PRAGMA user_version = 1")
         poke.close()
@@ -312,7 +327,7 @@ def test_a_full_disk_answers_storage_full_and_loses_nothing_answered(six_mib_hom
         assert full.status_code == 507, full.text
         error = full.json()["error"]
         assert error["code"] == "storage_full"
-        assert error["path"] == str(home / "kv.sqlite3")
+        assert error["path"] == str(home / "state.sqlite3")
         # what was answered is still there, and the store works again once space is freed
         for key, value in acknowledged.items():
             assert api.get(f"/api/kv/os/{key}").json()["value"] == value

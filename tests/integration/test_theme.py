@@ -18,6 +18,7 @@ from atrium.kv import KvStore
 from atrium.lifecycle.instance import Instance
 from atrium.manifest import ThemeStrategy, parse_manifest
 from atrium.scopes import Scope
+from atrium.state.versions import open_checked
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.model import ColorMode
 from atrium.theme.prefs import ThemeService, html_transform_for
@@ -46,7 +47,8 @@ async def themes(tmp_path: Path) -> AsyncIterator[Themes]:
     user_dir.mkdir()
     async with (
         EventBus() as bus,
-        KvStore.open(tmp_path / "kv.sqlite3", bus=bus, user="default") as kv,
+        open_checked(f"sqlite+aiosqlite:///{tmp_path / 'state.sqlite3'}") as db,
+        KvStore.open(db, bus=bus, user="default") as kv,
         ThemeService(kv, bus, ThemeCatalogue.load(user_dir)) as service,
     ):
         yield Themes(service, kv, bus, bus.subscribe((THEME_CHANGED,)), user_dir)
@@ -164,7 +166,8 @@ async def test_reload_adds_a_theme_and_a_vanished_selection_falls_back(themes: T
 async def test_a_stored_id_that_vanished_reads_as_the_default(tmp_path: Path) -> None:
     async with (
         EventBus() as bus,
-        KvStore.open(tmp_path / "kv.sqlite3", bus=bus, user="default") as kv,
+        open_checked(f"sqlite+aiosqlite:///{tmp_path / 'state.sqlite3'}") as db,
+        KvStore.open(db, bus=bus, user="default") as kv,
     ):
         await kv.set("os", "theme", {**DEFAULT, "themeIdLight": "gone", "colorMode": "light"})
         async with ThemeService(kv, bus, ThemeCatalogue.load(None)) as service:

@@ -36,6 +36,7 @@ from atrium.errors import AtriumError
 from atrium.events import THEME_CHANGED
 from atrium.identity import AppTokens, UserAuth, new_token
 from atrium.kv import KvStore
+from atrium.state.versions import open_checked
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.users.audit import AuditLog
@@ -84,7 +85,8 @@ def build_app(server: Server) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             EventBus() as bus,
-            KvStore.open(server.home / "kv.sqlite3", bus=bus, user="default") as kv,
+            open_checked(f"sqlite+aiosqlite:///{server.home / 'state.sqlite3'}") as db,
+            KvStore.open(db, bus=bus, user="default") as kv,
             UserStore.open(server.home / "users.sqlite3", bootstrap_admin="default") as users,
             AuditLog.open(server.home / "audit.sqlite3", retention_days=90) as audit,
         ):

@@ -27,7 +27,7 @@ from tests.integration.distribution.test_crash import (  # crash: the fixture
     git,
     killed_during,
 )
-from tests.integration.test_storage import PAGE, _damage, _fill_kv
+from tests.integration.test_storage import _damage, _fill_kv, _page_of
 
 pytestmark = pytest.mark.integration
 
@@ -200,11 +200,11 @@ def test_repair_sets_uncommitted_changes_aside_and_keeps_apps_placed_by_hand(
 
 
 def test_repair_rebuilds_a_damaged_kv_file_from_its_readable_rows(tmp_path: Path) -> None:
+    """The KV rows live in the state database: its file is rebuilt, every table kept."""
     home = tmp_path / "home"
     values = _fill_kv(home, 300, 200)
-    kv = home / "kv.sqlite3"
-    pages = kv.stat().st_size // PAGE
-    _damage(kv, pages // 2)
+    kv = home / "state.sqlite3"
+    _damage(kv, _page_of(kv, values["k0150"].encode()))
     damaged = kv.read_bytes()
     report = doctor(home)
     assert report.returncode == 1
@@ -212,7 +212,9 @@ def test_repair_rebuilds_a_damaged_kv_file_from_its_readable_rows(tmp_path: Path
 
     repaired = doctor(home, "--repair")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    (aside,) = (p for p in home.glob("kv.sqlite3.damaged-*") if p.name[-4:] not in ("-wal", "-shm"))
+    (aside,) = (
+        p for p in home.glob("state.sqlite3.damaged-*") if p.name[-4:] not in ("-wal", "-shm")
+    )
     assert aside.read_bytes() == damaged  # the original is kept as it was
     assert f"original kept as {aside}" in repaired.stdout
     with serving(home) as served, served.client() as api:
