@@ -12,7 +12,6 @@ from bench import (
     crash,
     dataproxy,
     events,
-    haproxy,
     hostpage,
     images,
     install,
@@ -54,7 +53,6 @@ BENCHES = {
     "load": load.main,
     "kube": kube.main,
     "startup": startup.main,
-    "haproxy": haproxy.main,
     "images": images.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)

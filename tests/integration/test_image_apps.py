@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 APP: Final = "test.image.busybox"
+#: a manifest env value: the image gets it, and no other user of the host can read it
+WORD: Final = "kept-off-the-command-line"
 #: a CGI that writes into the data folder and says who it runs as
 SAVE: Final = b"""#!/bin/sh
 echo "saved by $(id -u)" > /www/data/note
@@ -77,6 +79,7 @@ def manifest(registry: Registry, digest: str) -> dict[str, object]:
             "port": 80,
             "health": {"path": "/"},
             "data": ["/www/data"],
+            "env": {"SECRET_WORD": WORD},
         },
     }
 
@@ -114,6 +117,7 @@ def test_an_image_runs_as_an_app_its_data_survives_a_restart(
         inside = [p.pid for p in descendants(pid) if p.pid != pid]
         assert {host_ids(p)[0] for p in inside} >= {first + 33}
         assert all(host_ids(p)[0] >= first for p in [pid, *inside])
+        assert all(WORD not in Path(f"/proc/{p}/cmdline").read_text() for p in [pid, *inside])
         iid = instance["instanceId"]
         assert api.post(f"/api/instances/{iid}/stop").status_code == 200
         assert api.post(f"/api/instances/{iid}/start").status_code == 200

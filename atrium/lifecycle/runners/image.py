@@ -239,12 +239,15 @@ def image_argv(spec: SpawnSpec, run: ImageRun, bwrap: str, ids: AppUser, fds: Fd
             options += ["--cap-add", capability]
     relayed = relay_points(run)
     options += ["--ro-bind", relayed[0][1], "/", "--proc", "/proc", "--dev", "/dev"]
-    options += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run"]  # noqa: S108
+    for scratch in ("/tmp", "/run"):  # noqa: S108
+        # an image whose /run is a link (to /var/run) keeps it: a mount there would follow it
+        if (run.rootfs / scratch[1:]).is_dir() and not (run.rootfs / scratch[1:]).is_symlink():
+            options += ["--perms", "1777" if scratch == "/tmp" else "0755", "--tmpfs", scratch]  # noqa: S108
     for path, (_, point) in zip(run.data, relayed[1:], strict=True):
         options += ["--bind", point, path]
-    options += ["--hostname", spec.instance_id[:63], "--chdir", launch.cwd, "--clearenv"]
-    for name, value in launch.env.items():
-        options += ["--setenv", name, value]
+    # the environment is bwrap's own (`ImageRunner.spawn`), never --setenv: a command line is
+    # readable by every user of the host, and a manifest's env may hold a password
+    options += ["--hostname", spec.instance_id[:63], "--chdir", launch.cwd]
     return [*drop, bwrap, *options, "--", *launch.argv]
 
 
@@ -490,7 +493,7 @@ class ImageRunner(LocalRunner):
             process = await start_child(
                 spec,
                 argv,
-                {},
+                dict(run.launch.env),
                 label=label,
                 pass_fds=(info_w, block_r, lock),
                 die_with_shell=True,
