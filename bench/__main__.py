@@ -12,6 +12,7 @@ from bench import (
     crash,
     dataproxy,
     events,
+    haproxy,
     hostpage,
     images,
     install,
@@ -53,6 +54,7 @@ BENCHES = {
     "load": load.main,
     "kube": kube.main,
     "startup": startup.main,
+    "haproxy": haproxy.main,
     "images": images.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
