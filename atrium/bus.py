@@ -81,6 +81,9 @@ class Event:
     payload: Mapping[str, Any]
     frame: bytes
     data: Payload | None = None
+    #: the user it belongs to (the payload's ``owner``, or the row's): who may hear it, even
+    #: when ``data`` is None
+    owner: str | None = None
 
 
 def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
@@ -297,6 +300,7 @@ class EventBus:
         `emit`; a raw topic and mapping is for the bus's own tests. With a database the event
         returned has id 0 (its row is written after): nothing may rely on its id."""
         replayed = data is None or data.REPLAYED
+        owner = data.owner if data is not None else None
         if self._db is None:
             self._next_id += 1
             event = Event(
@@ -305,12 +309,13 @@ class EventBus:
                 dict(payload),
                 encode_frame(self._next_id, topic, payload),
                 data,
+                owner,
             )
             if replayed:
                 self._history.append(event)
             self._fan_out(event)
         else:
-            event = Event(0, topic, dict(payload), b"", data)
+            event = Event(0, topic, dict(payload), b"", data, owner)
             if not replayed:
                 self._fan_out_unstored(event)
             elif len(self._pending) >= PENDING_LIMIT:
@@ -334,7 +339,7 @@ class EventBus:
                 self.publish(stored.topic, stored.data, data=data)
             return
         for stored, data in items:
-            event = Event(stored.id, stored.topic, dict(stored.data), b"", data)
+            event = Event(stored.id, stored.topic, dict(stored.data), b"", data, stored.owner)
             if stored.id <= self._seen:
                 continue  # the reader read it first, and its listeners heard it then
             self._own[stored.id] = event
@@ -393,10 +398,7 @@ class EventBus:
                     async with db.transaction() as tx:
                         written = await log.append_many(
                             tx,
-                            [
-                                (e.topic, e.data.owner if e.data is not None else None, e.payload)
-                                for e in batch
-                            ],
+                            [(e.topic, e.owner, e.payload) for e in batch],
                         )
                         for stored, event in zip(written, batch, strict=True):
                             ids.append(stored.id)
@@ -441,6 +443,7 @@ class EventBus:
                     stored.data,
                     encode_frame(stored.id, stored.topic, stored.data),
                     data,
+                    stored.owner,
                 )
                 self._seen = stored.id
                 if own is None:
@@ -503,7 +506,9 @@ class EventBus:
             return sub
         if self._db is not None:
             sub.cursor = self._seen
-            if last_event_id is not None and last_event_id < self._seen:
+            # a resume reads the table even from an id this shell's reader has not reached
+            # (another shell gave it): the table, not the reader, knows what came after it
+            if last_event_id is not None:
                 sub.cursor = max(last_event_id, 0)
                 sub.resuming = True
                 task = asyncio.create_task(self._catch_up(self._db, sub), name="bus resume")
@@ -525,6 +530,9 @@ class EventBus:
         fan-out: the hand-over happens with no wait between the last read and the check, so the
         reader gives it exactly the ids after the last one read here."""
         try:
+            async with db.connect() as conn:
+                # an id beyond the newest given out (another database's): from now on
+                sub.cursor = min(sub.cursor, await log.newest_id(conn))
             while sub in self._subscribers:
                 async with db.connect() as conn:
                     rows = await log.after(conn, sub.cursor)
@@ -538,6 +546,7 @@ class EventBus:
                         stored.data,
                         encode_frame(stored.id, stored.topic, stored.data),
                         own.data if own is not None else decode(stored),
+                        stored.owner,
                     )
                     sub.cursor = stored.id
                     if not matches_any(event.topic, sub.globs) or (

@@ -22,7 +22,10 @@ from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
 from atrium.events import (
+    GRANT_ADDED,
+    GRANT_REVOKED,
     MAX_GLOBS,
+    SYSTEM_USAGE,
     DataChanged,
     GrantAdded,
     GrantRevoked,
@@ -78,6 +81,11 @@ def parse_data_path(raw: str | None) -> tuple[str, str] | None:
         ) from err
 
 
+#: the topics heard only by the users their payload names: a row of one of them that this shell
+#: cannot read as its payload class is heard by nobody
+PRIVATE_TOPICS: Final = frozenset({GRANT_ADDED, GRANT_REVOKED, SYSTEM_USAGE})
+
+
 def change_filter(
     shell: Shell, caller: Caller, watched: tuple[str, str] | None
 ) -> Callable[[Event], bool] | None:
@@ -93,11 +101,13 @@ def change_filter(
 
     def admit(event: Event) -> bool:
         change = event.data
+        if change is None and event.topic in PRIVATE_TOPICS:
+            return False  # a row this shell cannot read (another version wrote it): nobody's
         if isinstance(change, GrantAdded | GrantRevoked):
             return user is not None and user in (change.user, change.owner)
         if isinstance(change, SystemUsage):
             return user is not None and change.owner == user
-        if change is not None and change.owner is not None and change.owner != hearer:
+        if event.owner is not None and event.owner != hearer:
             return False
         if not isinstance(change, DataChanged):
             return True

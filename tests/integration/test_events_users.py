@@ -117,3 +117,29 @@ def test_replay_obeys_the_same_rule(
     again = SseReader(api, headers={"Last-Event-ID": str(before)})
     marker(again)
     assert {e.event for e in alices(again.events, instance_id)} >= {"kv:changed", "app:state"}
+
+
+def test_a_row_this_shell_cannot_read_still_reaches_only_its_owner(
+    two: RunningShell, api: httpx.Client, bob: httpx.Client
+) -> None:
+    """Another shell (a newer version, in a rolling upgrade) may write a payload this one cannot
+    read as its class: the row's owner still decides who hears it, and a private topic is heard
+    by nobody rather than by everyone."""
+    from atrium.state import events
+
+    topics = {"topics": "kv:*,system:*,grant:*,test:*"}
+    alice_stream = SseReader(api, topics)
+    bob_stream = SseReader(bob, topics)
+
+    async def foreign() -> None:
+        async with two.shell.db.transaction() as tx:
+            await events.append(tx, "kv:changed", "bob", {"namespace": "os"})
+            await events.append(tx, "system:usage", "bob", {"machine": {}})
+            await events.append(tx, "grant:added", "bob", {"grantId": "g"})
+        two.shell.bus.publish("test:end", {})  # the reader reads what follows its last id
+
+    two.on_loop(foreign())
+    wait_for(lambda: any(e.event == "test:end" for e in alice_stream.events), "alice's end")
+    wait_for(lambda: any(e.event == "test:end" for e in bob_stream.events), "bob's end")
+    assert [e.event for e in alice_stream.events] == ["test:end"]
+    assert [e.event for e in bob_stream.events] == ["kv:changed", "test:end"]

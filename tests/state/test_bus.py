@@ -228,3 +228,16 @@ async def test_events_of_four_concurrent_writers_arrive_in_id_order(
     for writer in range(4):  # each writer's own order kept
         mine = [f[2]["key"] for f in seen[0] if f[2]["key"].startswith(f"{writer}.")]
         assert mine == [f"{writer}.{n}" for n in range(50)]
+
+
+async def test_a_resume_from_an_id_never_given_out_hears_what_comes_next(
+    db: Database, bus: EventBus
+) -> None:
+    bus.emit(KvChanged("os", "before"))
+    await bus.flush()
+    sub = bus.subscribe(last_event_id=10**18)
+    async with asyncio.timeout(20):
+        while sub.resuming:  # it has read the table
+            await asyncio.sleep(0.01)
+    bus.emit(KvChanged("os", "after"))
+    assert [f[2]["key"] for f in await frames(sub, 1)] == ["after"]
