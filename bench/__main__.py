@@ -18,6 +18,7 @@ from bench import (
     install,
     intents,
     kube,
+    kvstate,
     lifecycle,
     load,
     rollback,
@@ -56,6 +57,7 @@ BENCHES = {
     "startup": startup.main,
     "haproxy": haproxy.main,
     "images": images.main,
+    "kvstate": kvstate.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

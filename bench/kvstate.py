@@ -1,0 +1,107 @@
+"""KV write latency on the state database: SQLite (the embedded default) vs PostgreSQL, one shell.
+
+A real shell (`launch_shell`: `ShellServer` on uvloop in a thread of this process) answers
+``PUT /api/kv/os/<key>`` from one client, one write at a time: each is one transaction that writes
+the row and appends its ``kv:changed`` event (and, on PostgreSQL, its NOTIFY), then the bus reads
+the event back and fans it out. Measured from before the request to its answer. PostgreSQL is
+Debian's, started for the run from the tests' template (`tests.postgres`) on loopback, with its
+defaults for durability (``fsync=on``, ``synchronous_commit=on``; the tests turn fsync off): a
+commit is on disk when answered, as SQLite's ``synchronous=FULL`` is.
+
+Printed: median and p99 per database, and the median's ratio to SQLite's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+from atrium.state.migrate import upgrade_now
+from tests.integration.conftest import launch_shell
+from tests.postgres import _as_postgres, _free_port, _pg_bin, _reachable, _template, new_database
+
+WRITES: Final = int(os.environ.get("BENCH_ROUNDS", "500"))
+WARMUP: Final = 20
+VALUE: Final = {"theme": "atrium-dark", "n": 0, "note": "x" * 200}
+
+
+@contextmanager
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server for this run with durable commits: the URL of its ``postgres``."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        raise SystemExit("PostgreSQL is not installed (make test installs Debian's postgresql)")
+    run = Path(tempfile.mkdtemp(prefix="atrium-pg-bench-", dir="/tmp"))
+    _reachable(run)
+    subprocess.run(["cp", "-a", str(_template(bin_dir)), str(run / "data")], check=True)
+    port = _free_port()
+    pg_ctl = str(bin_dir / "pg_ctl")
+    options = f"-k {run} -p {port} -h 127.0.0.1"
+    subprocess.run(
+        _as_postgres(
+            [pg_ctl, "-w", "-D", str(run / "data"), "-l", str(run / "log"), "-o", options, "start"]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql+psycopg://atrium@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            _as_postgres([pg_ctl, "-w", "-D", str(run / "data"), "-m", "fast", "stop"]),
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def writes(database_url: str | None) -> list[float]:
+    """Seconds per answered KV write through a shell on ``database_url`` (None: SQLite)."""
+    root = Path(tempfile.mkdtemp(prefix="atrium-bench-kv-"))
+    (root / "apps").mkdir()
+    extra = {} if database_url is None else {"database_url": database_url}
+    shell = launch_shell(root / "home", root / "apps", **extra)
+    samples: list[float] = []
+    try:
+        with shell.client() as api:
+            for n in range(WARMUP + WRITES):
+                started = time.perf_counter()
+                answer = api.put(f"/api/kv/os/k{n % 50}", json={"value": {**VALUE, "n": n}})
+                took = time.perf_counter() - started
+                assert answer.status_code == 200, answer.text
+                if n >= WARMUP:
+                    samples.append(took)
+    finally:
+        shell.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return samples
+
+
+def p99(samples: list[float]) -> float:
+    return sorted(samples)[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+
+async def main() -> None:
+    import asyncio
+
+    rows = [("SQLite (state.sqlite3, synchronous=FULL)", await asyncio.to_thread(writes, None))]
+    with postgres() as server:
+        url = new_database(server)
+        await asyncio.to_thread(upgrade_now, url)
+        rows.append(("PostgreSQL (loopback, fsync on)", await asyncio.to_thread(writes, url)))
+    base = statistics.median(rows[0][1])
+    print(f"\nKV write latency, one shell, {WRITES} sequential PUT /api/kv (row + event + fan-out)")
+    print(f"{'database':<44} {'median ms':>10} {'p99 ms':>9} {'x SQLite':>9}")
+    for name, samples in rows:
+        median = statistics.median(samples)
+        print(
+            f"{name:<44} {median * 1000:>10.2f} {p99(samples) * 1000:>9.2f} {median / base:>8.2f}x"
+        )
