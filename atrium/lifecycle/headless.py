@@ -36,9 +36,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from atrium.errors import AtriumError
+from atrium.errors import AtriumError, DatabaseLost
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
+from atrium.state.locks import PING_EVERY
 
 _LOGGER = logging.getLogger(__name__)
 #: the headless instance's id is the app id plus this
@@ -233,22 +234,33 @@ class HeadlessProviders:
         return instance
 
     async def _reap_when_idle(self, instance: Instance, woken: Woken) -> None:
-        """Stop and destroy the instance once it has had no data request for its idle time."""
+        """Stop and destroy the instance once it has had no data request for its idle time. A
+        shell cut off from the shared database makes no move (DatabaseLost): the stop is put
+        off, and made once the link is back if the instance is still idle then."""
+        while await self._idle(instance, woken):
+            _LOGGER.info(
+                "%s %s: no data request for %.0f s; stopping it",
+                instance.app_id,
+                instance.id,
+                woken.idle_timeout,
+            )
+            try:
+                reason = await self._host.remove(instance.id)
+            except DatabaseLost as err:
+                _LOGGER.warning("%s: idle stop put off: %s", instance.id, err.message)
+                await asyncio.sleep(PING_EVERY)
+                continue
+            if reason is not None:
+                _LOGGER.warning("%s: idle headless instance forced out: %s", instance.id, reason)
+            return
+
+    async def _idle(self, instance: Instance, woken: Woken) -> bool:
+        """Return once the instance has been idle for its idle time (True), or is gone (False)."""
         while self._host.holds(instance):
             remaining = woken.last_used + woken.idle_timeout - time.monotonic()
             if woken.in_flight == 0 and remaining <= 0:
-                break
+                return True
             await asyncio.sleep(
                 max(remaining, 0.05) if woken.in_flight == 0 else woken.idle_timeout
             )
-        if not self._host.holds(instance):
-            return
-        _LOGGER.info(
-            "%s %s: no data request for %.0f s; stopping it",
-            instance.app_id,
-            instance.id,
-            woken.idle_timeout,
-        )
-        reason = await self._host.remove(instance.id)
-        if reason is not None:
-            _LOGGER.warning("%s: idle headless instance forced out: %s", instance.id, reason)
+        return False

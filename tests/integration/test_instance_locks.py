@@ -1,13 +1,17 @@
 """Locks between shells on one PostgreSQL, through the real shell: a move waits for the instance
 lock another shell holds (an advisory lock on the instance id's key), and only the leader fills
 the warm pool, which a shell does once it takes the lead. The other shell is a plain session
-holding the same advisory keys."""
+holding the same advisory keys. A shell cut off from the database (through a relay the test
+cuts) does not act, and does what it put off once the link is back."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from atrium.state.locks import LEADER_KEY, instance_key
 from atrium.state.migrate import upgrade_now
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, StartShell, wait_for
+from tests.integration.test_wake import APP, provider
 from tests.postgres import new_database
 
 pytestmark = pytest.mark.integration
@@ -119,3 +124,85 @@ def test_only_the_leader_fills_the_warm_pool_and_a_new_leader_does(
         leaders = [name for granted, name in sessions_on(pg_url, LEADER_KEY) if granted]
         assert len(leaders) == 1
         assert leaders[0].startswith("atrium lock ")
+
+
+class Relay:
+    """A TCP relay to the database: `cut` closes its port and every connection through it (the
+    database is unreachable for the shell behind it), `mend` listens again on the same port."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.mend()
+
+    def mend(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            for sock in [*self._open, *([self._listener] if self._listener else [])]:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open.clear()
+            self._listener = None
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                server = socket.create_connection(self.target)
+            except OSError:
+                return
+            with self._lock:
+                self._open |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def test_a_cut_off_shell_puts_off_an_idle_stop_and_makes_it_once_back(
+    start_shell: StartShell, system_apps: Path, pg_url: str
+) -> None:
+    provider(system_apps, APP, "wakeplain", idleTimeoutMs=2000)
+    target = httpx.URL(pg_url.replace("postgresql+psycopg://", "http://"))
+    relay = Relay((str(target.host), int(target.port or 5432)))
+    shell: RunningShell = start_shell(
+        database_url=pg_url.replace(f":{target.port}/", f":{relay.port}/")
+    )
+    coordination = shell.shell.coordination
+    with shell.client(timeout=30) as api:
+        assert api.get("/api/data/wakeplain/items").status_code == 200
+        iid = f"{APP}-provider"
+        woken = shell.shell.lifecycle.headless.record(iid)
+        assert woken is not None
+        relay.cut()
+        wait_for(lambda: coordination.lost is not None, "the shell counting itself cut off")
+        # past the idle time while cut off: nothing moves (no hook, no state change)
+        deadline = woken.last_used + woken.idle_timeout + 0.5
+        wait_for(lambda: time.monotonic() > deadline, "the idle time to pass")
+        [still] = [i for i in api.get("/api/instances").json() if i["instanceId"] == iid]
+        assert still["state"] == "resumed"
+        relay.mend()
+        wait_for(lambda: coordination.lost is None, "the link back")
+        wait_for(
+            lambda: all(i["instanceId"] != iid for i in api.get("/api/instances").json()),
+            "the idle stop made once the link is back",
+        )
