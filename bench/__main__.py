@@ -7,6 +7,7 @@ import sys
 
 from bench import (
     authoring,
+    busstate,
     chaos,
     cli,
     crash,
@@ -57,6 +58,7 @@ BENCHES = {
     "startup": startup.main,
     "haproxy": haproxy.main,
     "images": images.main,
+    "busstate": busstate.main,
     "kvstate": kvstate.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
