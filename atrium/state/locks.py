@@ -336,6 +336,7 @@ class InstanceLock:
             if conn is not None:
                 await self._release(conn)
         finally:
+            self._lost = None  # of this hold: the next one takes the lock anew
             self._local.release()
 
     async def _release(self, conn: AsyncConnection) -> None:
