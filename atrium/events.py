@@ -43,6 +43,7 @@ DEV_RELOADED: Final = "dev:reloaded"
 DEV_FAILED: Final = "dev:failed"
 SYSTEM_USAGE: Final = "system:usage"
 BACKUP_FAILED: Final = "backup:failed"
+USER_CHANGED: Final = "user:changed"
 
 
 def _camel(name: str) -> str:
@@ -338,6 +339,17 @@ class SystemUsage(Payload):
     at: str
 
 
+@dataclass(frozen=True, slots=True)
+class UserChanged(Payload):
+    """A user's account, sign-ins, tokens or linked identities changed (made, ended, disabled,
+    removed): written in the change's transaction, so every shell on the same database drops
+    what it remembers of that user and reads it again. Owned by that user: heard by their
+    streams only (and their apps'), and it says no more than the id."""
+
+    TOPIC: ClassVar[str] = USER_CHANGED
+    user_id: str
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -365,6 +377,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DevFailed,
         SystemUsage,
         BackupFailed,
+        UserChanged,
     )
 }
 

@@ -43,6 +43,7 @@ from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
 from atrium.usage import Running
 from atrium.users.audit import AuditLog
+from atrium.users.carry import carry_over
 from atrium.users.grants import GrantStore
 from atrium.users.model import Role
 from atrium.users.store import UserStore
@@ -203,12 +204,18 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # the import uploads and exports a killed shell left in cache/ (no request runs yet)
         for line in await asyncio.to_thread(spool.sweep, settings.home):
             _LOGGER.warning("%s", line)
-        users = await stack.enter_async_context(
-            UserStore.open(settings.users_path, bootstrap_admin=settings.user)
+        # the bus first: the users store and the grants hear other shells' changes on it
+        bus = await stack.enter_async_context(
+            EventBus(heartbeat=settings.heartbeat_seconds, db=db)
         )
-        grants = await stack.enter_async_context(GrantStore.open(users.file))
+        # an older home's users.sqlite3 and audit.sqlite3 go into the state database, once
+        await carry_over(db, settings.users_path, settings.audit_path)
+        users = await stack.enter_async_context(
+            UserStore.open(db, bootstrap_admin=settings.user, bus=bus)
+        )
+        grants = await stack.enter_async_context(GrantStore.open(db, users))
         audit = await stack.enter_async_context(
-            AuditLog.open(settings.audit_path, retention_days=settings.audit_retention_days)
+            AuditLog.open(db, retention_days=settings.audit_retention_days)
         )
         grants.forget_missing(lambda user_id: users.get(user_id) is not None)
 
@@ -220,7 +227,6 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         user_auth = UserAuth(user_token)
         # a new bootstrap token ends the sign-ins its predecessor's login link made
         await users.end_link_sessions(keep=user_auth.link_key)
-        bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
         kv = await stack.enter_async_context(
             KvStore.open(db, bus=bus, user=settings.user, moved_from=settings.kv_path)
         )

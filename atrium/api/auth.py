@@ -53,16 +53,18 @@ def shell_of(request: Request) -> Shell:
     return shell
 
 
-def identify(request: Request, shell: Shell) -> Caller:
+async def identify(request: Request, shell: Shell) -> Caller:
     """The caller of ``request``. A presented but unknown bearer token is 401, never anonymous.
 
     A request that came through an app origin's `/_os/api/` is that app, whatever it carries.
     """
     headers = request.headers
-    return identify_raw(request.scope, headers.get("authorization"), headers.get("cookie"), shell)
+    return await identify_raw(
+        request.scope, headers.get("authorization"), headers.get("cookie"), shell
+    )
 
 
-def identify_raw(
+async def identify_raw(
     scope: Scope, header: str | None, cookie_header: str | None, shell: Shell
 ) -> Caller:
     """`identify` from the two headers it reads, for the data proxy's single pass over them."""
@@ -79,7 +81,7 @@ def identify_raw(
             if admin is None or admin.disabled:
                 raise Unauthenticated(f"user {shell.settings.user!r} is disabled")
             return UserCaller(admin.id, admin.role)
-        personal = shell.users.token(token)
+        personal = await shell.users.find_token(token)
         if personal is not None:
             user, record = personal
             return UserCaller(user.id, user.role, token_id=record.id)
@@ -89,7 +91,7 @@ def identify_raw(
         return app
     cookie = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
     if cookie is not None:
-        signed_in = shell.users.session(cookie)
+        signed_in = await shell.users.find_session(cookie)
         if signed_in is not None:
             user, session = signed_in
             client = scope.get("client")
@@ -259,7 +261,7 @@ def endpoint(
     async def guarded(request: Request) -> Response:
         shell = shell_of(request)
         if request.method in SAFE_METHODS and not audit_safe:
-            known = identify(request, shell)
+            known = await identify(request, shell)
             authorize(known, access)
             return await handler(request, known)
         caller: Caller = Anonymous()
@@ -267,7 +269,7 @@ def endpoint(
         error: str | None = "disconnected"
         streamed = False
         try:
-            caller = identify(request, shell)
+            caller = await identify(request, shell)
             authorize(caller, access)
             if isinstance(caller, UserCaller) and caller.via_cookie:
                 check_cookie_origin(request, shell)

@@ -140,7 +140,7 @@ async def serve_events(
         if scope["method"] not in {"GET", "HEAD"}:
             raise InvalidRequest(f"{scope['method']} /api/events: use GET")
         if caller is None:
-            caller = identify(request, shell)
+            caller = await identify(request, shell)
         authorize(caller, Access.USER_OR_APP)
         globs = parse_topics(request.query_params.get("topics"))
         watched = parse_data_path(request.query_params.get("dataPath"))

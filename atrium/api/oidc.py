@@ -353,7 +353,7 @@ async def _sign_in(request: Request, provider: OidcProvider, claims: dict[str, A
         device=request.headers.get("user-agent", ""),
     )
     try:
-        before = identify(request, shell)
+        before = await identify(request, shell)
     except AtriumError:
         before = None
     if isinstance(before, UserCaller) and before.session_id is not None:

@@ -52,3 +52,99 @@ kv = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
     sa.Column("updated_at", sa.Text, nullable=False),
 )
+
+#: accounts; ``password`` is the scrypt string (None: no password sign-in)
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("disabled", sa.Boolean, nullable=False),
+    sa.Column("password", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Text, nullable=False),
+)
+
+#: sign-ins of the host page; ``hash`` is the sha256 of the cookie's secret
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("hash", sa.Text, nullable=False, unique=True),
+    sa.Column("user_id", sa.Text, nullable=False, index=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("last_seen", sa.Text, nullable=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("device", sa.Text, nullable=False),
+    #: the bootstrap token's link key a login-link session was made with
+    sa.Column("link_key", sa.Text, nullable=True),
+)
+
+#: personal API tokens; ``hash`` is the sha256 of the secret
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("hash", sa.Text, nullable=False, unique=True),
+    sa.Column("user_id", sa.Text, nullable=False, index=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Text, nullable=True),
+)
+
+#: OIDC identities linked to users, by (issuer, subject)
+identities = sa.Table(
+    "identities",
+    metadata,
+    sa.Column("issuer", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, nullable=False, index=True),
+    sa.Column("email", sa.Text, nullable=True),
+    sa.Column("linked_at", sa.Text, nullable=False),
+)
+
+#: one user's role on one instance of another's; ``seq`` keeps the order they were made in
+grants = sa.Table(
+    "grants",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("instance_id", sa.Text, nullable=False),
+    sa.Column("app_id", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.UniqueConstraint("owner", "instance_id", "user_id"),
+)
+
+#: the audit log (append-only: a trigger refuses UPDATE; pruning deletes)
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column(
+        "seq",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("time", sa.Text, nullable=False, index=True),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("status", sa.Integer, nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Index(None, "actor", "seq"),
+)
+
+#: the files of a home a shell copied into this database (their path), in the copy's transaction
+carried_over = sa.Table(
+    "carried_over",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("at", sa.Text, nullable=False),
+)

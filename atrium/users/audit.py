@@ -1,10 +1,12 @@
-"""The audit log: one append-only table in SQLite (``$ATRIUM_HOME/audit.sqlite3``, 0600).
+"""The audit log: the append-only ``audit`` table of the state database (a trigger refuses
+UPDATE on both databases).
 
 Every state-changing API call and every sign-in attempt becomes one `AuditRecord`. Appending never
-waits for the disk: `AuditLog.append` queues the record in memory and the one writer thread writes
-whatever is queued in one transaction (WAL, synchronous=NORMAL: a crash of the process loses
-nothing written, a power cut may lose the last moments). A query runs on the same thread after
-every record queued before it, so a caller reads its own writes.
+waits for the database: `AuditLog.append` queues the record in memory and one writer task writes
+whatever is queued in one transaction (a killed process loses only what was still queued, at most
+the last moments). A query first writes every record queued before it, so a caller reads its own
+writes; on several shells of one database each writes its own records, and every shell's query
+sees all of them (ids are the table's, in insert order).
 
 Nothing changes or deletes a record except `prune`, which drops records older than the retention
 (`ATRIUM_AUDIT_RETENTION_DAYS`) and the oldest anonymous records beyond `MAX_ANONYMOUS_ROWS`, at
@@ -26,18 +28,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
-from atrium.users.sqlitefile import connect
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
 
-T = TypeVar("T")
+from atrium.state.schema import audit
+
+if TYPE_CHECKING:
+    from atrium.state.database import Database
+
 _LOGGER = logging.getLogger(__name__)
 PRUNE_EVERY: Final = timedelta(days=1)
 MAX_LIMIT: Final = 1000
@@ -53,25 +57,6 @@ MAX_COUNTED: Final = 50
 MAX_ANONYMOUS_ROWS: Final = 100_000
 #: refused calls of one signed-in user or app written one by one in a window (`RefusedBudget`)
 PER_ACTOR_REFUSED: Final = 100
-
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS audit (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    time TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL,
-    target TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    error TEXT,
-    address TEXT NOT NULL,
-    count INTEGER NOT NULL DEFAULT 1
-);
-CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
-CREATE INDEX IF NOT EXISTS audit_actor ON audit (actor, seq);
-CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
-BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-"""
 
 ANONYMOUS: Final = "anonymous"
 
@@ -230,38 +215,24 @@ class RefusedBudget:
 
 
 class AuditLog:
-    """The append-only audit table and its one writer thread."""
+    """The append-only audit table and its one writer task."""
 
-    def __init__(
-        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, retention: timedelta
-    ) -> None:
-        self._conn = conn
-        self._executor = executor
+    def __init__(self, db: Database, retention: timedelta) -> None:
+        self._db = db
         self._retention = retention
         self._queue: list[AuditRecord] = []
-        self._flush_scheduled = False
-        self._pending: set[asyncio.Future[None]] = set()
+        self._writing = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
         self._budget = AnonymousBudget()
         self._refused = RefusedBudget()
         #: set once the final flush has begun: a request answered after that (one finishing
-        #: while the shell stops) cannot reach the file, and must not fail for it
+        #: while the shell stops) cannot reach the table, and must not fail for it
         self._closed = False
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path, *, retention_days: int) -> AsyncIterator[AuditLog]:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
-        loop = asyncio.get_running_loop()
-        try:
-            conn = await loop.run_in_executor(
-                executor,
-                lambda: _upgrade(connect(path, "the audit log", _SCHEMA, synchronous="NORMAL")),
-            )
-        except BaseException:
-            executor.shutdown(wait=True)
-            raise
-        log = cls(conn, executor, timedelta(days=retention_days))
+    async def open(cls, db: Database, *, retention_days: int) -> AsyncIterator[AuditLog]:
+        log = cls(db, timedelta(days=retention_days))
         pruner: asyncio.Task[None] | None = None
         try:
             await log.prune()
@@ -274,12 +245,10 @@ class AuditLog:
                     await pruner
             log._closed = True
             log._queue.extend(log._budget.drain() + log._refused.drain())
-            await log._run(log._flush)
-            await loop.run_in_executor(executor, conn.close)
-            executor.shutdown(wait=True)
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+            try:
+                await log._flush()
+            except SQLAlchemyError as err:
+                _LOGGER.error("the audit log could not be written at close: %s", err)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -294,7 +263,7 @@ class AuditLog:
         error: str | None = None,
         when: datetime | None = None,
     ) -> None:
-        """Queue one record; it reaches the file in the writer thread's next transaction. Never
+        """Queue one record; it reaches the table in the writer task's next transaction. Never
         blocks and never raises into the request it records (a failed write is logged). An
         anonymous record, or a user's or an app's refused call, may only be counted
         (`AnonymousBudget`, `RefusedBudget`)."""
@@ -326,50 +295,28 @@ class AuditLog:
         self._schedule()
 
     def _schedule(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            future = asyncio.get_running_loop().run_in_executor(self._executor, self._flush)
-            self._pending.add(future)
-            future.add_done_callback(self._written)
-
-    def _written(self, future: asyncio.Future[None]) -> None:
-        self._pending.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            _LOGGER.error("the audit log could not be written: %s", future.exception())
-
-    def _flush(self) -> None:
-        # the list swap happens on the writer thread; the loop only appends (the GIL keeps
-        # both whole), and a record appended after the swap schedules its own flush
-        self._flush_scheduled = False
-        batch, self._queue = self._queue, []
-        if not batch:
-            return
-        c = self._conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            c.executemany(
-                "INSERT INTO audit"
-                " (time, actor, action, target, outcome, status, error, address, count)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        r.time,
-                        r.actor,
-                        r.action,
-                        r.target,
-                        r.outcome,
-                        r.status,
-                        r.error,
-                        r.address,
-                        r.count,
-                    )
-                    for r in batch
-                ],
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush_logged(), name="audit write"
             )
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        c.execute("COMMIT")
+
+    async def _flush_logged(self) -> None:
+        try:
+            await self._flush()
+        except SQLAlchemyError as err:
+            _LOGGER.error("the audit log could not be written: %s", err)
+
+    async def _flush(self) -> None:
+        """Write what is queued, in one transaction; one writer at a time, in queue order."""
+        async with self._writing:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    async with self._db.transaction() as tx:
+                        await tx.execute(sa.insert(audit), [_row(r) for r in batch])
+                except BaseException:
+                    self._queue[:0] = batch  # kept for the next attempt, in order
+                    raise
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -377,76 +324,81 @@ class AuditLog:
         """Newest first; written records and every one queued before this call, with the
         anonymous calls counted so far."""
         self._queue.extend(self._budget.drain() + self._refused.drain())
-        return await self._run(lambda: self._search(query))
-
-    def _search(self, query: AuditQuery) -> list[AuditRecord]:
-        self._flush()
-        where, args = [], list[object]()
+        await self._flush()
+        select = sa.select(audit).order_by(audit.c.seq.desc()).limit(query.limit)
         if query.since is not None:
-            where.append("time >= ?")
-            args.append(query.since)
+            select = select.where(audit.c.time >= query.since)
         if query.actor is not None:
-            where.append("actor = ?")
-            args.append(query.actor)
+            select = select.where(audit.c.actor == query.actor)
         if query.action is not None:
-            where.append("action = ?")
-            args.append(query.action)
-        sql = "SELECT seq, time, actor, action, target, status, error, address, count FROM audit"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        args.append(query.limit)
+            select = select.where(audit.c.action == query.action)
+        async with self._db.connect() as conn:
+            rows = (await conn.execute(select)).all()
         return [
             AuditRecord(
-                seq=seq,
-                time=time,
-                actor=actor,
-                action=action,
-                target=target,
-                status=status,
-                error=error,
-                address=address,
-                count=count,
+                seq=r.seq,
+                time=r.time,
+                actor=r.actor,
+                action=r.action,
+                target=r.target,
+                status=r.status,
+                error=r.error,
+                address=r.address,
+                count=r._mapping["count"],  # ``Row.count`` is the tuple's method
             )
-            for seq, time, actor, action, target, status, error, address, count in (
-                self._conn.execute(sql, args)
-            )
+            for r in rows
         ]
 
     # ---- retention -----------------------------------------------------------------------
 
     async def prune(self, now: datetime | None = None) -> int:
         """Drop the records older than the retention, and the oldest anonymous records beyond
-        `MAX_ANONYMOUS_ROWS`; the only removal there is."""
+        `MAX_ANONYMOUS_ROWS`; the only removal there is (idempotent: every shell of a shared
+        database may run it)."""
         cutoff = stamp((now or datetime.now(UTC)) - self._retention)
-        return await self._run(lambda: self._prune(cutoff))
-
-    def _prune(self, cutoff: str) -> int:
-        self._flush()
-        cursor = self._conn.execute("DELETE FROM audit WHERE time < ?", (cutoff,))
-        if cursor.rowcount:
-            _LOGGER.info("audit log: %d records older than %s pruned", cursor.rowcount, cutoff)
-        extra = self._conn.execute(
-            "DELETE FROM audit WHERE actor = ? AND seq IN (SELECT seq FROM audit WHERE actor = ?"
-            " ORDER BY seq DESC LIMIT -1 OFFSET ?)",
-            (ANONYMOUS, ANONYMOUS, MAX_ANONYMOUS_ROWS),
-        )
-        if extra.rowcount:
-            _LOGGER.info("audit log: the %d oldest anonymous records pruned", extra.rowcount)
-        return cursor.rowcount + extra.rowcount
+        await self._flush()
+        async with self._db.transaction() as tx:
+            old = (await tx.execute(sa.delete(audit).where(audit.c.time < cutoff))).rowcount
+            if old:
+                _LOGGER.info("audit log: %d records older than %s pruned", old, cutoff)
+            # the newest anonymous record beyond the cap: it and every older one go
+            edge = (
+                await tx.execute(
+                    sa.select(audit.c.seq)
+                    .where(audit.c.actor == ANONYMOUS)
+                    .order_by(audit.c.seq.desc())
+                    .offset(MAX_ANONYMOUS_ROWS)
+                    .limit(1)
+                )
+            ).scalar()
+            extra = 0
+            if edge is not None:
+                extra = (
+                    await tx.execute(
+                        sa.delete(audit).where(audit.c.actor == ANONYMOUS, audit.c.seq <= edge)
+                    )
+                ).rowcount
+                _LOGGER.info("audit log: the %d oldest anonymous records pruned", extra)
+        return int(old) + int(extra)
 
     async def _prune_daily(self) -> None:
         while True:
             await asyncio.sleep(PRUNE_EVERY.total_seconds())
             try:
                 await self.prune()
-            except sqlite3.Error as err:
+            except SQLAlchemyError as err:
                 _LOGGER.error("the audit log could not be pruned: %s", err)
 
 
-def _upgrade(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """A file written before records had a ``count`` gets the column (each such record is one)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(audit)")}
-    if "count" not in columns:
-        conn.execute("ALTER TABLE audit ADD COLUMN count INTEGER NOT NULL DEFAULT 1")
-    return conn
+def _row(record: AuditRecord) -> dict[str, Any]:
+    return {
+        "time": record.time,
+        "actor": record.actor,
+        "action": record.action,
+        "target": record.target,
+        "outcome": record.outcome,
+        "status": record.status,
+        "error": record.error,
+        "address": record.address,
+        "count": record.count,
+    }

@@ -1,10 +1,14 @@
 """Sharing by grant: an instance's owner lets another user look at it (decisions.md "Users:
 sharing and who is looking").
 
-A grant is (owner, instance id, grantee, role). Rows live in the `grants` table of
-``$ATRIUM_HOME/users.sqlite3`` (the users store's file, 0600) through the users store's own
-connection and writer thread (one writer per file), and every lookup is answered from memory: a
-page request asks `access_to` each time, so revoking takes effect on the very next request.
+A grant is (owner, instance id, grantee, role). Rows live in the ``grants`` table of the state
+database, and every lookup is answered from memory: a page request asks `access_to` each time, so
+revoking takes effect on the very next request.
+
+Several shells on one database: each change appends a `UserChanged` for the grantee in its own
+transaction (the users store's event: what that user may reach changed), and another shell that
+hears it reads the grants of that grantee again (`heard`), so a revoke made on one shell is
+refused on every other as soon as the event arrives.
 
 `access_to` is the one answer to "what may this caller do with this instance": `owner` for the
 user it belongs to (and that user's apps), `editor` or `viewer` for a grantee, else None, which
@@ -13,33 +17,25 @@ every route answers exactly as it answers a missing instance.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.users.sqlitefile import SqliteFile
-from atrium.users.store import new_id, now
+from atrium.state.schema import grants
+from atrium.users.store import UserStore, new_id, now
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from atrium.state.database import Database
+
 _LOGGER = logging.getLogger(__name__)
-
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS grants (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    instance_id TEXT NOT NULL,
-    app_id TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    role TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    UNIQUE (owner, instance_id, user_id)
-) WITHOUT ROWID;
-"""
 
 
 class GrantRole(StrEnum):
@@ -90,51 +86,84 @@ class Grant:
 
 
 class GrantStore:
-    """Grants: SQLite for keeps, memory for lookups (by grant id and by (owner, instance))."""
+    """Grants: the state database for keeps, memory for lookups (by grant id and by (owner,
+    instance))."""
 
-    def __init__(self, file: SqliteFile) -> None:
-        self._file = file
-        self._conn = file.conn
+    def __init__(self, db: Database, users: UserStore) -> None:
+        self._db = db
+        self._users = users
         self._by_id: dict[str, Grant] = {}
         #: (grantee, owner, instance id) -> grant: the lookup of every page request
         self._by_key: dict[tuple[str, str, str], Grant] = {}
         #: the order grants were made in (lists keep it; seconds of `created_at` cannot)
-        self._seq = 0
+        self._seq: dict[str, int] = {}
+        self._reading = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, file: SqliteFile) -> AsyncIterator[GrantStore]:
-        """The grants table in the users store's file, through its connection and writer
-        thread (the users store opens and closes the file)."""
-        await file.add_schema("the grants table in", _SCHEMA)
-        store = cls(file)
-        await store._run(store._load)
-        yield store
+    async def open(cls, db: Database, users: UserStore) -> AsyncIterator[GrantStore]:
+        """Read the grants; the changes other shells make are heard through ``users``
+        (`UserStore.on_heard`), whose transactions announce this store's changes too."""
+        store = cls(db, users)
+        async with db.connect() as conn:
+            for row in await conn.execute(sa.select(grants).order_by(grants.c.seq)):
+                store._keep(_grant(row), row.seq)
+        users.on_heard.append(store.heard)
+        try:
+            yield store
+        finally:
+            users.on_heard.remove(store.heard)
+            for task in list(store._tasks):
+                task.cancel()
+            await asyncio.gather(*store._tasks, return_exceptions=True)
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await self._file.run(fn)
-
-    def _load(self) -> None:
-        for gid, owner, iid, app_id, uid, role, created, seq in self._conn.execute(
-            "SELECT id, owner, instance_id, app_id, user_id, role, created_at, seq FROM grants "
-            "ORDER BY seq"
-        ):
-            self._seq = max(self._seq, seq)
-            self._keep(Grant(gid, owner, iid, app_id, uid, GrantRole(role), created))
-
-    def _keep(self, grant: Grant) -> None:
+    def _keep(self, grant: Grant, seq: int) -> None:
         self._by_id[grant.id] = grant
         self._by_key[(grant.user_id, grant.owner, grant.instance_id)] = grant
+        self._seq[grant.id] = seq
 
-    def _write(self, sql: str, args: tuple[object, ...]) -> None:
-        self._conn.execute(sql, args)  # autocommit: one statement, one transaction
+    def _drop(self, grant: Grant) -> None:
+        self._by_id.pop(grant.id, None)
+        self._by_key.pop((grant.user_id, grant.owner, grant.instance_id), None)
+        self._seq.pop(grant.id, None)
+
+    # ---- other shells' changes -----------------------------------------------------------
+
+    def heard(self, user_id: str) -> None:
+        """Another shell changed ``user_id`` (a grant to them or on their instances, among
+        others): their grants, both ways, are read again (one read; the ones remembered answer
+        until it is done)."""
+        task = asyncio.get_running_loop().create_task(self._reread(user_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reread(self, user_id: str) -> None:
+        async with self._reading:
+            try:
+                async with self._db.connect() as conn:
+                    rows = (
+                        await conn.execute(
+                            sa.select(grants).where(
+                                sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
+                            )
+                        )
+                    ).all()
+            except SQLAlchemyError as err:
+                _LOGGER.warning("could not read the grants of %r again: %s", user_id, err)
+                return
+            for grant in [g for g in self._by_id.values() if user_id in (g.user_id, g.owner)]:
+                self._drop(grant)
+            for row in rows:
+                self._keep(_grant(row), row.seq)
 
     # ---- reading -------------------------------------------------------------------------
 
     def of_instance(self, owner: str, instance_id: str) -> list[Grant]:
-        return [
+        found = [
             g for g in self._by_id.values() if g.owner == owner and g.instance_id == instance_id
         ]
+        return sorted(found, key=lambda g: self._seq.get(g.id, 0))
 
     def role_of(self, user_id: str, instance: Shared) -> GrantRole | None:
         grant = self._by_key.get((user_id, instance.owner, instance.id))
@@ -153,50 +182,84 @@ class GrantStore:
     ) -> tuple[Grant, bool]:
         """Grant ``role`` to ``user_id``; a second grant to the same user changes the role of
         the first (same id). Returns the grant and whether it is new."""
-        existing = self._by_key.get((user_id, owner, instance_id))
-        if existing is not None:
-            changed = replace(existing, role=role)
-            await self._run(
-                lambda: self._write(
-                    "UPDATE grants SET role = ? WHERE id = ?", (role.value, existing.id)
-                )
-            )
-            self._keep(changed)
-            return changed, False
-        grant = Grant(new_id("grt"), owner, instance_id, app_id, user_id, role, now())
-        self._seq += 1
-        row = (grant.id, owner, instance_id, app_id, user_id, role.value, grant.created_at)
-        seq = self._seq
-        await self._run(
-            lambda: self._write("INSERT INTO grants VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, seq))
+        key = sa.and_(
+            grants.c.owner == owner,
+            grants.c.instance_id == instance_id,
+            grants.c.user_id == user_id,
         )
-        self._keep(grant)
-        return grant, True
+        fresh = Grant(new_id("grt"), owner, instance_id, app_id, user_id, role, now())
+        async with self._users.change(user_id, owner) as tx:
+            row = (await tx.execute(sa.select(grants).where(key).with_for_update())).first()
+            if row is not None:
+                grant, seq, new = replace(_grant(row), role=role), row.seq, False
+                await tx.execute(
+                    sa.update(grants).where(grants.c.id == grant.id).values(role=role.value)
+                )
+            else:
+                last = (await tx.execute(sa.select(sa.func.max(grants.c.seq)))).scalar()
+                grant, seq, new = fresh, int(last or 0) + 1, True
+                await tx.execute(sa.insert(grants).values({**_grant_row(grant), "seq": seq}))
+        self._keep(grant, seq)
+        return grant, new
 
     async def revoke(self, grant: Grant) -> None:
-        await self._run(lambda: self._write("DELETE FROM grants WHERE id = ?", (grant.id,)))
-        self._by_id.pop(grant.id, None)
-        self._by_key.pop((grant.user_id, grant.owner, grant.instance_id), None)
+        async with self._users.change(grant.user_id, grant.owner) as tx:
+            await tx.execute(sa.delete(grants).where(grants.c.id == grant.id))
+        self._drop(grant)
 
     def forget_user(self, user_id: str) -> list[Grant]:
         """A removed user's grants, both ways (to them and on their instances): gone from
-        memory at once, from the table on the writer thread (`forget_missing` at the next start
-        finishes the job should that write fail)."""
+        memory at once, from the table in a task (`forget_missing` at the next start finishes
+        the job should that write fail)."""
         gone = [g for g in self._by_id.values() if user_id in (g.user_id, g.owner)]
         for grant in gone:
-            self._by_id.pop(grant.id, None)
-            self._by_key.pop((grant.user_id, grant.owner, grant.instance_id), None)
+            self._drop(grant)
         if gone:
-            self._file.submit(
-                self._write, "DELETE FROM grants WHERE user_id = ? OR owner = ?", (user_id, user_id)
-            )
+            task = asyncio.get_running_loop().create_task(self._delete_of(user_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return gone
+
+    async def _delete_of(self, user_id: str) -> None:
+        try:
+            async with self._db.transaction() as tx:
+                await tx.execute(
+                    sa.delete(grants).where(
+                        sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
+                    )
+                )
+        except SQLAlchemyError as err:
+            _LOGGER.warning("could not delete the grants of removed user %r: %s", user_id, err)
 
     def forget_missing(self, exists: Callable[[str], bool]) -> None:
         """Drop the grants naming a user who is no longer there."""
         for user_id in {u for g in self._by_id.values() for u in (g.user_id, g.owner)}:
             if not exists(user_id):
                 self.forget_user(user_id)
+
+
+def _grant(row: Any) -> Grant:
+    return Grant(
+        row.id,
+        row.owner,
+        row.instance_id,
+        row.app_id,
+        row.user_id,
+        GrantRole(row.role),
+        row.created_at,
+    )
+
+
+def _grant_row(grant: Grant) -> dict[str, object]:
+    return {
+        "id": grant.id,
+        "owner": grant.owner,
+        "instance_id": grant.instance_id,
+        "app_id": grant.app_id,
+        "user_id": grant.user_id,
+        "role": grant.role.value,
+        "created_at": grant.created_at,
+    }
 
 
 def access_to(caller: Caller | str, instance: Shared, grants: GrantStore) -> str | None:

@@ -1,28 +1,46 @@
-"""The users table and everything hung on it, in SQLite (``$ATRIUM_HOME/users.sqlite3``, 0600).
+"""Users and everything hung on them, in the state database (`atrium.state.schema`): on SQLite
+in the home for one shell, on PostgreSQL shared by several.
 
-One writer thread (shared with the grants kept in the same file) makes each change one transaction (synchronous=FULL), as the KV store does. What a
-request needs to know who is calling — users, the sha256 of each session cookie and personal token —
-is also held in memory and changed only after its row was written, so identifying a caller never
-touches the disk (the data proxy asks for every request).
+Every change is one transaction that also appends a `UserChanged` event naming the user, so the
+event exists if and only if the change committed. What a request needs to know who is calling —
+users, the sha256 of each session cookie and personal token — is held in memory and changed only
+after its row committed; identifying a caller whose credential is remembered touches no database
+(the data proxy asks for every request).
+
+Several shells on one database: a cookie or token this shell does not remember is looked up once
+in the database and then remembered (`find_session`, `find_token`); a secret the database does
+not hold is remembered as unknown, which is safe for ever since a secret is only handed out after
+its row committed. A change made by another shell reaches this one as its `UserChanged` event
+(`heard`): that user's sign-ins and tokens are forgotten at once (the next request with one reads
+the database) and the user is read again, after which the `on_change` callbacks run as for a
+change made here.
 
 Domain rules live here because they are checks on the table as a whole: the last enabled admin
-cannot be disabled, demoted or deleted (`LastAdmin`).
+cannot be disabled, demoted or deleted (`LastAdmin`), checked inside the transaction with the
+enabled admins' rows locked, so two shells cannot each remove one of the last two.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
-import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from atrium.errors import IdentityLinked, InvalidRequest, LastAdmin, NotFound, UserExists
+from atrium.events import USER_CHANGED, Payload, UserChanged
+from atrium.state import events
+from atrium.state.schema import identities, sessions, tokens, users
 from atrium.users.model import (
     MAX_NAME,
     USER_ID_RULE,
@@ -34,50 +52,25 @@ from atrium.users.model import (
     User,
     valid_user_id,
 )
-from atrium.users.sqlitefile import SqliteFile
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from atrium.bus import Event
+    from atrium.state.database import Database
+
 _LOGGER = logging.getLogger(__name__)
-#: how often a session's "last seen" reaches the disk (it is kept in memory between)
+#: how often a session's "last seen" reaches the database (it is kept in memory between)
 LAST_SEEN_EVERY: Final = timedelta(minutes=1)
+#: how many secrets the database does not hold are remembered (an attacker's guesses each cost
+#: one lookup; a browser's ended cookie costs one, then none)
+UNKNOWN_KEPT: Final = 10_000
 
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS users (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    role TEXT NOT NULL,
-    disabled INTEGER NOT NULL DEFAULT 0,
-    password TEXT,
-    created_at TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    hash TEXT NOT NULL UNIQUE,
-    user_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    last_seen TEXT NOT NULL,
-    address TEXT NOT NULL,
-    device TEXT NOT NULL,
-    link_key TEXT
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    hash TEXT NOT NULL UNIQUE,
-    user_id TEXT NOT NULL,
-    name TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    expires_at TEXT
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS identities (
-    issuer TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    email TEXT,
-    linked_at TEXT NOT NULL,
-    PRIMARY KEY (issuer, subject)
-) WITHOUT ROWID;
-"""
+
+class Bus(Protocol):
+    """What the store needs of the event bus (`atrium.bus.EventBus`)."""
+
+    def listen(
+        self, globs: tuple[str, ...] | None, listener: Callable[[Event], object]
+    ) -> Callable[[], None]: ...
 
 
 def now() -> str:
@@ -98,13 +91,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-class UserStore:
-    """Users, sessions, tokens and identities: SQLite for keeps, memory for lookups."""
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """One user's rows, as read from the database."""
 
-    def __init__(self, file: SqliteFile) -> None:
-        #: the file's one connection and writer thread, which the grants share
-        self.file = file
-        self._conn = file.conn
+    user: User | None
+    password: str | None
+    sessions: dict[str, tuple[Session, str | None]]  # by hash: the session and its link key
+    tokens: dict[str, Token]  # by hash
+    identities: list[Identity]
+
+
+class UserStore:
+    """Users, sessions, tokens and identities: the state database for keeps, memory for lookups."""
+
+    def __init__(self, db: Database, bus: Bus | None = None) -> None:
+        self._db = db
+        self._bus = bus
         self._users: dict[str, User] = {}
         self._passwords: dict[str, str] = {}
         self._sessions: dict[str, Session] = {}  # by hash
@@ -112,75 +115,176 @@ class UserStore:
         self._tokens: dict[str, Token] = {}  # by hash
         self._identities: dict[tuple[str, str], Identity] = {}
         self._seen_written: dict[str, datetime] = {}
+        #: hashes the database did not hold when asked (see the module's docstring)
+        self._unknown: OrderedDict[str, None] = OrderedDict()
+        #: the ids of the events this store appended (its own are not read back)
+        self._own: deque[int] = deque(maxlen=1024)
+        self._telling = False
+        #: the changes made here or heard from other shells, numbered, with the user of each: a
+        #: lookup that spans one of its user's is made again (it may have read a row the change
+        #: removed)
+        self._changes = 0
+        self._recent: deque[tuple[int, str]] = deque(maxlen=4096)
+        self._reading = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: called with a user id when another shell changed that user (before `on_change`,
+        #: which follows once the user was read again)
+        self.on_heard: list[Callable[[str], None]] = []
         #: called with a user id when any of that user's sign-ins or tokens ends, or their role
-        #: or disabled flag changes
+        #: or disabled flag changes (here, or on another shell of the same database)
         self.on_change: list[Callable[[str], None]] = []
 
     # ---- opening -------------------------------------------------------------------------
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, path: Path, *, bootstrap_admin: str) -> AsyncIterator[UserStore]:
-        """Open (creating it 0600); a home without users gets ``bootstrap_admin`` as its admin,
-        and a home whose bootstrap user is missing gets them back as an admin."""
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        async with SqliteFile.open(
-            path, "the users store", _SCHEMA, thread="users", check=True
-        ) as file:
-            store = cls(file)
-            await store._run(store._load)
-            if bootstrap_admin not in store._users:
-                await store.add(bootstrap_admin, bootstrap_admin, Role.ADMIN)
+    async def open(
+        cls, db: Database, *, bootstrap_admin: str, bus: Bus | None = None
+    ) -> AsyncIterator[UserStore]:
+        """Read the tables; a database without ``bootstrap_admin`` gets them as an admin (a new
+        home, or one whose bootstrap user is missing). With a ``bus``, other shells' changes
+        are heard (`heard`)."""
+        store = cls(db, bus)
+        await store._load()
+        if bootstrap_admin not in store._users:
             try:
-                yield store
-            finally:
-                await store._run(store._flush_seen)
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await self.file.run(fn)
-
-    def _load(self) -> None:
-        c = self._conn
-        for uid, name, role, disabled, password, created in c.execute(
-            "SELECT id, name, role, disabled, password, created_at FROM users"
-        ):
-            self._users[uid] = User(uid, name, Role(role), bool(disabled), created, bool(password))
-            if password:
-                self._passwords[uid] = password
-        for sid, hashed, uid, kind, created, seen, address, device, link in c.execute(
-            "SELECT id, hash, user_id, kind, created_at, last_seen, address, device, link_key "
-            "FROM sessions"
-        ):
-            self._sessions[hashed] = Session(
-                sid, uid, SessionKind(kind), created, seen, address, device
-            )
-            self._session_link[sid] = link
-        for tid, hashed, uid, name, created, expires in c.execute(
-            "SELECT id, hash, user_id, name, created_at, expires_at FROM tokens"
-        ):
-            self._tokens[hashed] = Token(tid, uid, name, created, expires)
-        for issuer, subject, uid, email, linked in c.execute(
-            "SELECT issuer, subject, user_id, email, linked_at FROM identities"
-        ):
-            self._identities[(issuer, subject)] = Identity(issuer, subject, uid, email, linked)
-
-    def _write(self, statements: Iterable[tuple[str, tuple[object, ...]]]) -> None:
-        c = self._conn
-        c.execute("BEGIN IMMEDIATE")
+                await store.add(bootstrap_admin, bootstrap_admin, Role.ADMIN)
+            except UserExists:  # another shell of the same database made them at this moment
+                await store._reread(bootstrap_admin)
+        stop = bus.listen((USER_CHANGED,), store.heard) if bus is not None else None
         try:
-            for sql, args in statements:
-                c.execute(sql, args)
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        c.execute("COMMIT")
+            yield store
+        finally:
+            if stop is not None:
+                stop()
+            for task in list(store._tasks):
+                task.cancel()
+            await asyncio.gather(*store._tasks, return_exceptions=True)
+            await store._flush_seen()
 
-    async def _commit(self, *statements: tuple[str, tuple[object, ...]]) -> None:
-        await self._run(lambda: self._write(statements))
+    async def _load(self) -> None:
+        async with self._db.connect() as conn:
+            for row in await conn.execute(sa.select(users)):
+                self._users[row.id] = _user(row)
+                if row.password:
+                    self._passwords[row.id] = row.password
+            for row in await conn.execute(sa.select(sessions)):
+                self._sessions[row.hash] = _session(row)
+                self._session_link[row.id] = row.link_key
+            for row in await conn.execute(sa.select(tokens)):
+                self._tokens[row.hash] = _token(row)
+            for row in await conn.execute(sa.select(identities)):
+                self._identities[(row.issuer, row.subject)] = _identity(row)
+
+    @asynccontextmanager
+    async def change(self, *user_ids: str) -> AsyncIterator[AsyncConnection]:
+        """A write transaction that announces, in the same commit, a change of each of
+        ``user_ids`` (the grants use it too: what a grantee may reach changed)."""
+        payloads = [UserChanged(u, owner=u) for u in dict.fromkeys(user_ids)]
+        async with self._db.transaction() as tx:
+            yield tx
+            stored = [
+                (await events.append(tx, USER_CHANGED, p.user_id, p.wire()), p) for p in payloads
+            ]
+            # known before the commit: the bus's reader may meet the rows before `committed`
+            self._own.extend(e.id for e, _ in stored)
+        for payload in payloads:
+            self._count_change(payload.user_id)
+        self._committed(stored)
+
+    def _committed(self, stored: Sequence[tuple[events.StoredEvent, Payload]]) -> None:
+        committed = getattr(self._bus, "committed", None)  # the bus's side of the event table
+        if committed is not None and stored:
+            self._telling = True  # what the listeners hear now is this store's own
+            try:
+                committed(stored)
+            finally:
+                self._telling = False
+
+    def _count_change(self, user_id: str) -> None:
+        self._changes += 1
+        self._recent.append((self._changes, user_id))
+
+    def _changed_since(self, before: int, user_id: str) -> bool:
+        """Whether a change of ``user_id`` was made or heard after change number ``before``
+        (True too when too many were to tell)."""
+        if self._changes == before:
+            return False
+        if not self._recent or self._recent[0][0] > before + 1:
+            return True
+        return any(n > before and uid == user_id for n, uid in self._recent)
 
     def _changed(self, user_id: str) -> None:
         for callback in self.on_change:
+            try:
+                callback(user_id)
+            except Exception:  # one listener's bug must not undo a committed change's others
+                _LOGGER.exception("a user-change listener failed for %r", user_id)
+
+    # ---- other shells' changes -----------------------------------------------------------
+
+    def heard(self, event: Event) -> None:
+        """A `UserChanged` on the bus: another shell's (this store's own are skipped) makes this
+        one forget the user's sign-ins and tokens now and read the user again."""
+        if self._telling or event.id in self._own:
+            return
+        user_id = event.payload.get("userId")
+        if not isinstance(user_id, str):
+            return
+        self._count_change(user_id)
+        self._forget(user_id)
+        for callback in self.on_heard:
             callback(user_id)
+        task = asyncio.get_running_loop().create_task(
+            self._reread_then_tell(user_id), name=f"user {user_id} changed"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reread_then_tell(self, user_id: str) -> None:
+        try:
+            await self._reread(user_id)
+        except SQLAlchemyError as err:  # its sign-ins stay forgotten: each is read on use
+            _LOGGER.warning("could not read user %r again: %s", user_id, err)
+        self._changed(user_id)
+
+    async def _reread(self, user_id: str) -> None:
+        """Replace what is remembered of ``user_id`` with the database's rows (one at a time,
+        in the order the changes were heard)."""
+        async with self._reading:
+            kept = await self._read_user(user_id)
+            self._forget(user_id)
+            for key in [k for k, i in self._identities.items() if i.user_id == user_id]:
+                del self._identities[key]
+            self._passwords.pop(user_id, None)
+            if kept.user is None:
+                self._users.pop(user_id, None)
+                return
+            self._users[user_id] = kept.user
+            if kept.password:
+                self._passwords[user_id] = kept.password
+            for hashed, (session, link) in kept.sessions.items():
+                self._sessions[hashed] = session
+                self._session_link[session.id] = link
+            self._tokens.update(kept.tokens)
+            for identity in kept.identities:
+                self._identities[(identity.issuer, identity.subject)] = identity
+
+    async def _read_user(self, user_id: str) -> _Kept:
+        async with self._db.connect() as conn:
+            row = (await conn.execute(sa.select(users).where(users.c.id == user_id))).first()
+            if row is None:
+                return _Kept(None, None, {}, {}, [])
+            found = _Kept(_user(row), row.password, {}, {}, [])
+            for s in await conn.execute(sa.select(sessions).where(sessions.c.user_id == user_id)):
+                found.sessions[s.hash] = (_session(s), s.link_key)
+            for t in await conn.execute(sa.select(tokens).where(tokens.c.user_id == user_id)):
+                found.tokens[t.hash] = _token(t)
+            for i in await conn.execute(
+                sa.select(identities).where(identities.c.user_id == user_id)
+            ):
+                found.identities.append(_identity(i))
+        return found
 
     # ---- users ---------------------------------------------------------------------------
 
@@ -206,14 +310,9 @@ class UserStore:
             raise UserExists(f"user {user_id!r} exists", user=user_id)
         user = User(user_id, _name(name or user_id), role, False, now())
         try:
-            await self._commit(
-                (
-                    "INSERT INTO users (id, name, role, disabled, created_at) "
-                    "VALUES (?, ?, ?, 0, ?)",
-                    (user.id, user.name, user.role.value, user.created_at),
-                )
-            )
-        except sqlite3.IntegrityError as err:  # added by another caller while this one waited
+            async with self.change(user_id) as tx:
+                await tx.execute(sa.insert(users).values(_user_row(user)))
+        except IntegrityError as err:  # added by another caller (or shell) while this one waited
             raise UserExists(f"user {user_id!r} exists", user=user_id) from err
         self._users[user_id] = user
         return user
@@ -240,18 +339,10 @@ class UserStore:
         user = User(user_id, _name(name or user_id), role, False, now())
         linked = Identity(issuer, subject, user_id, email, user.created_at)
         try:
-            await self._commit(
-                (
-                    "INSERT INTO users (id, name, role, disabled, created_at) "
-                    "VALUES (?, ?, ?, 0, ?)",
-                    (user.id, user.name, user.role.value, user.created_at),
-                ),
-                (
-                    "INSERT INTO identities VALUES (?, ?, ?, ?, ?)",
-                    (issuer, subject, user_id, email, linked.linked_at),
-                ),
-            )
-        except sqlite3.IntegrityError as err:  # another writer made the same id or link first
+            async with self.change(user_id) as tx:
+                await tx.execute(sa.insert(users).values(_user_row(user)))
+                await tx.execute(sa.insert(identities).values(_identity_row(linked)))
+        except IntegrityError as err:  # another writer made the same id or link first
             raise UserExists(
                 f"user {user_id!r} or that identity was made at the same moment", user=user_id
             ) from err
@@ -267,27 +358,27 @@ class UserStore:
         role: Role | None = None,
         disabled: bool | None = None,
     ) -> User:
-        """Change a user; disabling ends their sessions and tokens (kept in the table as rows
-        that no longer identify anyone, so enabling does not bring them back)."""
-        user = self.require(user_id)
-        new = replace(
-            user,
-            name=user.name if name is None else _name(name),
-            role=user.role if role is None else role,
-            disabled=user.disabled if disabled is None else disabled,
-        )
-        was_admin = user.role is Role.ADMIN and not user.disabled
-        if was_admin and not (new.role is Role.ADMIN and not new.disabled):
-            self._check_not_last_admin(user_id)
-        statements: list[tuple[str, tuple[object, ...]]] = [
-            (
-                "UPDATE users SET name = ?, role = ?, disabled = ? WHERE id = ?",
-                (new.name, new.role.value, int(new.disabled), user_id),
+        """Change a user; disabling ends their sessions and tokens (deleted, so enabling does
+        not bring them back)."""
+        self.require(user_id)
+        async with self.change(user_id) as tx:
+            user = await _locked_user(tx, user_id)
+            new = replace(
+                user,
+                name=user.name if name is None else _name(name),
+                role=user.role if role is None else role,
+                disabled=user.disabled if disabled is None else disabled,
             )
-        ]
-        if new.disabled and not user.disabled:
-            statements += _end_all(user_id)
-        await self._commit(*statements)
+            was_admin = user.role is Role.ADMIN and not user.disabled
+            if was_admin and not (new.role is Role.ADMIN and not new.disabled):
+                await _check_not_last_admin(tx, user_id)
+            await tx.execute(
+                sa.update(users)
+                .where(users.c.id == user_id)
+                .values(name=new.name, role=new.role.value, disabled=new.disabled)
+            )
+            if new.disabled and not user.disabled:
+                await _end_all(tx, user_id)
         self._users[user_id] = new
         if new.disabled and not user.disabled:
             self._forget(user_id)
@@ -296,14 +387,14 @@ class UserStore:
         return new
 
     async def remove(self, user_id: str) -> User:
-        user = self.require(user_id)
-        if user.role is Role.ADMIN and not user.disabled:
-            self._check_not_last_admin(user_id)
-        await self._commit(
-            ("DELETE FROM users WHERE id = ?", (user_id,)),
-            ("DELETE FROM identities WHERE user_id = ?", (user_id,)),
-            *_end_all(user_id),
-        )
+        self.require(user_id)
+        async with self.change(user_id) as tx:
+            user = await _locked_user(tx, user_id)
+            if user.role is Role.ADMIN and not user.disabled:
+                await _check_not_last_admin(tx, user_id)
+            await tx.execute(sa.delete(users).where(users.c.id == user_id))
+            await tx.execute(sa.delete(identities).where(identities.c.user_id == user_id))
+            await _end_all(tx, user_id)
         del self._users[user_id]
         self._passwords.pop(user_id, None)
         self._forget(user_id)
@@ -312,26 +403,17 @@ class UserStore:
         self._changed(user_id)
         return user
 
-    def _check_not_last_admin(self, user_id: str) -> None:
-        others = [
-            u
-            for u in self._users.values()
-            if u.id != user_id and u.role is Role.ADMIN and not u.disabled
-        ]
-        if not others:
-            raise LastAdmin(
-                f"{user_id!r} is the last enabled admin: make another admin first", user=user_id
-            )
-
     async def set_password(self, user_id: str, hashed: str, *, end_sessions: bool) -> None:
         """Store a new password hash; a reset by an admin or a change ends the other sign-ins."""
         self.require(user_id)
-        statements: list[tuple[str, tuple[object, ...]]] = [
-            ("UPDATE users SET password = ? WHERE id = ?", (hashed, user_id))
-        ]
-        if end_sessions:
-            statements.append(("DELETE FROM sessions WHERE user_id = ?", (user_id,)))
-        await self._commit(*statements)
+        async with self.change(user_id) as tx:
+            done = await tx.execute(
+                sa.update(users).where(users.c.id == user_id).values(password=hashed)
+            )
+            if not done.rowcount:
+                raise NotFound("user", user_id)
+            if end_sessions:
+                await tx.execute(sa.delete(sessions).where(sessions.c.user_id == user_id))
         self._passwords[user_id] = hashed
         self._users[user_id] = replace(self._users[user_id], has_password=True)
         if end_sessions:
@@ -361,28 +443,27 @@ class UserStore:
         secret = new_secret()
         stamp = now()
         session = Session(new_id("ses"), user_id, kind, stamp, stamp, address[:64], device[:200])
-        await self._commit(
-            (
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session.id,
-                    secret_hash(secret),
-                    user_id,
-                    kind.value,
-                    stamp,
-                    stamp,
-                    session.address,
-                    session.device,
-                    link_key,
-                ),
+        async with self.change(user_id) as tx:
+            await tx.execute(
+                sa.insert(sessions).values(
+                    id=session.id,
+                    hash=secret_hash(secret),
+                    user_id=user_id,
+                    kind=kind.value,
+                    created_at=stamp,
+                    last_seen=stamp,
+                    address=session.address,
+                    device=session.device,
+                    link_key=link_key,
+                )
             )
-        )
         self._sessions[secret_hash(secret)] = session
         self._session_link[session.id] = link_key
         return secret, session
 
     def session(self, secret: str) -> tuple[User, Session] | None:
-        """The enabled user and session a cookie's secret belongs to, marking it seen."""
+        """The enabled user and session a cookie's secret belongs to, among those remembered
+        (`find_session` also asks the database)."""
         session = self._sessions.get(secret_hash(secret))
         if session is None:
             return None
@@ -390,6 +471,14 @@ class UserStore:
         if user is None or user.disabled:
             return None
         return user, session
+
+    async def find_session(self, secret: str) -> tuple[User, Session] | None:
+        """`session`, reading the database for a secret not remembered (a sign-in made on
+        another shell), which is remembered from then on."""
+        hashed = secret_hash(secret)
+        if hashed not in self._sessions and hashed not in self._unknown:
+            await self._look_up(hashed, sessions)
+        return self.session(secret)
 
     def seen(self, session: Session, address: str) -> None:
         """Note a request of ``session``; written at most once a minute (and at close)."""
@@ -399,49 +488,85 @@ class UserStore:
         last = self._seen_written.get(session.id)
         if last is None or moment - last >= LAST_SEEN_EVERY:
             self._seen_written[session.id] = moment
-            sid, when, where = session.id, session.last_seen, session.address
-            self.file.submit(self._write_seen, sid, when, where)
-
-    def _write_seen(self, sid: str, when: str, where: str) -> None:
-        try:
-            self._conn.execute(
-                "UPDATE sessions SET last_seen = ?, address = ? WHERE id = ?", (when, where, sid)
+            task = asyncio.get_running_loop().create_task(
+                self._write_seen([(session.id, session.last_seen, session.address)]),
+                name="session seen",
             )
-        except sqlite3.Error as err:  # a note of when, never worth failing a request over
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _write_seen(self, notes: Sequence[tuple[str, str, str]]) -> None:
+        try:
+            async with self._db.transaction() as tx:
+                for sid, when, where in notes:
+                    await tx.execute(
+                        sa.update(sessions)
+                        .where(sessions.c.id == sid)
+                        .values(last_seen=when, address=where)
+                    )
+        except SQLAlchemyError as err:  # a note of when, never worth failing a request over
             _LOGGER.warning("could not note a session's last use: %s", err)
 
-    def _flush_seen(self) -> None:
-        for session in self._sessions.values():
-            if session.id in self._seen_written:
-                self._write_seen(session.id, session.last_seen, session.address)
+    async def _flush_seen(self) -> None:
+        notes = [
+            (s.id, s.last_seen, s.address)
+            for s in self._sessions.values()
+            if s.id in self._seen_written
+        ]
+        if notes:
+            await self._write_seen(notes)
 
     def sessions_of(self, user_id: str) -> list[Session]:
         found = [s for s in self._sessions.values() if s.user_id == user_id]
         return sorted(found, key=lambda s: s.created_at)
 
     async def end_session(self, user_id: str, session_id: str) -> bool:
-        for key, session in self._sessions.items():
-            if session.id == session_id and session.user_id == user_id:
-                await self._commit(("DELETE FROM sessions WHERE id = ?", (session_id,)))
-                self._sessions.pop(key, None)
-                self._session_link.pop(session_id, None)
-                self._changed(user_id)
-                return True
-        return False
+        """End one of ``user_id``'s sessions, remembered here or not (made on another shell)."""
+        try:
+            async with self.change(user_id) as tx:
+                done = await tx.execute(
+                    sa.delete(sessions).where(
+                        sessions.c.id == session_id, sessions.c.user_id == user_id
+                    )
+                )
+                if not done.rowcount:
+                    raise _Nothing
+        except _Nothing:
+            return False
+        for key in [k for k, s in self._sessions.items() if s.id == session_id]:
+            del self._sessions[key]
+        self._session_link.pop(session_id, None)
+        self._changed(user_id)
+        return True
 
     async def end_link_sessions(self, keep: str) -> int:
         """End the login-link sessions made with a bootstrap token other than ``keep``'s key: a
         new token ends the old link's sign-ins, as it always has."""
-        gone = [
-            key
-            for key, s in self._sessions.items()
+        gone = sa.and_(
+            sessions.c.kind == SessionKind.LINK.value,
+            sa.or_(sessions.c.link_key.is_(None), sessions.c.link_key != keep),
+        )
+        async with self._db.connect() as conn:
+            owners = sorted(
+                set((await conn.execute(sa.select(sessions.c.user_id).where(gone))).scalars())
+            )
+        ended = 0
+        for owner in owners:
+            try:
+                async with self.change(owner) as tx:
+                    done = await tx.execute(
+                        sa.delete(sessions).where(gone, sessions.c.user_id == owner)
+                    )
+                    ended += done.rowcount
+            except _Nothing:
+                continue
+        for key in [
+            k
+            for k, s in self._sessions.items()
             if s.kind is SessionKind.LINK and self._session_link.get(s.id) != keep
-        ]
-        if gone:
-            await self._commit(*(("DELETE FROM sessions WHERE hash = ?", (key,)) for key in gone))
-            for key in gone:
-                self._session_link.pop(self._sessions.pop(key).id, None)
-        return len(gone)
+        ]:
+            self._session_link.pop(self._sessions.pop(key).id, None)
+        return ended
 
     # ---- personal tokens -----------------------------------------------------------------
 
@@ -458,17 +583,23 @@ class UserStore:
             moment = datetime.now(UTC) + timedelta(days=expires_in_days)
             expires = moment.isoformat(timespec="seconds").replace("+00:00", "Z")
         token = Token(new_id("tok"), user_id, name.strip(), stamp, expires)
-        await self._commit(
-            (
-                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?)",
-                (token.id, secret_hash(secret), user_id, token.name, stamp, expires),
+        async with self.change(user_id) as tx:
+            await tx.execute(
+                sa.insert(tokens).values(
+                    id=token.id,
+                    hash=secret_hash(secret),
+                    user_id=user_id,
+                    name=token.name,
+                    created_at=stamp,
+                    expires_at=expires,
+                )
             )
-        )
         self._tokens[secret_hash(secret)] = token
         return secret, token
 
     def token(self, secret: str) -> tuple[User, Token] | None:
-        """The enabled user a personal token belongs to, if it has not expired."""
+        """The enabled user a personal token belongs to, if it has not expired, among those
+        remembered (`find_token` also asks the database)."""
         token = self._tokens.get(secret_hash(secret))
         if token is None:
             return None
@@ -478,6 +609,56 @@ class UserStore:
         if user is None or user.disabled:
             return None
         return user, token
+
+    async def find_token(self, secret: str) -> tuple[User, Token] | None:
+        """`token`, reading the database for a secret not remembered (made on another shell)."""
+        hashed = secret_hash(secret)
+        if hashed not in self._tokens and hashed not in self._unknown:
+            await self._look_up(hashed, tokens)
+        return self.token(secret)
+
+    async def _look_up(self, hashed: str, table: sa.Table) -> None:
+        """Read the session or token row of ``hashed`` with its user, and remember both (or
+        that there is none). A read during which a change was made here or heard from another
+        shell is made again: it may predate that change."""
+        for _ in range(3):
+            before = self._changes
+            async with self._db.connect() as conn:
+                row = (
+                    await conn.execute(
+                        sa.select(table, *(c.label(f"u_{c.name}") for c in users.c))
+                        .join(users, users.c.id == table.c.user_id)
+                        .where(table.c.hash == hashed)
+                    )
+                ).first()
+            # a secret absent now can never appear (see the module docstring): None is final
+            if row is None or not self._changed_since(before, row.user_id):
+                break
+        else:
+            return  # nothing remembered: the next request reads again
+        if row is None:
+            self._unknown[hashed] = None
+            if len(self._unknown) > UNKNOWN_KEPT:
+                self._unknown.popitem(last=False)
+            return
+        if hashed in self._sessions or hashed in self._tokens:
+            return  # made here meanwhile
+        self._users[row.user_id] = User(
+            row.u_id,
+            row.u_name,
+            Role(row.u_role),
+            bool(row.u_disabled),
+            row.u_created_at,
+            bool(row.u_password),
+        )
+        if row.u_password:
+            self._passwords[row.user_id] = row.u_password
+        if table is sessions:
+            session = _session(row)
+            self._sessions[hashed] = session
+            self._session_link[session.id] = row.link_key
+        else:
+            self._tokens[hashed] = _token(row)
 
     def has_session(self, user_id: str, session_id: str) -> bool:
         return any(s.id == session_id and s.user_id == user_id for s in self._sessions.values())
@@ -490,13 +671,20 @@ class UserStore:
         return sorted(found, key=lambda t: t.created_at)
 
     async def delete_token(self, user_id: str, token_id: str) -> bool:
-        for key, token in self._tokens.items():
-            if token.id == token_id and token.user_id == user_id:
-                await self._commit(("DELETE FROM tokens WHERE id = ?", (token_id,)))
-                self._tokens.pop(key, None)
-                self._changed(user_id)
-                return True
-        return False
+        """Delete one of ``user_id``'s tokens, remembered here or not (made on another shell)."""
+        try:
+            async with self.change(user_id) as tx:
+                done = await tx.execute(
+                    sa.delete(tokens).where(tokens.c.id == token_id, tokens.c.user_id == user_id)
+                )
+                if not done.rowcount:
+                    raise _Nothing
+        except _Nothing:
+            return False
+        for key in [k for k, t in self._tokens.items() if t.id == token_id]:
+            del self._tokens[key]
+        self._changed(user_id)
+        return True
 
     # ---- OIDC identities -----------------------------------------------------------------
 
@@ -508,31 +696,44 @@ class UserStore:
 
     async def link(self, issuer: str, subject: str, user_id: str, email: str | None) -> Identity:
         self.require(user_id)
-        existing = self._identities.get((issuer, subject))
-        if existing is not None and existing.user_id != user_id:
-            raise IdentityLinked(
-                "that identity is linked to another user already", issuer=issuer, subject=subject
-            )
         identity = Identity(issuer, subject, user_id, email, now())
-        await self._commit(
-            (
-                "INSERT OR REPLACE INTO identities VALUES (?, ?, ?, ?, ?)",
-                (issuer, subject, user_id, email, identity.linked_at),
-            )
-        )
+        key = sa.and_(identities.c.issuer == issuer, identities.c.subject == subject)
+        async with self.change(user_id) as tx:
+            holder = (
+                await tx.execute(sa.select(identities.c.user_id).where(key).with_for_update())
+            ).scalar()
+            if holder is not None and holder != user_id:
+                raise IdentityLinked(
+                    "that identity is linked to another user already",
+                    issuer=issuer,
+                    subject=subject,
+                )
+            await tx.execute(sa.delete(identities).where(key))
+            await tx.execute(sa.insert(identities).values(_identity_row(identity)))
         self._identities[(issuer, subject)] = identity
         return identity
 
     async def unlink(self, issuer: str, subject: str, user_id: str) -> bool:
         """Remove ``user_id``'s link to the identity; False when they have no such link."""
-        existing = self._identities.get((issuer, subject))
-        if existing is None or existing.user_id != user_id:
+        try:
+            async with self.change(user_id) as tx:
+                done = await tx.execute(
+                    sa.delete(identities).where(
+                        identities.c.issuer == issuer,
+                        identities.c.subject == subject,
+                        identities.c.user_id == user_id,
+                    )
+                )
+                if not done.rowcount:
+                    raise _Nothing
+        except _Nothing:
             return False
-        await self._commit(
-            ("DELETE FROM identities WHERE issuer = ? AND subject = ?", (issuer, subject))
-        )
         self._identities.pop((issuer, subject), None)
         return True
+
+
+class _Nothing(Exception):
+    """Raised inside a change that found nothing to do: its transaction (and event) roll back."""
 
 
 def _name(name: str) -> str:
@@ -542,8 +743,78 @@ def _name(name: str) -> str:
     return name
 
 
-def _end_all(user_id: str) -> list[tuple[str, tuple[object, ...]]]:
-    return [
-        ("DELETE FROM sessions WHERE user_id = ?", (user_id,)),
-        ("DELETE FROM tokens WHERE user_id = ?", (user_id,)),
-    ]
+async def _locked_user(tx: AsyncConnection, user_id: str) -> User:
+    row = (
+        await tx.execute(sa.select(users).where(users.c.id == user_id).with_for_update())
+    ).first()
+    if row is None:
+        raise NotFound("user", user_id)
+    return _user(row)
+
+
+async def _check_not_last_admin(tx: AsyncConnection, user_id: str) -> None:
+    """Refuse when no other enabled admin exists; their rows stay locked until the commit, so a
+    concurrent demotion of one of them (on another shell) waits and then sees this one's."""
+    others = (
+        await tx.execute(
+            sa.select(users.c.id)
+            .where(users.c.role == Role.ADMIN.value, users.c.disabled.is_(False))
+            .where(users.c.id != user_id)
+            .with_for_update()
+        )
+    ).all()
+    if not others:
+        raise LastAdmin(
+            f"{user_id!r} is the last enabled admin: make another admin first", user=user_id
+        )
+
+
+async def _end_all(tx: AsyncConnection, user_id: str) -> None:
+    await tx.execute(sa.delete(sessions).where(sessions.c.user_id == user_id))
+    await tx.execute(sa.delete(tokens).where(tokens.c.user_id == user_id))
+
+
+def _user(row: Any) -> User:
+    return User(
+        row.id, row.name, Role(row.role), bool(row.disabled), row.created_at, bool(row.password)
+    )
+
+
+def _user_row(user: User) -> dict[str, object]:
+    return {
+        "id": user.id,
+        "name": user.name,
+        "role": user.role.value,
+        "disabled": user.disabled,
+        "created_at": user.created_at,
+    }
+
+
+def _session(row: Any) -> Session:
+    return Session(
+        row.id,
+        row.user_id,
+        SessionKind(row.kind),
+        row.created_at,
+        row.last_seen,
+        row.address,
+        row.device,
+    )
+
+
+def _token(row: Any) -> Token:
+    return Token(row.id, row.user_id, row.name, row.created_at, row.expires_at)
+
+
+def _identity(row: Any) -> Identity:
+    return Identity(row.issuer, row.subject, row.user_id, row.email, row.linked_at)
+
+
+def _identity_row(identity: Identity) -> dict[str, object]:
+    return {
+        "issuer": identity.issuer,
+        "subject": identity.subject,
+        "user_id": identity.user_id,
+        "email": identity.email,
+        "linked_at": identity.linked_at,
+    }

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from atrium.cli.main import app
 from atrium.identity import SESSION_COOKIE
+from atrium.state.database import SQLITE_FILE
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, StartShell
 
@@ -54,8 +55,13 @@ def one(found: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
     return matching[0]
 
 
+def state_file(shell: RunningShell) -> Path:
+    """The embedded state database, where the audit table is."""
+    return shell.settings.home / SQLITE_FILE
+
+
 def file_bytes(shell: RunningShell) -> bytes:
-    path = shell.settings.audit_path
+    path = state_file(shell)
     return b"".join(
         p.read_bytes() for p in (path, path.with_name(path.name + "-wal")) if p.is_file()
     )
@@ -136,7 +142,7 @@ def test_sign_in_attempts_are_recorded_and_no_secret_is_written(
     assert (anonymous["actor"], anonymous["status"]) == ("anonymous", 401)
 
     written = file_bytes(audited)
-    assert b"session.create" in written  # the records are in this file
+    assert b"session.create" in written  # the records are in this file (with the sessions)
     for secret in (PASSWORD, WRONG, "hunter2-typed", audited.token, secret_token, cookie, "w" * 43):
         assert secret.encode() not in written, secret
     assert "q" * 40 not in json.dumps(found)
@@ -204,7 +210,7 @@ def test_the_file_is_private_and_pruning_drops_only_old_records(
     assert {r["action"] for r in records(api, actor="x")} == {"recent"}
     assert one(records(api), action="kv.put", target="key=now")
 
-    path = audited.settings.audit_path
+    path = state_file(audited)
     for p in (path, path.with_name(path.name + "-wal")):
         if p.exists():
             assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
@@ -230,7 +236,7 @@ def anonymous_rows(shell: RunningShell) -> list[tuple[str, str, int]]:
     """(address, action, count) of every anonymous row in the file, read beside the shell."""
     import sqlite3
 
-    with sqlite3.connect(f"file:{shell.settings.audit_path}?mode=ro", uri=True) as conn:
+    with sqlite3.connect(f"file:{state_file(shell)}?mode=ro", uri=True) as conn:
         rows = conn.execute(
             "SELECT address, action, count FROM audit WHERE actor = 'anonymous'"
         ).fetchall()

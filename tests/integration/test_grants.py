@@ -5,7 +5,6 @@ the shell unless the app enforces roles; revoking closes the grantee's views at 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -278,27 +277,3 @@ def test_a_disabled_grantees_views_close_at_their_next_request(
         echo_shell.on_loop(echo_shell.shell.users.update("bob", disabled=True))
         assert page.get("/whoami").status_code == 401
         assert page.get("/_os/api/instances").status_code == 401
-
-
-def test_the_users_file_has_one_connection_and_one_writer(
-    echo_shell: RunningShell, api: httpx.Client, bob: httpx.Client
-) -> None:
-    """The grants keep their table in the users store's file through its connection and writer
-    thread: one writer per file, never two contending for SQLite's lock."""
-    instance_id = new_instance(api)
-    granted = grant(api, instance_id, "bob", "viewer")
-    assert (
-        api.get(f"/api/instances/{instance_id}/grants").json()[0]["grantId"] == granted["grantId"]
-    )
-    users_file = str(echo_shell.settings.home / "users.sqlite3")
-    opened = [fd for fd in Path("/proc/self/fd").iterdir() if _target(fd) == users_file]
-    assert len(opened) == 1, opened
-    writers = {t.name.rsplit("_", 1)[0] for t in threading.enumerate()}
-    assert "grants" not in writers
-
-
-def _target(fd: Path) -> str | None:
-    try:
-        return str(fd.readlink())
-    except OSError:
-        return None

@@ -87,8 +87,8 @@ def build_app(server: Server) -> Starlette:
             EventBus() as bus,
             open_checked(f"sqlite+aiosqlite:///{server.home / 'state.sqlite3'}") as db,
             KvStore.open(db, bus=bus, user="default") as kv,
-            UserStore.open(server.home / "users.sqlite3", bootstrap_admin="default") as users,
-            AuditLog.open(server.home / "audit.sqlite3", retention_days=90) as audit,
+            UserStore.open(db, bootstrap_admin="default", bus=bus) as users,
+            AuditLog.open(db, retention_days=90) as audit,
         ):
             catalogue = await asyncio.to_thread(ThemeCatalogue.load, server.home / "themes")
             async with ThemeService(kv, bus, catalogue) as theme:

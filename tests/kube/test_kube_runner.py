@@ -22,6 +22,7 @@ import pytest
 
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.runners.kubernetes.source import source_digest
+from atrium.state.versions import open_checked
 from atrium.users.store import UserStore
 from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
@@ -519,7 +520,10 @@ def test_a_disabled_users_pod_is_not_adopted_by_the_next_shell(
     assert kube_settings.pod(namespace, render.pod_name(iid)) is not None
 
     async def disable() -> None:
-        async with UserStore.open(settings.users_path, bootstrap_admin=settings.user) as users:
+        async with (
+            open_checked(settings.state_url) as db,
+            UserStore.open(db, bootstrap_admin=settings.user) as users,
+        ):
             await users.update("bob", disabled=True)
 
     asyncio.run(disable())

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from atrium.cli.main import app
 from atrium.state.database import Database
+from atrium.state.versions import HEAD
 
 ATRIUM = str(Path(sys.executable).with_name("atrium"))
 
@@ -34,16 +35,16 @@ def test_db_upgrade_then_status(database_url: str, tmp_path: Path) -> None:
     first = runner.invoke(app, ["db", "upgrade", "--json"], env=env)
     assert first.exit_code == 0, first.output
     answer = json.loads(first.output)
-    assert (answer["from"], answer["to"]) == ("none", "0001")
+    assert (answer["from"], answer["to"]) == ("none", HEAD)
     again = runner.invoke(app, ["db", "upgrade"], env=env)
     assert again.exit_code == 0, again.output
-    assert "schema version 0001, nothing to do" in again.output
+    assert f"schema version {HEAD}, nothing to do" in again.output
     status = runner.invoke(app, ["db", "status", "--json"], env=env)
-    assert json.loads(status.output)["version"] == "0001"
+    assert json.loads(status.output)["version"] == HEAD
     set_version(database_url, "0999")
     refused = runner.invoke(app, ["db", "upgrade"], env=env)
     assert refused.exit_code == 2
-    assert "schema version 0999, newer than this shell knows (up to 0001)" in refused.output
+    assert f"schema version 0999, newer than this shell knows (up to {HEAD})" in refused.output
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -83,7 +84,7 @@ def test_serve_migrate_refuses_a_newer_schema_naming_both_versions(tmp_path: Pat
     )
     assert served.returncode == 2, served.stderr
     assert served.stderr.startswith("atrium serve: the database sqlite+aiosqlite:///")
-    assert "has schema version 0999, newer than this shell knows (up to 0001)" in served.stderr
+    assert f"has schema version 0999, newer than this shell knows (up to {HEAD})" in served.stderr
     assert not (tmp_path / "home" / "run" / "url").exists()
 
 
@@ -99,7 +100,7 @@ def test_serve_migrate_migrates_then_serves(tmp_path: Path) -> None:
             assert shell.stdout is not None
             first = shell.stdout.readline()
             assert first.startswith("Database sqlite+aiosqlite:///"), first
-            assert first.strip().endswith("schema version 0001 (was none)")
+            assert first.strip().endswith(f"schema version {HEAD} (was none)")
             assert shell.stdout.readline().startswith("Atrium http://")  # serving
         finally:
             shell.terminate()
@@ -107,7 +108,7 @@ def test_serve_migrate_migrates_then_serves(tmp_path: Path) -> None:
     assert (
         CliRunner()
         .invoke(app, ["db", "status", "--home", str(home)])
-        .output.endswith("schema version 0001 (this shell's: 0001)\n")
+        .output.endswith(f"schema version {HEAD} (this shell's: {HEAD})\n")
     )
 
 
@@ -160,7 +161,7 @@ def test_serve_checks_the_schema_at_start_and_refuses_a_newer_one(
     set_version(database_url, "0999")
     served = serve_once(home, database_url)
     assert served.returncode == 2, (served.stdout, served.stderr)
-    assert "has schema version 0999, newer than this shell knows (up to 0001)" in served.stderr
+    assert f"has schema version 0999, newer than this shell knows (up to {HEAD})" in served.stderr
     assert not (home / "run" / "url").exists()
 
 
@@ -176,11 +177,11 @@ def test_the_embedded_database_is_upgraded_at_start_a_shared_one_only_when_asked
     )
     if database_url.startswith("sqlite"):
         assert served.stdout.startswith("Atrium http://"), served.stderr
-        assert json.loads(status.output)["version"] == "0001"
+        assert json.loads(status.output)["version"] == HEAD
     else:
         assert served.returncode == 2, (served.stdout, served.stderr)
         assert (
-            "has schema version none, older than this shell's 0001: run `atrium db upgrade`"
+            f"has schema version none, older than this shell's {HEAD}: run `atrium db upgrade`"
             in served.stderr
         )
         assert json.loads(status.output)["version"] == "none"

@@ -7,6 +7,10 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
+import sqlalchemy as sa
+
+from atrium.state.schema import audit
+from atrium.state.versions import open_checked
 from atrium.users.audit import (
     ALL_ADDRESSES,
     MAX_ANONYMOUS_ROWS,
@@ -22,6 +26,7 @@ from atrium.users.audit import (
     RefusedBudget,
     stamp,
 )
+from atrium.users.carry import carry_over
 
 START = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -60,33 +65,58 @@ def test_all_addresses_together_have_a_cap_and_the_counts_a_bounded_number_of_ro
 def test_the_oldest_anonymous_rows_beyond_the_cap_are_pruned_and_no_others(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "audit.sqlite3"
+    url = f"sqlite+aiosqlite:///{tmp_path / 'state.sqlite3'}"
 
-    async def fill_and_reopen() -> list[AuditRecord]:
-        async with AuditLog.open(path, retention_days=90) as log:
-            log.append(actor="alice", action="kv.put", target="", status=200, address="a")
-            await log.search(AuditQuery())
-        with sqlite3.connect(path) as conn:
-            conn.executemany(
-                "INSERT INTO audit (time, actor, action, target, outcome, status, address)"
-                " VALUES (?, 'anonymous', 'token.create', '', 'failure', 401, ?)",
-                [(stamp(datetime.now(UTC)), str(n)) for n in range(MAX_ANONYMOUS_ROWS + 5)],
-            )
-        async with AuditLog.open(path, retention_days=90) as log:
-            return await log.search(AuditQuery(limit=MAX_LIMIT))
+    async def fill_and_reopen() -> tuple[list[AuditRecord], tuple[int, int], int]:
+        async with open_checked(url) as db:
+            async with AuditLog.open(db, retention_days=90) as log:
+                log.append(actor="alice", action="kv.put", target="", status=200, address="a")
+                await log.search(AuditQuery())
+            async with db.transaction() as tx:
+                await tx.execute(
+                    sa.insert(audit),
+                    [
+                        {
+                            "time": stamp(datetime.now(UTC)),
+                            "actor": "anonymous",
+                            "action": "token.create",
+                            "target": "",
+                            "outcome": "failure",
+                            "status": 401,
+                            "address": str(n),
+                            "count": 1,
+                        }
+                        for n in range(MAX_ANONYMOUS_ROWS + 5)
+                    ],
+                )
+            async with AuditLog.open(db, retention_days=90) as log:
+                found = await log.search(AuditQuery(limit=MAX_LIMIT))
+            async with db.connect() as conn:
+                anonymous = (
+                    await conn.execute(
+                        sa.text(
+                            "SELECT min(CAST(address AS INTEGER)), count(*) FROM audit"
+                            " WHERE actor = 'anonymous'"
+                        )
+                    )
+                ).one()
+                users = (
+                    await conn.execute(sa.text("SELECT count(*) FROM audit WHERE actor = 'alice'"))
+                ).scalar_one()
+        return found, (anonymous[0], anonymous[1]), users
 
-    found = asyncio.run(fill_and_reopen())
-    with sqlite3.connect(path) as conn:
-        anonymous = conn.execute(
-            "SELECT min(address + 0), count(*) FROM audit WHERE actor = 'anonymous'"
-        ).fetchone()
-        (users,) = conn.execute("SELECT count(*) FROM audit WHERE actor = 'alice'").fetchone()
+    found, anonymous, users = asyncio.run(fill_and_reopen())
     assert anonymous == (5, MAX_ANONYMOUS_ROWS)  # the five oldest went
     assert users == 1
     assert found[0].address == str(MAX_ANONYMOUS_ROWS + 4)
 
 
-def test_a_file_from_before_counts_opens_with_each_record_one_call(tmp_path: Path) -> None:
+def test_an_audit_file_from_before_counts_is_carried_over_with_each_record_one_call(
+    tmp_path: Path,
+) -> None:
+    """An older home's audit.sqlite3 (here one from before records had a count) goes into the
+    state database at the first open, in its order, and is renamed aside: a second open finds
+    nothing to carry and the records once."""
     path = tmp_path / "audit.sqlite3"
     with sqlite3.connect(path) as conn:
         conn.execute(
@@ -94,18 +124,26 @@ def test_a_file_from_before_counts_opens_with_each_record_one_call(tmp_path: Pat
             " actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL,"
             " outcome TEXT NOT NULL, status INTEGER NOT NULL, error TEXT, address TEXT NOT NULL)"
         )
-        conn.execute(
+        conn.executemany(
             "INSERT INTO audit (time, actor, action, target, outcome, status, address)"
-            " VALUES (?, 'alice', 'put_value', 'key=k', 'success', 200, 'a')",
-            (stamp(datetime.now(UTC)),),
+            " VALUES (?, 'alice', 'put_value', ?, 'success', 200, 'a')",
+            [(stamp(datetime.now(UTC)), "key=k"), (stamp(datetime.now(UTC)), "key=l")],
         )
+    url = f"sqlite+aiosqlite:///{tmp_path / 'state.sqlite3'}"
 
     async def read() -> list[AuditRecord]:
-        async with AuditLog.open(path, retention_days=90) as log:
-            return await log.search(AuditQuery())
+        async with open_checked(url) as db:
+            for _ in range(2):
+                await carry_over(db, tmp_path / "users.sqlite3", path)
+            async with AuditLog.open(db, retention_days=90) as log:
+                return await log.search(AuditQuery())
 
-    (record,) = asyncio.run(read())
-    assert (record.actor, record.target, record.count) == ("alice", "key=k", 1)
+    first, second = asyncio.run(read())
+    assert (second.actor, second.target, second.count) == ("alice", "key=k", 1)
+    assert first.target == "key=l"
+    assert first.seq > second.seq
+    assert not path.exists()
+    assert (tmp_path / "audit.sqlite3.carried-over").is_file()
 
 
 def members(actor: str, action: str = "kv.global.put") -> AuditRecord:

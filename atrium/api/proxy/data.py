@@ -131,7 +131,7 @@ async def _proxy(
     inbound = Inbound(scope["headers"], DATA)
     if caller is None:
         try:
-            caller = identify_raw(scope, inbound.authorization, inbound.cookie, shell)
+            caller = await identify_raw(scope, inbound.authorization, inbound.cookie, shell)
             if isinstance(caller, UserCaller) and caller.via_cookie:
                 check_cookie_origin(Request(scope), shell)
         except AtriumError:

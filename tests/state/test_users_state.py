@@ -1,0 +1,129 @@
+"""The users store and the grants on the state database, on SQLite and PostgreSQL: what two
+stores on one database (two shells) see of each other's rows, the last-admin rule against the
+database rather than a store's memory, and an older home's users.sqlite3 carried in once."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from atrium.errors import LastAdmin
+from atrium.state.database import Database
+from atrium.state.schema import carried_over, users
+from atrium.users.carry import carry_over
+from atrium.users.grants import GrantRole, GrantStore
+from atrium.users.model import Role, SessionKind
+from atrium.users.store import UserStore, secret_hash
+
+OLD_SCHEMA = """
+CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL,
+    disabled INTEGER NOT NULL DEFAULT 0, password TEXT, created_at TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE sessions (id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL,
+    kind TEXT NOT NULL, created_at TEXT NOT NULL, last_seen TEXT NOT NULL, address TEXT NOT NULL,
+    device TEXT NOT NULL, link_key TEXT) WITHOUT ROWID;
+CREATE TABLE tokens (id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, user_id TEXT NOT NULL,
+    name TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT) WITHOUT ROWID;
+CREATE TABLE identities (issuer TEXT NOT NULL, subject TEXT NOT NULL, user_id TEXT NOT NULL,
+    email TEXT, linked_at TEXT NOT NULL, PRIMARY KEY (issuer, subject)) WITHOUT ROWID;
+CREATE TABLE grants (id TEXT PRIMARY KEY, owner TEXT NOT NULL, instance_id TEXT NOT NULL,
+    app_id TEXT NOT NULL, user_id TEXT NOT NULL, role TEXT NOT NULL, created_at TEXT NOT NULL,
+    seq INTEGER NOT NULL, UNIQUE (owner, instance_id, user_id)) WITHOUT ROWID;
+"""
+T = "2026-01-01T00:00:00Z"
+
+
+async def test_a_sign_in_made_by_one_store_is_found_by_another_and_unknown_ones_are_not(
+    db: Database,
+) -> None:
+    async with (
+        UserStore.open(db, bootstrap_admin="default") as one,
+        UserStore.open(db, bootstrap_admin="default") as two,
+    ):
+        await one.add("carol", None, Role.MEMBER)
+        secret, session = await one.create_session(
+            "carol", SessionKind.PASSWORD, address="a", device="d"
+        )
+        token, _ = await one.create_token("carol", "cli", None)
+        assert two.session(secret) is None  # not remembered by the other store
+        found = await two.find_session(secret)
+        assert found is not None
+        assert (found[0].id, found[1].id) == ("carol", session.id)
+        assert two.get("carol") is not None  # the user came with it
+        assert (await two.find_token(token)) is not None
+        assert await two.find_session("not a secret") is None
+        # ended through the other store, whatever it remembers
+        assert await two.end_session("carol", session.id)
+        assert await one.end_session("carol", session.id) is False
+        async with db.connect() as conn:
+            assert (await conn.execute(sa.select(sa.func.count()).select_from(users))).scalar() == 2
+
+
+async def test_the_last_admin_is_checked_in_the_database_not_in_a_stores_memory(
+    db: Database,
+) -> None:
+    async with (
+        UserStore.open(db, bootstrap_admin="default") as one,
+        UserStore.open(db, bootstrap_admin="default") as two,
+    ):
+        await one.add("root2", None, Role.ADMIN)
+        await two.find_token((await one.create_token("root2", "t", None))[0])
+        assert two.get("root2") is not None
+        await one.update("default", role=Role.MEMBER)
+        # `two` still remembers default as an admin; the database says root2 is the last one
+        with pytest.raises(LastAdmin):
+            await two.update("root2", disabled=True)
+        with pytest.raises(LastAdmin):
+            await two.remove("root2")
+
+
+async def test_an_older_homes_users_file_is_carried_in_once_even_after_a_crash(
+    db: Database, tmp_path: Path
+) -> None:
+    path = tmp_path / "users.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SCHEMA)
+        conn.execute("INSERT INTO users VALUES ('default', 'Default', 'admin', 0, NULL, ?)", (T,))
+        conn.execute("INSERT INTO users VALUES ('bob', 'Bob', 'member', 1, 'scrypt$x', ?)", (T,))
+        conn.execute("INSERT INTO users VALUES ('eve', 'Eve', 'member', 0, NULL, ?)", (T,))
+        conn.execute(
+            "INSERT INTO sessions VALUES ('ses_1', ?, 'eve', 'password', ?, ?, 'a', 'd', NULL)",
+            (secret_hash("eve's cookie"), T, T),
+        )
+        conn.execute(
+            "INSERT INTO tokens VALUES ('tok_1', ?, 'eve', 'cli', ?, NULL)",
+            (secret_hash("eve's token"), T),
+        )
+        conn.execute("INSERT INTO identities VALUES ('https://idp', 'sub', 'eve', NULL, ?)", (T,))
+        conn.execute(
+            "INSERT INTO grants VALUES ('grt_1', 'eve', 'i-1', 'app', 'bob', 'viewer', ?, 1)", (T,)
+        )
+    kept = tmp_path / "copy.sqlite3"
+    shutil.copy(path, kept)
+    audit_file = tmp_path / "audit.sqlite3"
+    await carry_over(db, path, audit_file)
+    assert not path.exists()
+    assert (tmp_path / "users.sqlite3.carried-over").is_file()
+    # a crash after the commit, before the rename: the file is there again at the next start
+    shutil.copy(kept, path)
+    await carry_over(db, path, audit_file)
+    assert not path.exists()
+    async with db.connect() as conn:
+        marks = (await conn.execute(sa.select(carried_over.c.name))).scalars().all()
+    assert marks == [str(path.resolve())]
+    async with (
+        UserStore.open(db, bootstrap_admin="default") as store,
+        GrantStore.open(db, store) as grants,
+    ):
+        assert [u.id for u in store.all()] == ["bob", "default", "eve"]
+        bob = store.require("bob")
+        assert (bob.disabled, bob.has_password) == (True, True)
+        assert store.password_hash("bob") == "scrypt$x"
+        assert store.session("eve's cookie") is not None
+        assert store.token("eve's token") is not None
+        assert store.identity("https://idp", "sub") is not None
+        (grant,) = grants.of_instance("eve", "i-1")
+        assert (grant.user_id, grant.role) == ("bob", GrantRole.VIEWER)
