@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -23,6 +24,7 @@ from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
     Busy,
+    DatabaseLost,
     HookFailed,
     InvalidRequest,
     LifecycleTransitionError,
@@ -190,15 +192,27 @@ class LifecycleManager(InstanceIndex):
         if operation is not None:
             raise Busy(app_id, operation)
         instance = self.new_instance(app_id, instance_id, owner=owner)
-        async with instance.lock:
+        async with self._unmade_if_lost(instance), instance.lock:
             await self._boot_owned(instance)
         return instance
 
     async def boot_resumed(self, instance: Instance) -> None:
         """Boot a new instance and walk it to `resumed` headless (the warm pool's)."""
-        async with instance.lock:
+        async with self._unmade_if_lost(instance), instance.lock:
             await self._boot_owned(instance)
             await self._resumed(instance)
+
+    @asynccontextmanager
+    async def _unmade_if_lost(self, instance: Instance) -> AsyncIterator[None]:
+        """A new instance whose boot a cut-off shell refused (DatabaseLost) before it left
+        `installed` goes out of the index: left there, it was listed, and the next launch of
+        the app handed it out as the owner's live instance, never booted."""
+        try:
+            yield
+        except DatabaseLost:
+            if instance.state is S.INSTALLED:
+                self._forget(instance)
+            raise
 
     def _refuse_stopped_owner(self, owner: str, instance: Instance | None = None) -> None:
         if not self._may_run(owner):

@@ -206,3 +206,27 @@ def test_a_cut_off_shell_puts_off_an_idle_stop_and_makes_it_once_back(
             lambda: all(i["instanceId"] != iid for i in api.get("/api/instances").json()),
             "the idle stop made once the link is back",
         )
+
+
+def test_a_launch_refused_while_cut_off_leaves_no_instance_behind(
+    start_shell: StartShell, system_apps: Path, pg_url: str
+) -> None:
+    with_apps(system_apps, "test.plain.stdlib")
+    target = httpx.URL(pg_url.replace("postgresql+psycopg://", "http://"))
+    relay = Relay((str(target.host), int(target.port or 5432)))
+    shell: RunningShell = start_shell(
+        database_url=pg_url.replace(f":{target.port}/", f":{relay.port}/")
+    )
+    coordination = shell.shell.coordination
+    with shell.client(timeout=30) as api:
+        relay.cut()
+        wait_for(lambda: coordination.lost is not None, "the shell counting itself cut off")
+        refused = api.post("/api/instances", json={"appId": "test.plain.stdlib"})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "database_lost"
+        assert api.get("/api/instances").json() == []
+        relay.mend()
+        wait_for(lambda: coordination.lost is None, "the link back")
+        launched = api.post("/api/instances", json={"appId": "test.plain.stdlib"})
+        assert launched.status_code == 200, launched.text
+        assert launched.json()["state"] == "started"
