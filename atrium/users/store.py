@@ -17,7 +17,7 @@ change made here.
 
 Domain rules live here because they are checks on the table as a whole: the last enabled admin
 cannot be disabled, demoted or deleted (`LastAdmin`), checked inside the transaction with the
-enabled admins' rows locked, so two shells cannot each remove one of the last two.
+enabled admins' rows locked (in id order), so two shells cannot each remove one of the last two.
 """
 
 from __future__ import annotations
@@ -362,7 +362,7 @@ class UserStore:
         not bring them back)."""
         self.require(user_id)
         async with self.change(user_id) as tx:
-            user = await _locked_user(tx, user_id)
+            user, other_admins = await _locked_user(tx, user_id)
             new = replace(
                 user,
                 name=user.name if name is None else _name(name),
@@ -371,7 +371,7 @@ class UserStore:
             )
             was_admin = user.role is Role.ADMIN and not user.disabled
             if was_admin and not (new.role is Role.ADMIN and not new.disabled):
-                await _check_not_last_admin(tx, user_id)
+                _check_not_last_admin(user_id, other_admins)
             await tx.execute(
                 sa.update(users)
                 .where(users.c.id == user_id)
@@ -389,9 +389,9 @@ class UserStore:
     async def remove(self, user_id: str) -> User:
         self.require(user_id)
         async with self.change(user_id) as tx:
-            user = await _locked_user(tx, user_id)
+            user, other_admins = await _locked_user(tx, user_id)
             if user.role is Role.ADMIN and not user.disabled:
-                await _check_not_last_admin(tx, user_id)
+                _check_not_last_admin(user_id, other_admins)
             await tx.execute(sa.delete(users).where(users.c.id == user_id))
             await tx.execute(sa.delete(identities).where(identities.c.user_id == user_id))
             await _end_all(tx, user_id)
@@ -743,27 +743,32 @@ def _name(name: str) -> str:
     return name
 
 
-async def _locked_user(tx: AsyncConnection, user_id: str) -> User:
-    row = (
-        await tx.execute(sa.select(users).where(users.c.id == user_id).with_for_update())
-    ).first()
-    if row is None:
-        raise NotFound("user", user_id)
-    return _user(row)
-
-
-async def _check_not_last_admin(tx: AsyncConnection, user_id: str) -> None:
-    """Refuse when no other enabled admin exists; their rows stay locked until the commit, so a
-    concurrent demotion of one of them (on another shell) waits and then sees this one's."""
-    others = (
+async def _locked_user(tx: AsyncConnection, user_id: str) -> tuple[User, list[str]]:
+    """``user_id`` and the other enabled admins, their rows locked until the commit: the
+    last-admin rule is checked against the database, not a store's memory, and a concurrent
+    change of one of them (on another shell) waits and then sees this one's. All in one
+    statement in id order, so two such changes never hold one each and wait for the other's."""
+    rows = (
         await tx.execute(
-            sa.select(users.c.id)
-            .where(users.c.role == Role.ADMIN.value, users.c.disabled.is_(False))
-            .where(users.c.id != user_id)
+            sa.select(users)
+            .where(
+                sa.or_(
+                    users.c.id == user_id,
+                    sa.and_(users.c.role == Role.ADMIN.value, users.c.disabled.is_(False)),
+                )
+            )
+            .order_by(users.c.id)
             .with_for_update()
         )
     ).all()
-    if not others:
+    found = [_user(r) for r in rows if r.id == user_id]
+    if not found:
+        raise NotFound("user", user_id)
+    return found[0], [r.id for r in rows if r.id != user_id]
+
+
+def _check_not_last_admin(user_id: str, other_admins: list[str]) -> None:
+    if not other_admins:
         raise LastAdmin(
             f"{user_id!r} is the last enabled admin: make another admin first", user=user_id
         )

@@ -4,6 +4,7 @@ database rather than a store's memory, and an older home's users.sqlite3 carried
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 from pathlib import Path
@@ -127,3 +128,25 @@ async def test_an_older_homes_users_file_is_carried_in_once_even_after_a_crash(
         assert store.identity("https://idp", "sub") is not None
         (grant,) = grants.of_instance("eve", "i-1")
         assert (grant.user_id, grant.role) == ("bob", GrantRole.VIEWER)
+
+
+async def test_two_stores_demoting_the_last_two_admins_at_once_leave_one(db: Database) -> None:
+    """Each store's memory has two admins; the database's row locks make one of the two
+    demotions wait for the other and see it (on PostgreSQL without a deadlock between them)."""
+    async with (
+        UserStore.open(db, bootstrap_admin="default") as one,
+        UserStore.open(db, bootstrap_admin="default") as two,
+    ):
+        await one.add("root2", None, Role.ADMIN)
+        await two.find_token((await one.create_token("root2", "t", None))[0])
+        results = await asyncio.gather(
+            one.update("root2", role=Role.MEMBER),
+            two.update("default", role=Role.MEMBER),
+            return_exceptions=True,
+        )
+        assert sum(isinstance(r, LastAdmin) for r in results) == 1, results
+        async with db.connect() as conn:
+            admins = (
+                await conn.execute(sa.select(users.c.id).where(users.c.role == "admin"))
+            ).all()
+        assert len(admins) == 1
