@@ -37,6 +37,22 @@ GITIGNORE: Final = (
     "/.journal/\n"
     "/apps/*/*-[0-9]*/\n"
 )
+#: the scope repository's own config (`ScopeRepo.open`), and the same as ``git config`` writes
+#: it into a fresh repository's ``.git/config``
+CONFIG: Final = (
+    ("user.name", IDENTITY[0]),
+    ("user.email", IDENTITY[1]),
+    ("commit.gpgsign", "false"),
+)
+CONFIG_SECTIONS: Final = (
+    f"[user]\n\tname = {IDENTITY[0]}\n\temail = {IDENTITY[1]}\n[commit]\n\tgpgsign = false\n"
+)
+OBJECT_ID_RE: Final = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+#: a branch a loose ref file may hold: no ``..`` or leading dot in a part (nor, checked apart, a
+#: part ending in ``.lock`` or ``.``); any other name is left to git
+BRANCH_REF_RE: Final = re.compile(
+    r"ref: (refs/heads/(?:[A-Za-z0-9_-][A-Za-z0-9_.-]*/)*[A-Za-z0-9_-][A-Za-z0-9_.-]*)"
+)
 #: what git accepts in ``.git/HEAD``: a symbolic ref under refs/, or a detached commit id
 HEAD_RE: Final = re.compile(r"^(?:ref:\s*refs/\S+|[0-9a-f]{40}|[0-9a-f]{64})\s*$")
 # scheme URLs, scp-like user@host:path, or an absolute path; never an option (leading '-')
@@ -348,6 +364,27 @@ def head_problem(root: Path) -> str | None:
     return None
 
 
+def read_head(git_dir: Path) -> str | None:
+    """The commit id HEAD names when the files say so plainly: ``HEAD`` holds an id, or
+    ``ref: refs/heads/<branch>`` whose loose ref file holds one. None when that is not the case
+    (the caller asks git then)."""
+    try:
+        head = (git_dir / "HEAD").read_text(encoding="ascii").strip()
+        if OBJECT_ID_RE.fullmatch(head):
+            return head
+        branch = BRANCH_REF_RE.fullmatch(head)
+        if (
+            branch is None
+            or ".." in branch[1]
+            or any(p.endswith((".lock", ".")) for p in branch[1].split("/"))
+        ):
+            return None
+        commit = (git_dir / branch[1]).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return commit if OBJECT_ID_RE.fullmatch(commit) else None
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Kill git and what it started (ssh, a remote helper): they share its process group."""
     try:
@@ -409,9 +446,7 @@ class ScopeRepo:
             for private in (".staging", ".journal", "records"):
                 (self.root / private).mkdir(mode=0o700, exist_ok=True)
                 (self.root / private).chmod(0o700)
-            await run_git("config", "user.name", IDENTITY[0], cwd=self.root)
-            await run_git("config", "user.email", IDENTITY[1], cwd=self.root)
-            await run_git("config", "commit.gpgsign", "false", cwd=self.root)
+            await self._configure(fresh)
             # a repository git has just made has no commit: no need to ask (one git run less)
             if fresh or await self._head() is None:
                 write_atomic(self.root / MARKER, "Atrium scope repository\n")
@@ -419,7 +454,34 @@ class ScopeRepo:
                 await run_git("add", "--", MARKER, ".gitignore", cwd=self.root)
                 await run_git("commit", "--quiet", "-m", "baseline: Atrium scope", cwd=self.root)
 
+    async def _configure(self, fresh: bool) -> None:
+        """Make the repository's own config hold CONFIG. Git just wrote a fresh repository's
+        ``.git/config`` (its ``[core]`` section alone): the sections are appended there as
+        ``git config`` writes them. Otherwise one git run reads the three values and only those
+        that differ (or are set more than once) are set, by git, as they always were."""
+        if fresh:
+            with (self.root / ".git" / "config").open("a", encoding="utf-8") as config:
+                config.write(CONFIG_SECTIONS)
+            return
+        pattern = "^(" + "|".join(re.escape(key) for key, _ in CONFIG) + ")$"
+        out = await run_git(
+            "config", "--local", "-z", "--get-regexp", pattern, cwd=self.root, check=False
+        )
+        found: dict[str, list[str]] = {}
+        for item in filter(None, out.split("\0")):
+            key, _, value = item.partition("\n")
+            found.setdefault(key, []).append(value)
+        for key, value in CONFIG:
+            if found.get(key) != [value]:
+                await run_git("config", key, value, cwd=self.root)
+
     async def _head(self) -> str | None:
+        """The commit HEAD names, or None before the first commit. Read from ``.git`` when HEAD
+        is the plain case git writes (a branch whose loose ref file holds a commit id, or a
+        detached id), as ``rev-parse --verify HEAD`` answers it (neither checks that the commit
+        exists); anything else (packed refs, an unborn branch, another ref format) asks git."""
+        if (commit := read_head(self.root / ".git")) is not None:
+            return commit
         out = await run_git("rev-parse", "--verify", "--quiet", "HEAD", cwd=self.root, check=False)
         return out.strip() or None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atrium.git import read_head
 from tests.integration.conftest import RunningShell, StartShell
 
 pytestmark = pytest.mark.integration
@@ -50,6 +51,45 @@ def test_a_mutable_scope_is_a_git_repository_with_a_committed_baseline(
     assert git(repo, "config", "user.name") == "Atrium"
     assert git(repo, "status", "--porcelain") == ""
     assert git(repo, "remote") == ""
+
+
+def test_a_restart_puts_back_the_scope_repositorys_identity_changed_by_hand(
+    start_shell: StartShell, home: Path
+) -> None:
+    """A fresh repository's config is written by the shell itself; on a restart only the values
+    that differ are set again (git reads them in one run): both must leave what git says."""
+    start_shell().stop()
+    repo = home / "scopes/global"
+    for key, value in (("user.name", "Atrium"), ("user.email", "atrium@localhost")):
+        assert git(repo, "config", key) == value
+    assert git(repo, "config", "--type=bool", "commit.gpgsign") == "false"
+    git(repo, "config", "user.name", "Someone")
+    git(repo, "config", "commit.gpgsign", "true")
+    git(repo, "config", "--unset", "user.email")
+    start_shell().stop()
+    assert git(repo, "config", "--local", "--get-all", "user.name") == "Atrium"
+    assert git(repo, "config", "--local", "--get-all", "user.email") == "atrium@localhost"
+    assert git(repo, "config", "--local", "--get-all", "commit.gpgsign") == "false"
+    assert git(repo, "log", "--format=%s") == "baseline: Atrium scope"
+
+
+def test_head_read_from_the_files_is_what_git_says_or_left_to_git(tmp_path: Path) -> None:
+    """`read_head` answers only where the files say it plainly, and then as `rev-parse`."""
+    repo = tmp_path / "repo"
+    git(tmp_path, "init", "--quiet", "--initial-branch=main", str(repo))
+    assert read_head(repo / ".git") is None  # unborn: git is asked
+    (repo / "f").write_text("1\n")
+    git(repo, "add", "f")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "1")
+    assert read_head(repo / ".git") == git(repo, "rev-parse", "--verify", "HEAD")
+    git(repo, "checkout", "--quiet", "--detach")
+    assert read_head(repo / ".git") == git(repo, "rev-parse", "--verify", "HEAD")
+    git(repo, "checkout", "--quiet", "main")
+    git(repo, "pack-refs", "--all")  # no loose ref file any more: git is asked
+    assert not (repo / ".git/refs/heads/main").exists()
+    assert read_head(repo / ".git") is None
+    (repo / ".git/HEAD").write_text("ref: refs/heads/../../config\n")
+    assert read_head(repo / ".git") is None
 
 
 def test_setting_a_remote_stores_it_without_pushing(
