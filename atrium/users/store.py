@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import secrets
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -60,6 +61,11 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 #: how often a session's "last seen" reaches the database (it is kept in memory between)
 LAST_SEEN_EVERY: Final = timedelta(minutes=1)
+#: what a personal token starts with: a bearer token without it (the bootstrap token, an app's)
+#: is never looked up in the database
+TOKEN_PREFIX: Final = "atp_"  # noqa: S105 - a prefix, not a secret
+#: the form of every secret `new_secret` makes: anything else is not looked up either
+_SECRET: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 #: how many secrets the database does not hold are remembered (an attacker's guesses each cost
 #: one lookup; a browser's ended cookie costs one, then none)
 UNKNOWN_KEPT: Final = 10_000
@@ -476,7 +482,11 @@ class UserStore:
         """`session`, reading the database for a secret not remembered (a sign-in made on
         another shell), which is remembered from then on."""
         hashed = secret_hash(secret)
-        if hashed not in self._sessions and hashed not in self._unknown:
+        if (
+            hashed not in self._sessions
+            and hashed not in self._unknown
+            and _SECRET.fullmatch(secret) is not None
+        ):
             await self._look_up(hashed, sessions)
         return self.session(secret)
 
@@ -576,7 +586,7 @@ class UserStore:
         self.require(user_id)
         if not name.strip() or len(name) > MAX_NAME:
             raise InvalidRequest(f"a token's name has 1-{MAX_NAME} characters", field="name")
-        secret = "atp_" + new_secret()
+        secret = TOKEN_PREFIX + new_secret()
         stamp = now()
         expires = None
         if expires_in_days is not None:
@@ -611,9 +621,16 @@ class UserStore:
         return user, token
 
     async def find_token(self, secret: str) -> tuple[User, Token] | None:
-        """`token`, reading the database for a secret not remembered (made on another shell)."""
+        """`token`, reading the database for a secret not remembered (made on another shell).
+        Only what has a personal token's form is read: an app's token, asked first of all
+        bearer tokens, never costs a database read."""
         hashed = secret_hash(secret)
-        if hashed not in self._tokens and hashed not in self._unknown:
+        if (
+            hashed not in self._tokens
+            and hashed not in self._unknown
+            and secret.startswith(TOKEN_PREFIX)
+            and _SECRET.fullmatch(secret.removeprefix(TOKEN_PREFIX)) is not None
+        ):
             await self._look_up(hashed, tokens)
         return self.token(secret)
 

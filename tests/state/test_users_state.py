@@ -18,7 +18,7 @@ from atrium.state.schema import carried_over, users
 from atrium.users.carry import carry_over
 from atrium.users.grants import GrantRole, GrantStore
 from atrium.users.model import Role, SessionKind
-from atrium.users.store import UserStore, secret_hash
+from atrium.users.store import UserStore, new_secret, secret_hash
 
 OLD_SCHEMA = """
 CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL,
@@ -56,6 +56,8 @@ async def test_a_sign_in_made_by_one_store_is_found_by_another_and_unknown_ones_
         assert two.get("carol") is not None  # the user came with it
         assert (await two.find_token(token)) is not None
         assert await two.find_session("not a secret") is None
+        assert await two.find_session(new_secret()) is None  # well-formed, read, and unknown
+        assert await two.find_token("atp_" + new_secret()) is None
         # ended through the other store, whatever it remembers
         assert await two.end_session("carol", session.id)
         assert await one.end_session("carol", session.id) is False
