@@ -25,6 +25,7 @@ pages `storage_damaged` (and no further KV write is made into that file), a full
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import sqlite3
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -82,7 +84,8 @@ PLATFORM: Final = ""
 #: what marks the rows of a removed user (no user id has it): ``<id>#removed-<stamp>``
 REMOVED: Final = "#removed-"
 #: the owner of the row that records a moved ``kv.sqlite3`` (namespace `MOVED_NAMESPACE`, key
-#: the file's path): no user id has a ``#``, and no API namespace starts with one
+#: the sha256 of its rows, value its path and row count): no user id has a ``#``, and no API
+#: namespace starts with one
 MOVED_OWNER: Final = "#atrium"
 MOVED_NAMESPACE: Final = "#moved"
 #: how many rows one statement of the move inserts
@@ -447,7 +450,10 @@ class KvStore:
         rows = await asyncio.to_thread(_legacy_rows, path, self._user)
         if rows is None:
             return
-        mark = (MOVED_OWNER, MOVED_NAMESPACE, str(path))
+        # the file's rows name it, not its path: another home's file at the same path on another
+        # machine (one shared database) is another file, and moves too
+        digest = hashlib.sha256(json.dumps(sorted(rows)).encode()).hexdigest()
+        mark = (MOVED_OWNER, MOVED_NAMESPACE, digest)
         done = sa.select(kv.c.key).where(
             kv.c.owner == mark[0], kv.c.namespace == mark[1], kv.c.key == mark[2]
         )
@@ -458,7 +464,7 @@ class KvStore:
             upsert = self._upsert(newer_only=True)
             for start in range(0, len(rows), _MOVE_BATCH):
                 await tx.execute(upsert, [_params(r) for r in rows[start : start + _MOVE_BATCH]])
-            moved = json.dumps({"rows": len(rows)})
+            moved = json.dumps({"file": str(path), "rows": len(rows)})
             await tx.execute(self._upsert(), _params((*mark, moved, _now())))
             return True
 
@@ -503,6 +509,9 @@ def _rename_aside(path: Path, suffix: str) -> Path:
     """Rename ``path`` with its -wal and -shm to ``<name>.<suffix>``, owner-only: the main file
     last, so a kill midway leaves it where the next start finds it again."""
     aside = path.with_name(f"{path.name}.{suffix}")
+    taken = count(1)
+    while any(aside.with_name(aside.name + t).exists() for t in ("", "-wal", "-shm")):
+        aside = path.with_name(f"{path.name}.{suffix}-{next(taken)}")  # never over a kept file
     for tail in ("-wal", "-shm", ""):
         source = path.with_name(path.name + tail)
         if source.exists():
@@ -667,7 +676,7 @@ def salvage_state(path: Path, stamp: str) -> tuple[int, Path]:
             rows = _readable_table(source, name)
             if rows:
                 marks = ", ".join("?" * len(rows[0]))
-                target.executemany(f'INSERT OR IGNORE INTO "{name}" VALUES ({marks})', rows)  # noqa: S608
+                target.executemany(f"INSERT OR IGNORE INTO {_q(name)} VALUES ({marks})", rows)  # noqa: S608
             kept += len(rows)
         if {"event_counter", "events"} <= set(tables):
             target.execute(
@@ -686,26 +695,34 @@ def salvage_state(path: Path, stamp: str) -> tuple[int, Path]:
 def _readable_table(conn: sqlite3.Connection, name: str) -> list[tuple[Any, ...]]:
     """The rows of ``name`` that can be read, whole columns in the table's order."""
     try:
-        info = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
+        info = conn.execute(f"PRAGMA table_info({_q(name)})").fetchall()
     except sqlite3.Error:
         return []
     columns = [(row[1].decode(), (row[2] or b"").decode().upper(), int(row[5])) for row in info]
     keys = [c for c, _, pk in sorted(columns, key=lambda c: c[2]) if pk] or ["rowid"]
     found: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    listed = ", ".join(f'"{c}"' for c, _, _ in columns)
+    listed = ", ".join(_q(c) for c, _, _ in columns)
+    #: a KV row's value must be the JSON the store wrote
+    value = [c for c, _, _ in columns].index("value") if name == "kv" else None
     for order in ("ASC", "DESC"):
-        ordered = ", ".join(f'"{k}" {order}' if k != "rowid" else f"rowid {order}" for k in keys)
-        query = f'SELECT {listed}{", rowid" if keys == ["rowid"] else ""} FROM "{name}" ORDER BY {ordered}'  # noqa: S608
+        ordered = ", ".join(f"{_q(k)} {order}" if k != "rowid" else f"rowid {order}" for k in keys)
+        rowid = ", rowid" if keys == ["rowid"] else ""
+        query = f"SELECT {listed}{rowid} FROM {_q(name)} ORDER BY {ordered}"  # noqa: S608
         try:
             for raw in conn.execute(query):
                 row = _decoded(raw[: len(columns)], [t for _, t, _ in columns])
-                if row is None or (name == "kv" and not _json(row[3])):
+                if row is None or (value is not None and not _json(row[value])):
                     continue
                 key = raw[len(columns) :] or tuple(row[i] for i, c in enumerate(columns) if c[2])
                 found.setdefault(tuple(key), row)
         except sqlite3.Error:
             continue
     return list(found.values())
+
+
+def _q(name: str) -> str:
+    """``name`` quoted as an SQL identifier (names come from the damaged file itself)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _decoded(raw: tuple[Any, ...], types: list[str]) -> tuple[Any, ...] | None:

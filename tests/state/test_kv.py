@@ -129,9 +129,28 @@ async def test_an_older_file_moves_in_once_and_is_renamed_aside(
     assert len(list(tmp_path.glob("kv.sqlite3.moved-*"))) == 1
     async with db.connect() as conn:
         marks = (await conn.execute(sa.select(kv).where(kv.c.namespace == MOVED_NAMESPACE))).all()
-    assert [(m.owner, m.key, json.loads(m.value)) for m in marks] == [
-        (MOVED_OWNER, str(path), {"rows": 3})
+    assert [(m.owner, json.loads(m.value)) for m in marks] == [
+        (MOVED_OWNER, {"file": str(path), "rows": 3})
     ]
+
+
+async def test_another_homes_file_at_the_same_path_moves_too(db: Database, tmp_path: Path) -> None:
+    """Two machines sharing one database may keep their homes at the same path: the second
+    home's file is not the first's, and its rows move too."""
+    path = tmp_path / "kv.sqlite3"
+    older_file(path, 2)
+    async with EventBus() as bus:
+        async with KvStore.open(db, bus=bus, user="ana", moved_from=path):
+            pass
+        conn = sqlite3.connect(path, isolation_level=None)  # the other machine's file
+        conn.execute("CREATE TABLE kv (owner, namespace, key, value, updated_at)")
+        conn.execute("INSERT INTO kv VALUES ('bob', 'os', 'b', '1', '2026-02-01T00:00:00.000Z')")
+        conn.close()
+        async with KvStore.open(db, bus=bus, user="ana", moved_from=path) as store:
+            entry = await store.get("os", "b", owner="bob")
+    assert entry is not None
+    assert entry.value == 1
+    assert len(list(tmp_path.glob("kv.sqlite3.moved-*"))) == 2
 
 
 MOVE = """
