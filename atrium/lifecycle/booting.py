@@ -128,10 +128,18 @@ class Booter:
             run = None if runtime is None else self._image_run(instance, runtime)
             if run is not None:
                 # an image does not speak the contract: its argv and environment are its own
+                # its user is the image user's host id: its data folder is handed to that id
+                # alone (the contract app's uid would take it back at every start)
                 spec = replace(
-                    spec, argv=run.launch.argv, env={}, secrets={}, ro_paths=(), port=port
+                    spec,
+                    argv=run.launch.argv,
+                    env={},
+                    secrets={},
+                    ro_paths=(),
+                    port=port,
+                    user=run.host_user,
                 )
-            own_uid = spec.user is not None or run is not None
+            own_uid = spec.user is not None
             cgroup, instance.limits = self._cgroup(instance, copy.manifest, own_uid, runner)
             spec = replace(spec, limits=instance.limits, cgroup=cgroup)
             if run is not None:

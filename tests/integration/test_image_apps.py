@@ -119,14 +119,22 @@ def test_an_image_runs_as_an_app_its_data_survives_a_restart(
         assert all(host_ids(p)[0] >= first for p in [pid, *inside])
         assert all(WORD not in Path(f"/proc/{p}/cmdline").read_text() for p in [pid, *inside])
         iid = instance["instanceId"]
-        assert api.post(f"/api/instances/{iid}/stop").status_code == 200
-        assert api.post(f"/api/instances/{iid}/start").status_code == 200
+        (kept,) = home.rglob("www/data/note")
+        before = kept.stat()
+        assert before.st_uid == first + 33  # the image's www owns its data on the host
+        # the instance ended (its process gone) and made again: the same id, the same data
+        assert api.delete(f"/api/instances/{iid}").status_code == 200
+        again = api.post("/api/instances", json={"appId": APP}).json()
+        assert again["instanceId"] == iid, again
+        assert again["pid"] != pid
         url = api.post(f"/api/instances/{iid}/views", json={"path": "/"}).json()["url"]
         client, _ = enter(shell, url)
         with closing(client):
             note = client.get("/data/note")
             assert note.status_code == 200
             assert note.text == "saved by 33\n"
+        # the restart handed nothing to another owner and back (a chown changes the ctime)
+        assert kept.stat().st_ctime_ns == before.st_ctime_ns
 
 
 def block_processes(first: int) -> list[int]:

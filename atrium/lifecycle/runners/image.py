@@ -108,6 +108,11 @@ class ImageRun:
     ids: AppUser
     data: tuple[str, ...] = ()
 
+    @property
+    def host_user(self) -> AppUser:
+        """The host ids of the image's user (its ``User``, in the block)."""
+        return AppUser(self.ids.uid + self.launch.uid, self.ids.gid + self.launch.gid)
+
 
 def image_ids(app_id: str, owner: str | None = None) -> AppUser:
     """The first host uid/gid of the block an image app's namespace maps 0-65535 onto.
@@ -475,7 +480,7 @@ class ImageRunner(LocalRunner):
                 cause="mount",
             )
         ids = run.ids
-        inside = AppUser(ids.uid + run.launch.uid, ids.gid + run.launch.gid)
+        inside = run.host_user
         try:
             prepare_dirs(spec)
             prepare_data(spec, run, inside)
@@ -515,8 +520,9 @@ class ImageRunner(LocalRunner):
             pid = await _child_pid(info_r)
             write_id_maps(pid, ids)
             netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            open_low_ports(netns)
+            # the forwarder owns the descriptor from here: closed with it when the child ends
             forwarder = child.forwarder = Forwarder(netns, run.launch.port, label)
+            open_low_ports(netns)
             await forwarder.start(spec.host, local_port(spec))
             os.write(block_w, b"1")
         except OSError as err:
