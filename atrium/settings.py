@@ -58,6 +58,7 @@ ACCEPTED: Final = {
     "oidc_providers": PROVIDERS_ACCEPTED,
     "audit_retention_days": "a whole number of days, 1-36500",
     "member_fetch_hosts": "host names, addresses or networks, comma-separated",
+    "trusted_proxies": "IP addresses or networks (CIDR), comma-separated; empty: none",
     "data_decisions": "a whole number, 0-1000000 (0 keeps none)",
     "app_memory_mib": "a whole number of MiB, 0-1048576 (0: no ceiling)",
     "app_pids": "a whole number of processes, 0-1000000 (0: no ceiling)",
@@ -110,6 +111,29 @@ def bundled_system_apps() -> Path:
     return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "apps"
 
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_networks(value: str) -> tuple[IPNetwork, ...]:
+    """The networks of ``trusted_proxies``; ValueError naming the first entry that is none. An
+    empty value is none; an empty entry between commas is a mistake, not "everyone"."""
+    if not value.strip():
+        return ()
+    networks = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"{entry!r} is not an IP address or network") from None
+        # an IPv4-mapped IPv6 peer is compared as the IPv4 address it maps (forwarded.py)
+        mapped = network.network_address.ipv4_mapped if network.version == 6 else None
+        if mapped is not None and network.prefixlen >= 96:
+            network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}", strict=False)
+        networks.append(network)
+    return tuple(networks)
+
+
 class Settings(BaseSettings):
     """Everything configurable about one shell. Services receive slices of it, never the whole."""
 
@@ -142,6 +166,10 @@ class Settings(BaseSettings):
     #: what a member's fetch may reach besides public addresses: host names, addresses and
     #: networks, comma-separated (docs/decisions.md "Users: what a member's fetch may reach")
     member_fetch_hosts: str = ""
+    #: the proxies whose X-Forwarded-For the shell believes, addresses and networks
+    #: comma-separated; empty, none: the client's address is the connection's (docs/security.md
+    #: "The client's address")
+    trusted_proxies: str = ""
     #: how many allowed data-proxy decisions are kept, 0 for none (docs/decisions.md
     #: "Data proxy: decisions kept")
     data_decisions: int = Field(default=4096, ge=0, le=1_000_000)
@@ -203,6 +231,12 @@ class Settings(BaseSettings):
                 ipaddress.ip_network(entry.strip(), strict=False)  # ValueError names the entry
         return value
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: str) -> str:
+        trusted_networks(value)
+        return value
+
     @field_validator("user")
     @classmethod
     def _user_id(cls, value: str) -> str:
@@ -254,6 +288,10 @@ class Settings(BaseSettings):
             raise ConfigError(
                 f"{setting_name(field, flags)}: not valid JSON; accepted: {accepted}"
             ) from None
+
+    @property
+    def trusted_networks(self) -> tuple[IPNetwork, ...]:
+        return trusted_networks(self.trusted_proxies)
 
     @property
     def run_dir(self) -> Path:

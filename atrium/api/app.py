@@ -37,6 +37,7 @@ from atrium.api.errors import (
     error_response,
     http_error_handler,
 )
+from atrium.api.forwarded import ClientAddress
 from atrium.api.origins import SLUG_RE, AppOrigins
 from atrium.errors import AtriumError, InvalidRequest, MisdirectedRequest
 from atrium.lifecycle.instance import Instance
@@ -104,10 +105,17 @@ class AtriumApp:
     path) are dispatched here, before Starlette's middleware stack; everything else is the
     Starlette application."""
 
-    def __init__(self, starlette: Starlette, dispatch: AppOrigins, hosts: HostNames) -> None:
+    def __init__(
+        self,
+        starlette: Starlette,
+        dispatch: AppOrigins,
+        hosts: HostNames,
+        clients: ClientAddress | None = None,
+    ) -> None:
         self.starlette = starlette
         self._dispatch = dispatch
         self._hosts = hosts
+        self._clients = clients or ClientAddress(())
 
     @property
     def state(self) -> State:
@@ -123,9 +131,21 @@ class AtriumApp:
             if host is None or not self._hosts.allows(host):
                 await error_response(misdirected(host))(scope, receive, send)
                 return
+            self._client_address(scope)
             await self._dispatch.dispatch(scope, receive, send, host)
             return
         await self.starlette(scope, receive, send)  # lifespan: nothing to dispatch
+
+    def _client_address(self, scope: Scope) -> None:
+        """The one place the client's address is decided: the peer's, or the one a trusted proxy
+        forwarded (forwarded.py); every reader of ``scope["client"]`` reads this."""
+        peer = scope.get("client")
+        if peer is None or not self._clients.trusted:
+            return
+        forwarded = [v for n, v in scope["headers"] if n == b"x-forwarded-for"]
+        client = self._clients.of(peer[0], forwarded)
+        if client != peer[0]:
+            scope["client"] = (client, 0)  # the port a proxy saw is not known: none
 
 
 def misdirected(host: str | None) -> MisdirectedRequest:
@@ -181,4 +201,5 @@ def create_app(settings: Settings) -> AtriumApp:
         app,
         AppOrigins(app, shell=current_shell, transform_html=transform_for),
         HostNames(settings),
+        ClientAddress(settings.trusted_networks),
     )

@@ -248,6 +248,7 @@ def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg
                     stop=signal.SIGKILL,
                     ATRIUM_DATABASE_URL=url,
                     ATRIUM_APP_DOMAIN=DOMAIN,
+                    ATRIUM_TRUSTED_PROXIES="127.0.0.1",  # where HAProxy connects from
                 )
                 for i, url in ((1, via_relay), (2, pg_url))
             ),
@@ -258,6 +259,29 @@ def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg
             lambda: [balancer.status(s) for s in ("shell1", "shell2")] == ["UP", "UP"],
             "both shells UP behind haproxy",
         )
+
+        # each shell sees the client's own address (HAProxy's X-Forwarded-For), not HAProxy's,
+        # and not the one a client wrote itself
+        with httpx.Client(
+            base_url=lb,
+            headers={"Host": DOMAIN, "X-Forwarded-For": "192.0.2.66"},
+            transport=httpx.HTTPTransport(local_address="127.0.0.9"),
+            timeout=10,
+        ) as far:
+            for _ in range(2):  # round robin: one to each shell
+                wrong = far.get("/login?token=" + "w" * 43, follow_redirects=False)
+                assert wrong.status_code == 401, wrong.text
+
+        def failed_link_addresses() -> list[str]:
+            found = []
+            for replica in replicas:
+                with replica.client() as direct:
+                    listed = direct.get("/api/audit", params={"action": "session.link"})
+                    found += [r["address"] for r in listed.json() if r["status"] == 401]
+            return found
+
+        wait_for(lambda: len(failed_link_addresses()) >= 2, "the failed sign-ins audited")
+        assert set(failed_link_addresses()) == {"127.0.0.9"}
 
         # replica 1 loses its database: its /api/ready says so, and HAProxy stops sending to it
         relay.cut()
