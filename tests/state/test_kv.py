@@ -223,3 +223,41 @@ async def test_a_lost_postgresql_connection_is_storage_failed(
     entry = await store.get("os", "x")
     assert entry is not None
     assert entry.value == 3
+
+
+async def test_repair_rebuilds_every_table_of_a_damaged_state_file(tmp_path: Path) -> None:
+    """`salvage_state` (what `atrium doctor --repair` runs) keeps the tables it does not know,
+    and the event counter is never behind the newest event kept (ids never go back)."""
+    from atrium.kv import salvage_state
+    from atrium.state.versions import open_checked
+
+    path = tmp_path / "state.sqlite3"
+    url = f"sqlite+aiosqlite:///{path}"
+    big = "v" * 3000
+    async with (
+        open_checked(url) as db,
+        EventBus() as bus,
+        KvStore.open(db, bus=bus, user="ana") as store,
+    ):
+        for n in range(40):
+            await store.set("os", f"k{n:02d}", f"{n:02d}{big}")
+        async with db.transaction() as tx:
+            await tx.execute(sa.update(event_counter).values(value=0))  # a counter row behind
+    data = bytearray(path.read_bytes())
+    at = data.index(f'"20{big}'.encode()) // 4096 * 4096
+    data[at : at + 4096] = bytes((n * 151 + 7) % 256 for n in range(4096))
+    path.write_bytes(bytes(data))
+    kept, aside = salvage_state(path, "stamp")
+    assert aside.name == "state.sqlite3.damaged-stamp"
+    assert kept > 40  # the events, the version row and the KV rows outside the damaged page
+    async with (
+        open_checked(url) as db,
+        EventBus() as bus,
+        KvStore.open(db, bus=bus, user="ana") as store,
+    ):
+        readable = {k: (await store.get("os", k)) for k in await store.keys("os")}
+        assert 30 <= len(readable) < 40
+        assert all(e is not None and e.value == f"{k[1:]}{big}" for k, e in readable.items())
+        newest = max(e.id for e in await logged(db))
+        async with db.connect() as conn:
+            assert await events.newest_id(conn) == newest
