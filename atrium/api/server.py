@@ -734,7 +734,8 @@ class ShellServer:
             log_config=None,
             access_log=False,
             server_header=False,
-            proxy_headers=False,  # forwarded headers are the caller's words: never trusted
+            # X-Forwarded-For is read by AtriumApp, and only from ATRIUM_TRUSTED_PROXIES
+            proxy_headers=False,
         )
         self._server = _Server(config, self.app)
         self._loop: asyncio.AbstractEventLoop | None = None
