@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 from atrium.events import PAYLOADS, Payload, matches_any
 from atrium.state import events as log
@@ -67,6 +67,14 @@ FLUSH_WAIT: Final = 10.0
 RETRY: Final = 0.5
 
 Listener = Callable[["Event"], object]
+#: which listeners hear an event: every one (this shell's event), only those that hear other
+#: shells' events (read from the table), or only the others (an own event the reader read first)
+Hearers = Literal["every", "others", "own-only"]
+EVERY: Final[Hearers] = "every"
+OTHERS: Final[Hearers] = "others"
+OWN_ONLY: Final[Hearers] = "own-only"
+#: how many of the ids read as other shells' are remembered for a late `EventBus.committed`
+READ_AS_OTHERS: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,9 @@ class Event:
     #: the user it belongs to (the payload's ``owner``, or the row's): who may hear it, even
     #: when ``data`` is None
     owner: str | None = None
+    #: read from the table as another shell's: a listener that keeps a cache refreshes it, and
+    #: announces nothing (the shell that made the change did)
+    foreign: bool = False
 
 
 def encode_frame(event_id: int, topic: str, payload: Mapping[str, Any]) -> bytes:
@@ -194,7 +205,8 @@ class EventBus:
         self._next_id = int(time.time() * 1000) * 1000
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: set[Subscription] = set()
-        self._listeners: list[tuple[tuple[str, ...] | None, Listener]] = []
+        #: (globs, listener, whether it hears other shells' events too)
+        self._listeners: list[tuple[tuple[str, ...] | None, Listener, bool]] = []
         self._closed = False
         self._heartbeat = heartbeat
         self._beat: asyncio.Task[None] | None = None
@@ -205,6 +217,9 @@ class EventBus:
         #: this shell's events written (or `committed`) and not yet read back: their listeners
         #: were called already
         self._own: dict[int, Event] = {}
+        #: ids the reader took for other shells' events (their listeners heard them then): a
+        #: store's `committed` for one of them tells this shell's own listeners, once
+        self._read_as_others: dict[int, None] = {}
         #: the newest id the reader has fanned out
         self._seen = 0
         self._write_wake = asyncio.Event()
@@ -327,7 +342,7 @@ class EventBus:
             else:
                 self._pending.append(event)
                 self._write_wake.set()
-        self._tell_listeners(event)
+        self._tell_listeners(event, EVERY)
         return event
 
     def committed(self, items: Sequence[tuple[StoredEvent, Payload]]) -> None:
@@ -341,14 +356,18 @@ class EventBus:
         for stored, data in items:
             event = Event(stored.id, stored.topic, dict(stored.data), b"", data, stored.owner)
             if stored.id <= self._seen:
-                continue  # the reader read it first, and its listeners heard it then
+                # the reader read it first, as another shell's: the listeners of every shell's
+                # events heard it then, this shell's own listeners hear it now (once)
+                if self._read_as_others.pop(stored.id, 0) is None:
+                    self._tell_listeners(event, OWN_ONLY)
+                continue
             self._own[stored.id] = event
-            self._tell_listeners(event)
+            self._tell_listeners(event, EVERY)
         self._read_wake.set()
 
-    def _tell_listeners(self, event: Event) -> None:
-        for globs, listener in tuple(self._listeners):
-            if matches_any(event.topic, globs):
+    def _tell_listeners(self, event: Event, which: Hearers = EVERY) -> None:
+        for globs, listener, others in tuple(self._listeners):
+            if (which == EVERY or others == (which == OTHERS)) and matches_any(event.topic, globs):
                 try:
                     listener(event)
                 except Exception:  # a listener's bug must not break publishing
@@ -444,10 +463,14 @@ class EventBus:
                     encode_frame(stored.id, stored.topic, stored.data),
                     data,
                     stored.owner,
+                    foreign=own is None,
                 )
                 self._seen = stored.id
                 if own is None:
-                    self._tell_listeners(event)
+                    self._read_as_others[stored.id] = None
+                    if len(self._read_as_others) > READ_AS_OTHERS:
+                        del self._read_as_others[next(iter(self._read_as_others))]
+                    self._tell_listeners(event, OTHERS)
                 self._fan_out(event)
             if len(rows) < log.PAGE:
                 return
@@ -574,9 +597,18 @@ class EventBus:
         self._subscribers.discard(sub)
         sub.end()
 
-    def listen(self, globs: tuple[str, ...] | None, listener: Listener) -> Callable[[], None]:
-        """Call ``listener`` synchronously for each matching event; returns the remover."""
-        entry = (globs, listener)
+    def listen(
+        self, globs: tuple[str, ...] | None, listener: Listener, *, others: bool = False
+    ) -> Callable[[], None]:
+        """Call ``listener`` synchronously for each matching event this shell emitted or
+        committed; with ``others``, for every shell's (each once). Returns the remover.
+
+        Only this shell's by default: a component written for one shell (the data proxy's
+        routes, the warm pool, the launcher) reads another shell's ``app:state`` or
+        ``app:installed`` as its own, and would route to an instance that runs elsewhere or act
+        on a registry it has not reread. A listener that keeps a cache of shared state (users,
+        theme preferences) asks for ``others``."""
+        entry = (globs, listener, others)
         self._listeners.append(entry)
         return lambda: self._listeners.remove(entry)
 

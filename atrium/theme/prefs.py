@@ -127,7 +127,7 @@ class ThemeService:
                 self._own[user] = self.resolve(entry.value)
         self._kv.add_owned_validator(NAMESPACE, KEY, self._validate_write)
         self._kv.add_owned_validator(GLOBAL, KEY, self._validate_write)
-        self._unlisten = self._bus.listen((KV_CHANGED,), self._on_kv_changed)
+        self._unlisten = self._bus.listen((KV_CHANGED,), self._on_kv_changed, others=True)
         return self
 
     async def __aexit__(
@@ -302,17 +302,19 @@ class ThemeService:
         changed = event.data
         if not isinstance(changed, KvChanged) or changed.key != KEY:
             return
+        # another shell's change: this shell's copy is read again, and that shell announced it
+        announce = not event.foreign
         if changed.namespace == GLOBAL:
-            refresh = self._refresh_global()
+            refresh = self._refresh_global(announce=announce)
         elif changed.namespace == NAMESPACE and changed.owner is not None:
-            refresh = self._refresh_own(changed.owner)
+            refresh = self._refresh_own(changed.owner, announce=announce)
         else:
             return
         task = asyncio.create_task(refresh, name="theme selection refresh")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _refresh_own(self, user: str) -> None:
+    async def _refresh_own(self, user: str, *, announce: bool = True) -> None:
         """Read back a write of ``user``'s row that did not come through `select` (a raw KV
         write or delete)."""
         before = self.selection_of(user)
@@ -326,10 +328,10 @@ class ThemeService:
         else:
             self._own[user] = own
         self._snippets.clear()
-        if self.selection_of(user) != before:
+        if announce and self.selection_of(user) != before:
             self._publish(self.selection_of(user), user)
 
-    async def _refresh_global(self) -> None:
+    async def _refresh_global(self, *, announce: bool = True) -> None:
         """Read back the platform default; every user who has no selection of their own hears
         the change."""
         users = self._everyone()
@@ -341,7 +343,7 @@ class ThemeService:
             return
         self._snippets.clear()
         for user in users:
-            if self.selection_of(user) != before[user]:
+            if announce and self.selection_of(user) != before[user]:
                 self._publish(self.selection_of(user), user)
 
     # -- serving ------------------------------------------------------------------------------

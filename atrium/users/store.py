@@ -75,7 +75,11 @@ class Bus(Protocol):
     """What the store needs of the event bus (`atrium.bus.EventBus`)."""
 
     def listen(
-        self, globs: tuple[str, ...] | None, listener: Callable[[Event], object]
+        self,
+        globs: tuple[str, ...] | None,
+        listener: Callable[[Event], object],
+        *,
+        others: bool = False,
     ) -> Callable[[], None]: ...
 
 
@@ -157,7 +161,7 @@ class UserStore:
                 await store.add(bootstrap_admin, bootstrap_admin, Role.ADMIN)
             except UserExists:  # another shell of the same database made them at this moment
                 await store._reread(bootstrap_admin)
-        stop = bus.listen((USER_CHANGED,), store.heard) if bus is not None else None
+        stop = bus.listen((USER_CHANGED,), store.heard, others=True) if bus is not None else None
         try:
             yield store
         finally:

@@ -3,6 +3,7 @@ what one shell makes is valid on the other, and what one ends is refused on the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from atrium.identity import SESSION_COOKIE
 from atrium.state.migrate import upgrade_now
-from tests.integration.conftest import RunningShell, launch_shell, wait_for
+from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
 from tests.postgres import new_database
 
 pytestmark = pytest.mark.integration
@@ -103,3 +104,20 @@ def test_a_user_disabled_on_one_shell_is_refused_on_the_other(
     with two.client() as admin_on_two:
         last = admin_on_two.patch("/api/users/default", json={"role": "member"})
         assert last.status_code == 409, last.text
+
+
+def test_a_theme_chosen_on_one_shell_is_served_by_the_other_and_announced_once(
+    two_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """The theme service keeps a copy of each selection: another shell's `kv:changed` makes it
+    read the row again, and only the shell that made the change announces `theme:changed`."""
+    one, two = two_shells
+    with one.client() as on_one, two.client() as on_two:
+        assert on_two.get("/api/os/theme").json()["themeIdDark"] != "fjord"
+        heard_on_two = SseReader(on_two, {"topics": "theme:*"})
+        chosen = on_one.post("/api/os/themes/select", json={"themeIdDark": "fjord"})
+        assert chosen.status_code == 200, chosen.text
+        wait_for(lambda: on_two.get("/api/os/theme").json()["themeIdDark"] == "fjord", "fjord")
+        heard_on_two.wait(1, "theme:changed")
+        time.sleep(1)  # a second announcement, from the other shell's refresh, would come now
+        assert len(heard_on_two.of("theme:changed")) == 1

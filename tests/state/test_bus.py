@@ -165,8 +165,10 @@ async def test_an_event_of_one_replica_reaches_the_other_once(replicas: list[Eve
     one, two = replicas[:2]
     heard_one: list[Event] = []
     heard_two: list[Event] = []
-    one.listen(None, heard_one.append)
-    two.listen(None, heard_two.append)
+    one.listen(None, heard_one.append, others=True)
+    two.listen(None, heard_two.append, others=True)
+    own_one: list[Event] = []
+    one.listen(None, own_one.append)
     sub_one, sub_two = one.subscribe(), two.subscribe()
     one.emit(AppInstalled("com.example.a", "global"))
     two.emit(KvChanged("os", "k", owner="ana"))
@@ -188,6 +190,31 @@ async def test_an_event_of_one_replica_reaches_the_other_once(replicas: list[Eve
     assert foreign.data == AppInstalled("com.example.a", "global")
     (foreign,) = [e for e in heard_one if e.topic == "kv:changed"]
     assert foreign.data == KvChanged("os", "k", owner="ana")
+    # a listener that did not ask for other shells' events hears only this shell's: the data
+    # proxy's routes or the warm pool would take another shell's instance for their own
+    assert [e.topic for e in own_one] == ["app:installed"]
+
+
+async def test_an_own_event_the_reader_read_first_reaches_each_listener_once(
+    postgres_server: str,
+) -> None:
+    """A store's row can be read (woken by NOTIFY) before the store calls `committed`: the
+    reader takes it for another shell's; this shell's own listeners must still hear it."""
+    async with Database.open(new_database(postgres_server)) as db:
+        await upgrade(db)
+        async with EventBus(db=db) as one:
+            every: list[Event] = []
+            own: list[Event] = []
+            one.listen(("kv:*",), every.append, others=True)
+            one.listen(("kv:*",), own.append)
+            sub = one.subscribe()
+            data = KvChanged("os", "k", owner="ana")
+            async with db.transaction() as tx:
+                row = await events.append(tx, "kv:changed", "ana", data.wire())
+            await frames(sub, 1)  # the reader has read the row, before the store says so
+            one.committed([(row, data)])
+            assert [e.id for e in every] == [row.id]
+            assert [e.id for e in own] == [row.id]
 
 
 async def test_a_resume_on_another_replica_gets_every_later_id_once(
