@@ -102,10 +102,13 @@ def test_a_peer_outside_the_list_is_not_trusted(start_shell: StartShell) -> None
         assert seen_from(page, "198.51.100.4") == "127.0.0.1"
 
 
-@pytest.mark.parametrize("bad", ["10.0.0.300", "10.0.0.0/33", "proxy.lan", "1.2.3.4,,5.6.7.8"])
+@pytest.mark.parametrize(
+    "bad", ["10.0.0.300", "10.0.0.0/33", "proxy.lan", "1.2.3.4,,5.6.7.8", "0.0.0.0/0", "::/0"]
+)
 def test_a_bad_entry_is_refused_naming_it(bad: str) -> None:
     from atrium.settings import ConfigError, Settings
 
     with pytest.raises(ConfigError) as refused:
         Settings.load(trusted_proxies=bad)
     assert "ATRIUM_TRUSTED_PROXIES" in str(refused.value)
+    assert repr(bad.split(",")[1] if ",," in bad else bad) in str(refused.value)
