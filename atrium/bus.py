@@ -44,17 +44,21 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from atrium.events import PAYLOADS, Payload, matches_any
-from atrium.state import events as log
-from atrium.state.database import Database
-from atrium.state.events import StoredEvent
+
+if TYPE_CHECKING:  # SQLAlchemy loads with a shell's database, not with every import of the bus
+    from atrium.state.database import Database
+    from atrium.state.events import StoredEvent
 
 _LOGGER = logging.getLogger(__name__)
 
 #: how many events a resume can reach back (the events table keeps as many)
-HISTORY: Final = log.KEEP
+#: as many as the events table keeps (`atrium.state.events.KEEP`; a test holds them equal)
+HISTORY: Final = 10_000
+
+
 QUEUE_SIZE: Final = 1024
 HEARTBEAT: Final = b": heartbeat\n\n"
 #: the most events the writer puts in one transaction
@@ -234,6 +238,8 @@ class EventBus:
         if self._heartbeat is not None:
             self._beat = asyncio.create_task(self._beat_loop(self._heartbeat), name="bus heartbeat")
         if self._db is not None:
+            from atrium.state import events as log  # SQLAlchemy: with a database only
+
             async with self._db.connect() as conn:
                 self._seen = await log.newest_id(conn)
             self._spawn(self._write_loop(self._db), "bus writer")
@@ -406,6 +412,8 @@ class EventBus:
                 self._drop(sub)
 
     async def _write_loop(self, db: Database) -> None:
+        from atrium.state import events as log  # SQLAlchemy: with a database only
+
         while True:
             await self._write_wake.wait()
             self._write_wake.clear()
@@ -448,6 +456,8 @@ class EventBus:
             self._check_idle()
 
     async def _read_new(self, db: Database) -> None:
+        from atrium.state import events as log  # SQLAlchemy: with a database only
+
         while True:
             async with db.connect() as conn:
                 rows = await log.after(conn, self._seen)
@@ -490,6 +500,8 @@ class EventBus:
                 self._drop(sub)
 
     async def _listen_loop(self, db: Database, listening: asyncio.Event) -> None:
+        from atrium.state import events as log  # SQLAlchemy: with a database only
+
         while True:
             try:
                 async for event_id in log.notified_ids(db):
@@ -552,6 +564,8 @@ class EventBus:
         """Feed ``sub`` the table's events after its cursor, then hand it to the reader's
         fan-out: the hand-over happens with no wait between the last read and the check, so the
         reader gives it exactly the ids after the last one read here."""
+        from atrium.state import events as log  # SQLAlchemy: with a database only
+
         try:
             async with db.connect() as conn:
                 # an id beyond the newest given out (another database's): from now on

@@ -37,7 +37,6 @@ from atrium.distribution.journal import JOURNAL_DIR, QUARANTINE_SUFFIX, UNREADAB
 from atrium.distribution.records import RECORDS_DIR, RecordStore
 from atrium.distribution.repair import repair_backups, repair_scope, uncommitted
 from atrium.git import GitError, ScopeRepo
-from atrium.kv import salvage, salvage_state
 from atrium.lifecycle.limits import ceilings_of, held_here, in_words
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import ConfigError, HomeLock, Settings
@@ -204,8 +203,12 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
         if problem is None or not damaged:
             continue
         if state:
+            from atrium.kv import salvage_state  # SQLAlchemy: only for a repair
+
             kept, aside = await asyncio.to_thread(salvage_state, path, stamp)
         else:
+            from atrium.kv import salvage
+
             kept, aside = await asyncio.to_thread(salvage, path, stamp, settings.user)
         done.append(
             f"{problem}: rebuilt with the {kept} rows still readable; original kept as {aside}"

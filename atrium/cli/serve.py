@@ -15,7 +15,6 @@ from typing import Annotated, NoReturn
 import typer
 import uvloop
 
-from atrium.api.server import ShellServer, settle_heap
 from atrium.files import write_atomic
 from atrium.identity import MIN_TOKEN_LENGTH, new_token
 from atrium.settings import ConfigError, HomeLock, Settings, prepare_home
@@ -61,6 +60,10 @@ def serve(
         # one); a home that has no run/ yet holds no shell, and is created only after the bind
         lock = HomeLock.claim(settings) if settings.run_dir.is_dir() else None
         # bound before anything is written: a port in use leaves a new home uncreated
+        # the server (and with it SQLAlchemy) loads when the shell starts, not when `--help`
+        # lists this command
+        from atrium.api.server import ShellServer, settle_heap
+
         server = ShellServer(settings, token)
         prepare_home(settings)
         lock = lock or HomeLock.claim(settings)

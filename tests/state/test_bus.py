@@ -268,3 +268,11 @@ async def test_a_resume_from_an_id_never_given_out_hears_what_comes_next(
             await asyncio.sleep(0.01)
     bus.emit(KvChanged("os", "after"))
     assert [f[2]["key"] for f in await frames(sub, 1)] == ["after"]
+
+
+def test_the_bus_keeps_as_many_events_as_the_table() -> None:
+    """The bus names the table's figure without importing it (SQLAlchemy loads with a shell's
+    database, not with `atrium --help`)."""
+    from atrium.bus import HISTORY
+
+    assert HISTORY == events.KEEP
