@@ -126,12 +126,13 @@ def trusted_networks(value: str) -> tuple[IPNetwork, ...]:
             network = ipaddress.ip_network(entry, strict=False)
         except ValueError:
             raise ValueError(f"{entry!r} is not an IP address or network") from None
-        if network.prefixlen == 0:  # then every client would choose its own address
-            raise ValueError(f"{entry!r} trusts every address; name the proxies")
         # an IPv4-mapped IPv6 peer is compared as the IPv4 address it maps (forwarded.py)
         mapped = network.network_address.ipv4_mapped if network.version == 6 else None
         if mapped is not None and network.prefixlen >= 96:
             network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}", strict=False)
+        # then every client would choose its own address (::ffff:0:0/96 is 0.0.0.0/0 mapped)
+        if network.prefixlen == 0:
+            raise ValueError(f"{entry!r} trusts every address; name the proxies")
         networks.append(network)
     return tuple(networks)
 

@@ -103,7 +103,17 @@ def test_a_peer_outside_the_list_is_not_trusted(start_shell: StartShell) -> None
 
 
 @pytest.mark.parametrize(
-    "bad", ["10.0.0.300", "10.0.0.0/33", "proxy.lan", "1.2.3.4,,5.6.7.8", "0.0.0.0/0", "::/0"]
+    "bad",
+    [
+        "10.0.0.300",
+        "10.0.0.0/33",
+        "proxy.lan",
+        "1.2.3.4,,5.6.7.8",
+        "0.0.0.0/0",
+        "::/0",
+        # every IPv4 address written as IPv4-mapped IPv6: /96 of it is 0.0.0.0/0
+        "::ffff:0.0.0.0/96",
+    ],
 )
 def test_a_bad_entry_is_refused_naming_it(bad: str) -> None:
     from atrium.settings import ConfigError, Settings
