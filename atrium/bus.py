@@ -153,6 +153,9 @@ class Subscription:
     #: with a database: still reading the table after its ``Last-Event-ID`` (the reader's
     #: fan-out passes it over until it has caught up)
     resuming: bool = False
+    #: with a database: how many events this shell had emitted when the stream began without an
+    #: id; those are older than the stream even when their rows come later, and are not sent
+    since: int = 0
 
     def offer(self, frame: bytes) -> bool:
         """Queue ``frame`` without waiting; False when the queue is full."""
@@ -211,6 +214,9 @@ class EventBus:
         self._subscribers: set[Subscription] = set()
         #: (globs, listener, whether it hears other shells' events too)
         self._listeners: list[tuple[tuple[str, ...] | None, Listener, bool]] = []
+        #: called when the reader found rows gone before it read them (`_fell_behind`): whoever
+        #: keeps a copy of what other shells' events announce changes must read it all again
+        self.on_fell_behind: list[Callable[[], None]] = []
         self._closed = False
         self._heartbeat = heartbeat
         self._beat: asyncio.Task[None] | None = None
@@ -218,6 +224,12 @@ class EventBus:
         self._batch = batch
         #: emitted, not yet written
         self._pending: deque[Event] = deque()
+        #: each pending event's place in the order this shell emitted them (`_emitted`)
+        self._pending_seq: deque[int] = deque()
+        #: how many events this shell has emitted or committed (a new stream's `since`)
+        self._emitted = 0
+        #: the place of this shell's events whose rows the reader has not met yet, by id
+        self._own_seq: dict[int, int] = {}
         #: this shell's events written (or `committed`) and not yet read back: their listeners
         #: were called already
         self._own: dict[int, Event] = {}
@@ -346,7 +358,9 @@ class EventBus:
                     topic,
                 )
             else:
+                self._emitted += 1
                 self._pending.append(event)
+                self._pending_seq.append(self._emitted)
                 self._write_wake.set()
         self._tell_listeners(event, EVERY)
         return event
@@ -368,6 +382,8 @@ class EventBus:
                     self._tell_listeners(event, OWN_ONLY)
                 continue
             self._own[stored.id] = event
+            self._emitted += 1
+            self._own_seq[stored.id] = self._emitted
             self._tell_listeners(event, EVERY)
         self._read_wake.set()
 
@@ -379,14 +395,17 @@ class EventBus:
                 except Exception:  # a listener's bug must not break publishing
                     _LOGGER.exception("event listener failed on %s", event.topic)
 
-    def _fan_out(self, event: Event) -> None:
-        """Offer ``event``'s frame to every live subscriber that takes it (in id order)."""
+    def _fan_out(self, event: Event, seq: int | None = None) -> None:
+        """Offer ``event``'s frame to every live subscriber that takes it (in id order);
+        ``seq``: its place among this shell's own events (None: another shell's)."""
         matched: dict[tuple[str, ...] | None, bool] = {}  # subscribers mostly share a few filters
         for sub in tuple(self._subscribers):
             if self._db is not None:
                 if sub.resuming or event.id <= sub.cursor:
                     continue
                 sub.cursor = event.id
+                if seq is not None and seq <= sub.since:
+                    continue  # emitted here before the stream began
             hit = matched.get(sub.globs)
             if hit is None:
                 hit = matched[sub.globs] = matches_any(event.topic, sub.globs)
@@ -419,6 +438,7 @@ class EventBus:
             self._write_wake.clear()
             while self._pending:
                 batch = [self._pending[i] for i in range(min(self._batch, len(self._pending)))]
+                seqs = [self._pending_seq[i] for i in range(len(batch))]
                 ids: list[int] = []
                 self._writing = True
                 try:
@@ -427,19 +447,22 @@ class EventBus:
                             tx,
                             [(e.topic, e.owner, e.payload) for e in batch],
                         )
-                        for stored, event in zip(written, batch, strict=True):
+                        for stored, event, seq in zip(written, batch, seqs, strict=True):
                             ids.append(stored.id)
                             # known before the commit: the reader meets the row only after it
                             self._own[stored.id] = event
+                            self._own_seq[stored.id] = seq
                 except Exception:
                     for event_id in ids:
                         self._own.pop(event_id, None)
+                        self._own_seq.pop(event_id, None)
                     _LOGGER.exception("writing %d events failed; trying again", len(batch))
                     self._writing = False
                     await asyncio.sleep(RETRY)
                     continue
                 for _ in batch:
                     self._pending.popleft()
+                    self._pending_seq.popleft()
                 self._writing = False
                 self._read_wake.set()
 
@@ -465,6 +488,7 @@ class EventBus:
                 if stored.id != self._seen + 1:
                     self._fell_behind(stored.id)
                 own = self._own.pop(stored.id, None)
+                seq = self._own_seq.pop(stored.id, None)
                 data = own.data if own is not None else decode(stored)
                 event = Event(
                     stored.id,
@@ -481,7 +505,7 @@ class EventBus:
                     if len(self._read_as_others) > READ_AS_OTHERS:
                         del self._read_as_others[next(iter(self._read_as_others))]
                     self._tell_listeners(event, OTHERS)
-                self._fan_out(event)
+                self._fan_out(event, seq)
             if len(rows) < log.PAGE:
                 return
 
@@ -498,6 +522,11 @@ class EventBus:
         for sub in tuple(self._subscribers):
             if not sub.resuming:
                 self._drop(sub)
+        for callback in tuple(self.on_fell_behind):
+            try:
+                callback()
+            except Exception:  # one keeper's bug must not stop the reader or the others
+                _LOGGER.exception("a fell-behind callback failed")
 
     async def _listen_loop(self, db: Database, listening: asyncio.Event) -> None:
         from atrium.state import events as log  # SQLAlchemy: with a database only
@@ -541,10 +570,12 @@ class EventBus:
             return sub
         if self._db is not None:
             sub.cursor = self._seen
+            sub.since = self._emitted
             # a resume reads the table even from an id this shell's reader has not reached
             # (another shell gave it): the table, not the reader, knows what came after it
             if last_event_id is not None:
                 sub.cursor = max(last_event_id, 0)
+                sub.since = 0  # everything after its id, whenever it was emitted
                 sub.resuming = True
                 task = asyncio.create_task(self._catch_up(self._db, sub), name="bus resume")
                 self._catching_up.add(task)

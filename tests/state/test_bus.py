@@ -276,3 +276,18 @@ def test_the_bus_keeps_as_many_events_as_the_table() -> None:
     from atrium.bus import HISTORY
 
     assert HISTORY == events.KEEP
+
+
+async def test_a_new_stream_gets_no_event_emitted_before_it_began(db: Database) -> None:
+    """The row of an event emitted just before a stream began is written after: the stream
+    must not take it for one of its own (a test waiting for "the next event" met the one
+    before it, once git runs got fast enough to open the stream first)."""
+    async with EventBus(db=db) as bus:
+        bus.emit(KvChanged("os", "before"))
+        late = bus.subscribe()
+        resumed = bus.subscribe(last_event_id=0)
+        bus.emit(KvChanged("os", "after"))
+        assert [f[2]["key"] for f in await frames(late, 1)] == ["after"]
+        assert [f[2]["key"] for f in await frames(resumed, 2)] == ["before", "after"]
+        await bus.flush()
+        assert late.queue.empty()
