@@ -82,6 +82,9 @@ class Bus(Protocol):
         others: bool = False,
     ) -> Callable[[], None]: ...
 
+    @property
+    def on_fell_behind(self) -> list[Callable[[], None]]: ...
+
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -162,11 +165,15 @@ class UserStore:
             except UserExists:  # another shell of the same database made them at this moment
                 await store._reread(bootstrap_admin)
         stop = bus.listen((USER_CHANGED,), store.heard, others=True) if bus is not None else None
+        if bus is not None:
+            bus.on_fell_behind.append(store.fell_behind)
         try:
             yield store
         finally:
             if stop is not None:
                 stop()
+            if bus is not None:
+                bus.on_fell_behind.remove(store.fell_behind)
             for task in list(store._tasks):
                 task.cancel()
             await asyncio.gather(*store._tasks, return_exceptions=True)
@@ -250,6 +257,51 @@ class UserStore:
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def fell_behind(self) -> None:
+        """The bus's reader found rows gone before it read them: a `UserChanged` among them was
+        never heard, so nothing remembered of any user can be trusted. Every sign-in and token is
+        forgotten now (the next request with one reads the database), every user read again, and
+        the `on_heard` (their grants read again) and `on_change` callbacks run for each (a stream
+        of a user disabled meanwhile ends)."""
+        self._changes += 1
+        self._recent.clear()  # a lookup under way reads again (`_changed_since`)
+        self._sessions.clear()
+        self._session_link.clear()
+        self._tokens.clear()
+        task = asyncio.get_running_loop().create_task(self._reload(), name="users read again")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload(self) -> None:
+        try:
+            async with self._reading:
+                before = set(self._users)
+                start = self._changes
+                fresh = UserStore(self._db)
+                await fresh._load()
+                # a user changed during the read may have rows it predates: read again below
+                stale = {u for u in before | set(fresh._users) if self._changed_since(start, u)}
+                self._users, self._passwords = fresh._users, fresh._passwords
+                self._identities = fresh._identities
+                for hashed, session in fresh._sessions.items():
+                    if session.user_id not in stale:
+                        self._sessions.setdefault(hashed, session)
+                        self._session_link[session.id] = fresh._session_link.get(session.id)
+                for hashed, token in fresh._tokens.items():
+                    if token.user_id not in stale:
+                        self._tokens.setdefault(hashed, token)
+            for user_id in sorted(stale):
+                await self._reread(user_id)
+        except SQLAlchemyError as err:  # what stays forgotten is read on use
+            _LOGGER.warning("could not read the users again: %s", err)
+            return
+        everyone = sorted(before | set(self._users))
+        for user_id in everyone:  # the grants of each, both ways, are read again too
+            for callback in self.on_heard:
+                callback(user_id)
+        for user_id in everyone:
+            self._changed(user_id)
 
     async def _reread_then_tell(self, user_id: str) -> None:
         try:

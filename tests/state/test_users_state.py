@@ -152,3 +152,33 @@ async def test_two_stores_demoting_the_last_two_admins_at_once_leave_one(db: Dat
                 await conn.execute(sa.select(users.c.id).where(users.c.role == "admin"))
             ).all()
         assert len(admins) == 1
+
+
+async def test_a_store_told_it_fell_behind_reads_every_user_and_grant_again(db: Database) -> None:
+    """What the bus reports when rows were gone before its reader read them: the `user:changed`
+    of a disable and of a revoke among them never reached store two, whose memory still held
+    the token and the grant; after `fell_behind` neither answers."""
+    async with (
+        UserStore.open(db, bootstrap_admin="default") as one,
+        GrantStore.open(db, one) as grants_one,
+    ):
+        await one.add("bob", None, Role.MEMBER)
+        token, _ = await one.create_token("bob", "cli", None)
+        grant, _ = await grants_one.put("default", "i-1", "app", "bob", GrantRole.VIEWER)
+        async with (
+            UserStore.open(db, bootstrap_admin="default") as two,
+            GrantStore.open(db, two) as grants_two,
+        ):
+            assert await two.find_token(token) is not None
+            assert grants_two.of_instance("default", "i-1") != []
+            await one.update("bob", disabled=True)
+            await grants_one.revoke(grant)
+            assert two.token(token) is not None  # nothing heard: the stale memory answers
+            two.fell_behind()
+            for _ in range(200):
+                if not grants_two.of_instance("default", "i-1") and two.require("bob").disabled:
+                    break
+                await asyncio.sleep(0.01)
+            assert await two.find_token(token) is None
+            assert two.require("bob").disabled
+            assert grants_two.of_instance("default", "i-1") == []
