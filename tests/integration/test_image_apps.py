@@ -203,3 +203,51 @@ def test_an_image_app_installs_pinned_after_a_plain_review_and_a_killed_shell_le
         assert block_processes(first)
     # serving() ended the shell with SIGKILL: the sandbox and everything in it went with it
     wait_for(lambda: not block_processes(first), "the image's processes to be gone")
+
+
+#: a CGI that leaves a link in the data folder, pointing where the query says
+LINKER: Final = b"""#!/bin/sh
+ln -s "$QUERY_STRING" /www/data/x
+printf 'Content-Type: text/plain\\r\\n\\r\\n'
+echo linked
+"""
+
+
+def test_a_link_an_image_left_in_its_data_never_leads_a_later_data_folder_out_of_it(
+    start_shell: StartShell, system_apps: Path, home: Path, tmp_path: Path, registry: Registry
+) -> None:
+    """The image owns what is in its data folders, links included. An update whose ``data``
+    names a folder under one of them (``/www/data/x/y``, x the image's link to a host folder)
+    must not make, chmod, chown and bind the host's folder for the image."""
+    layers = httpd_layers()
+    layers[-1].file("www/cgi-bin/link", LINKER, 0o755).link("bin/ln", "busybox")
+    digest, _ = asyncio.run(push_image(registry, "apps/linker", "1", layers, CONFIG))
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/linker", digest))
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    described = manifest(registry, digest)
+    described["runtime"]["image"] = f"{registry.host}/apps/linker@{digest}"  # type: ignore[index]
+    (system_apps / APP).mkdir()
+    (system_apps / APP / "app.manifest.json").write_text(json.dumps(described))
+    shell = start_shell()
+    with shell.client(timeout=30) as api:
+        instance, url = open_view(api, APP)
+        client, _ = enter(shell, url)
+        with closing(client):
+            linked = client.get(f"/cgi-bin/link?{victim}")
+            assert linked.status_code == 200, linked.text
+        assert api.delete(f"/api/instances/{instance['instanceId']}").status_code == 200
+    shell.stop()
+    (link,) = home.rglob("www/data/x")
+    assert link.is_symlink()
+    described["version"] = "1.0.1"
+    described["runtime"]["data"] = ["/www/data/x/y"]  # type: ignore[index]
+    (system_apps / APP / "app.manifest.json").write_text(json.dumps(described))
+    shell = start_shell()
+    with shell.client(timeout=30) as api:
+        started = api.post("/api/instances", json={"appId": APP})
+        assert not (victim / "y").exists(), started.text
+        assert victim.stat().st_mode & 0o777 == 0o755
+        assert victim.stat().st_uid == 0
+        assert started.status_code >= 400, started.text
+        assert "/www/data/x/y" in started.json()["error"]["message"]

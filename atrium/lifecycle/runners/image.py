@@ -307,10 +307,40 @@ def data_folder(data_dir: Path, path: str) -> Path:
     return data_dir / path.lstrip("/")
 
 
+def make_data_folder(data_dir: Path, path: str) -> None:
+    """``<data>/<path>`` made folder by folder (0700) without following a link: everything under
+    an earlier version's data folder is the image's own, links to anywhere on the host included,
+    and a later version may name a folder under it. A link or a file on the way refuses
+    (OSError naming ``path``), so nothing outside the data folder is made, chmodded, chowned or
+    bound into the image."""
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in path.strip("/").split("/"):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            try:
+                inner = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError as err:
+                if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise OSError(
+                    err.errno,
+                    f"the data folder {path} goes through {part!r}, which the image's data made "
+                    "a link or a file",
+                    path,
+                ) from err
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+
+
 def prepare_data(spec: SpawnSpec, run: ImageRun, owner: AppUser) -> None:
     """The data folder and one folder per ``data`` path, owned by the user the image runs as."""
     for path in run.data:
-        data_folder(spec.data_dir, path).mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_data_folder(spec.data_dir, path)
     give_data_dir(spec.data_dir, owner)
     for path in run.data:
         folder = spec.data_dir
