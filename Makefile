@@ -9,9 +9,9 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e),
 # nodejs (the `atrium new --template node` app's interpreter), busybox-static (the images the image
 # store tests build), postgresql (the state tests' second database: tests/state starts its own),
-# haproxy (several shells behind deploy/haproxy.cfg)
+# haproxy (several shells behind deploy/haproxy.cfg), nftables (each instance's own network)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl nodejs busybox-static \
-	postgresql haproxy
+	postgresql haproxy nftables
 # and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); the upstream app's
 # uvloop and httptools for Debian's python3 (as root, apps run under their own uid and cannot
 # reach an interpreter under /root); configurable-http-proxy comes from the npm registry on first

@@ -65,6 +65,7 @@ ACCEPTED: Final = {
     "app_cpu_milli": "a whole number of thousandths of a core, 0-1024000 (0: no ceiling)",
     "cgroup_parent": "the path of a delegated cgroup v2 folder",
     "app_limits": "auto (a cgroup per instance where possible, else rlimits) or rlimit",
+    "app_network": "a private IPv4 network (CIDR) such as 10.213.0.0/16, or off",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -186,6 +187,9 @@ class Settings(BaseSettings):
     #: rlimits; ``rlimit`` rlimits only
     #: (docs/decisions.md "Resource limits: rlimits where no cgroup is delegated")
     app_limits: Literal["auto", "rlimit"] = "auto"
+    #: the range of the instances' own networks, the shell's bridge holding its first address;
+    #: ``off``: none (docs/decisions.md "Network: each instance in its own namespace")
+    app_network: str = "10.213.0.0/16"
     #: the Kubernetes runner (docs/deploying.md "On Kubernetes"): where its pods go, the image
     #: they run (Python and the SDK), how the shell reaches the API (a kubeconfig, or unset: the
     #: pod's own service account), the data claims' storage class (unset: the cluster's default),
@@ -238,6 +242,17 @@ class Settings(BaseSettings):
     @classmethod
     def _trusted_proxies(cls, value: str) -> str:
         trusted_networks(value)
+        return value
+
+    @field_validator("app_network")
+    @classmethod
+    def _app_network(cls, value: str) -> str:
+        value = value.strip()
+        if value == "off":
+            return value
+        network = ipaddress.ip_network(value, strict=True)  # ValueError names what is wrong
+        if network.version != 4 or not network.is_private or network.prefixlen > 28:
+            raise ValueError("not a private IPv4 network of at least 16 addresses")
         return value
 
     @field_validator("user")

@@ -29,6 +29,7 @@ from atrium.kv import KvStore
 from atrium.launcher import Launcher
 from atrium.lifecycle.limits import ceilings_of, open_cgroups
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
+from atrium.lifecycle.network import Network, NetworkUnavailable, open_network
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import load_runner
@@ -87,6 +88,10 @@ class Shell:
     user_scopes: UserScopes
     usage: UsageMonitor
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    #: the instances' own networks (None: image apps in a loopback-only namespace behind a
+    #: forwarder, contract apps on the host's network), and the isolation in words
+    network: Network | None = None
+    isolation: str = ""
 
     @property
     def host_origins(self) -> frozenset[str]:
@@ -97,6 +102,34 @@ class Shell:
         return frozenset(
             f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}" for h in hosts
         )
+
+
+def app_network(settings: Settings) -> tuple[Network | None, str]:
+    """The shell's bridge and the instances' namespaces when the shell may make them (root,
+    bubblewrap, ``ATRIUM_APP_NETWORK`` not off), and the isolation image apps get, in words.
+    Blocking: sweeps what stopped shells left and runs ``ip``."""
+    from atrium.lifecycle.runners.bwrap import bwrap_works
+
+    if settings.app_network == "off":
+        return None, "shared: ATRIUM_APP_NETWORK is off"
+    problem = bwrap_works()
+    if problem is not None:
+        return None, f"shared: {problem}"
+    try:
+        network = open_network(settings.app_network, settings.port)
+    except (NetworkUnavailable, OSError) as err:
+        _LOGGER.warning("instances get no network of their own: %s", err)
+        return None, f"loopback only: {err}"
+    plan = network.plan
+    return network, (
+        f"own network: each image instance in a namespace on {plan.bridge} ({plan.range}), "
+        f"reaching only the shell at {plan.shell_url}"
+    )
+
+
+def close_network(network: Network | None) -> None:
+    if network is not None:
+        network.close()
 
 
 def loopback(host: str) -> str:
@@ -205,9 +238,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         for line in await asyncio.to_thread(spool.sweep, settings.home):
             _LOGGER.warning("%s", line)
         # the bus first: the users store and the grants hear other shells' changes on it
-        bus = await stack.enter_async_context(
-            EventBus(heartbeat=settings.heartbeat_seconds, db=db)
-        )
+        bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
         # an older home's users.sqlite3 and audit.sqlite3 go into the state database, once
         await carry_over(db, settings.users_path, settings.audit_path)
         users = await stack.enter_async_context(
@@ -264,6 +295,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             open_cgroups, settings.home, ceilings, settings.cgroup_parent, settings.app_limits
         )
         stack.callback(cgroups.close)
+        # removed after the lifecycle stopped every instance (the stack is LIFO)
+        network, isolation = await asyncio.to_thread(app_network, settings)
+        stack.callback(close_network, network)
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode
         await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)
@@ -285,6 +319,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                     shell_url=shell_url,
                     toolchain_dir=toolchain,
                     cgroups=cgroups,
+                    network=network,
                 ),
                 operations=locks,
                 may_run=lambda owner: (user := users.get(owner)) is not None and not user.disabled,
@@ -364,4 +399,6 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             dist=dist,
             user_scopes=user_scopes,
             usage=usage,
+            network=network,
+            isolation=isolation,
         )

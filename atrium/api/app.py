@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
@@ -64,6 +65,9 @@ class HostNames:
         names = {"localhost", "127.0.0.1", "[::1]"}
         if host not in _WILDCARDS:
             names.add(f"[{host}]" if ":" in host else host)
+        if settings.app_network != "off":
+            # the shell's address on its bridge, where an instance reaches the API
+            names.add(str(ipaddress.ip_network(settings.app_network).network_address + 1))
         domain = settings.app_domain
         # the app domain itself names the host page: on a LAN, `atrium.lan` is the host page and
         # `<slug>.atrium.lan` its apps (one wildcard DNS record); the operator chose the name

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from atrium.api.app import AtriumApp, create_app
 from atrium.api.errors import CONNECTION_EXTENSION
 from atrium.errors import AtriumError, HeadersTooLarge, InvalidRequest
+from atrium.lifecycle.network import Network
 from atrium.settings import ConfigError, Settings, setting_name
 from atrium.shell import Shell, open_shell
 
@@ -758,11 +759,37 @@ class ShellServer:
                     # open_shell closes the bus (ending every stream) on the way out; the server's
                     # own shutdown closes it first, so open streams never hold up the shutdown
                     self.app.state.shell = shell
+                    extra = self._bridge_socket(shell.network)
                     if ready is not None:
                         ready()
-                    await self._server.serve(sockets=[self.socket])
+                    try:
+                        await self._server.serve(sockets=[self.socket, *extra])
+                    finally:
+                        for sock in extra:
+                            sock.close()
         finally:
             self.socket.close()  # also when the shell failed to open: the port is let go
+
+    def _bridge_socket(self, network: Network | None) -> list[socket.socket]:
+        """The shell's port on its bridge, where instances reach the API (none when the shell
+        listens on every address already, or has no network of its instances)."""
+        if network is None or self.settings.host in ("", "0.0.0.0", "::"):  # noqa: S104
+            return []
+        sock = socket.socket(socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            # only what arrives on the bridge: a neighbour on the host's network that routes the
+            # range to this machine would otherwise reach a shell that listens on loopback
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, network.plan.bridge.encode())
+            sock.bind((str(network.plan.shell_address), self.settings.port))
+        except OSError as err:
+            sock.close()
+            raise ConfigError(
+                cannot_listen(str(network.plan.shell_address), self.settings.port, err)
+            ) from err
+        sock.listen(2048)
+        sock.setblocking(False)
+        return [sock]
 
     def request_exit(self) -> None:
         """Ask the server to stop; safe from any thread."""

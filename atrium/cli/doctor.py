@@ -295,12 +295,15 @@ def doctor(
             f"limits: the pods' resources (memory and CPU) on Kubernetes, namespace "
             f"{settings.kube_namespace}; ceilings: {in_words(limits.ceilings)}"
         )
+    from atrium.lifecycle.network import isolation_here
+
+    network = isolation_here(settings.app_network)
     if as_json:
-        typer.echo(
-            json.dumps({"home": str(settings.home), "problems": problems, "limits": limits.wire()})
-        )
+        found = {"home": str(settings.home), "problems": problems, "limits": limits.wire()}
+        typer.echo(json.dumps({**found, "network": network}))
         raise typer.Exit(1 if problems else 0)
     typer.echo(line)
+    typer.echo(network)
     for problem in problems:
         typer.echo(problem)
     if problems:

@@ -31,6 +31,7 @@ from atrium.lifecycle.limits import (
     effective_limits,
     rlimit_plan,
 )
+from atrium.lifecycle.network import Network
 from atrium.lifecycle.ports import PortAllocator, PortExhausted
 from atrium.lifecycle.runners import Runner, SpawnSpec, Survivor
 from atrium.lifecycle.runners.image import ImageRun, ImageRunner, image_ids, read_inside
@@ -69,6 +70,8 @@ class LifecycleConfig:
     toolchain_dir: Path | None = None
     #: where instances get their resource limits (None: not enforced, e.g. unit tests)
     cgroups: Cgroups | None = None
+    #: the instances' own networks (None: image apps behind a loopback forwarder)
+    network: Network | None = None
 
 
 class Booter:
@@ -87,7 +90,7 @@ class Booter:
     ) -> None:
         self.runner = runner
         #: image apps run here whichever runner the shell uses for the others
-        self.images = ImageRunner()
+        self.images = ImageRunner(network=config.network)
         self._registry = registry
         self._upstream = upstream
         self._tokens = tokens

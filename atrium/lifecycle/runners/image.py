@@ -8,10 +8,13 @@ What the image sees (built by ``image_argv``), for a shell running as root:
   shell its pid (``--info-fd``) and waits (``--userns-block-fd``) until the shell wrote the map.
   Root inside is an unprivileged host uid; the image's ``User`` (`atrium.images.config.launch`)
   is ``--uid``/``--gid`` inside, so another of the block's ids on the host;
-- its own pid, IPC, UTS and network namespaces: the network holds only a loopback. The shell
-  reaches the image's port through a forwarder (`Forwarder`): it listens on the loopback port the
-  shell allocated and opens each connection from inside the image's network namespace. The image
-  reaches nothing (no egress yet);
+- its own pid, IPC, UTS and network namespaces. With the shell's network
+  (`atrium.lifecycle.network`) the network namespace is one the shell made, joined to the
+  shell's bridge: the shell reaches the image's port at the instance's address, and the image
+  reaches only the shell's API. Without it, the namespace holds only a loopback and the shell
+  reaches the image's port through a forwarder (`Forwarder`) listening on the loopback port the
+  shell allocated, which opens each connection from inside the image's network namespace; the
+  image then reaches nothing;
 - the image's root read-only (the store's entry, shared by every instance of the digest), the
   runtime ``data`` folders bound read-write from the instance's data folder (``<data>/<path>``),
   a tmpfs ``/tmp`` and ``/run``, its own ``/proc`` and ``/dev``;
@@ -46,6 +49,7 @@ from typing import Final
 
 from atrium.errors import SpawnFailed
 from atrium.images.config import Launch
+from atrium.lifecycle.network import Lease, Network
 from atrium.lifecycle.runners import AppUser, SpawnSpec
 from atrium.lifecycle.runners.bwrap import (
     SandboxedChild,
@@ -206,8 +210,11 @@ def make_mount_points(rootfs: Path, paths: Sequence[str]) -> None:
             os.close(fd)
 
 
-def image_argv(spec: SpawnSpec, run: ImageRun, bwrap: str, ids: AppUser, fds: Fds) -> list[str]:
-    """``setpriv`` to the host id of the image's user, then bwrap building the sandbox."""
+def image_argv(
+    spec: SpawnSpec, run: ImageRun, bwrap: str, ids: AppUser, fds: Fds, *, joined: bool = False
+) -> list[str]:
+    """``setpriv`` to the host id of the image's user, then bwrap building the sandbox;
+    ``joined``: the child already joined the shell's namespace for it (no network of bwrap's)."""
     setpriv = setpriv_command()
     if setpriv is None:
         raise SpawnFailed(
@@ -226,7 +233,7 @@ def image_argv(spec: SpawnSpec, run: ImageRun, bwrap: str, ids: AppUser, fds: Fd
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--unshare-net",
+        *(() if joined else ("--unshare-net",)),
         "--unshare-cgroup-try",
         "--die-with-parent",
         "--new-session",
@@ -265,10 +272,11 @@ def relay_points(run: ImageRun, data_dir: Path | None = None) -> list[tuple[str,
     return points
 
 
-def relay(points: Sequence[tuple[str, str]]) -> Callable[[], None]:
-    """What the forked child does as root before it becomes the image's ids: a mount namespace of
-    its own (private: nothing reaches the host's) with a fresh tmpfs at `RELAY` where the image's
-    root and data folders are bound.
+def relay(points: Sequence[tuple[str, str]], netns: Path | None = None) -> Callable[[], None]:
+    """What the forked child does as root before it becomes the image's ids: the network
+    namespace the shell made for it (``netns``, when given), a mount namespace of its own
+    (private: nothing reaches the host's) with a fresh tmpfs at `RELAY` where the image's root
+    and data folders are bound.
 
     bwrap starts under the image's first host id and builds the sandbox from inside the new user
     namespace, where the shell's private folders (``$ATRIUM_HOME`` 0700, and its parents) cannot
@@ -276,6 +284,7 @@ def relay(points: Sequence[tuple[str, str]]) -> Callable[[], None]:
     """
     libc = ctypes.CDLL(None, use_errno=True)
     encoded = [(source.encode(), point.encode()) for source, point in points]
+    network = None if netns is None else os.fsencode(netns)
 
     def check(result: int, what: bytes) -> None:
         if result != 0:
@@ -285,6 +294,10 @@ def relay(points: Sequence[tuple[str, str]]) -> Callable[[], None]:
             os._exit(126)
 
     def child() -> None:
+        if network is not None:
+            fd = os.open(network, os.O_RDONLY | os.O_CLOEXEC)
+            check(libc.setns(fd, CLONE_NEWNET), b"setns")
+            os.close(fd)
         check(libc.unshare(CLONE_NEWNS), b"unshare")
         check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), b"private /")
         # held open before the tmpfs, which may cover where they are (a home under /tmp)
@@ -451,9 +464,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class ImageChild(SandboxedChild):
-    """A sandboxed image and the forwarder in front of it, closed once the sandbox is gone."""
+    """A sandboxed image and the forwarder in front of it, or its namespace of the shell's
+    network, closed once the sandbox is gone (an exit, a crash, a stop)."""
 
     forwarder: Forwarder | None = None
+    lease: tuple[Network, Lease] | None = None
 
     async def _watch(self) -> None:
         try:
@@ -461,6 +476,9 @@ class ImageChild(SandboxedChild):
         finally:
             if self.forwarder is not None:
                 await self.forwarder.close()
+            if self.lease is not None:
+                network, lease = self.lease
+                await network.release(lease)
 
 
 async def _child_pid(info: int) -> int:
@@ -492,8 +510,10 @@ class ImageRunner(LocalRunner):
 
     name = "image"
 
-    def __init__(self, bwrap: str | None = None) -> None:
+    def __init__(self, bwrap: str | None = None, network: Network | None = None) -> None:
         self._bwrap = bwrap or bwrap_command()
+        #: the shell's network (None: a loopback-only namespace and the forwarder)
+        self.network = network
 
     def early_exit_cause(self, log_path: Path, returncode: int) -> str:
         return classify_early_exit(log_path, returncode)
@@ -520,11 +540,12 @@ class ImageRunner(LocalRunner):
                 f"cannot start {label}: {err.strerror or err}", app_id=spec.app_id, cause="mount"
             ) from err
         lock = lock_data_dir(spec)
+        lease = await self._lease(spec, label, lock)
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
         fds = Fds(info=info_w, block=block_r, lock=lock)
         try:
-            argv = image_argv(spec, run, self._bwrap, ids, fds)
+            argv = image_argv(spec, run, self._bwrap, ids, fds, joined=lease is not None)
             process = await start_child(
                 spec,
                 argv,
@@ -532,28 +553,38 @@ class ImageRunner(LocalRunner):
                 label=label,
                 pass_fds=(info_w, block_r, lock),
                 die_with_shell=True,
-                before_exec=relay(relay_points(run, spec.data_dir)),
+                before_exec=relay(
+                    relay_points(run, spec.data_dir), None if lease is None else lease.path
+                ),
                 cwd=Path("/"),  # uvloop changes folder after it: RELAY may cover the app's
             )
+        except BaseException:
+            if lease is not None and self.network is not None:
+                await self.network.release(lease)
+            raise
         finally:
             for fd in (info_w, block_r, lock):
                 os.close(fd)
         child = ImageChild(
             process,
-            host=spec.host,
-            port=local_port(spec),
+            host=spec.host if lease is None else lease.address,
+            port=local_port(spec) if lease is None else run.launch.port,
             label=label,
             cgroup=spec.cgroup,
             log_path=spec.log_path,
         )
+        if lease is not None and self.network is not None:
+            # released when the sandbox is gone, however it ends
+            child.lease = (self.network, lease)
         try:
             pid = await _child_pid(info_r)
             write_id_maps(pid, ids)
-            netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            # the forwarder owns the descriptor from here: closed with it when the child ends
-            forwarder = child.forwarder = Forwarder(netns, run.launch.port, label)
-            open_low_ports(netns)
-            await forwarder.start(spec.host, local_port(spec))
+            if lease is None:
+                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                # the forwarder owns the descriptor from here: closed with it when the child ends
+                forwarder = child.forwarder = Forwarder(netns, run.launch.port, label)
+                open_low_ports(netns)
+                await forwarder.start(spec.host, local_port(spec))
             os.write(block_w, b"1")
         except OSError as err:
             await child.stop(0)
@@ -568,6 +599,20 @@ class ImageRunner(LocalRunner):
             os.close(block_w)
         _LOGGER.info("started %s (image) in bwrap: pid %d", label, process.pid)
         return child
+
+    async def _lease(self, spec: SpawnSpec, label: str, lock: int) -> Lease | None:
+        """The instance's namespace of the shell's network (None without one)."""
+        if self.network is None:
+            return None
+        try:
+            return await self.network.plumb()
+        except (OSError, RuntimeError) as err:
+            os.close(lock)
+            raise SpawnFailed(
+                f"cannot start {label}: its network could not be made: {err}",
+                app_id=spec.app_id,
+                cause="mount",
+            ) from err
 
 
 __all__ = ["ImageRun", "ImageRunner", "image_ids", "read_inside"]

@@ -1,0 +1,477 @@
+"""Each sandboxed instance in a network of its own, reachable only by the shell.
+
+The layout (one shell, running as root):
+
+- a bridge the shell owns (`bridge_name`: ``atrb<shell pid>``) holding the first address of the
+  configured range (``ATRIUM_APP_NETWORK``, a /16 by default); the shell listens there too, at
+  its own port, and reaches each instance at the instance's address;
+- per instance a named network namespace (``atrium-<shell pid>-<n>``) made by the shell, so
+  owned by the host's user namespace: nothing inside may change its addresses or its firewall,
+  whatever capabilities the sandbox holds in its own user namespace. A veth joins it to the
+  bridge; the instance side (``eth0``) has an address of the range and a MAC derived from it
+  (`mac_of`), and the shell's side a permanent neighbour entry for that pair, so a relaunch on
+  the same address never waits on a stale ARP entry and no instance can answer for another's
+  address;
+- in the namespace an nft table (`ruleset`) whose output policy drops everything but its own
+  loopback, answers on connections made to it, and the shell's bridge address at the shell's
+  port; ``ip_unprivileged_port_start`` is 0 there (any user of the sandbox binds port 80).
+
+Deleting the namespace takes its veth pair and its nft table with it. Everything is named after
+the shell's pid, so a start-up `sweep` removes what a shell killed with SIGKILL left (its pid no
+longer runs) and never touches a live shell's.
+
+The planning (names, addresses, commands, the clash check) is pure; `Network` runs ``ip`` and
+``nft`` (iproute2 and nftables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ipaddress
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_RANGE: Final = "10.213.0.0/16"
+NETNS_DIR: Final = Path("/run/netns")
+NETNS_PREFIX: Final = "atrium-"
+BRIDGE_PREFIX: Final = "atrb"
+VETH_PREFIX: Final = "atv"
+#: the first two bytes of every instance's MAC: locally administered, unicast
+MAC_PREFIX: Final = "02:a7"
+CLONE_NEWNET: Final = 0x40000000
+_TIMEOUT: Final = 10.0
+_libc = ctypes.CDLL(None, use_errno=True)
+#: the process's shells and instances so far: names stay unique when one process opens several
+#: shells, one after the other or at once
+_shells = itertools.count()
+_instances = itertools.count()
+
+
+class NetworkUnavailable(RuntimeError):
+    """The instances' network cannot be made here (why, in words)."""
+
+
+# --- planning (pure) -------------------------------------------------------------------------
+
+
+def parse_range(text: str) -> ipaddress.IPv4Network:
+    """The configured range: a private IPv4 network with room for the bridge and instances."""
+    try:
+        network = ipaddress.IPv4Network(text.strip(), strict=True)
+    except ValueError as err:
+        raise ValueError(f"{text!r} is not an IPv4 network such as {DEFAULT_RANGE}: {err}") from err
+    if not network.is_private or network.prefixlen > 28:
+        raise ValueError(f"{text!r} must be a private IPv4 network of at least 16 addresses")
+    return network
+
+
+def bridge_name(shell_pid: int, number: int = 0) -> str:
+    """The bridge of the ``number``-th shell the process ``shell_pid`` opened (tests open
+    several shells in one process)."""
+    return f"{BRIDGE_PREFIX}{shell_pid}-{number}"
+
+
+def netns_name(shell_pid: int, number: int) -> str:
+    return f"{NETNS_PREFIX}{shell_pid}-{number}"
+
+
+def veth_name(shell_pid: int, number: int) -> str:
+    """The shell's end of an instance's veth (at most 15 characters: the number in base 36)."""
+    digits, left = "", number
+    while True:
+        left, rest = divmod(left, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[rest] + digits
+        if left == 0:
+            break
+    name = f"{VETH_PREFIX}{shell_pid}x{digits}"
+    if len(name) > 15:
+        raise ValueError(f"no interface name for instance {number} of shell {shell_pid}")
+    return name
+
+
+def mac_of(address: ipaddress.IPv4Address) -> str:
+    """The one MAC an address ever has: the prefix and the address's four bytes."""
+    return MAC_PREFIX + "".join(f":{byte:02x}" for byte in address.packed)
+
+
+def owner_pid(name: str) -> int | None:
+    """The shell pid a namespace, bridge or veth of ours is named after; None for any other."""
+    if name.startswith(NETNS_PREFIX):
+        head = name[len(NETNS_PREFIX) :].split("-", 1)[0]
+    elif name.startswith(BRIDGE_PREFIX):
+        head = name[len(BRIDGE_PREFIX) :].split("-", 1)[0]
+    elif name.startswith(VETH_PREFIX):
+        head = name[len(VETH_PREFIX) :].split("x", 1)[0]
+    else:
+        return None
+    return int(head) if head.isdigit() else None
+
+
+def leftovers(names: Iterable[str], alive: Iterable[int]) -> list[str]:
+    """Those of ``names`` that a shell no longer running made."""
+    running = set(alive)
+    return [name for name in names if (pid := owner_pid(name)) is not None and pid not in running]
+
+
+def clash(
+    network: ipaddress.IPv4Network, routes: Sequence[dict[str, object]], own: str
+) -> str | None:
+    """The first route of the host (``ip -j route``) that overlaps ``network``, in words, unless
+    it is the shell's own bridge ``own``; None when the range is free."""
+    for route in routes:
+        dst, dev = str(route.get("dst", "")), str(route.get("dev", ""))
+        if dst in ("", "default") or dev == own:
+            continue
+        try:
+            other = ipaddress.IPv4Network(dst, strict=False)
+        except ValueError:
+            continue
+        if other.overlaps(network):
+            return f"{network} overlaps the host's route to {dst} on {dev or 'no device'}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The shell's side of the network: its range, bridge and address."""
+
+    range: ipaddress.IPv4Network
+    shell_pid: int
+    #: the shell's port, the one an instance may reach at the bridge's address
+    shell_port: int
+    #: which of the process's shells this is (`bridge_name`)
+    number: int = 0
+
+    @property
+    def bridge(self) -> str:
+        return bridge_name(self.shell_pid, self.number)
+
+    @property
+    def shell_address(self) -> ipaddress.IPv4Address:
+        return self.range.network_address + 1
+
+    @property
+    def shell_url(self) -> str:
+        """What an instance reaches the shell's API at."""
+        return f"http://{self.shell_address}:{self.shell_port}"
+
+    def address(self, slot: int) -> ipaddress.IPv4Address:
+        """The address of slot ``slot`` (0 is the first after the shell's)."""
+        address = self.range.network_address + 2 + slot
+        if address >= self.range.broadcast_address:
+            raise NetworkUnavailable(f"no address left in {self.range}")
+        return address
+
+    def bridge_commands(self) -> list[str]:
+        """``ip -batch`` lines making the bridge and giving it the shell's address."""
+        return [
+            f"link add {self.bridge} type bridge",
+            f"addr add {self.shell_address}/{self.range.prefixlen} dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
+
+    def host_commands(self, number: int, slot: int) -> list[str]:
+        """The shell's side of instance ``number``: its veth into the bridge, the other end
+        moved into its namespace with its fixed MAC, and the neighbour entry for it."""
+        address = self.address(slot)
+        veth, netns = veth_name(self.shell_pid, number), netns_name(self.shell_pid, number)
+        return [
+            f"link add {veth} type veth peer name eth0 address {mac_of(address)} netns {netns}",
+            f"link set {veth} master {self.bridge} up",
+            f"neigh replace {address} lladdr {mac_of(address)} dev {self.bridge} nud permanent",
+        ]
+
+    def inside_commands(self, slot: int) -> list[str]:
+        """``ip -n <namespace> -batch`` lines: loopback, the address, the route to the shell."""
+        address = self.address(slot)
+        return [
+            "link set lo up",
+            f"addr add {address}/{self.range.prefixlen} dev eth0",
+            "link set eth0 up",
+            f"route add default via {self.shell_address}",
+        ]
+
+    def ruleset(self) -> str:
+        """The instance's nft table: nothing leaves but to its loopback, on connections made to
+        it, and to the shell's API; nothing comes in but from its loopback and from the shell's
+        address (a neighbour on the host's network that routes the range here, another
+        instance)."""
+        return (
+            "table inet atrium {\n"
+            "  chain out {\n"
+            "    type filter hook output priority 0; policy drop;\n"
+            '    oifname "lo" accept\n'
+            "    ct state established,related accept\n"
+            f"    ip daddr {self.shell_address} tcp dport {self.shell_port} accept\n"
+            "  }\n"
+            "  chain in {\n"
+            "    type filter hook input priority 0; policy drop;\n"
+            '    iifname "lo" accept\n'
+            "    ct state established,related accept\n"
+            f"    ip saddr {self.shell_address} accept\n"
+            "  }\n"
+            "}\n"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One instance's namespace and address, held until `Network.release`."""
+
+    number: int
+    slot: int
+    netns: str
+    address: str
+
+    @property
+    def path(self) -> Path:
+        return NETNS_DIR / self.netns
+
+
+# --- I/O -------------------------------------------------------------------------------------
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if found is None:
+        raise NetworkUnavailable(f"the {name} command is not installed")
+    return found
+
+
+def _run(argv: Sequence[str], stdin: str = "") -> str:
+    result = subprocess.run(  # noqa: S603 - our own tools and arguments
+        argv, input=stdin.encode(), capture_output=True, timeout=_TIMEOUT, check=False
+    )
+    if result.returncode != 0:
+        said = result.stderr.decode(errors="replace").strip()[-300:]
+        raise OSError(f"{' '.join(argv[:3])} failed: {said or result.returncode}")
+    return result.stdout.decode()
+
+
+async def _arun(argv: Sequence[str], stdin: str = "") -> None:
+    """``argv`` with ``stdin`` as its input (a pipe written in full before the start: a few
+    hundred bytes, far below a pipe's buffer, and no transport to outlive a quick exit)."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    try:
+        os.write(write, stdin.encode())
+        os.close(write)
+        write = -1
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(read)
+        if write != -1:
+            os.close(write)
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        said = err.decode(errors="replace").strip()[-300:]
+        raise OSError(f"{' '.join(argv[:3])} failed: {said or process.returncode}")
+
+
+@contextlib.contextmanager
+def entered(path: Path) -> Iterator[None]:
+    """The calling thread in the network namespace at ``path`` for the block, then back."""
+    target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter {path}: {os.strerror(err)}")
+        try:
+            yield
+        finally:
+            if _libc.setns(own, CLONE_NEWNET) != 0:  # pragma: no cover - root always may
+                os.abort()
+    finally:
+        os.close(target)
+        os.close(own)
+
+
+def _write_sysctls(path: Path) -> None:
+    """Port 80 for any user inside; no IPv6 (the ruleset speaks for IPv4 addresses only)."""
+    with entered(path):
+        fds = [
+            (os.open(f"/proc/sys/net/{name}", os.O_WRONLY | os.O_CLOEXEC), value)
+            for name, value in (
+                ("ipv4/ip_unprivileged_port_start", b"0\n"),
+                ("ipv6/conf/all/disable_ipv6", b"1\n"),
+            )
+        ]
+    for fd, value in fds:
+        try:
+            os.write(fd, value)
+        finally:
+            os.close(fd)
+
+
+def alive_pids() -> set[int]:
+    return {int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
+
+
+def sweep() -> list[str]:
+    """Remove the namespaces, veths and bridges of shells that no longer run; what was removed."""
+    ip = _tool("ip")
+    alive = alive_pids()
+    removed: list[str] = []
+    names = sorted(p.name for p in NETNS_DIR.iterdir()) if NETNS_DIR.is_dir() else []
+    for name in leftovers(names, alive):
+        with contextlib.suppress(OSError):
+            _run([ip, "netns", "delete", name])
+            removed.append(name)
+    links = json.loads(_run([ip, "-j", "link", "show"]) or "[]")
+    for name in leftovers((str(link.get("ifname", "")) for link in links), alive):
+        with contextlib.suppress(OSError):
+            _run([ip, "link", "delete", name])
+            removed.append(name)
+    if removed:
+        _LOGGER.warning("network: removed what stopped shells left: %s", ", ".join(removed))
+    return removed
+
+
+class Network:
+    """The shell's bridge and its instances' namespaces (see the module docstring)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._ip = _tool("ip")
+        self._nft = _tool("nft")
+        self._nsenter = _tool("nsenter")
+        self._slots: set[int] = set()
+        self._leases: set[str] = set()
+
+    @classmethod
+    def open(cls, plan: Plan) -> Network:
+        """Sweep leftovers, refuse a range the host routes elsewhere, make the bridge. Blocking."""
+        sweep()
+        network = cls(plan)
+        routes = json.loads(_run([network._ip, "-j", "-4", "route", "show"]) or "[]")
+        problem = clash(plan.range, routes, plan.bridge)
+        if problem is not None:
+            raise NetworkUnavailable(f"{problem}: choose another range in ATRIUM_APP_NETWORK")
+        try:
+            _run([network._ip, "-batch", "-"], "\n".join(plan.bridge_commands()) + "\n")
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                _run([network._ip, "link", "delete", plan.bridge])
+            raise NetworkUnavailable(str(err)) from err
+        return network
+
+    def close(self) -> None:
+        """Remove the bridge and every namespace still held. Blocking."""
+        for name in sorted(self._leases):
+            with contextlib.suppress(OSError):
+                _run([self._ip, "netns", "delete", name])
+        self._leases.clear()
+        with contextlib.suppress(OSError):
+            _run([self._ip, "link", "delete", self.plan.bridge])
+
+    async def plumb(self) -> Lease:
+        """A namespace for one instance, joined to the bridge, its firewall in place."""
+        number = next(_instances)
+        slot = next(n for n in range(len(self._slots) + 1) if n not in self._slots)
+        self._slots.add(slot)
+        plan = self.plan
+        lease = Lease(number, slot, netns_name(plan.shell_pid, number), str(plan.address(slot)))
+        self._leases.add(lease.netns)
+        try:
+            await _arun([self._ip, "netns", "add", lease.netns])
+            await _arun(
+                [self._ip, "-batch", "-"], "\n".join(plan.host_commands(number, slot)) + "\n"
+            )
+            await _arun(
+                [self._ip, "-n", lease.netns, "-batch", "-"],
+                "\n".join(plan.inside_commands(slot)) + "\n",
+            )
+            _write_sysctls(lease.path)
+            await _arun(
+                [self._nsenter, f"--net={lease.path}", self._nft, "-f", "-"], plan.ruleset()
+            )
+        except BaseException:
+            await self.release(lease)
+            raise
+        return lease
+
+    async def release(self, lease: Lease) -> None:
+        """The namespace deleted (its veth pair and firewall go with it), its address free."""
+        try:
+            if lease.path.exists():
+                await _arun([self._ip, "netns", "delete", lease.netns])
+        except OSError as err:
+            _LOGGER.warning("network: %s could not be removed: %s", lease.netns, err)
+        finally:
+            self._slots.discard(lease.slot)
+            self._leases.discard(lease.netns)
+
+
+def isolation_here(text: str) -> str:
+    """Which network instances of a shell started here with ``ATRIUM_APP_NETWORK`` = ``text``
+    would get, in words, without making anything (`atrium doctor`). Blocking (runs ``ip`` and
+    bwrap once)."""
+    from atrium.lifecycle.runners.bwrap import bwrap_works
+
+    shared = "contract apps share the host's network"
+    loopback = "image apps in a loopback-only namespace behind a forwarder"
+    why: str | None = None
+    if text == "off":
+        why = "ATRIUM_APP_NETWORK is off"
+    elif os.geteuid() != 0:
+        why = "the shell does not run as root"
+    else:
+        why = bwrap_works()
+    if why is None:
+        try:
+            network = parse_range(text)
+            routes = json.loads(_run([_tool("ip"), "-j", "-4", "route", "show"]) or "[]")
+            _tool("nft"), _tool("nsenter")
+            ours = [r for r in routes if owner_pid(str(r.get("dev", ""))) is None]
+            problem = clash(network, ours, "")
+            if problem is not None:
+                why = f"{problem}: choose another range in ATRIUM_APP_NETWORK"
+        except (ValueError, OSError, NetworkUnavailable) as err:
+            why = str(err)
+    if why is not None:
+        return f"network: {loopback}; {shared} ({why})"
+    return (
+        f"network: each image instance in its own namespace on {text}, reaching only the "
+        f"shell's API; {shared}"
+    )
+
+
+def open_network(text: str, shell_port: int) -> Network:
+    """The shell's network for ``ATRIUM_APP_NETWORK`` = ``text``; NetworkUnavailable says why
+    not (not root, no tools, a clash). Blocking."""
+    if os.geteuid() != 0:
+        raise NetworkUnavailable("the shell does not run as root")
+    try:
+        plan = Plan(parse_range(text), os.getpid(), shell_port, next(_shells))
+    except ValueError as err:
+        raise NetworkUnavailable(str(err)) from err
+    return Network.open(plan)
+
+
+__all__ = [
+    "DEFAULT_RANGE",
+    "Lease",
+    "Network",
+    "NetworkUnavailable",
+    "Plan",
+    "clash",
+    "isolation_here",
+    "leftovers",
+    "mac_of",
+    "open_network",
+    "sweep",
+]

@@ -1,0 +1,190 @@
+"""Each image instance in its own network namespace on the shell's bridge, through the real shell
+(root only): what an instance may reach from inside (a CGI of the busybox image tries each
+target with ``nc``), and that nothing of the network outlives an instance or a killed shell."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from atrium.images.store import ImageStore
+from tests.integration.conftest import RunningShell, StartShell, serve_env, serving, wait_for
+from tests.integration.registry import Registry, running_registry
+from tests.integration.test_image_apps import CONFIG, manifest
+from tests.integration.test_image_store import Layer, busybox_layers, push_image
+from tests.integration.test_origins import enter, open_view
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the instances' network needs a root shell"),
+]
+
+APP: Final = "test.net.one"
+OTHER: Final = "test.net.two"
+#: a range of the tests' own: another shell on this machine may hold the default one
+RANGE: Final = "10.214.0.0/16"
+#: ``/cgi-bin/reach?HOST:PORT``: whether a TCP connection from inside the image is accepted
+REACH: Final = b"""#!/bin/sh
+printf 'Content-Type: text/plain\\r\\n\\r\\n'
+if nc -w 2 "${QUERY_STRING%:*}" "${QUERY_STRING##*:}" </dev/null >/dev/null 2>&1
+then echo reached; else echo blocked; fi
+"""
+ADDR: Final = b"""#!/bin/sh
+printf 'Content-Type: text/plain\\r\\n\\r\\n'
+ip -o -4 addr show dev eth0
+"""
+
+
+def reach_layers() -> list[Layer]:
+    cgi = (
+        Layer()
+        .folder("www/cgi-bin")
+        .file("www/cgi-bin/reach", REACH, 0o755)
+        .file("www/cgi-bin/addr", ADDR, 0o755)
+    )
+    for applet in ("nc", "ip", "printf"):
+        cgi.link(f"bin/{applet}", "busybox")
+    return [*busybox_layers(), cgi]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with running_registry(tmp_path_factory.mktemp("net-registry")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def image(registry: Registry) -> str:
+    digest, _ = asyncio.run(push_image(registry, "apps/reach", "1", reach_layers(), CONFIG))
+    return digest
+
+
+def place(system_apps: Path, registry: Registry, digest: str, app_id: str) -> None:
+    described = manifest(registry, digest)
+    described["id"] = app_id
+    described["runtime"]["image"] = f"{registry.host}/apps/reach@{digest}"  # type: ignore[index]
+    (system_apps / app_id).mkdir()
+    (system_apps / app_id / "app.manifest.json").write_text(json.dumps(described))
+
+
+def netns_of(pid: int) -> list[str]:
+    """The named namespaces the shell ``pid`` made that still exist."""
+    folder = Path("/run/netns")
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    return sorted(name for name in names if name.startswith(f"atrium-{pid}-"))
+
+
+def links_of(pid: int) -> list[str]:
+    shown = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True).stdout)
+    return [
+        link["ifname"] for link in shown if link["ifname"].startswith((f"atrb{pid}-", f"atv{pid}x"))
+    ]
+
+
+def host_address() -> str | None:
+    """An address of the host outside loopback and the tests' range, if it has one."""
+    route = subprocess.run(
+        ["ip", "-j", "-4", "route", "get", "192.0.2.1"], capture_output=True, check=False
+    )
+    try:
+        found = json.loads(route.stdout)[0].get("prefsrc")
+    except (ValueError, IndexError):
+        return None
+    return None if found is None else str(found)
+
+
+def test_an_instance_reaches_the_shells_api_and_nothing_else(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, image: str
+) -> None:
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
+    place(system_apps, registry, image, APP)
+    place(system_apps, registry, image, OTHER)
+    shell: RunningShell = start_shell(app_network=RANGE)
+    bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
+    # a service of the host's on every address: the shell's other ports, the host's services
+    with socket.create_server(("0.0.0.0", 0)) as listener, shell.client(timeout=30) as api:  # noqa: S104
+        elsewhere = listener.getsockname()[1]
+        _, url = open_view(api, APP)
+        _, other_url = open_view(api, OTHER)
+        one, _ = enter(shell, url)
+        two, _ = enter(shell, other_url)
+        with closing(one), closing(two):
+            # the shell reaches both at their addresses in the range, no loopback port
+            mine, theirs = (
+                client.get("/cgi-bin/addr").text.split("inet ")[1].split("/")[0]
+                for client in (one, two)
+            )
+            assert ipaddress.ip_address(mine) in ipaddress.ip_network(RANGE)
+            assert ipaddress.ip_address(theirs) in ipaddress.ip_network(RANGE)
+            assert mine != theirs
+
+            def reach(target: str) -> str:
+                answer = one.get(f"/cgi-bin/reach?{target}")
+                assert answer.status_code == 200, answer.text
+                return answer.text.strip()
+
+            assert reach(f"{bridge}:{shell.settings.port}") == "reached"  # the shell's API
+            assert reach(f"{bridge}:{elsewhere}") == "blocked"  # the shell's other ports
+            assert reach(f"{theirs}:80") == "blocked"  # another instance
+            assert reach(f"127.0.0.1:{registry.host.rsplit(':', 1)[1]}") == "blocked"
+            outside = host_address()
+            if outside is not None:
+                assert reach(f"{outside}:{elsewhere}") == "blocked"  # the host elsewhere
+            assert reach("127.0.0.1:80") == "reached"  # its own loopback
+
+
+def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, image: str
+) -> None:
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
+    place(system_apps, registry, image, APP)
+    home.chmod(0o700)  # the image store made it: the home is the shell's alone
+    with serving(
+        home, stop=signal.SIGKILL, ATRIUM_APP_NETWORK=RANGE, ATRIUM_SYSTEM_APPS=str(system_apps)
+    ) as served:
+        pid = served.proc.pid
+        with served.client(timeout=30) as api:
+            first = api.post("/api/instances", json={"appId": APP}).json()
+            assert first["state"] == "started", first
+            assert len(netns_of(pid)) == 1
+            # destroyed: its namespace goes, and its veth with it
+            assert api.delete(f"/api/instances/{first['instanceId']}").status_code == 200
+            wait_for(lambda: not netns_of(pid), "the destroyed instance's namespace to go")
+            wait_for(lambda: links_of(pid) == [f"atrb{pid}-0"], "its veth to go")
+            # crashed (its sandbox killed from outside): the same
+            crashed = api.post("/api/instances", json={"appId": APP}).json()
+            os.kill(crashed["pid"], signal.SIGKILL)
+            wait_for(lambda: not netns_of(pid), "the crashed instance's namespace to go")
+            third = api.post("/api/instances", json={"appId": APP}).json()
+            assert third["state"] == "started", third
+            assert len(netns_of(pid)) == 1
+    # serving() killed the shell with SIGKILL: its namespace and bridge stay until a shell starts
+    assert netns_of(pid)
+    shell = start_shell(app_network=RANGE)
+    assert shell.shell.network is not None
+    assert not netns_of(pid)
+    assert not links_of(pid)
+    # doctor says which network instances get here
+    said = subprocess.run(
+        [sys.executable, "-m", "atrium", "doctor", "--json"],
+        env=serve_env(home, ATRIUM_APP_NETWORK=RANGE),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert json.loads(said.stdout)["network"].startswith(
+        f"network: each image instance in its own namespace on {RANGE}"
+    ), said.stdout + said.stderr
