@@ -251,3 +251,50 @@ def test_a_link_an_image_left_in_its_data_never_leads_a_later_data_folder_out_of
         assert victim.stat().st_uid == 0
         assert started.status_code >= 400, started.text
         assert "/www/data/x/y" in started.json()["error"]["message"]
+
+
+#: a CGI that says what the image's environment holds
+SHOW_ENV: Final = b"""#!/bin/sh
+printf 'Content-Type: text/plain\\r\\n\\r\\n'
+echo "$SECRET_WORD $LD_DEBUG"
+"""
+
+
+def test_an_image_environment_reaches_the_image_never_the_hosts_setpriv_and_bwrap(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry
+) -> None:
+    """setpriv and bwrap are host programs started as root: the dynamic loader of each obeys
+    LD_PRELOAD, LD_LIBRARY_PATH, LD_DEBUG_OUTPUT … of its environment, and the image's root is
+    at a known path of their mount namespace. The image's (and the manifest's) environment must
+    reach the image's command only. LD_DEBUG_OUTPUT is the harmless witness: the host loader
+    writes a file where the manifest says."""
+    layers = httpd_layers()
+    layers[-1].file("www/cgi-bin/env", SHOW_ENV, 0o755)
+    digest, _ = asyncio.run(push_image(registry, "apps/env", "1", layers, CONFIG))
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/env", digest))
+    witness = Path("/var/tmp") / f"atrium-ld-{os.getpid()}-{digest[7:19]}"  # noqa: S108
+    described = manifest(registry, digest)
+    runtime = described["runtime"]
+    runtime["image"] = f"{registry.host}/apps/env@{digest}"  # type: ignore[index]
+    runtime["env"] = {  # type: ignore[index]
+        "SECRET_WORD": WORD,
+        "LD_DEBUG": "files",
+        "LD_DEBUG_OUTPUT": str(witness),
+    }
+    (system_apps / APP).mkdir()
+    (system_apps / APP / "app.manifest.json").write_text(json.dumps(described))
+    shell = start_shell()
+    try:
+        with shell.client(timeout=30) as api:
+            instance, url = open_view(api, APP)
+            assert instance["state"] in ("started", "resumed"), instance
+            client, _ = enter(shell, url)
+            with closing(client):
+                shown = client.get("/cgi-bin/env")
+                assert shown.status_code == 200, shown.text
+                assert shown.text.strip() == f"{WORD} files"  # the image has all of it
+        written = sorted(witness.parent.glob(witness.name + "*"))
+        assert written == [], [p.read_text()[:200] for p in written]
+    finally:
+        for path in witness.parent.glob(witness.name + "*"):
+            path.unlink()

@@ -257,8 +257,10 @@ def image_argv(
             options += ["--perms", "1777" if scratch == "/tmp" else "0755", "--tmpfs", scratch]  # noqa: S108
     for path, (_, point) in zip(run.data, relayed[1:], strict=True):
         options += ["--bind", point, path]
-    # the environment is bwrap's own (`ImageRunner.spawn`), never --setenv: a command line is
-    # readable by every user of the host, and a manifest's env may hold a password
+    # the image's environment is set by bwrap for the command alone, read from a file (`--args`),
+    # never on a command line (readable by every user of the host, and a manifest's env may hold
+    # a password), nor the environment setpriv and bwrap start with (`HOST_ENV`, `env_args`)
+    options += ["--args", str(fds.env)]
     options += ["--hostname", spec.instance_id[:63], "--chdir", launch.cwd]
     return [*drop, bwrap, *options, "--", *launch.argv]
 
@@ -367,6 +369,31 @@ class Fds:
     info: int
     block: int
     lock: int
+    #: the image's environment as bwrap arguments (`env_args`)
+    env: int
+
+
+#: the whole environment setpriv and bwrap start with: they are host programs started as root,
+#: whose dynamic loader obeys LD_PRELOAD, LD_LIBRARY_PATH, LD_DEBUG_OUTPUT … (and the image's
+#: root is at a known path of their mount namespace), so nothing of the image's may reach them
+HOST_ENV: Final = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def env_args(env: dict[str, str]) -> int:
+    """An fd of bwrap's ``--args`` file giving the image's command exactly ``env``: NUL-separated
+    ``--clearenv`` and ``--setenv NAME VALUE`` (a memory file: nothing on a disk, no size limit
+    of a pipe)."""
+    words = ["--clearenv"]
+    for name, value in env.items():
+        words += ["--setenv", name, value]
+    fd = os.memfd_create("atrium-image-env", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, b"".join(word.encode() + b"\0" for word in words))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -543,15 +570,16 @@ class ImageRunner(LocalRunner):
         lease = await self._lease(spec, label, lock)
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
-        fds = Fds(info=info_w, block=block_r, lock=lock)
+        env_fd = env_args(run.launch.env)
+        fds = Fds(info=info_w, block=block_r, lock=lock, env=env_fd)
         try:
             argv = image_argv(spec, run, self._bwrap, ids, fds, joined=lease is not None)
             process = await start_child(
                 spec,
                 argv,
-                dict(run.launch.env),
+                dict(HOST_ENV),
                 label=label,
-                pass_fds=(info_w, block_r, lock),
+                pass_fds=(info_w, block_r, lock, env_fd),
                 die_with_shell=True,
                 before_exec=relay(
                     relay_points(run, spec.data_dir), None if lease is None else lease.path
@@ -563,7 +591,7 @@ class ImageRunner(LocalRunner):
                 await self.network.release(lease)
             raise
         finally:
-            for fd in (info_w, block_r, lock):
+            for fd in (info_w, block_r, lock, env_fd):
                 os.close(fd)
         child = ImageChild(
             process,
