@@ -139,7 +139,15 @@ def _id(value: str, table: dict[str, tuple[int, int]], what: str) -> tuple[int, 
         raise ConfigInvalid(
             f"the image's User names {what} {value!r}, which the image does not define"
         )
-    return table[value]
+    found = table[value]
+    # the image's own /etc/passwd may say anything: an id past the block is another block's
+    for number in found:
+        if number > MAX_ID:
+            raise ConfigInvalid(
+                f"the image's User names {what} {value!r}, whose id {number} in the image is "
+                f"beyond {MAX_ID}"
+            )
+    return found
 
 
 def resolve_user(user: str, passwd: str = "", group: str = "") -> tuple[int, int]:

@@ -298,3 +298,24 @@ def test_an_image_environment_reaches_the_image_never_the_hosts_setpriv_and_bwra
     finally:
         for path in witness.parent.glob(witness.name + "*"):
             path.unlink()
+
+
+def test_a_user_the_images_passwd_numbers_beyond_its_ids_is_refused(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry
+) -> None:
+    """The image's ids 0-65535 are its block of host ids; a ``User`` given by name takes its id
+    from the image's own /etc/passwd, which may say anything: 131072 would be the root of the
+    block two further on (another app's or user's, chosen by its public hash), never this one's."""
+    far = Layer().file("etc/passwd", b"root:x:0:0::/:/bin/sh\nwww:x:131072:34::/www:/bin/sh\n")
+    digest, _ = asyncio.run(push_image(registry, "apps/far", "1", [*httpd_layers(), far], CONFIG))
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/far", digest))
+    described = manifest(registry, digest)
+    described["runtime"]["image"] = f"{registry.host}/apps/far@{digest}"  # type: ignore[index]
+    (system_apps / APP).mkdir()
+    (system_apps / APP / "app.manifest.json").write_text(json.dumps(described))
+    shell = start_shell()
+    with shell.client(timeout=30) as api:
+        started = api.post("/api/instances", json={"appId": APP})
+        assert not block_processes(image_ids(APP).uid + 131072)
+        assert started.status_code >= 400, started.text
+        assert "131072" in started.json()["error"]["message"]
