@@ -22,6 +22,7 @@ from bench import (
     kvstate,
     lifecycle,
     load,
+    network,
     rollback,
     sdkload,
     signin,
@@ -58,6 +59,7 @@ BENCHES = {
     "startup": startup.main,
     "haproxy": haproxy.main,
     "images": images.main,
+    "network": network.main,
     "busstate": busstate.main,
     "kvstate": kvstate.main,
 }

@@ -183,11 +183,12 @@ class Plan:
         ]
 
     def host_commands(self, number: int, slot: int) -> list[str]:
-        """The shell's side of instance ``number``: its veth into the bridge, the other end
-        moved into its namespace with its fixed MAC, and the neighbour entry for it."""
+        """The shell's side of instance ``number``: its namespace, its veth into the bridge, the
+        other end moved into the namespace with its fixed MAC, and the neighbour entry for it."""
         address = self.address(slot)
         veth, netns = veth_name(self.shell_pid, number), netns_name(self.shell_pid, number)
         return [
+            f"netns add {netns}",
             f"link add {veth} type veth peer name eth0 address {mac_of(address)} netns {netns}",
             f"link set {veth} master {self.bridge} up",
             f"neigh replace {address} lladdr {mac_of(address)} dev {self.bridge} nud permanent",
@@ -387,17 +388,17 @@ class Network:
         lease = Lease(number, slot, netns_name(plan.shell_pid, number), str(plan.address(slot)))
         self._leases.add(lease.netns)
         try:
-            await _arun([self._ip, "netns", "add", lease.netns])
             await _arun(
                 [self._ip, "-batch", "-"], "\n".join(plan.host_commands(number, slot)) + "\n"
             )
-            await _arun(
-                [self._ip, "-n", lease.netns, "-batch", "-"],
-                "\n".join(plan.inside_commands(slot)) + "\n",
-            )
             _write_sysctls(lease.path)
-            await _arun(
-                [self._nsenter, f"--net={lease.path}", self._nft, "-f", "-"], plan.ruleset()
+            # the firewall names no interface of the namespace but its loopback: both at once
+            await asyncio.gather(
+                _arun(
+                    [self._ip, "-n", lease.netns, "-batch", "-"],
+                    "\n".join(plan.inside_commands(slot)) + "\n",
+                ),
+                _arun([self._nsenter, f"--net={lease.path}", self._nft, "-f", "-"], plan.ruleset()),
             )
         except BaseException:
             await self.release(lease)
