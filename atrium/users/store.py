@@ -280,8 +280,10 @@ class UserStore:
                 start = self._changes
                 fresh = UserStore(self._db)
                 await fresh._load()
-                # a user changed during the read may have rows it predates: read again below
-                stale = {u for u in before | set(fresh._users) if self._changed_since(start, u)}
+                # a user changed during the read (here or heard; one added here too) may have
+                # rows it predates: read again below
+                named = before | set(self._users) | set(fresh._users) | {u for _, u in self._recent}
+                stale = {u for u in named if self._changed_since(start, u)}
                 self._users, self._passwords = fresh._users, fresh._passwords
                 self._identities = fresh._identities
                 for hashed, session in fresh._sessions.items():
