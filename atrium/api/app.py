@@ -44,6 +44,7 @@ from atrium.errors import AtriumError, InvalidRequest, MisdirectedRequest
 from atrium.lifecycle.instance import Instance
 from atrium.settings import Settings
 from atrium.shell import Shell
+from atrium.state.fence import request_began
 from atrium.theme.inject import HtmlTransform
 from atrium.theme.prefs import html_transform_for
 
@@ -136,6 +137,7 @@ class AtriumApp:
                 await error_response(misdirected(host))(scope, receive, send)
                 return
             self._client_address(scope)
+            request_began()
             await self._dispatch.dispatch(scope, receive, send, host)
             return
         await self.starlette(scope, receive, send)  # lifespan: nothing to dispatch

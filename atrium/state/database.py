@@ -5,13 +5,20 @@
   so writers queue for the lock at their first statement instead of failing when a read
   transaction tries to become a write one.
 - PostgreSQL (``postgresql+psycopg://…``): client TCP keepalives (2 s idle, 1 s apart, 2 probes),
-  so a shell cut off from the database learns it within about 5 s (with the server's own
-  ``tcp_keepalives_*`` set the same way, its locks are dropped as soon).
+  so a shell cut off from the database learns it within about 5 s. Each session also sets the
+  server's end the same way (``options``: ``tcp_keepalives_*``, whatever the server's own
+  configuration says) and both ends a 4 s ``tcp_user_timeout``: keepalives are sent only on a
+  socket with nothing unacknowledged, so a session the server had just answered (a transaction
+  holding the event counter's row lock, a LISTEN session sent a notification) outlived a cut
+  link for the kernel's retransmissions (about 15 minutes), and every other shell's event
+  writes waited behind that row lock as long. With it the server ends the session, and drops
+  its locks, about 4 s after the link is cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,16 +29,27 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from atrium.errors import DatabaseLost
 from atrium.settings import ConfigError, create_private
+from atrium.state import fence
 
 #: the file of the embedded default, in the shell's home
 SQLITE_FILE: Final = "state.sqlite3"
-#: libpq's client keepalives (seconds, probes): see the module docstring
-KEEPALIVES: Final = {
+#: milliseconds data sent on a session's socket may stay unacknowledged before the socket is
+#: given up, on either side: keepalives start only on a socket with nothing unacknowledged
+TCP_USER_TIMEOUT: Final = 4000
+#: libpq's client keepalives (seconds, probes) and the same settings for the server's end of
+#: each session (``options``): see the module docstring
+KEEPALIVES: Final[dict[str, int | str]] = {
     "keepalives": 1,
     "keepalives_idle": 2,
     "keepalives_interval": 1,
     "keepalives_count": 2,
+    "tcp_user_timeout": TCP_USER_TIMEOUT,
+    "options": (
+        "-c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=2"
+        f" -c tcp_user_timeout={TCP_USER_TIMEOUT}"
+    ),
 }
 _IMMEDIATE: Final = "atrium_immediate"
 #: seconds one `Database.ping` may take before it is given up (a connection attempt to a cut
@@ -77,6 +95,8 @@ class Database:
         self.engine = engine
         self.url = url
         self._ping: asyncio.Task[str | None] | None = None
+        #: when this shell last found its link to the database broken (monotonic), or None
+        self.link_lost_at: float | None = None
 
     @property
     def dialect(self) -> Dialect:
@@ -98,6 +118,13 @@ class Database:
         else:
             engine = create_async_engine(parsed, connect_args=dict(KEEPALIVES), pool_pre_ping=True)
         db = cls(engine, parsed)
+        if db.dialect == "postgresql":
+
+            @event.listens_for(engine.sync_engine, "handle_error")
+            def _disconnected(context: Any) -> None:
+                if context.is_disconnect:
+                    db.link_lost()
+
         try:
             yield db
         finally:
@@ -107,11 +134,25 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """A write transaction: committed when the block ends, rolled back when it raises."""
+        """A write transaction: committed when the block ends, rolled back when it raises.
+
+        DatabaseLost, before anything is written, when the current task answers a request that
+        arrived before this shell last lost its database link (`fence`)."""
         async with self.engine.connect() as conn:
+            lost = self.link_lost_at
+            if lost is not None and fence.began_before(lost):
+                raise DatabaseLost(
+                    "this request arrived before the link broke, and its client may have moved "
+                    "on; nothing was written, send it again"
+                )
             await conn.execution_options(**{_IMMEDIATE: True})
             async with conn.begin():
                 yield conn
+
+    def link_lost(self) -> None:
+        """Note that the link to the database was found broken now (a disconnect, or the
+        coordination's check of its session failed)."""
+        self.link_lost_at = time.monotonic()
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[AsyncConnection]:

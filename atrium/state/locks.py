@@ -247,6 +247,8 @@ class Coordination:
                 raise
             except Exception as err:  # noqa: BLE001 - any failure: the session (or the way to it) is gone
                 self._lost = f"the database did not answer: {type(err).__name__}: {err}"[:300]
+                if self._db is not None:
+                    self._db.link_lost()
                 _LOGGER.warning("coordination: %s", self._lost)
                 self._set_leader(False)
                 beacon, self._beacon = self._beacon, None
