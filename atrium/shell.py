@@ -32,7 +32,8 @@ from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.network import Network, NetworkUnavailable, open_network
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
-from atrium.lifecycle.runners import load_runner
+from atrium.lifecycle.runners import Runner, load_runner
+from atrium.lifecycle.runners.bwrap import BwrapRunner
 from atrium.lifecycle.runners.kubernetes import KubeSettings
 from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
@@ -104,7 +105,7 @@ class Shell:
         )
 
 
-def app_network(settings: Settings) -> tuple[Network | None, str]:
+def app_network(settings: Settings, runner: Runner) -> tuple[Network | None, str]:
     """The shell's bridge and the instances' namespaces when the shell may make them (root,
     bubblewrap, ``ATRIUM_APP_NETWORK`` not off), and the isolation image apps get, in words.
     Blocking: sweeps what stopped shells left and runs ``ip``."""
@@ -120,9 +121,13 @@ def app_network(settings: Settings) -> tuple[Network | None, str]:
     except (NetworkUnavailable, OSError) as err:
         _LOGGER.warning("instances get no network of their own: %s", err)
         return None, f"loopback only: {err}"
+    which = "image"
+    if settings.app_network_apps == "all" and isinstance(runner, BwrapRunner):
+        runner.network = network  # the contract apps' sandboxes join it too
+        which = "sandboxed"
     plan = network.plan
     return network, (
-        f"own network: each image instance in a namespace on {plan.bridge} ({plan.range}), "
+        f"own network: each {which} instance in a namespace on {plan.bridge} ({plan.range}), "
         f"reaching only the shell at {plan.shell_url}"
     )
 
@@ -296,7 +301,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         )
         stack.callback(cgroups.close)
         # removed after the lifecycle stopped every instance (the stack is LIFO)
-        network, isolation = await asyncio.to_thread(app_network, settings)
+        network, isolation = await asyncio.to_thread(app_network, settings, runner)
         stack.callback(close_network, network)
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode

@@ -297,7 +297,7 @@ def doctor(
         )
     from atrium.lifecycle.network import isolation_here
 
-    network = isolation_here(settings.app_network)
+    network = isolation_here(settings.app_network, settings.app_network_apps)
     if as_json:
         found = {"home": str(settings.home), "problems": problems, "limits": limits.wire()}
         typer.echo(json.dumps({**found, "network": network}))

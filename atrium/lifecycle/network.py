@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -301,6 +301,21 @@ def entered(path: Path) -> Iterator[None]:
         os.close(own)
 
 
+def joiner(path: Path) -> Callable[[], None]:
+    """What a forked child (still root) does before it executes its command: join the network
+    namespace at ``path`` (system calls only: the child of a threaded process)."""
+    encoded = os.fsencode(path)
+
+    def join() -> None:
+        fd = os.open(encoded, os.O_RDONLY | os.O_CLOEXEC)
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            os.write(2, b"atrium: cannot join the instance's network\n")
+            os._exit(126)
+        os.close(fd)
+
+    return join
+
+
 def _write_sysctls(path: Path) -> None:
     """Port 80 for any user inside; no IPv6 (the ruleset speaks for IPv4 addresses only)."""
     with entered(path):
@@ -406,7 +421,11 @@ class Network:
         return lease
 
     async def release(self, lease: Lease) -> None:
-        """The namespace deleted (its veth pair and firewall go with it), its address free."""
+        """The namespace deleted (its veth pair and firewall go with it), its address free;
+        once (a second release of the same lease does nothing)."""
+        if lease.netns not in self._leases:
+            return
+        self._leases.discard(lease.netns)
         try:
             if lease.path.exists():
                 await _arun([self._ip, "netns", "delete", lease.netns])
@@ -414,13 +433,12 @@ class Network:
             _LOGGER.warning("network: %s could not be removed: %s", lease.netns, err)
         finally:
             self._slots.discard(lease.slot)
-            self._leases.discard(lease.netns)
 
 
-def isolation_here(text: str) -> str:
+def isolation_here(text: str, apps: str = "images") -> str:
     """Which network instances of a shell started here with ``ATRIUM_APP_NETWORK`` = ``text``
-    would get, in words, without making anything (`atrium doctor`). Blocking (runs ``ip`` and
-    bwrap once)."""
+    (and ``ATRIUM_APP_NETWORK_APPS`` = ``apps``) would get, in words, without making anything
+    (`atrium doctor`). Blocking (runs ``ip`` and bwrap once)."""
     from atrium.lifecycle.runners.bwrap import bwrap_works
 
     shared = "contract apps share the host's network"
@@ -445,9 +463,15 @@ def isolation_here(text: str) -> str:
             why = str(err)
     if why is not None:
         return f"network: {loopback}; {shared} ({why})"
+    if apps == "all":
+        return (
+            f"network: each image instance and each contract app under bwrap in its own "
+            f"namespace on {text}, reaching only the shell's API (the process runner's apps "
+            "share the host's network)"
+        )
     return (
         f"network: each image instance in its own namespace on {text}, reaching only the "
-        f"shell's API; {shared}"
+        f"shell's API; {shared} (ATRIUM_APP_NETWORK_APPS=all: those under bwrap too)"
     )
 
 
@@ -471,6 +495,7 @@ __all__ = [
     "Plan",
     "clash",
     "isolation_here",
+    "joiner",
     "leftovers",
     "mac_of",
     "open_network",

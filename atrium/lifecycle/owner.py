@@ -3,9 +3,10 @@
 The port is allocated by the shell and handed to the child, but any local process can bind it
 first (a port squatter) and answer `/health` with the identity `GET /api/instances` lists. So
 before a request that carries `X-Os-Shell-Secret` leaves for a health check or a hook, the shell
-reads the kernel's socket tables (`/proc/net/tcp`, `/proc/net/tcp6`) for every socket listening
-where a connection to ``host:port`` could land (that address or a wildcard), and the open files of
-the child and its descendants (`/proc/<pid>/fd`): every such socket must be one of theirs.
+reads the kernel's socket tables of the child's network (`/proc/<pid>/net/tcp`, `tcp6`: the host's,
+or the instance's own namespace, `atrium.lifecycle.network`) for every socket listening where a
+connection to ``host:port`` could land (that address or a wildcard), and the open files of the
+child and its descendants (`/proc/<pid>/fd`): every such socket must be one of theirs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Final
 
 from atrium.lifecycle.runners.process import descendants
 
-_TABLES: Final = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_TABLES: Final = ("tcp", "tcp6")
 _LISTEN: Final = "0A"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -32,13 +33,14 @@ def _address(hex_address: str) -> IPAddress:
     return address
 
 
-def listeners(host: str, port: int) -> set[int]:
-    """The inodes of the sockets listening where a connection to ``host:port`` may land."""
+def listeners(host: str, port: int, pid: int | str = "self") -> set[int]:
+    """The inodes of the sockets listening where a connection to ``host:port`` may land, in the
+    network namespace of ``pid``."""
     target = ipaddress.ip_address(host)
     found: set[int] = set()
     for table in _TABLES:
         try:
-            lines = table.read_text().splitlines()[1:]
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -73,7 +75,7 @@ def _socket_inodes(pid: int) -> set[int]:
 def foreign_listener(pid: int, host: str, port: int) -> bool | None:
     """None when nothing listens on ``host:port`` yet; False when every listener there belongs to
     ``pid`` or its descendants; True when any belongs to another process."""
-    wanted = listeners(host, port)
+    wanted = listeners(host, port, pid)
     if not wanted:
         return None
     owned: set[int] = set()

@@ -20,11 +20,20 @@ from typing import Final
 import pytest
 
 from atrium.images.store import ImageStore
-from tests.integration.conftest import RunningShell, StartShell, serve_env, serving, wait_for
+from atrium.lifecycle.runners.bwrap import bwrap_works
+from tests.integration.conftest import (
+    RunningShell,
+    StartShell,
+    add_test_apps,
+    serve_env,
+    serving,
+    wait_for,
+)
 from tests.integration.registry import Registry, running_registry
 from tests.integration.test_image_apps import CONFIG, manifest
 from tests.integration.test_image_store import Layer, busybox_layers, push_image
 from tests.integration.test_origins import enter, open_view
+from tests.runner_contract import PROBE
 
 pytestmark = [
     pytest.mark.integration,
@@ -188,3 +197,37 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
     assert json.loads(said.stdout)["network"].startswith(
         f"network: each image instance in its own namespace on {RANGE}"
     ), said.stdout + said.stderr
+
+
+def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    if (problem := bwrap_works()) is not None:
+        pytest.skip(f"bubblewrap does not work here: {problem}")
+    add_test_apps(system_apps, PROBE)
+    shell = start_shell(runner="bwrap", app_network=RANGE, app_network_apps="all")
+    bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
+    with socket.create_server(("0.0.0.0", 0)) as listener, shell.client(timeout=30) as api:  # noqa: S104
+        elsewhere = listener.getsockname()[1]
+        one, two = (
+            api.post("/api/instances", json={"appId": PROBE, "new": True}).json() for _ in range(2)
+        )
+        assert one["state"] == two["state"] == "started", (one, two)
+        theirs = shell.shell.lifecycle.get(two["instanceId"]).address
+
+        def reach(host: str, port: int) -> bool:
+            answer = api.post(
+                f"/api/proxy/{one['instanceId']}/reach", params={"host": host, "port": port}
+            )
+            assert answer.status_code == 200, answer.text
+            reached: bool = answer.json()["reached"]
+            return reached
+
+        assert reach(bridge, shell.settings.port)  # the shell's API, at OS_SHELL_URL
+        assert not reach("127.0.0.1", elsewhere)  # the host's loopback services
+        assert not reach("127.0.0.1", shell.settings.port)  # the shell's loopback port
+        assert not reach(bridge, elsewhere)  # the shell's other ports
+        assert not reach(theirs.host, theirs.port)  # another instance
+        outside = host_address()
+        if outside is not None:
+            assert not reach(outside, elsewhere)  # the host elsewhere

@@ -78,8 +78,9 @@ def port_held(port: int) -> bool:
 class LocalHarness(Harness):
     """A shell on a local runner: processes, cgroups and ports of this machine."""
 
-    def __init__(self, runner: str, home: Path, system_apps: Path) -> None:
+    def __init__(self, runner: str, home: Path, system_apps: Path, **settings: Any) -> None:
         self.runner = runner
+        self.settings = settings
         self.home = home
         self.system_apps = system_apps
         self.limits_missing = cgroups_usable_here()
@@ -87,7 +88,9 @@ class LocalHarness(Harness):
         self._start()
 
     def _start(self) -> None:
-        self.shell: RunningShell = launch_shell(self.home, self.system_apps, runner=self.runner)
+        self.shell: RunningShell = launch_shell(
+            self.home, self.system_apps, runner=self.runner, **self.settings
+        )
         self._client = self.shell.client(timeout=30)
         self.api = self._client
 
@@ -140,9 +143,16 @@ class LocalHarness(Harness):
         self._start()
 
 
-@pytest.fixture(scope="module", params=["process", "bwrap"])
+@pytest.fixture(scope="module", params=["process", "bwrap", "bwrap-own-network"])
 def harness(request: pytest.FixtureRequest) -> Iterator[LocalHarness]:
     runner: str = request.param
+    settings: dict[str, str] = {}
+    if runner == "bwrap-own-network":
+        # each instance in a namespace of its own (atrium.lifecycle.network), on a range of the
+        # tests' own: another shell on this machine may hold the default one
+        if os.geteuid() != 0:
+            pytest.skip("the instances' own network needs a root shell")
+        runner, settings = "bwrap", {"app_network": "10.216.0.0/16", "app_network_apps": "all"}
     if runner == "bwrap" and (problem := bwrap_works()) is not None:
         pytest.skip(f"bubblewrap does not work here: {problem}")
     out_of_reach = interpreter_out_of_reach() if runner == "process" else None
@@ -162,7 +172,7 @@ def harness(request: pytest.FixtureRequest) -> Iterator[LocalHarness]:
         manifest = system_apps / PROBE / "app.manifest.json"
         data = json.loads(manifest.read_text())
         manifest.write_text(json.dumps({**data, "entrypoint": [SYSTEM_PYTHON, "server.py"]}))
-    made = LocalHarness(runner, base / "home", system_apps)
+    made = LocalHarness(runner, base / "home", system_apps, **settings)
     try:
         yield made
     finally:

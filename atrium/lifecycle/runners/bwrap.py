@@ -2,9 +2,13 @@
 
 What the app sees (built by ``sandbox_argv``):
 
-- its own pid, IPC and UTS namespaces; the host's network (the shell must reach its port);
-  no capabilities; when the shell runs as root, the app's own unprivileged uid/gid (``spec.user``,
-  set by ``setpriv`` after bwrap made the mounts as root: see ``_drop_to``);
+- its own pid, IPC and UTS namespaces; with the shell's network (`atrium.lifecycle.network`, a
+  root shell, ``ATRIUM_APP_NETWORK_APPS=all``) a network namespace of its own on the shell's
+  bridge, where it listens on its address (``OS_HOST``) and reaches only the shell's API
+  (``OS_SHELL_URL``, the shell's address on the bridge) and its own loopback; without it, the
+  host's network; no capabilities; when the shell runs as root, the app's own unprivileged
+  uid/gid (``spec.user``, set by ``setpriv`` after bwrap made the mounts as root: see
+  ``_drop_to``);
 - ``/etc``, ``/usr/lib``, ``/usr/lib64``, ``/usr/libexec``, ``/usr/share`` read-only, and the
   merged-/usr links (``/bin -> usr/bin`` …) as on the host;
 - ``/usr/bin`` (and so ``/bin``): a tmpfs holding only the app's interpreter and the tools its
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Final
 
 from atrium.errors import SpawnFailed
+from atrium.lifecycle.network import Lease, Network, joiner
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import (
     SYSTEM_PATH,
@@ -426,6 +431,17 @@ class SandboxedChild(KeptChild):
     may exit a moment before its pid-1 reaper is gone, so stop() also waits for those processes.
     """
 
+    #: the sandbox's namespace of the shell's network, released once the sandbox is gone
+    lease: tuple[Network, Lease] | None = None
+
+    async def _watch(self) -> None:
+        try:
+            await super()._watch()
+        finally:
+            if self.lease is not None:
+                network, lease = self.lease
+                await network.release(lease)
+
     @staticmethod
     def _by_signal(code: int) -> bool:
         """bwrap exits with 128 + N when a signal N ended the app (the shell's convention), so
@@ -442,8 +458,10 @@ class BwrapRunner(LocalRunner):
     def early_exit_cause(self, log_path: Path, returncode: int) -> str:
         return classify_early_exit(log_path, returncode)
 
-    def __init__(self, bwrap: str | None = None) -> None:
+    def __init__(self, bwrap: str | None = None, network: Network | None = None) -> None:
         self._bwrap = bwrap or bwrap_command()
+        #: the shell's network (None: apps share the host's)
+        self.network = network
 
     async def spawn(self, spec: SpawnSpec) -> SandboxedChild:
         if not spec.argv:
@@ -460,25 +478,56 @@ class BwrapRunner(LocalRunner):
         }
         if _python_path(spec) is not None:
             env["PYTHONPATH"] = SANDBOX_PYTHONPATH
+        label = f"{spec.app_id} instance {spec.instance_id}"
         lock = lock_data_dir(spec)
+        lease: Lease | None = None
         try:
+            if self.network is not None:
+                lease = await self._plumb(label, spec)
+                # it listens on its own address and finds the shell on the bridge
+                env["OS_HOST"] = lease.address
+                env["OS_SHELL_URL"] = self.network.plan.shell_url
             argv = sandbox_argv(spec, self._bwrap, sync_fd=lock)
-            label = f"{spec.app_id} instance {spec.instance_id}"
             _LOGGER.debug("sandbox for %s: %s", label, " ".join(argv))
             process = await start_child(
-                spec, argv, env, label=label, pass_fds=(lock,), die_with_shell=True
+                spec,
+                argv,
+                env,
+                label=label,
+                pass_fds=(lock,),
+                die_with_shell=True,
+                before_exec=None if lease is None else joiner(lease.path),
             )
+        except BaseException:
+            if lease is not None and self.network is not None:
+                await self.network.release(lease)
+            raise
         finally:
             os.close(lock)
         _LOGGER.info("started %s in bwrap: pid %d, %s", label, process.pid, " ".join(spec.argv))
-        return SandboxedChild(
+        child = SandboxedChild(
             process,
-            host=spec.host,
+            host=spec.host if lease is None else lease.address,
             port=local_port(spec),
             label=label,
             cgroup=spec.cgroup,
             log_path=spec.log_path,
         )
+        if lease is not None and self.network is not None:
+            child.lease = (self.network, lease)
+        return child
+
+    async def _plumb(self, label: str, spec: SpawnSpec) -> Lease:
+        if self.network is None:  # pragma: no cover - the caller checked
+            raise RuntimeError("no network")
+        try:
+            return await self.network.plumb()
+        except (OSError, RuntimeError) as err:
+            raise SpawnFailed(
+                f"cannot start {label}: its network could not be made: {err}",
+                app_id=spec.app_id,
+                cause="mount",
+            ) from err
 
 
 __all__ = ["BwrapRunner", "bwrap_works", "classify_early_exit", "sandbox_argv"]

@@ -495,17 +495,13 @@ class ImageChild(SandboxedChild):
     network, closed once the sandbox is gone (an exit, a crash, a stop)."""
 
     forwarder: Forwarder | None = None
-    lease: tuple[Network, Lease] | None = None
 
     async def _watch(self) -> None:
         try:
-            await super()._watch()
+            await super()._watch()  # releases the namespace of the shell's network (`lease`)
         finally:
             if self.forwarder is not None:
                 await self.forwarder.close()
-            if self.lease is not None:
-                network, lease = self.lease
-                await network.release(lease)
 
 
 async def _child_pid(info: int) -> int:
