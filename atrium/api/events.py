@@ -22,6 +22,7 @@ from atrium.api.errors import CONNECTION_EXTENSION, error_response
 from atrium.bus import Event, Subscription
 from atrium.errors import AtriumError, InvalidRequest
 from atrium.events import (
+    DATA_CHANGED,
     GRANT_ADDED,
     GRANT_REVOKED,
     MAX_GLOBS,
@@ -103,6 +104,8 @@ def change_filter(
         change = event.data
         if change is None and event.topic in PRIVATE_TOPICS:
             return False  # a row this shell cannot read (another version wrote it): nobody's
+        if change is None and event.topic == DATA_CHANGED and app is not None:
+            return False  # an app hears only paths it may read, and this one's is unknown
         if isinstance(change, GrantAdded | GrantRevoked):
             return user is not None and user in (change.user, change.owner)
         if isinstance(change, SystemUsage):

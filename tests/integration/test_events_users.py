@@ -130,16 +130,23 @@ def test_a_row_this_shell_cannot_read_still_reaches_only_its_owner(
     topics = {"topics": "kv:*,system:*,grant:*,test:*"}
     alice_stream = SseReader(api, topics)
     bob_stream = SseReader(bob, topics)
+    bobs_app = two.client(two.shell.app_tokens.issue(ECHO, f"{ECHO}-bob", "bob"))
+    # an app hears a data:changed only under paths it may read: one it cannot read is none
+    app_stream = SseReader(bobs_app, {"topics": "data:*,test:*"})
 
     async def foreign() -> None:
         async with two.shell.db.transaction() as tx:
             await events.append(tx, "kv:changed", "bob", {"namespace": "os"})
             await events.append(tx, "system:usage", "bob", {"machine": {}})
             await events.append(tx, "grant:added", "bob", {"grantId": "g"})
+            await events.append(tx, "data:changed", "bob", {"authority": "notes.secret"})
         two.shell.bus.publish("test:end", {})  # the reader reads what follows its last id
 
     two.on_loop(foreign())
     wait_for(lambda: any(e.event == "test:end" for e in alice_stream.events), "alice's end")
     wait_for(lambda: any(e.event == "test:end" for e in bob_stream.events), "bob's end")
+    wait_for(lambda: any(e.event == "test:end" for e in app_stream.events), "the app's end")
+    bobs_app.close()
     assert [e.event for e in alice_stream.events] == ["test:end"]
     assert [e.event for e in bob_stream.events] == ["kv:changed", "test:end"]
+    assert [e.event for e in app_stream.events] == ["test:end"]
