@@ -268,6 +268,7 @@ class UserStore:
         self._recent.clear()  # a lookup under way reads again (`_changed_since`)
         self._sessions.clear()
         self._session_link.clear()
+        self._seen_written.clear()
         self._tokens.clear()
         task = asyncio.get_running_loop().create_task(self._reload(), name="users read again")
         self._tasks.add(task)
@@ -486,10 +487,16 @@ class UserStore:
 
     def _forget(self, user_id: str, *, tokens: bool = True) -> None:
         for key in [k for k, s in self._sessions.items() if s.user_id == user_id]:
-            self._session_link.pop(self._sessions.pop(key).id, None)
+            self._unseen(self._sessions.pop(key).id)
         if tokens:
             for key in [k for k, t in self._tokens.items() if t.user_id == user_id]:
                 del self._tokens[key]
+
+    def _unseen(self, session_id: str) -> None:
+        """Drop what is kept beside a session no longer remembered (its link key, when its use
+        was last written): a sign-in loop must not grow the shell's memory."""
+        self._session_link.pop(session_id, None)
+        self._seen_written.pop(session_id, None)
 
     # ---- sessions ------------------------------------------------------------------------
 
@@ -603,7 +610,7 @@ class UserStore:
             return False
         for key in [k for k, s in self._sessions.items() if s.id == session_id]:
             del self._sessions[key]
-        self._session_link.pop(session_id, None)
+        self._unseen(session_id)
         self._changed(user_id)
         return True
 
@@ -633,7 +640,7 @@ class UserStore:
             for k, s in self._sessions.items()
             if s.kind is SessionKind.LINK and self._session_link.get(s.id) != keep
         ]:
-            self._session_link.pop(self._sessions.pop(key).id, None)
+            self._unseen(self._sessions.pop(key).id)
         return ended
 
     # ---- personal tokens -----------------------------------------------------------------

@@ -182,3 +182,20 @@ async def test_a_store_told_it_fell_behind_reads_every_user_and_grant_again(db: 
             assert await two.find_token(token) is None
             assert two.require("bob").disabled
             assert grants_two.of_instance("default", "i-1") == []
+
+
+async def test_an_ended_session_leaves_nothing_in_memory(db: Database) -> None:
+    """Every sign-in a shell saw used was remembered with when its use was last written, for
+    ever: a member signing in and out in a loop grew the shell's memory without bound."""
+    async with UserStore.open(db, bootstrap_admin="default") as store:
+        await store.add("bob", None, Role.MEMBER)
+        for _ in range(3):
+            _, session = await store.create_session(
+                "bob", SessionKind.PASSWORD, address="a", device="d"
+            )
+            store.seen(session, "a")
+            assert await store.end_session("bob", session.id)
+        _, kept = await store.create_session("bob", SessionKind.PASSWORD, address="a", device="d")
+        store.seen(kept, "a")
+        await store.set_password("bob", "scrypt$x", end_sessions=True)  # ends it too
+        assert store._seen_written == {}
