@@ -5,8 +5,10 @@ the shell, its own network and the forwarder) and polled through the forwarder's
 answers 200. Goal: ≤ 300 ms (median), the image already pulled. Root only.
 
 A second row is the same busybox started by plain bwrap on the host network (no user namespace
-of the shell's, no forwarder) as the baseline: what the image runner's own steps cost. A third
-is one request through the forwarder of a running instance.
+of the shell's, no forwarder) as the baseline: what the image runner's own steps cost; a third
+the image runner with the instance in a network of its own on the shell's bridge
+(`atrium.lifecycle.network`, polled at its address). Then one request through the forwarder of a
+running instance, and one at an instance's address on the bridge.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Final
 import pytest
 
 from atrium.images.store import ImageStore
+from atrium.lifecycle.network import open_network
 from atrium.lifecycle.runners.bwrap import bwrap_works
 from tests.integration.conftest import (
     RunningShell,
@@ -231,3 +232,30 @@ def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
         outside = host_address()
         if outside is not None:
             assert not reach(outside, elsewhere)  # the host elsewhere
+
+
+def test_fifty_namespaces_made_and_removed_leave_nothing() -> None:
+    """The network's own bookkeeping (real ``ip`` and ``nft``, no shell): addresses come back,
+    and no namespace, veth or descriptor is left."""
+    fds = len(list(Path("/proc/self/fd").iterdir()))
+    network = open_network("10.218.0.0/16", 9)
+
+    async def cycle() -> list[str]:
+        addresses = []
+        for _ in range(50):
+            lease = await network.plumb()
+            addresses.append(lease.address)
+            await network.release(lease)
+            await network.release(lease)  # a second release does nothing
+        return addresses
+
+    try:
+        assert set(asyncio.run(cycle())) == {"10.218.0.2"}  # the one address, reused
+        assert not netns_of(os.getpid())
+        # the kernel removes a deleted namespace's veth pair a moment later
+        bridge = [network.plan.bridge]
+        wait_for(lambda: links_of(os.getpid()) == bridge, "the veths to go")
+    finally:
+        network.close()
+    wait_for(lambda: not links_of(os.getpid()), "the bridge to go")
+    assert len(list(Path("/proc/self/fd").iterdir())) == fds
