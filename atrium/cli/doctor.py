@@ -260,7 +260,8 @@ def doctor(
     as_json: Annotated[
         bool,
         typer.Option(
-            "--json", help='print {"home", "problems", "limits"} (exit 1 when any problem)'
+            "--json",
+            help='print {"home", "problems", "limits", "network"} (exit 1 when any problem)',
         ),
     ] = False,
 ) -> None:

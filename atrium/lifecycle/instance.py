@@ -189,7 +189,23 @@ class Instance:
             "headless": wake is not None,
             "wake": wake,
             "limits": None if self.limits is None else self.limits.wire(),
+            "network": self.network,
         }
+
+    @property
+    def network(self) -> str | None:
+        """The network its server runs in (docs/api.md "Network"): ``own`` (a namespace on the
+        shell's bridge, reaching only the shell), ``loopback`` (an image's loopback-only
+        namespace behind the shell's forwarder, reaching nothing), ``host`` (the host's network),
+        ``cluster`` (a pod); None with no server."""
+        child = self.child
+        if child is None:
+            return None
+        if getattr(child, "lease", None) is not None:
+            return "own"
+        if getattr(child, "forwarder", None) is not None:
+            return "loopback"
+        return "host" if child.pid is not None else "cluster"
 
     def stamp_started(self) -> None:
         self.started_at = datetime.now(UTC)

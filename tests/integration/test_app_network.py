@@ -126,8 +126,10 @@ def test_an_instance_reaches_the_shells_api_and_nothing_else(
     # a service of the host's on every address: the shell's other ports, the host's services
     with socket.create_server(("0.0.0.0", 0)) as listener, shell.client(timeout=30) as api:  # noqa: S104
         elsewhere = listener.getsockname()[1]
-        _, url = open_view(api, APP)
+        instance, url = open_view(api, APP)
         _, other_url = open_view(api, OTHER)
+        listed = api.get(f"/api/instances/{instance['instanceId']}").json()
+        assert listed["network"] == "own", listed
         one, _ = enter(shell, url)
         two, _ = enter(shell, other_url)
         with closing(one), closing(two):
@@ -214,6 +216,7 @@ def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
             api.post("/api/instances", json={"appId": PROBE, "new": True}).json() for _ in range(2)
         )
         assert one["state"] == two["state"] == "started", (one, two)
+        assert one["network"] == "own", one
         theirs = shell.shell.lifecycle.get(two["instanceId"]).address
 
         def reach(host: str, port: int) -> bool:
