@@ -373,17 +373,23 @@ class Network:
         """Sweep leftovers, refuse a range the host routes elsewhere, make the bridge. Blocking."""
         sweep()
         network = cls(plan)
-        routes = json.loads(_run([network._ip, "-j", "-4", "route", "show"]) or "[]")
-        problem = clash(plan.range, routes, plan.bridge)
-        if problem is not None:
-            raise NetworkUnavailable(f"{problem}: choose another range in ATRIUM_APP_NETWORK")
+        network._refuse_a_clash()
         try:
             _run([network._ip, "-batch", "-"], "\n".join(plan.bridge_commands()) + "\n")
-        except OSError as err:
+            # again once the bridge is up: another shell may have taken the range meanwhile
+            # (both then step back rather than route the range two ways)
+            network._refuse_a_clash()
+        except (OSError, NetworkUnavailable) as err:
             with contextlib.suppress(OSError):
                 _run([network._ip, "link", "delete", plan.bridge])
             raise NetworkUnavailable(str(err)) from err
         return network
+
+    def _refuse_a_clash(self) -> None:
+        routes = json.loads(_run([self._ip, "-j", "-4", "route", "show"]) or "[]")
+        problem = clash(self.plan.range, routes, self.plan.bridge)
+        if problem is not None:
+            raise NetworkUnavailable(f"{problem}: choose another range in ATRIUM_APP_NETWORK")
 
     def close(self) -> None:
         """Remove the bridge and every namespace still held. Blocking."""

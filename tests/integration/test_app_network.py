@@ -20,7 +20,7 @@ from typing import Final
 import pytest
 
 from atrium.images.store import ImageStore
-from atrium.lifecycle.network import open_network
+from atrium.lifecycle.network import NetworkUnavailable, open_network
 from atrium.lifecycle.runners.bwrap import bwrap_works
 from tests.integration.conftest import (
     RunningShell,
@@ -262,3 +262,18 @@ def test_fifty_namespaces_made_and_removed_leave_nothing() -> None:
         network.close()
     wait_for(lambda: not links_of(os.getpid()), "the bridge to go")
     assert len(list(Path("/proc/self/fd").iterdir())) == fds
+
+
+def test_a_range_the_host_routes_elsewhere_is_refused_and_named() -> None:
+    first = open_network("10.219.0.0/16", 9)
+    try:
+        with pytest.raises(NetworkUnavailable) as refused:
+            open_network("10.219.128.0/17", 9)
+        assert str(refused.value) == (
+            "10.219.128.0/17 overlaps the host's route to 10.219.0.0/16 on "
+            f"{first.plan.bridge}: choose another range in ATRIUM_APP_NETWORK"
+        )
+        # and the refused one left no bridge behind
+        wait_for(lambda: links_of(os.getpid()) == [first.plan.bridge], "only the first bridge")
+    finally:
+        first.close()
