@@ -51,6 +51,7 @@ VETH_PREFIX: Final = "atv"
 #: the first two bytes of every instance's MAC: locally administered, unicast
 MAC_PREFIX: Final = "02:a7"
 CLONE_NEWNET: Final = 0x40000000
+MNT_DETACH: Final = 2
 _TIMEOUT: Final = 10.0
 _libc = ctypes.CDLL(None, use_errno=True)
 #: the process's shells and instances so far: names stay unique when one process opens several
@@ -425,6 +426,17 @@ class Network:
             await self.release(lease)
             raise
         return lease
+
+    def unname(self, lease: Lease) -> None:
+        """The namespace's name removed once the sandbox joined it: the namespace then lives
+        exactly as long as the sandbox's processes (with its veth pair and firewall), so a shell
+        killed with SIGKILL, whose sandboxes die with it, leaves none behind."""
+        if _libc.umount2(os.fsencode(lease.path), MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            _LOGGER.warning("network: %s keeps its name: %s", lease.netns, os.strerror(err))
+            return
+        with contextlib.suppress(FileNotFoundError):
+            lease.path.unlink()
 
     async def release(self, lease: Lease) -> None:
         """The namespace deleted (its veth pair and firewall go with it), its address free;

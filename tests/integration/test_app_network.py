@@ -167,26 +167,29 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
         home, stop=signal.SIGKILL, ATRIUM_APP_NETWORK=RANGE, ATRIUM_SYSTEM_APPS=str(system_apps)
     ) as served:
         pid = served.proc.pid
+        bridge = [f"atrb{pid}-0"]
         with served.client(timeout=30) as api:
             first = api.post("/api/instances", json={"appId": APP}).json()
             assert first["state"] == "started", first
-            assert len(netns_of(pid)) == 1
+            # the instance's namespace is named only until its sandbox is in it
+            assert not netns_of(pid)
+            assert len(links_of(pid)) == 2  # the bridge and the instance's veth
             # destroyed: its namespace goes, and its veth with it
             assert api.delete(f"/api/instances/{first['instanceId']}").status_code == 200
-            wait_for(lambda: not netns_of(pid), "the destroyed instance's namespace to go")
-            wait_for(lambda: links_of(pid) == [f"atrb{pid}-0"], "its veth to go")
+            wait_for(lambda: links_of(pid) == bridge, "the destroyed instance's veth to go")
             # crashed (its sandbox killed from outside): the same
             crashed = api.post("/api/instances", json={"appId": APP}).json()
             os.kill(crashed["pid"], signal.SIGKILL)
-            wait_for(lambda: not netns_of(pid), "the crashed instance's namespace to go")
+            wait_for(lambda: links_of(pid) == bridge, "the crashed instance's veth to go")
             third = api.post("/api/instances", json={"appId": APP}).json()
             assert third["state"] == "started", third
-            assert len(netns_of(pid)) == 1
-    # serving() killed the shell with SIGKILL: its namespace and bridge stay until a shell starts
-    assert netns_of(pid)
+            assert len(links_of(pid)) == 2
+    # serving() killed the shell with SIGKILL: the sandbox went with it, and its namespace and
+    # veth with the sandbox; only the bridge stays until a shell starts
+    wait_for(lambda: links_of(pid) == bridge, "the killed shell's instance's veth to go")
+    assert not netns_of(pid)
     shell = start_shell(app_network=RANGE)
     assert shell.shell.network is not None
-    assert not netns_of(pid)
     assert not links_of(pid)
     # doctor says which network instances get here
     said = subprocess.run(

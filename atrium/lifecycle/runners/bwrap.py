@@ -498,6 +498,8 @@ class BwrapRunner(LocalRunner):
                 die_with_shell=True,
                 before_exec=None if lease is None else joiner(lease.path),
             )
+            if lease is not None and self.network is not None:
+                self.network.unname(lease)  # the child is in it: it lives as long as the sandbox
         except BaseException:
             if lease is not None and self.network is not None:
                 await self.network.release(lease)

@@ -582,6 +582,8 @@ class ImageRunner(LocalRunner):
                 ),
                 cwd=Path("/"),  # uvloop changes folder after it: RELAY may cover the app's
             )
+            if lease is not None and self.network is not None:
+                self.network.unname(lease)  # the child is in it: it lives as long as the sandbox
         except BaseException:
             if lease is not None and self.network is not None:
                 await self.network.release(lease)
