@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import compileall
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -111,8 +112,9 @@ def app_network(settings: Settings, runner: Runner) -> tuple[Network | None, str
     Blocking: sweeps what stopped shells left and runs ``ip``."""
     from atrium.lifecycle.runners.bwrap import bwrap_works
 
-    if settings.app_network == "off":
-        return None, "shared: ATRIUM_APP_NETWORK is off"
+    # not root: nothing to try (image apps are refused, contract apps share the host's network)
+    if settings.app_network == "off" or os.geteuid() != 0:
+        return None, "shared: ATRIUM_APP_NETWORK is off or the shell is not root"
     problem = bwrap_works()
     if problem is not None:
         return None, f"shared: {problem}"
@@ -126,10 +128,12 @@ def app_network(settings: Settings, runner: Runner) -> tuple[Network | None, str
         runner.network = network  # the contract apps' sandboxes join it too
         which = "sandboxed"
     plan = network.plan
-    return network, (
+    isolation = (
         f"own network: each {which} instance in a namespace on {plan.bridge} ({plan.range}), "
         f"reaching only the shell at {plan.shell_url}"
     )
+    _LOGGER.info("%s", isolation)
+    return network, isolation
 
 
 def close_network(network: Network | None) -> None:
