@@ -280,3 +280,47 @@ def test_a_range_the_host_routes_elsewhere_is_refused_and_named() -> None:
         wait_for(lambda: links_of(os.getpid()) == [first.plan.bridge], "only the first bridge")
     finally:
         first.close()
+
+
+def test_a_neighbour_routing_the_range_here_does_not_reach_the_shell_on_the_bridge(
+    start_shell: StartShell,
+) -> None:
+    """A machine beside the host (a namespace joined to the host by a veth of its own, not the
+    bridge) that routes the range to the host reaches the bridge's address (the host answers for
+    its addresses on every interface), but the shell's listener there takes only the bridge's."""
+    shell = start_shell(app_network=RANGE)
+    assert shell.shell.network is not None
+    bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
+    name, link = f"atrtest{os.getpid()}", f"atrt{os.getpid()}"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", name],
+        ["ip", "addr", "add", "192.168.251.1/30", "dev", link],
+        ["ip", "link", "set", link, "up"],
+        ["ip", "-n", name, "addr", "add", "192.168.251.2/30", "dev", "eth0"],
+        ["ip", "-n", name, "link", "set", "eth0", "up"],
+        ["ip", "-n", name, "route", "add", RANGE, "via", "192.168.251.1"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        probe = (
+            "import socket,sys\n"
+            "try:\n"
+            f"    socket.create_connection(({bridge!r}, {shell.settings.port}), timeout=3)\n"
+            "except OSError as err:\n"
+            "    sys.exit(f'refused: {err}')\n"
+            "print('reached')\n"
+        )
+        answer = subprocess.run(
+            ["ip", "netns", "exec", name, sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert "reached" not in answer.stdout, answer
+        assert "refused" in answer.stderr, answer
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "delete", link], check=False, capture_output=True)
