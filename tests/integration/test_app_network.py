@@ -48,7 +48,7 @@ RANGE: Final = "10.214.0.0/16"
 #: ``/cgi-bin/reach?HOST:PORT``: whether a TCP connection from inside the image is accepted
 REACH: Final = b"""#!/bin/sh
 printf 'Content-Type: text/plain\\r\\n\\r\\n'
-if nc -w 2 "${QUERY_STRING%:*}" "${QUERY_STRING##*:}" </dev/null >/dev/null 2>&1
+if nc -w 1 "${QUERY_STRING%:*}" "${QUERY_STRING##*:}" </dev/null >/dev/null 2>&1
 then echo reached; else echo blocked; fi
 """
 ADDR: Final = b"""#!/bin/sh
