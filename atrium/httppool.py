@@ -29,6 +29,7 @@ Knows nothing of Atrium: callers map `UpstreamError` and `TimeoutError` to their
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -280,6 +281,35 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
 
+def marked_socket(family: int, mark: int) -> socket.socket:
+    """A non-blocking TCP socket whose packets carry ``mark`` (SO_MARK: root only)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def marked_connection(
+    loop: asyncio.AbstractEventLoop, host: str, port: int, mark: int
+) -> socket.socket:
+    """A connected `marked_socket` to ``host:port`` (its first address)."""
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"no address for {host}")
+    family, _, _, _, address = infos[0]
+    sock = marked_socket(family, mark)
+    try:
+        await loop.sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class UpstreamResponse:
     """An upstream's answer once its headers arrived. Read it whole or stream it, then it is
     released (back to the pool or closed); `release()` is safe to call at any time and again."""
@@ -351,6 +381,9 @@ class HttpPool:
         self._queued: dict[Key, deque[asyncio.Future[None]]] = {}
         self._open: set[_Connection] = set()
         self._closing = False
+        #: SO_MARK of every new connection (0: none); the instances' network lets through only
+        #: the shell's marked connections to an instance's address (`marked_socket`)
+        self.mark = 0
 
     async def __aenter__(self) -> Self:
         return self
@@ -494,9 +527,15 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, key, self._forget), *key
-                )
+                if self.mark:
+                    sock = await marked_connection(loop, key[0], key[1], self.mark)
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(loop, key, self._forget), sock=sock
+                    )
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(loop, key, self._forget), *key
+                    )
         except OSError as err:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {err}") from err
         self._open.add(conn)

@@ -30,7 +30,7 @@ from atrium.kv import KvStore
 from atrium.launcher import Launcher
 from atrium.lifecycle.limits import ceilings_of, open_cgroups
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
-from atrium.lifecycle.network import Network, NetworkUnavailable, open_network
+from atrium.lifecycle.network import SHELL_MARK, Network, NetworkUnavailable, open_network
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import Runner, load_runner
@@ -307,6 +307,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # removed after the lifecycle stopped every instance (the stack is LIFO)
         network, isolation = await asyncio.to_thread(app_network, settings, runner)
         stack.callback(close_network, network)
+        # the one door to the instances' addresses: only the shell's marked connections pass
+        upstream.mark = 0 if network is None else SHELL_MARK
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode
         await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)

@@ -8,12 +8,13 @@ keeps cookies or decompresses (bodies pass through as sent); httpx is never used
 
 from __future__ import annotations
 
+import socket
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import aiohttp
 
-from atrium.httppool import HttpPool
+from atrium.httppool import HttpPool, marked_socket
 
 
 class UpstreamClient:
@@ -24,11 +25,30 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
         self.pool = HttpPool(connect_timeout=connect_timeout)
 
+    @property
+    def mark(self) -> int:
+        """SO_MARK of every connection the shell opens to an app (0: none). The instances'
+        network refuses a connection to an instance's address that does not carry it: image
+        apps check no shell secret, so only the shell's own connections may reach them."""
+        return self.pool.mark
+
+    @mark.setter
+    def mark(self, value: int) -> None:
+        self.pool.mark = value
+
+    def _socket(self, info: tuple[Any, ...]) -> socket.socket:
+        family, kind, proto = info[0], info[1], info[2]
+        if self.mark:
+            return marked_socket(family, self.mark)
+        return socket.socket(family, kind, proto)
+
     async def __aenter__(self) -> Self:
         self._session = aiohttp.ClientSession(
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=30),
+            connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=256, keepalive_timeout=30, socket_factory=self._socket
+            ),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
             skip_auto_headers=("User-Agent",),
         )

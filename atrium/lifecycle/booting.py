@@ -267,7 +267,9 @@ class Booter:
                 instance,
                 f"/health did not answer within {manifest.start_timeout_ms} ms on port "
                 f"{port}: the app must listen on OS_PORT and answer /health",
-                "port" if not await port_answers(child.host, port) else "timeout",
+                "port"
+                if not await port_answers(child.host, port, self._upstream.mark)
+                else "timeout",
             ) from err
         except OSError as err:  # the shell's side of the check (EMFILE); TimeoutError is one too
             raise await self._fail(instance, _setup_problem(err), "setup") from err

@@ -50,6 +50,9 @@ BRIDGE_PREFIX: Final = "atrb"
 VETH_PREFIX: Final = "atv"
 #: the first two bytes of every instance's MAC: locally administered, unicast
 MAC_PREFIX: Final = "02:a7"
+#: SO_MARK of the shell's connections to its apps (`UpstreamClient.mark`): the host's table
+#: (`Plan.host_ruleset`) refuses every other connection of the host to an instance's address
+SHELL_MARK: Final = 0x61747269
 CLONE_NEWNET: Final = 0x40000000
 MNT_DETACH: Final = 2
 _TIMEOUT: Final = 10.0
@@ -227,6 +230,27 @@ class Plan:
             "}\n"
         )
 
+    def host_ruleset(self) -> str:
+        """The host's nft table (named as the bridge): a connection of the host to an
+        instance's address is refused unless the shell's socket marked it (`SHELL_MARK`): image
+        apps check no shell secret, so another user's process (or another app on the host's
+        network) would be served as the shell. Answers to an instance's own connections (to the
+        shell's API) are replies and pass; nothing is forwarded into the range (a neighbour
+        that routes it here; instance to instance when the host bridges through iptables)."""
+        return (
+            f"table inet {self.bridge} {{\n"
+            "  chain out {\n"
+            "    type filter hook output priority 0; policy accept;\n"
+            f"    ip daddr {self.range} ip daddr != {self.shell_address} "
+            f"meta mark != {SHELL_MARK:#x} ct direction original reject\n"
+            "  }\n"
+            "  chain forward {\n"
+            "    type filter hook forward priority 0; policy accept;\n"
+            f"    ip daddr {self.range} drop\n"
+            "  }\n"
+            "}\n"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:
@@ -353,6 +377,13 @@ def sweep() -> list[str]:
         with contextlib.suppress(OSError):
             _run([ip, "link", "delete", name])
             removed.append(name)
+    nft = _tool("nft")
+    tables = [line.split() for line in _run([nft, "list", "tables"]).splitlines()]
+    ours = {t[2]: t[1] for t in tables if len(t) == 3 and t[0] == "table"}
+    for name in leftovers(ours, alive):
+        with contextlib.suppress(OSError):
+            _run([nft, "delete", "table", ours[name], name])
+            removed.append(f"nft table {name}")
     if removed:
         _LOGGER.warning("network: removed what stopped shells left: %s", ", ".join(removed))
     return removed
@@ -377,12 +408,12 @@ class Network:
         network._refuse_a_clash()
         try:
             _run([network._ip, "-batch", "-"], "\n".join(plan.bridge_commands()) + "\n")
+            _run([network._nft, "-f", "-"], plan.host_ruleset())
             # again once the bridge is up: another shell may have taken the range meanwhile
             # (both then step back rather than route the range two ways)
             network._refuse_a_clash()
         except (OSError, NetworkUnavailable) as err:
-            with contextlib.suppress(OSError):
-                _run([network._ip, "link", "delete", plan.bridge])
+            network._remove_bridge()
             raise NetworkUnavailable(str(err)) from err
         return network
 
@@ -398,6 +429,12 @@ class Network:
             with contextlib.suppress(OSError):
                 _run([self._ip, "netns", "delete", name])
         self._leases.clear()
+        self._remove_bridge()
+
+    def _remove_bridge(self) -> None:
+        """The bridge and the host's table, each if there."""
+        with contextlib.suppress(OSError):
+            _run([self._nft, "delete", "table", "inet", self.plan.bridge])
         with contextlib.suppress(OSError):
             _run([self._ip, "link", "delete", self.plan.bridge])
 
@@ -507,6 +544,7 @@ def open_network(text: str, shell_port: int) -> Network:
 
 __all__ = [
     "DEFAULT_RANGE",
+    "SHELL_MARK",
     "Lease",
     "Network",
     "NetworkUnavailable",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from atrium import lifecycle
+from atrium.httppool import marked_connection
 from atrium.lifecycle.runners import AppUser
 from atrium.registry import AppCopy
 
@@ -141,10 +142,17 @@ def app_secrets(*, token: str, secret: str) -> dict[str, str]:
     return {"OS_APP_TOKEN": token, "OS_SHELL_SECRET": secret}
 
 
-async def port_answers(host: str, port: int) -> bool:
-    """Does anything accept connections on ``host:port``?"""
+async def port_answers(host: str, port: int, mark: int = 0) -> bool:
+    """Does anything accept connections on ``host:port``? (``mark``: the shell's SO_MARK, which
+    an instance's own network asks of whoever connects.)"""
+    loop = asyncio.get_running_loop()
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+        async with asyncio.timeout(1.0):
+            if mark:
+                sock = await marked_connection(loop, host, port, mark)
+                _, writer = await asyncio.open_connection(sock=sock)
+            else:
+                _, writer = await asyncio.open_connection(host, port)
     except (OSError, TimeoutError):
         return False
     writer.close()

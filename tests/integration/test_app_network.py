@@ -103,6 +103,12 @@ def links_of(pid: int) -> list[str]:
     ]
 
 
+def tables_of(pid: int) -> list[str]:
+    """The host's nft tables the shell ``pid`` made."""
+    shown = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return [line.split()[-1] for line in shown.splitlines() if f" atrb{pid}-" in line]
+
+
 def host_address() -> str | None:
     """An address of the host outside loopback and the tests' range, if it has one."""
     route = subprocess.run(
@@ -157,6 +163,84 @@ def test_an_instance_reaches_the_shells_api_and_nothing_else(
             assert reach("127.0.0.1:80") == "reached"  # its own loopback
 
 
+#: run as another user of the host: connects to HOST:PORT, says whether it was answered
+KNOCK: Final = (
+    "import socket,sys\n"
+    "try:\n"
+    "    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
+    "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
+    "    print('answered' if s.recv(64) else 'closed')\n"
+    "except OSError as err:\n"
+    "    print(f'refused: {err}')\n"
+)
+
+
+def knock(address: str, port: int, user: int | None = None) -> str:
+    """Whether a process of the host (the test's own, root but without the shell's mark, or
+    ``user``'s) is answered at ``address:port``."""
+    said = subprocess.run(
+        ["/usr/bin/python3", "-c", KNOCK, address, str(port)],
+        user=user,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return said.stdout.strip() or said.stderr
+
+
+def test_only_the_shell_reaches_an_instances_address(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, image: str
+) -> None:
+    """Image apps check no shell secret: whoever reaches the address is served as the shell
+    would be. Another user of the host, a root process without the shell's mark and a contract
+    app on the host's network are refused; the shell's page proxy still serves the instance."""
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
+    place(system_apps, registry, image, APP)
+    add_test_apps(system_apps, PROBE)
+    shell = start_shell(app_network=RANGE)
+    with shell.client(timeout=30) as api:
+        instance, url = open_view(api, APP)
+        address = shell.shell.lifecycle.get(instance["instanceId"]).address
+        assert ipaddress.ip_address(address.host) in ipaddress.ip_network(RANGE)
+        client, _ = enter(shell, url)
+        with closing(client):
+            assert client.get("/cgi-bin/addr").status_code == 200  # the shell's own door
+            assert knock(address.host, address.port, user=65534).startswith("refused"), "nobody"
+            assert knock(address.host, address.port).startswith("refused"), "root, no mark"
+            probe = api.post("/api/instances", json={"appId": PROBE}).json()
+            assert probe["state"] == "started", probe
+            answer = api.post(
+                f"/api/proxy/{probe['instanceId']}/reach",
+                params={"host": address.host, "port": address.port},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["reached"] is False  # a contract app on the host's network
+            assert client.get("/cgi-bin/addr").status_code == 200
+
+
+def test_only_the_shell_reaches_the_forwarders_loopback_port(
+    start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, image: str
+) -> None:
+    """Without the network (off here; a clash or no bwrap alike) an image app is reached at a
+    loopback port the shell forwards into its namespace: another process of the host that
+    connects there is let go unanswered, the shell's own connections are forwarded."""
+    asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
+    place(system_apps, registry, image, APP)
+    shell = start_shell(app_network="off")
+    with shell.client(timeout=30) as api:
+        instance, url = open_view(api, APP)
+        address = shell.shell.lifecycle.get(instance["instanceId"]).address
+        assert address.host == "127.0.0.1", address
+        client, _ = enter(shell, url)
+        with closing(client):
+            assert client.get("/cgi-bin/addr").status_code == 200  # the shell's own door
+            # accepted, then closed unanswered (a reset: the request was left unread)
+            assert knock(address.host, address.port, user=65534) != "answered"
+            assert knock(address.host, address.port) != "answered"  # root, another process
+            assert client.get("/cgi-bin/addr").status_code == 200
+
+
 def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
     start_shell: StartShell, system_apps: Path, home: Path, registry: Registry, image: str
 ) -> None:
@@ -188,9 +272,11 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
     # veth with the sandbox; only the bridge stays until a shell starts
     wait_for(lambda: links_of(pid) == bridge, "the killed shell's instance's veth to go")
     assert not netns_of(pid)
+    assert tables_of(pid) == bridge  # the host's table, named as the bridge
     shell = start_shell(app_network=RANGE)
     assert shell.shell.network is not None
     assert not links_of(pid)
+    assert not tables_of(pid)
     # doctor says which network instances get here
     said = subprocess.run(
         [sys.executable, "-m", "atrium", "doctor", "--json"],

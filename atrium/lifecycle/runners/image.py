@@ -42,6 +42,7 @@ import logging
 import os
 import socket
 import stat
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,8 +437,44 @@ def open_low_ports(netns: int) -> None:
         os.close(fd)
 
 
+def _proc_endpoint(address: tuple[str, int]) -> str:
+    """An IPv4 endpoint as ``/proc/net/tcp`` writes it (the address in host byte order)."""
+    packed = socket.inet_aton(address[0])
+    return f"{int.from_bytes(packed, sys.byteorder):08X}:{address[1]:04X}"
+
+
+def from_this_process(sock: socket.socket) -> bool:
+    """Is the other end of the loopback connection ``sock`` a socket of this process? The
+    kernel's table of TCP sockets names the peer's inode, and this process's descriptors say
+    whether it holds it. Blocking (reads ``/proc``)."""
+    try:
+        peer, local = _proc_endpoint(sock.getpeername()), _proc_endpoint(sock.getsockname())
+        with Path("/proc/thread-self/net/tcp").open(encoding="ascii") as table:
+            inode = next(
+                (
+                    fields[9]
+                    for fields in map(str.split, table)
+                    if fields[1] == peer and fields[2] == local
+                ),
+                "0",
+            )
+        if inode == "0":
+            return False
+        wanted = f"socket:[{inode}]"
+        for fd in Path("/proc/self/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if str(fd.readlink()) == wanted:
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 class Forwarder:
-    """The shell's loopback port in front of the image's port in its own network namespace."""
+    """The shell's loopback port in front of the image's port in its own network namespace.
+
+    Every process of the host may connect to a loopback port, and an image checks no shell
+    secret: only connections the shell itself opened (`from_this_process`) are forwarded."""
 
     def __init__(self, netns: int, port: int, label: str) -> None:
         self._netns = netns
@@ -456,6 +493,10 @@ class Forwarder:
         inner: socket.socket | None = None
         upstream: asyncio.StreamWriter | None = None
         try:
+            accepted = writer.get_extra_info("socket")
+            if accepted is None or not from_this_process(accepted):
+                _LOGGER.debug("%s: refused a connection another process made", self._label)
+                return
             inner = socket_in(self._netns)
             await asyncio.get_running_loop().sock_connect(inner, ("127.0.0.1", self._port))
             up_reader, upstream = await asyncio.open_connection(sock=inner)
