@@ -99,11 +99,17 @@ def test_a_data_request_wakes_a_headless_instance_and_idle_stops_it(
         assert wake_shell.shell.lifecycle.headless.wakes == {APP: 1}
         # idle for 1 s: stopped and destroyed through the normal moves
         wait_for(lambda: instances(api, APP) == [], "the idle headless instance to go")
-        moves = [
-            (e.data["from"], e.data["to"])
-            for e in events.wait(1)
-            if e.data["instanceId"] == f"{APP}-provider"
-        ]
+
+        def moves_heard() -> list[tuple[str, str]]:
+            return [
+                (e.data["from"], e.data["to"])
+                for e in events.events
+                if e.data["instanceId"] == f"{APP}-provider"
+            ]
+
+        # its last moves reach the stream shortly after (each row is written first)
+        wait_for(lambda: moves_heard()[-1:] == [("destroyed", "installed")], "the last move")
+        moves = moves_heard()
         assert moves[:6] == [
             ("installed", "creating"),
             ("creating", "created"),
