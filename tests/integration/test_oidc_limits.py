@@ -144,7 +144,8 @@ def test_two_adds_of_one_id_at_once_are_one_user_and_one_user_exists(shell: Runn
         )
         return list(made)
 
-    first, second = shell.on_loop(both())
-    assert isinstance(first, User)
-    assert isinstance(second, UserExists), repr(second)
+    made = shell.on_loop(both())
+    # whichever commits first is the user (the two wait for one transaction lock, in no order)
+    assert len([m for m in made if isinstance(m, User)]) == 1, made
+    assert len([m for m in made if isinstance(m, UserExists)]) == 1, made
     assert [u.id for u in users.all()] == ["default", "same"]
