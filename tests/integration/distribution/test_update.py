@@ -36,7 +36,8 @@ def test_an_update_with_the_same_digest_is_a_no_op(
     assert response.status_code == 200, response.text
     answer = response.json()
     assert (answer["ok"], answer["record"], answer["upToDate"]) == (True, None, True)
-    events.wait(1)
+    wait_for(lambda: events.of("dist:update.complete"), "dist:update.complete")
+    assert [e.event for e in events.events] == ["dist:update.complete"]  # not the install's
     assert events.of("dist:update.complete")[0].data == {
         "id": APP,
         "record": None,
