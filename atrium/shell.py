@@ -307,6 +307,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # removed after the lifecycle stopped every instance (the stack is LIFO)
         network, isolation = await asyncio.to_thread(app_network, settings, runner)
         stack.callback(close_network, network)
+        # the connections to apps closed while the bridge still carries their FIN: a stopped
+        # instance's socket otherwise waits in FIN_WAIT2 (a minute) and keeps its namespace
+        stack.push_async_callback(upstream.close)
         # the one door to the instances' addresses: only the shell's marked connections pass
         upstream.mark = 0 if network is None else SHELL_MARK
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):

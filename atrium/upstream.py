@@ -60,6 +60,10 @@ class UpstreamClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every connection to apps (again does nothing)."""
         self.pool.close()
         if self._session is not None:
             await self._session.close()

@@ -234,15 +234,20 @@ class Plan:
         """The host's nft table (named as the bridge): a connection of the host to an
         instance's address is refused unless the shell's socket marked it (`SHELL_MARK`): image
         apps check no shell secret, so another user's process (or another app on the host's
-        network) would be served as the shell. Answers to an instance's own connections (to the
-        shell's API) are replies and pass; nothing is forwarded into the range (a neighbour
+        network) would be served as the shell. Only the opening of a connection is refused (a
+        SYN without the mark; anything but TCP): the kernel's own packets for a connection
+        already made carry no mark (a reset for a socket the shell closed) and pass, and so do
+        answers to an instance's own connections (to the shell's API); no connection tracking
+        is needed in the host's namespace. Nothing is forwarded into the range (a neighbour
         that routes it here; instance to instance when the host bridges through iptables)."""
         return (
             f"table inet {self.bridge} {{\n"
             "  chain out {\n"
             "    type filter hook output priority 0; policy accept;\n"
-            f"    ip daddr {self.range} ip daddr != {self.shell_address} "
-            f"meta mark != {SHELL_MARK:#x} ct direction original reject\n"
+            f"    ip daddr {self.range} ip daddr != {self.shell_address} meta mark != "
+            f"{SHELL_MARK:#x} tcp flags & (syn | ack) == syn reject with tcp reset\n"
+            f"    ip daddr {self.range} ip daddr != {self.shell_address} meta mark != "
+            f"{SHELL_MARK:#x} meta l4proto != tcp reject\n"
             "  }\n"
             "  chain forward {\n"
             "    type filter hook forward priority 0; policy accept;\n"
@@ -402,20 +407,25 @@ class Network:
 
     @classmethod
     def open(cls, plan: Plan) -> Network:
-        """Sweep leftovers, refuse a range the host routes elsewhere, make the bridge. Blocking."""
+        """Sweep leftovers, refuse a range the host routes elsewhere, make the host's table and
+        the bridge. Blocking."""
         sweep()
         network = cls(plan)
         network._refuse_a_clash()
+        network._make_bridge()
+        return network
+
+    def _make_bridge(self) -> None:
         try:
-            _run([network._ip, "-batch", "-"], "\n".join(plan.bridge_commands()) + "\n")
-            _run([network._nft, "-f", "-"], plan.host_ruleset())
+            # the table first: no moment in which the bridge's range is open to the host
+            _run([self._nft, "-f", "-"], self.plan.host_ruleset())
+            _run([self._ip, "-batch", "-"], "\n".join(self.plan.bridge_commands()) + "\n")
             # again once the bridge is up: another shell may have taken the range meanwhile
             # (both then step back rather than route the range two ways)
-            network._refuse_a_clash()
+            self._refuse_a_clash()
         except (OSError, NetworkUnavailable) as err:
-            network._remove_bridge()
+            self._remove_bridge()
             raise NetworkUnavailable(str(err)) from err
-        return network
 
     def _refuse_a_clash(self) -> None:
         routes = json.loads(_run([self._ip, "-j", "-4", "route", "show"]) or "[]")
