@@ -11,7 +11,7 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # store tests build), postgresql (the state tests' second database: tests/state starts its own),
 # haproxy (several shells behind deploy/haproxy.cfg), nftables (each instance's own network)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl nodejs busybox-static \
-	postgresql haproxy nftables
+	postgresql haproxy nftables iptables iproute2
 # and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); the upstream app's
 # uvloop and httptools for Debian's python3 (as root, apps run under their own uid and cannot
 # reach an interpreter under /root); configurable-http-proxy comes from the npm registry on first
