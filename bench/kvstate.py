@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from typing import Final
 
 from atrium.state.migrate import upgrade_now
 from tests.integration.conftest import launch_shell
-from tests.postgres import _as_postgres, _free_port, _pg_bin, _reachable, _template, new_database
+from tests.postgres import _pg_bin, new_database, running_server
 
 WRITES: Final = int(os.environ.get("BENCH_ROUNDS", "500"))
 WARMUP: Final = 20
@@ -39,28 +38,8 @@ def postgres() -> Iterator[str]:
     bin_dir = _pg_bin()
     if bin_dir is None:
         raise SystemExit("PostgreSQL is not installed (make test installs Debian's postgresql)")
-    run = Path(tempfile.mkdtemp(prefix="atrium-pg-bench-", dir="/tmp"))
-    _reachable(run)
-    subprocess.run(["cp", "-a", str(_template(bin_dir)), str(run / "data")], check=True)
-    port = _free_port()
-    pg_ctl = str(bin_dir / "pg_ctl")
-    options = f"-k {run} -p {port} -h 127.0.0.1"
-    subprocess.run(
-        _as_postgres(
-            [pg_ctl, "-w", "-D", str(run / "data"), "-l", str(run / "log"), "-o", options, "start"]
-        ),
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield f"postgresql+psycopg://atrium@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            _as_postgres([pg_ctl, "-w", "-D", str(run / "data"), "-m", "fast", "stop"]),
-            check=False,
-            capture_output=True,
-        )
-        shutil.rmtree(run, ignore_errors=True)
+    with running_server(bin_dir, durable=True) as url:
+        yield url
 
 
 def writes(database_url: str | None) -> list[float]:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
@@ -83,22 +84,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """A PostgreSQL server for this session: the URL of its ``postgres`` database."""
-    bin_dir = _pg_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
-    template = _template(bin_dir)
+@contextmanager
+def running_server(bin_dir: Path, *, durable: bool = False) -> Iterator[str]:
+    """A server copied from the template, on a free port with the keepalive settings a
+    deployment uses, while the block runs: the URL of its ``postgres`` database. ``durable``
+    keeps fsync on (what a benchmark measures); the tests turn it off."""
     run = Path(tempfile.mkdtemp(prefix="atrium-pg-", dir="/tmp"))
     _reachable(run)
     data = run / "data"
-    subprocess.run(["cp", "-a", str(template), str(data)], check=True)
+    subprocess.run(["cp", "-a", str(_template(bin_dir)), str(data)], check=True)
     port = _free_port()
     options = (
-        f"-k {run} -p {port} -h 127.0.0.1 -c fsync=off -c tcp_keepalives_idle=2 "
+        f"-k {run} -p {port} -h 127.0.0.1 -c tcp_keepalives_idle=2 "
         f"-c tcp_keepalives_interval=1 -c tcp_keepalives_count=2"
-    )
+    ) + ("" if durable else " -c fsync=off")
     pg_ctl = str(bin_dir / "pg_ctl")
     subprocess.run(
         _as_postgres(
@@ -116,6 +115,16 @@ def postgres_server() -> Iterator[str]:
             capture_output=True,
         )
         shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL server for this session: the URL of its ``postgres`` database."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
+    with running_server(bin_dir) as url:
+        yield url
 
 
 def new_database(server: str) -> str:
