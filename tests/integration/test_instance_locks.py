@@ -7,11 +7,9 @@ cuts) does not act, and does what it put off once the link is back."""
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, StartShell, wait_for
 from tests.integration.test_wake import APP, provider
 from tests.postgres import new_database
+from tests.relay import Relay
 
 pytestmark = pytest.mark.integration
 
@@ -124,58 +123,6 @@ def test_only_the_leader_fills_the_warm_pool_and_a_new_leader_does(
         leaders = [name for granted, name in sessions_on(pg_url, LEADER_KEY) if granted]
         assert len(leaders) == 1
         assert leaders[0].startswith("atrium lock ")
-
-
-class Relay:
-    """A TCP relay to the database: `cut` closes its port and every connection through it (the
-    database is unreachable for the shell behind it), `mend` listens again on the same port."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = 0
-        self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.mend()
-
-    def mend(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        with self._lock:
-            for sock in [*self._open, *([self._listener] if self._listener else [])]:
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._open.clear()
-            self._listener = None
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-                server = socket.create_connection(self.target)
-            except OSError:
-                return
-            with self._lock:
-                self._open |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def test_a_cut_off_shell_puts_off_an_idle_stop_and_makes_it_once_back(

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -28,6 +28,7 @@ from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, ServeProcess, serving, wait_for
 from tests.postgres import new_database
+from tests.relay import Relay
 
 HAPROXY_CFG = REPO_DIR / "deploy" / "haproxy.cfg"
 #: the name users reach the group by: the shells' app domain and the health check's Host
@@ -35,65 +36,6 @@ DOMAIN = "atrium.test"
 #: the client's pace (requests per second) and how long a gap in its answers may last
 RATE = 50
 BACK_WITHIN = 3.0
-
-
-class Relay:
-    """A TCP relay from a local port to ``target``, for one replica's database connections:
-    `cut` closes the port and every connection through it (the database is then unreachable
-    for that replica), `mend` listens again on the same port."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = 0
-        self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self.mend()
-
-    def mend(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        with self._lock:
-            if self._listener is not None:
-                with suppress(OSError):  # wakes the thread in accept(), which close alone does not
-                    self._listener.shutdown(socket.SHUT_RDWR)
-                self._listener.close()
-                self._listener = None
-            for sock in self._open:
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._open.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # cut
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._open |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with suppress(OSError):
-            while chunk := source.recv(65536):
-                sink.sendall(chunk)
-        with suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
 
 
 def free_port() -> int:
