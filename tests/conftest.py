@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# The shared runner contract asserts with plain ``assert``; its rewrite must be registered here,
+# before any test module (the network tests import its probe too) imports it.
+pytest.register_assert_rewrite("tests.runner_contract")
+
 #: Debian's PostgreSQL (the ``postgres_server`` fixture), for every test folder
 pytest_plugins = ["tests.postgres"]
 

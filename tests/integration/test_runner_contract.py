@@ -22,10 +22,7 @@ from atrium.lifecycle.runners.process import descendants, is_alive, read_stat
 from atrium.lifecycle.spawning import python_command
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, add_test_apps, launch_shell
-
-pytest.register_assert_rewrite("tests.runner_contract")
-
-from tests.runner_contract import (  # noqa: E402 - after the rewrite is registered
+from tests.runner_contract import (
     PROBE,
     Harness,
     RunnerContract,

@@ -18,10 +18,7 @@ from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, launch_shell, wait_for
 from tests.kube.cluster import FakeCluster
 from tests.kube.kubelet import MEMORY_CGROUP, Pod
-
-pytest.register_assert_rewrite("tests.runner_contract")
-
-from tests.runner_contract import PROBE, Harness, RunnerContract, Traces  # noqa: E402
+from tests.runner_contract import PROBE, Harness, RunnerContract, Traces
 
 SLOW: float = 60  # pods start in seconds, not milliseconds; every wait is bounded, none asserted
 
