@@ -226,6 +226,8 @@ class EventBus:
         self._pending: deque[Event] = deque()
         #: each pending event's place in the order this shell emitted them (`_emitted`)
         self._pending_seq: deque[int] = deque()
+        #: when each pending event was emitted (monotonic seconds; the writer's fence)
+        self._pending_at: deque[float] = deque()
         #: how many events this shell has emitted or committed (a new stream's `since`)
         self._emitted = 0
         #: the place of this shell's events whose rows the reader has not met yet, by id
@@ -361,6 +363,7 @@ class EventBus:
                 self._emitted += 1
                 self._pending.append(event)
                 self._pending_seq.append(self._emitted)
+                self._pending_at.append(time.monotonic())
                 self._write_wake.set()
         self._tell_listeners(event, EVERY)
         return event
@@ -437,12 +440,17 @@ class EventBus:
             await self._write_wake.wait()
             self._write_wake.clear()
             while self._pending:
-                batch = [self._pending[i] for i in range(min(self._batch, len(self._pending)))]
-                seqs = [self._pending_seq[i] for i in range(len(batch))]
+                batch: list[Event] = []
                 ids: list[int] = []
                 self._writing = True
                 try:
                     async with db.transaction() as tx:
+                        # fenced on the connection it writes with (getting it may have found
+                        # the link broken): what was emitted before the last loss is not written
+                        self._give_up_before(db.link_lost_at)
+                        count = min(self._batch, len(self._pending))
+                        batch = [self._pending[i] for i in range(count)]
+                        seqs = [self._pending_seq[i] for i in range(count)]
                         written = await log.append_many(
                             tx,
                             [(e.topic, e.owner, e.payload) for e in batch],
@@ -456,15 +464,36 @@ class EventBus:
                     for event_id in ids:
                         self._own.pop(event_id, None)
                         self._own_seq.pop(event_id, None)
-                    _LOGGER.exception("writing %d events failed; trying again", len(batch))
+                    _LOGGER.exception("writing %d events failed; trying again", len(self._pending))
                     self._writing = False
                     await asyncio.sleep(RETRY)
                     continue
                 for _ in batch:
                     self._pending.popleft()
                     self._pending_seq.popleft()
+                    self._pending_at.popleft()
                 self._writing = False
                 self._read_wake.set()
+
+    def _give_up_before(self, moment: float | None) -> None:
+        """Give up the pending events emitted before ``moment`` (when this shell last found its
+        link to the database broken), unwritten: the shell's sessions of that time are gone
+        with every lock they held, other shells have acted since, and a row written now would
+        tell of a past this shell no longer speaks for, after newer rows (docs/reliability.md
+        "Several shells"). This shell's listeners heard them when they were emitted."""
+        if moment is None:
+            return
+        given_up = 0
+        while self._pending_at and self._pending_at[0] <= moment:
+            self._pending.popleft()
+            self._pending_seq.popleft()
+            self._pending_at.popleft()
+            given_up += 1
+        if given_up:
+            _LOGGER.error(
+                "%d events emitted before the link to the database broke were not written",
+                given_up,
+            )
 
     async def _read_loop(self, db: Database) -> None:
         while True:

@@ -17,6 +17,7 @@ import httpx
 import psycopg
 import pytest
 
+from atrium.events import DataChanged
 from atrium.state.locks import LEADER_KEY, instance_key
 from atrium.state.migrate import upgrade_now
 from tests.conftest import TESTS_DIR
@@ -177,3 +178,37 @@ def test_a_launch_refused_while_cut_off_leaves_no_instance_behind(
         launched = api.post("/api/instances", json={"appId": "test.plain.stdlib"})
         assert launched.status_code == 200, launched.text
         assert launched.json()["state"] == "started"
+
+
+def test_a_cut_off_shell_writes_no_event_it_emitted_before_the_link_came_back(
+    start_shell: StartShell, pg_url: str
+) -> None:
+    target = httpx.URL(pg_url.replace("postgresql+psycopg://", "http://"))
+    relay = Relay((str(target.host), int(target.port or 5432)))
+    shell: RunningShell = start_shell(
+        database_url=pg_url.replace(f":{target.port}/", f":{relay.port}/")
+    )
+    coordination = shell.shell.coordination
+    db = shell.shell.db
+
+    async def emit(path: str) -> float:
+        shell.shell.bus.emit(DataChanged("fence", path))
+        return time.monotonic()
+
+    def paths() -> list[str]:
+        with psycopg.connect(conninfo(pg_url), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT data->>'path' FROM events WHERE topic = 'data:changed' ORDER BY id"
+            ).fetchall()
+        return [str(path) for (path,) in rows]
+
+    relay.cut()
+    wait_for(lambda: coordination.lost is not None, "the shell counting itself cut off")
+    emitted_at = shell.on_loop(emit("/while-cut"))
+    # the shell notes the loss again at each failed check while the link stays cut
+    wait_for(lambda: (db.link_lost_at or 0) > emitted_at, "a loss noted after the emit")
+    relay.mend()
+    wait_for(lambda: coordination.lost is None, "the link back")
+    shell.on_loop(emit("/after"))
+    wait_for(lambda: "/after" in paths(), "the event emitted after the link came back")
+    assert paths() == ["/after"]
