@@ -255,7 +255,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         )
         grants = await stack.enter_async_context(GrantStore.open(db, users))
         audit = await stack.enter_async_context(
-            AuditLog.open(db, retention_days=settings.audit_retention_days)
+            AuditLog.open(
+                db, retention_days=settings.audit_retention_days, coordination=coordination
+            )
         )
         grants.forget_missing(lambda user_id: users.get(user_id) is not None)
 

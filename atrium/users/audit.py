@@ -10,7 +10,7 @@ sees all of them (ids are the table's, in insert order).
 
 Nothing changes or deletes a record except `prune`, which drops records older than the retention
 (`ATRIUM_AUDIT_RETENTION_DAYS`) and the oldest anonymous records beyond `MAX_ANONYMOUS_ROWS`, at
-open and once a day.
+open and once a day; of several shells on one database, only the leader (`AuditLog.open`).
 
 Anonymous records (no credentials, or refused ones) are bounded, since anyone who can reach the
 shell can make them: within one `WINDOW`, an address gets `PER_ADDRESS` records of its own and all
@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -41,6 +41,7 @@ from atrium.state.schema import audit
 
 if TYPE_CHECKING:
     from atrium.state.database import Database
+    from atrium.state.locks import Coordination
 
 _LOGGER = logging.getLogger(__name__)
 PRUNE_EVERY: Final = timedelta(days=1)
@@ -228,21 +229,38 @@ class AuditLog:
         #: set once the final flush has begun: a request answered after that (one finishing
         #: while the shell stops) cannot reach the table, and must not fail for it
         self._closed = False
+        #: whether this shell prunes (the leader of several shells; see `open`)
+        self._leads: Callable[[], bool] = lambda: True
+        self._pruning: set[asyncio.Task[None]] = set()
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, db: Database, *, retention_days: int) -> AsyncIterator[AuditLog]:
+    async def open(
+        cls, db: Database, *, retention_days: int, coordination: Coordination | None = None
+    ) -> AsyncIterator[AuditLog]:
+        """The log, pruned now and once a day. With ``coordination`` (several shells on one
+        database) only the leader prunes: at its start if it leads then, each day while it
+        leads, and at once when it takes the lead from a shell that is gone (whose daily
+        prune went with it). Pruning is idempotent, so a prune of the old leader still running
+        when the new one begins costs a wait on the rows' locks, nothing more."""
         log = cls(db, timedelta(days=retention_days))
+        log._leads = (lambda: True) if coordination is None else (lambda: coordination.is_leader)
         pruner: asyncio.Task[None] | None = None
         try:
-            await log.prune()
+            if log._leads():
+                await log.prune()
             pruner = asyncio.create_task(log._prune_daily(), name="audit prune")
+            if coordination is not None:
+                coordination.on_lead(log._lead_taken)
             yield log
         finally:
-            if pruner is not None:
-                pruner.cancel()
+            log._leads = lambda: False  # a lead taken from now on prunes nothing here
+            for task in (pruner, *log._pruning):
+                if task is None:
+                    continue
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await pruner
+                    await task
             log._closed = True
             log._queue.extend(log._budget.drain() + log._refused.drain())
             try:
@@ -353,8 +371,8 @@ class AuditLog:
 
     async def prune(self, now: datetime | None = None) -> int:
         """Drop the records older than the retention, and the oldest anonymous records beyond
-        `MAX_ANONYMOUS_ROWS`; the only removal there is (idempotent: every shell of a shared
-        database may run it)."""
+        `MAX_ANONYMOUS_ROWS`; the only removal there is (idempotent: of several shells on one
+        database the leader runs it, and two at once only wait for each other's row locks)."""
         cutoff = stamp((now or datetime.now(UTC)) - self._retention)
         await self._flush()
         async with self._db.transaction() as tx:
@@ -384,10 +402,21 @@ class AuditLog:
     async def _prune_daily(self) -> None:
         while True:
             await asyncio.sleep(PRUNE_EVERY.total_seconds())
-            try:
-                await self.prune()
-            except SQLAlchemyError as err:
-                _LOGGER.error("the audit log could not be pruned: %s", err)
+            if self._leads():
+                await self._prune_logged()
+
+    async def _prune_logged(self) -> None:
+        try:
+            await self.prune()
+        except SQLAlchemyError as err:
+            _LOGGER.error("the audit log could not be pruned: %s", err)
+
+    def _lead_taken(self) -> None:
+        if not self._leads():
+            return
+        task = asyncio.create_task(self._prune_logged(), name="audit prune (new leader)")
+        self._pruning.add(task)
+        task.add_done_callback(self._pruning.discard)
 
 
 def _row(record: AuditRecord) -> dict[str, Any]:

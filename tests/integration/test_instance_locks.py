@@ -212,3 +212,25 @@ def test_a_cut_off_shell_writes_no_event_it_emitted_before_the_link_came_back(
     shell.on_loop(emit("/after"))
     wait_for(lambda: "/after" in paths(), "the event emitted after the link came back")
     assert paths() == ["/after"]
+
+
+def test_only_the_leader_prunes_the_audit_log_and_a_new_leader_does(
+    start_shell: StartShell, pg_url: str, other_shell: psycopg.Connection[Any]
+) -> None:
+    # a record older than any retention, written by some shell long ago
+    other_shell.execute(
+        "INSERT INTO audit (time, actor, action, target, outcome, status, address, count)"
+        " VALUES ('2000-01-01T00:00:00.000Z', 'admin', 'kv.write', 'os/x', 'ok', 200, '', 1)"
+    )
+
+    def old_records() -> int:
+        row = other_shell.execute("SELECT count(*) FROM audit WHERE time < '2001'").fetchone()
+        return int(row[0]) if row else 0
+
+    other_shell.execute("SELECT pg_advisory_lock(%s)", (LEADER_KEY,))  # the other shell leads
+    shell: RunningShell = start_shell(database_url=pg_url)
+    assert not shell.shell.coordination.is_leader
+    assert old_records() == 1  # its start did not prune: the leader does
+    other_shell.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))  # the leader is gone
+    wait_for(lambda: shell.shell.coordination.is_leader, "the shell taking the lead")
+    wait_for(lambda: old_records() == 0, "the new leader pruning the audit log")
