@@ -42,7 +42,7 @@ from atrium.api.forwarded import ClientAddress
 from atrium.api.origins import SLUG_RE, AppOrigins
 from atrium.errors import AtriumError, InvalidRequest, MisdirectedRequest
 from atrium.lifecycle.instance import Instance
-from atrium.settings import Settings
+from atrium.settings import IPNetwork, Settings
 from atrium.shell import Shell
 from atrium.state.fence import request_began
 from atrium.theme.inject import HtmlTransform
@@ -125,6 +125,10 @@ class AtriumApp:
     @property
     def state(self) -> State:
         return self.starlette.state
+
+    def distrust(self, network: IPNetwork) -> None:
+        """Never read X-Forwarded-For from a peer in ``network`` (`ClientAddress.distrust`)."""
+        self._clients.distrust(network)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

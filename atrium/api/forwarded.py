@@ -65,7 +65,15 @@ class ClientAddress:
 
     def __init__(self, trusted: Iterable[IPNetwork]) -> None:
         self._trusted = tuple(trusted)
+        self._distrusted: tuple[IPNetwork, ...] = ()
         self._warned = False
+
+    def distrust(self, network: IPNetwork) -> None:
+        """Never trust an address of ``network``, whatever the trusted proxies cover: the
+        shell's own instances' range (`atrium.lifecycle.network`), whose untrusted images reach
+        the shell's API from their addresses, inside a private network an operator may well
+        trust whole for their proxy (10.0.0.0/8)."""
+        self._distrusted = (*self._distrusted, network)
 
     @property
     def trusted(self) -> bool:
@@ -73,6 +81,8 @@ class ClientAddress:
         return bool(self._trusted)
 
     def trusts(self, address: IPAddress) -> bool:
+        if any(address in network for network in self._distrusted):
+            return False
         return any(address in network for network in self._trusted)
 
     def of(self, peer: str, forwarded_for: list[bytes]) -> str:

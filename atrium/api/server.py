@@ -759,6 +759,8 @@ class ShellServer:
                     # open_shell closes the bus (ending every stream) on the way out; the server's
                     # own shutdown closes it first, so open streams never hold up the shutdown
                     self.app.state.shell = shell
+                    if shell.network is not None:  # its instances are no proxy of anyone's
+                        self.app.distrust(shell.network.plan.range)
                     extra = self._bridge_socket(shell.network)
                     if ready is not None:
                         ready()
