@@ -13,6 +13,7 @@ from bench import (
     crash,
     dataproxy,
     events,
+    failover,
     haproxy,
     hostpage,
     images,
@@ -62,6 +63,7 @@ BENCHES = {
     "network": network.main,
     "busstate": busstate.main,
     "kvstate": kvstate.main,
+    "failover": failover.main,
 }
 #: not part of a plain `make bench`: `make chaos` runs it (minutes, and it kills shells)
 ON_DEMAND = {"chaos": chaos.main}

@@ -1,4 +1,5 @@
-"""KV write latency on the state database: SQLite (the embedded default) vs PostgreSQL, one shell.
+"""KV write latency on the state database: SQLite (the embedded default) vs PostgreSQL, one shell
+and two.
 
 A real shell (`launch_shell`: `ShellServer` on uvloop in a thread of this process) answers
 ``PUT /api/kv/os/<key>`` from one client, one write at a time: each is one transaction that writes
@@ -8,7 +9,13 @@ Debian's, started for the run from the tests' template (`tests.postgres`) on loo
 defaults for durability (``fsync=on``, ``synchronous_commit=on``; the tests turn fsync off): a
 commit is on disk when answered, as SQLite's ``synchronous=FULL`` is.
 
-Printed: median and p99 per database, and the median's ratio to SQLite's.
+Two shells on one PostgreSQL: both in this process (each on its own event loop and thread, as the
+tests run them), one client each writing at the same time, so each write also meets the other
+shell's on the event counter's row lock, and each shell's reader reads the other's rows (woken by
+NOTIFY). Beside it, one shell with two such clients: the difference between the two rows is what
+the second shell costs, not the second client.
+
+Printed: median and p99 per case, and the median's ratio to SQLite's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -42,26 +50,36 @@ def postgres() -> Iterator[str]:
         yield url
 
 
-def writes(database_url: str | None) -> list[float]:
-    """Seconds per answered KV write through a shell on ``database_url`` (None: SQLite)."""
+def writes(database_url: str | None, shells: int = 1, clients: int = 1) -> list[float]:
+    """Seconds per answered KV write through ``shells`` shells on ``database_url`` (None:
+    SQLite), from ``clients`` clients at once (client n writes through shell n mod ``shells``),
+    each making `WRITES` sequential writes to keys of its own."""
     root = Path(tempfile.mkdtemp(prefix="atrium-bench-kv-"))
     (root / "apps").mkdir()
     extra = {} if database_url is None else {"database_url": database_url}
-    shell = launch_shell(root / "home", root / "apps", **extra)
-    samples: list[float] = []
-    try:
+    running = [launch_shell(root / f"home{n}", root / "apps", **extra) for n in range(shells)]
+    samples: list[list[float]] = [[] for _ in range(clients)]
+
+    def client(c: int) -> None:
+        shell = running[c % shells]
         with shell.client() as api:
             for n in range(WARMUP + WRITES):
                 started = time.perf_counter()
-                answer = api.put(f"/api/kv/os/k{n % 50}", json={"value": {**VALUE, "n": n}})
+                answer = api.put(f"/api/kv/os/c{c}-k{n % 50}", json={"value": {**VALUE, "n": n}})
                 took = time.perf_counter() - started
                 assert answer.status_code == 200, answer.text
                 if n >= WARMUP:
-                    samples.append(took)
+                    samples[c].append(took)
+
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            for done in [pool.submit(client, c) for c in range(clients)]:
+                done.result()
     finally:
-        shell.stop()
+        for shell in running:
+            shell.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return samples
+    return [took for each in samples for took in each]
 
 
 def p99(samples: list[float]) -> float:
@@ -76,8 +94,18 @@ async def main() -> None:
         url = new_database(server)
         await asyncio.to_thread(upgrade_now, url)
         rows.append(("PostgreSQL (loopback, fsync on)", await asyncio.to_thread(writes, url)))
+        url = new_database(server)
+        await asyncio.to_thread(upgrade_now, url)
+        rows.append(
+            ("PostgreSQL, one shell, two clients", await asyncio.to_thread(writes, url, 1, 2))
+        )
+        url = new_database(server)
+        await asyncio.to_thread(upgrade_now, url)
+        rows.append(
+            ("PostgreSQL, two shells, a client each", await asyncio.to_thread(writes, url, 2, 2))
+        )
     base = statistics.median(rows[0][1])
-    print(f"\nKV write latency, one shell, {WRITES} sequential PUT /api/kv (row + event + fan-out)")
+    print(f"\nKV write latency, {WRITES} sequential PUT /api/kv per client (row + event + fan-out)")
     print(f"{'database':<44} {'median ms':>10} {'p99 ms':>9} {'x SQLite':>9}")
     for name, samples in rows:
         median = statistics.median(samples)

@@ -11,7 +11,8 @@ at once, or 100 ms late each way (this kernel has no netem).
 While the client holds an event stream through HAProxy, sends 50 data requests a second and makes
 2,000 KV writes, replica 1 is hit three ways in turn: (c) 5 % packet loss (iptables' random drop)
 and 100 ms delay on its link, (b) its link cut while it stays alive, (a) `kill -9`. Each fault's
-longest gap in successful answers is printed (`pytest -s`).
+longest gap in successful answers is printed (`pytest -s`); `make bench BENCH=failover` runs the
+same scenario (`failover`) and prints them as a table.
 
 Which shell wrote a row is told by a trigger the test adds to every table: it notes the writer's
 address (`inet_client_addr()`), backend pid and the time of every insert, update and delete.
@@ -496,7 +497,27 @@ class Load:
         return max(b - a for a, b in pairwise([start, *acked, end]))
 
 
-def test_failover_of_a_replica_loses_no_write_and_no_event(tmp_path: Path) -> None:
+@dataclass
+class Failover:
+    """One run of the scenario (see the module docstring), for the checks after it; the
+    namespaces and the database are there until the `failover` block ends."""
+
+    #: seconds: each fault's longest gap in successful answers (and writes), and stages' times
+    figures: dict[str, float]
+    load: Load
+    url: str
+    client_ns: str
+    r1_addr: str
+    #: replica 1's database sessions before the cut, and when the server had ended them
+    r1_pids: set[int]
+    gone_at: Any
+    cut_at: float
+    mended_at: float
+
+
+@contextmanager
+def failover(tmp_path: Path) -> Iterator[Failover]:
+    """Run the three faults under the load (the test's and `make bench BENCH=failover`'s)."""
     figures: dict[str, float] = {}
     t0 = time.monotonic()
     with ExitStack() as stack:
@@ -651,6 +672,14 @@ def test_failover_of_a_replica_loses_no_write_and_no_event(tmp_path: Path) -> No
             )[0][0]
             wait_for(lambda: load.seen and load.seen[-1] >= newest, "the stream caught up")
 
+        yield Failover(figures, load, url, client_ns, r1_addr, r1_pids, gone_at, cut_at, mended_at)
+
+
+def test_failover_of_a_replica_loses_no_write_and_no_event(tmp_path: Path) -> None:
+    with failover(tmp_path) as run:
+        figures, load, url, client_ns = run.figures, run.load, run.url, run.client_ns
+        r1_addr, r1_pids, gone_at = run.r1_addr, run.r1_pids, run.gone_at
+        cut_at, mended_at = run.cut_at, run.mended_at
         # the figures docs/decisions.md quotes (seen with `pytest -s`)
         print(f"\nfailover (longest gap in successful answers, s): {figures}")  # noqa: T201
 
