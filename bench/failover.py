@@ -34,7 +34,7 @@ def main_sync() -> None:
 
     with (
         tempfile.TemporaryDirectory(prefix="atrium-bench-failover-") as tmp,
-        failover(Path(tmp)) as run,
+        failover(Path(tmp), settle=False) as run,
     ):
         figures = dict(run.figures)
     print("\nFailover of shell 1 of two behind HAProxy (one run; seconds)")
