@@ -6,6 +6,7 @@ one problem per field (docs/api.md "Manifest"; decisions.md "Manifest").
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from enum import StrEnum
@@ -56,6 +57,12 @@ ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: kernel file systems the sandbox mounts itself: a data folder there would hide or shadow them
 SYSTEM_FOLDERS: Final = ("/proc", "/sys", "/dev")
 MAX_DATA_PATHS: Final = 32
+#: ``network.egress`` as a list: at most this many ``host:port`` entries
+MAX_EGRESS: Final = 32
+#: a DNS name of ``network.egress``: dot-separated labels of letters, digits and hyphens
+HOSTNAME_RE: Final = re.compile(
+    r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?"
+)
 
 
 class ThemeStrategy(StrEnum):
@@ -342,6 +349,69 @@ class Runtime(_ManifestPart):
         return self.model_copy(update={"image": f"{registry}/{repository}@{digest}"})
 
 
+def check_egress_entry(value: str) -> str:
+    """``host:port`` of ``network.egress``: an IPv4 address the outside has (not loopback, a
+    link-local such as a cloud's metadata address, a multicast or an unspecified one) or a
+    lowercase DNS name, and a port 1-65535 (docs/api.md "Manifest")."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{value!r} is not host:port (e.g. api.example.com:443)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: the port must be a number 1-65535")
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        if not HOSTNAME_RE.fullmatch(host) or host == "localhost" or host.endswith(".localhost"):
+            raise ValueError(
+                f"{value!r}: {host!r} is not an IPv4 address or a lowercase DNS name"
+            ) from None
+        return value
+    if (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_unspecified
+        or address.is_reserved
+    ):
+        raise ValueError(f"{value!r}: {host} is not an address of the outside")
+    return value
+
+
+class NetworkAsk(_ManifestPart):
+    """``network``: what an app asks to reach beyond the shell's API. ``egress`` true asks for
+    the internet, a list for those ``host:port`` only; what the user approved at install is
+    what the instances get, until it is revoked (docs/api.md "Network")."""
+
+    model_config = ConfigDict(**{**_ManifestPart.model_config, "extra": "forbid"})
+
+    egress: bool | list[str] = False
+
+    @field_validator("egress", mode="before")
+    @classmethod
+    def _egress(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("must be true, false or a list of \"host:port\" strings")
+        if len(value) > MAX_EGRESS:
+            raise ValueError(f"at most {MAX_EGRESS} host:port entries, not {len(value)}")
+        if len(set(value)) != len(value):
+            raise ValueError("names a host:port twice")
+        for number, entry in enumerate(value):
+            try:
+                check_egress_entry(entry)
+            except ValueError as err:
+                raise ValueError(f"[{number}] {err}") from None
+        return value
+
+    @property
+    def asked(self) -> bool | tuple[str, ...]:
+        """False: nothing; True: the internet; else the ``host:port`` entries, sorted."""
+        if isinstance(self.egress, bool):
+            return self.egress
+        return tuple(sorted(self.egress)) or False
+
+
 class Manifest(_ManifestPart):
     """An app's manifest. Unknown fields are kept and ignored (decisions.md "Manifest").
 
@@ -368,6 +438,8 @@ class Manifest(_ManifestPart):
     resources: Resources | None = None
     #: an existing OCI image instead of the app tree's entrypoint
     runtime: Runtime | None = None
+    #: what the app asks to reach beyond the shell's API (None: nothing)
+    network: NetworkAsk | None = None
     hook_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     start_timeout_ms: Annotated[int, Field(gt=0, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
 

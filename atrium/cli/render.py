@@ -127,6 +127,10 @@ def print_diff(diff: dict[str, Any]) -> None:
     if diff["dataProviderAdded"]:
         rows.append(("[bold]+ data provider[/bold]", "serves data to other apps"))
     rows += [("[bold]+ intent filter[/bold]", _filter_text(f)) for f in diff["intentFiltersAdded"]]
+    egress = diff.get("egressAdded")
+    if egress is not None:
+        reach = "the internet" if egress is True else ", ".join(egress)
+        rows.append(("[bold]+ network[/bold]", f"can reach {reach}"))
     rows += [("- tool", t) for t in diff["toolsRemoved"]]
     rows += [("- permission", p) for p in diff["permissionsRemoved"]]
     if diff["dataProviderRemoved"]:
@@ -134,7 +138,7 @@ def print_diff(diff: dict[str, Any]) -> None:
     for change, what in rows or [("(none)", "no permission changes")]:
         table.add_row(change, what)
     console.print(table)
-    if not diff["toolsAdded"] and not diff["permissionsAdded"]:
+    if not diff["toolsAdded"] and not diff["permissionsAdded"] and egress is None:
         offers = (["a data provider"] if diff["dataProviderAdded"] else []) + [
             f"intent {_filter_text(f)}" for f in diff["intentFiltersAdded"]
         ]

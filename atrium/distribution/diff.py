@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias
 
+from atrium.egress import ask_wire, asked, widened
 from atrium.manifest import IntentFilter, Manifest
 from atrium.wire import WireModel
 
@@ -28,6 +29,16 @@ class PermissionDiff(WireModel):
     data_provider_added: bool
     data_provider_removed: bool
     intent_filters_added: list[dict[str, Any]]
+    #: what the new version asks to reach beyond what the old one asked: true (the internet),
+    #: the added ``host:port`` entries, or None (nothing more)
+    egress_added: bool | list[str] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The wire form; ``egressAdded`` only when the new version asks to reach more."""
+        data = super().wire()
+        if data["egressAdded"] is None:
+            del data["egressAdded"]
+        return data
 
 
 def filter_key(f: IntentFilter) -> FilterKey:
@@ -75,6 +86,9 @@ def diff_manifests(old: Manifest | None, new: Manifest) -> PermissionDiff:
         data_provider_added=after is not None and after != before,
         data_provider_removed=before is not None and after != before,
         intent_filters_added=added_filters,
+        egress_added=(
+            None if (more := widened(asked(old), asked(new))) is False else ask_wire(more)
+        ),
     )
 
 
@@ -85,4 +99,5 @@ def requires_approval(diff: PermissionDiff) -> bool:
         or diff.permissions_added
         or diff.data_provider_added
         or diff.intent_filters_added
+        or diff.egress_added is not None
     )

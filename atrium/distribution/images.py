@@ -16,6 +16,7 @@ from typing import Any
 
 from atrium.distribution.ociclient import RegistryClient, RegistryError, size_text
 from atrium.distribution.reach import Reach
+from atrium.egress import ask_wire, asked, words
 from atrium.errors import FetchFailed
 from atrium.files import write_atomic
 from atrium.images.store import ImageError, ImageStore, StoredImage
@@ -71,7 +72,7 @@ def _write_pinned(path: Path, image: str) -> None:
 
 def image_review(pinned: PinnedImage) -> dict[str, Any]:
     """The install review's ``image``: that the app is a container image, where it comes from,
-    its size, the folders it keeps and that it cannot reach the network (docs/api.md)."""
+    its size, the folders it keeps and what of the network it may reach (docs/api.md)."""
     runtime = pinned.manifest.runtime
     if runtime is None:  # pragma: no cover - called for image apps only
         raise ValueError(f"{pinned.manifest.id} is not an image app")
@@ -79,6 +80,8 @@ def image_review(pinned: PinnedImage) -> dict[str, Any]:
     image = pinned.image
     folders = list(runtime.data)
     kept = ", ".join(folders) if folders else "nothing"
+    ask = asked(pinned.manifest)
+    reach = words(ask)
     return {
         "kind": "container image",
         "image": runtime.image,
@@ -88,11 +91,24 @@ def image_review(pinned: PinnedImage) -> dict[str, Any]:
         "pulledBytes": image.pulled_bytes,
         "files": image.files,
         "folders": folders,
-        "network": False,
+        "network": ask_wire(ask),
         "words": [
             f"A container image published at {registry}/{repository}, not an Atrium app",
             f"{size_text(image.size)} unpacked ({size_text(image.pulled_bytes)} downloaded)",
             f"Keeps {kept} in its data folder",
-            "Cannot reach the network; only the shell reaches its page",
+            (
+                "Cannot reach the network; only the shell reaches its page"
+                if reach is None
+                else f"{reach} once you approve it; only the shell reaches its page"
+            ),
         ],
     }
+
+
+def egress_review(manifest: Manifest) -> dict[str, Any]:
+    """The review's ``egress`` when the app asks to reach anything: what, and in words
+    ("Can reach the internet"); nothing otherwise."""
+    ask = asked(manifest)
+    if ask is False:
+        return {}
+    return {"egress": {"asked": ask_wire(ask), "words": words(ask)}}

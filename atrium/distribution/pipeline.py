@@ -24,7 +24,7 @@ from atrium.distribution.diff import PermissionDiff, diff_manifests, requires_ap
 from atrium.distribution.exports import unpack
 from atrium.distribution.fetchers import ProgressEvent, ResolvedRef, fetcher_for, verify_source
 from atrium.distribution.history import HistoryEntry, app_history, extract_app, pick_target
-from atrium.distribution.images import PinnedImage, image_review, pin_image
+from atrium.distribution.images import PinnedImage, egress_review, image_review, pin_image
 from atrium.distribution.index import IndexClient
 from atrium.distribution.install import Installer, InstallPlan, changed_files
 from atrium.distribution.keeping import DataKeeping
@@ -284,6 +284,7 @@ class Distribution:
                 resolved=resolved.wire(),
                 app=_summary(manifest, size),
                 **({} if pinned is None else {"image": image_review(pinned)}),
+                **egress_review(manifest),
                 permissions=[describe(name, labels) for name in diff.permissions_added],
                 resources=_resources(manifest, self._lifecycle.limit_ceilings),
                 **({"note": note} if note else {}),
@@ -412,6 +413,7 @@ class Distribution:
             signed = _signature(verdict, signer_changed)
             if pinned is not None:
                 signed = {**signed, "image": image_review(pinned)}
+            signed = {**signed, **egress_review(manifest)}
             new_image = self._new_image(pinned, scope)
             if requires_approval(diff) or signer_changed or new_image or approval.approve is False:
                 labels = self._registry.permission_labels()
