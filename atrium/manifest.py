@@ -392,7 +392,7 @@ class NetworkAsk(_ManifestPart):
         if isinstance(value, bool):
             return value
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError("must be true, false or a list of \"host:port\" strings")
+            raise ValueError('must be true, false or a list of "host:port" strings')
         if len(value) > MAX_EGRESS:
             raise ValueError(f"at most {MAX_EGRESS} host:port entries, not {len(value)}")
         if len(set(value)) != len(value):

@@ -60,7 +60,8 @@ def test_good_asks_and_their_words() -> None:
     assert manifest().network is None
     assert manifest(egress=True).network.asked is True  # type: ignore[union-attr]
     listed = manifest(egress=["b.example.com:443", "192.0.2.7:25"]).network
-    assert listed is not None and listed.asked == ("192.0.2.7:25", "b.example.com:443")
+    assert listed is not None
+    assert listed.asked == ("192.0.2.7:25", "b.example.com:443")
     assert words(True) == "Can reach the internet"
     assert words(("a:1", "b:2")) == "Can reach a:1, b:2"
     assert words(False) is None
