@@ -148,3 +148,16 @@ carried_over = sa.Table(
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("at", sa.Text, nullable=False),
 )
+
+#: an app's network egress revoked: ``holder`` is "" for a shared copy (system, global), the
+#: user's id for a user scope's; ``asked`` is what the app asked when it was revoked (an update
+#: asking more is approved anew and granted; `atrium.egress`)
+egress_revokes = sa.Table(
+    "egress_revokes",
+    metadata,
+    sa.Column("app_id", sa.Text, primary_key=True),
+    sa.Column("holder", sa.Text, primary_key=True),
+    sa.Column("asked", sa.JSON, nullable=False),
+    sa.Column("revoked_by", sa.Text, nullable=False),
+    sa.Column("revoked_at", sa.Text, nullable=False),
+)

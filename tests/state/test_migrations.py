@@ -10,7 +10,7 @@ from atrium.state import migrate, versions
 from atrium.state.database import Database, parse_url
 
 TABLES = {"event_counter", "events", "kv", "users", "sessions", "tokens", "identities"}
-TABLES |= {"grants", "audit", "carried_over"}
+TABLES |= {"grants", "audit", "carried_over", "egress_revokes"}
 
 
 async def tables(db: Database) -> set[str]:

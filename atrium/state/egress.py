@@ -1,0 +1,83 @@
+"""The apps' revoked network egress (`atrium.egress`), in the ``egress_revokes`` table and in
+memory: a spawn and `GET /api/apps/{appId}` read memory; a change is written first, then kept.
+Another shell's change arrives as its ``app:egress`` event, and `reload` reads that row again.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+
+from atrium.egress import Ask, ask_of, ask_wire
+from atrium.state.schema import egress_revokes
+
+if TYPE_CHECKING:
+    from atrium.state.database import Database
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class EgressRevokes:
+    """Which apps' egress is revoked, by ``(app id, holder)``, with the ask it revoked."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._revoked: dict[tuple[str, str], Ask] = {}
+
+    @classmethod
+    async def open(cls, db: Database) -> EgressRevokes:
+        store = cls(db)
+        async with db.connect() as conn:
+            rows = (await conn.execute(sa.select(egress_revokes))).all()
+        store._revoked = {(row.app_id, row.holder): ask_of(row.asked) for row in rows}
+        return store
+
+    def get(self, app_id: str, holder: str) -> Ask | None:
+        """The ask that was revoked, or None (not revoked)."""
+        return self._revoked.get((app_id, holder))
+
+    async def revoke(self, app_id: str, holder: str, ask: Ask, by: str) -> None:
+        key = (egress_revokes.c.app_id == app_id) & (egress_revokes.c.holder == holder)
+        async with self._db.transaction() as tx:
+            await tx.execute(sa.delete(egress_revokes).where(key))
+            await tx.execute(
+                sa.insert(egress_revokes).values(
+                    app_id=app_id,
+                    holder=holder,
+                    asked=ask_wire(ask),
+                    revoked_by=by,
+                    revoked_at=_now(),
+                )
+            )
+        self._revoked[(app_id, holder)] = ask
+
+    async def grant(self, app_id: str, holder: str) -> None:
+        key = (egress_revokes.c.app_id == app_id) & (egress_revokes.c.holder == holder)
+        async with self._db.transaction() as tx:
+            await tx.execute(sa.delete(egress_revokes).where(key))
+        self._revoked.pop((app_id, holder), None)
+
+    async def reload(self, app_id: str, holder: str) -> None:
+        """That row read again (another shell changed it)."""
+        key = (egress_revokes.c.app_id == app_id) & (egress_revokes.c.holder == holder)
+        try:
+            async with self._db.connect() as conn:
+                row = (await conn.execute(sa.select(egress_revokes).where(key))).first()
+        except SQLAlchemyError as err:
+            _LOGGER.warning("could not read %s's egress again: %s", app_id, err)
+            return
+        if row is None:
+            self._revoked.pop((app_id, holder), None)
+        else:
+            self._revoked[(app_id, holder)] = ask_of(row.asked)
+
+
+__all__ = ["EgressRevokes"]

@@ -1,0 +1,21 @@
+"""The revoked egress survives a restart (a new store on the same database) and a grant clears
+it, on both databases."""
+
+from __future__ import annotations
+
+from atrium.state.database import Database
+from atrium.state.egress import EgressRevokes
+
+
+async def test_a_revoke_is_kept_and_a_grant_clears_it(db: Database) -> None:
+    store = await EgressRevokes.open(db)
+    assert store.get("com.example.web", "") is None
+    await store.revoke("com.example.web", "", ("a.example.com:443",), "admin")
+    await store.revoke("com.example.web", "ana", True, "ana")
+    again = await EgressRevokes.open(db)
+    assert again.get("com.example.web", "") == ("a.example.com:443",)
+    assert again.get("com.example.web", "ana") is True
+    await again.grant("com.example.web", "ana")
+    await store.reload("com.example.web", "ana")
+    assert store.get("com.example.web", "ana") is None
+    assert (await EgressRevokes.open(db)).get("com.example.web", "ana") is None
