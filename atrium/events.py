@@ -38,6 +38,7 @@ DIST_PUBLISH_PROGRESS: Final = "dist:publish.progress"
 DIST_PUBLISH_DONE: Final = "dist:publish.done"
 GRANT_ADDED: Final = "grant:added"
 GRANT_REVOKED: Final = "grant:revoked"
+APP_EGRESS: Final = "app:egress"
 DEV_RELOADING: Final = "dev:reloading"
 DEV_RELOADED: Final = "dev:reloaded"
 DEV_FAILED: Final = "dev:failed"
@@ -262,6 +263,18 @@ class GrantAdded(Payload):
 
 
 @dataclass(frozen=True, slots=True)
+class AppEgress(Payload):
+    """An app's network egress was revoked or granted again by whoever manages it; ``holder``
+    is "" for a shared copy, the user's id for their own scope's (docs/api.md "Network")."""
+
+    TOPIC: ClassVar[str] = APP_EGRESS
+    app_id: str
+    holder: str
+    granted: bool | list[str]
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class GrantRevoked(Payload):
     """A grant to ``user`` was revoked; ``view_ids`` are the views of theirs it closed. Heard by
     that user and the instance's owner only."""
@@ -371,6 +384,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         DistPublishDone,
         DistPublishComplete,
         GrantAdded,
+        AppEgress,
         GrantRevoked,
         DevReloading,
         DevReloaded,

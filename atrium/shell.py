@@ -24,10 +24,12 @@ from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
 from atrium.distribution.reach import FetchPolicy, Reach
 from atrium.distribution.records import RecordStore
+from atrium.events import APP_EGRESS
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
 from atrium.launcher import Launcher
+from atrium.lifecycle.egress import EgressGrants
 from atrium.lifecycle.limits import ceilings_of, open_cgroups
 from atrium.lifecycle.manager import LifecycleConfig, LifecycleManager
 from atrium.lifecycle.network import SHELL_MARK, Network, NetworkUnavailable, open_network
@@ -40,6 +42,7 @@ from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
+from atrium.state.egress import EgressRevokes
 from atrium.state.locks import Coordination
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
@@ -94,6 +97,8 @@ class Shell:
     #: forwarder, contract apps on the host's network), and the isolation in words
     network: Network | None = None
     isolation: str = ""
+    #: the apps' network egress: granted at install, revocable (`atrium.lifecycle.egress`)
+    egress: EgressGrants | None = None
 
     @property
     def host_origins(self) -> frozenset[str]:
@@ -314,6 +319,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.push_async_callback(upstream.close)
         # the one door to the instances' addresses: only the shell's marked connections pass
         upstream.mark = 0 if network is None else SHELL_MARK
+        # before any instance starts: a revoked app's first instance gets no egress
+        egress = EgressGrants(await EgressRevokes.open(db), registry, bus, network)
+        stack.callback(bus.listen((APP_EGRESS,), egress.heard, others=True))
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode
         await asyncio.to_thread(compileall.compile_file, SDK_SOURCE, quiet=2)
@@ -417,4 +425,5 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             usage=usage,
             network=network,
             isolation=isolation,
+            egress=egress,
         )

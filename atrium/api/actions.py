@@ -35,6 +35,8 @@ AUDIT_ACTIONS: Final[dict[str, str]] = {
     "backup": "app.backup",
     "restore": "app.restore",
     "dev_problems": "app.dev_problem",
+    "grant_egress": "app.egress.grant",
+    "revoke_egress": "app.egress.revoke",
     # instances and what hangs off them
     "create_instance": "instance.launch",
     "delete_instance": "instance.delete",

@@ -12,13 +12,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from atrium.api.auth import Access, endpoint, shell_of
+from atrium.api.auth import Access, audit_target, endpoint, shell_of
 from atrium.distribution.validate import runtime_folders
-from atrium.errors import NotFound
+from atrium.egress import asked
+from atrium.errors import InvalidRequest, NotFound
 from atrium.files import tree_bytes
-from atrium.identity import Caller, UserCaller, user_id_of
+from atrium.identity import Caller, UserCaller, require_admin, user_id_of
 from atrium.permissions import describe
 from atrium.registry import AppView
+from atrium.scopes import Scope
 from atrium.shell import Shell
 
 
@@ -70,8 +72,46 @@ async def get_app(request: Request, caller: Caller) -> Response:
                 body["permissions"] = [
                     describe(name, labels) for name in view.copy.manifest.permissions
                 ]
+                if shell.egress is not None:
+                    body["network"] = shell.egress.wire(view.copy, user)
             return JSONResponse(body)
     raise NotFound("app", app_id)
+
+
+async def grant_egress(request: Request, caller: Caller) -> Response:
+    """Grant again what the app's manifest asks to reach (after a revoke)."""
+    return await _set_egress(request, caller, grant=True)
+
+
+async def revoke_egress(request: Request, caller: Caller) -> Response:
+    """Take back the app's egress: its running instances lose it at once."""
+    return await _set_egress(request, caller, grant=False)
+
+
+async def _set_egress(request: Request, caller: Caller, *, grant: bool) -> Response:
+    """A shared copy's egress is the admins' to change; a user scope's copy's, its user's.
+    Answers the app's ``network`` as `GET /api/apps/{appId}` does."""
+    app_id = request.path_params["app_id"]
+    shell = shell_of(request)
+    user = user_id_of(caller)
+    copy = shell.registry.get(app_id, user)
+    if copy is None or copy.manifest is None:
+        raise NotFound("app", app_id)
+    what = "grant" if grant else "revoke"
+    if copy.scope is not Scope.USER:
+        require_admin(caller, f"{what} the network egress of an app all users share")
+    if asked(copy.manifest) is False:
+        raise InvalidRequest(
+            f"{app_id!r} asks to reach nothing beyond the shell (its manifest has no "
+            f"network.egress), so there is nothing to {what}",
+            appId=app_id,
+        )
+    if shell.egress is None:  # pragma: no cover - every open shell has one
+        raise InvalidRequest("this shell keeps no egress grants")
+    audit_target(request, scope=copy.scope.value)
+    by = caller.user_id if isinstance(caller, UserCaller) else "?"
+    await shell.egress.set(copy, user, grant, by)
+    return JSONResponse({"appId": app_id, "network": shell.egress.wire(copy, user)})
 
 
 def own_data(shell: Shell, view: AppView, user: str) -> list[Path]:
@@ -154,4 +194,6 @@ routes: list[BaseRoute] = [
     endpoint("/api/apps", list_apps, methods=["GET"], access=Access.USER_OR_APP),
     endpoint("/api/apps/{app_id}", get_app, methods=["GET"], access=Access.USER_OR_APP),
     endpoint("/api/apps/{app_id}/icon", app_icon, methods=["GET"], access=Access.USER_OR_APP),
+    endpoint("/api/apps/{app_id}/egress", grant_egress, methods=["PUT"], access=Access.USER),
+    endpoint("/api/apps/{app_id}/egress", revoke_egress, methods=["DELETE"], access=Access.USER),
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from atrium.egress import asked
 from atrium.errors import SpawnFailed
 from atrium.identity import AppTokens
 from atrium.images.config import ConfigInvalid, launch
@@ -48,7 +49,7 @@ from atrium.lifecycle.spawning import (
 from atrium.lifecycle.states import InstanceState
 from atrium.manifest import Manifest, Runtime
 from atrium.registry import AppCopy, AppRegistry
-from atrium.scopes import ScopeLayout
+from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import create_private
 from atrium.upstream import UpstreamClient
 
@@ -129,6 +130,12 @@ class Booter:
         try:
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
             run = None if runtime is None else self._image_run(instance, runtime)
+            if run is not None:
+                # a user scope's copy is that user's to grant; a shared copy's, the admins'
+                holder = instance.owner if copy.scope is Scope.USER else ""
+                run = replace(
+                    run, egress_key=(instance.app_id, holder), egress=asked(copy.manifest)
+                )
             if run is not None:
                 # an image does not speak the contract: its argv and environment are its own
                 # its user is the image user's host id: its data folder is handed to that id

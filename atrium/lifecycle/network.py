@@ -14,7 +14,12 @@ The layout (one shell, running as root):
   address;
 - in the namespace an nft table (`ruleset`) whose output policy drops everything but its own
   loopback, answers on connections made to it, and the shell's bridge address at the shell's
-  port; ``ip_unprivileged_port_start`` is 0 there (any user of the sandbox binds port 80).
+  port; ``ip_unprivileged_port_start`` is 0 there (any user of the sandbox binds port 80);
+- an instance whose app was granted egress (`atrium.egress`) also reaches the outside (for a
+  list, those addresses and ports only) through the host: its table lets it out past the range,
+  the host's table forwards and masquerades its address alone (the ``egress`` set), and refuses
+  every connection from the bridge to the host itself but the shell's API. A revoke or a grant
+  replaces the table of each running instance of the app at once (`Network.set_egress`).
 
 Deleting the namespace takes its veth pair and its nft table with it. Everything is named after
 the shell's pid, so a start-up `sweep` removes what a shell killed with SIGKILL left (its pid no
@@ -35,11 +40,14 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from atrium.egress import Ask
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -208,11 +216,23 @@ class Plan:
             f"route add default via {self.shell_address}",
         ]
 
-    def ruleset(self) -> str:
+    def ruleset(self, egress: Egress = False) -> str:
         """The instance's nft table: nothing leaves but to its loopback, on connections made to
         it, and to the shell's API; nothing comes in but from its loopback and from the shell's
         address (a neighbour on the host's network that routes the range here, another
-        instance)."""
+        instance). With ``egress``, also out past the range (never to another instance or the
+        bridge's other ports, nor a link-local address such as a cloud's metadata service): to
+        anywhere (True) or to those addresses and ports."""
+        allowed = ""
+        if egress is not False:
+            allowed = f"    ip daddr {self.range} drop\n    ip daddr 169.254.0.0/16 drop\n"
+            if egress is True:
+                allowed += "    accept\n"
+            else:
+                allowed += "".join(
+                    f"    ip daddr {address} meta l4proto {{ tcp, udp }} th dport {port} accept\n"
+                    for address, port in egress
+                )
         return (
             "table inet atrium {\n"
             "  chain out {\n"
@@ -220,6 +240,7 @@ class Plan:
             '    oifname "lo" accept\n'
             "    ct state established,related accept\n"
             f"    ip daddr {self.shell_address} tcp dport {self.shell_port} accept\n"
+            f"{allowed}"
             "  }\n"
             "  chain in {\n"
             "    type filter hook input priority 0; policy drop;\n"
@@ -228,6 +249,21 @@ class Plan:
             f"    ip saddr {self.shell_address} accept\n"
             "  }\n"
             "}\n"
+        )
+
+    def egress_commands(self) -> str:
+        """``nft -f`` lines adding to the host's table what granted instances need: answers to
+        their connections forwarded in, their connections forwarded out (inserted before the
+        table's drops) and masqueraded."""
+        table = f"inet {self.bridge}"
+        return (
+            f"add chain {table} post {{ type nat hook postrouting priority srcnat; "
+            "policy accept; }\n"
+            f"add rule {table} post ip saddr @egress ip daddr != {self.range} oifname != "
+            f'"{self.bridge}" masquerade\n'
+            f'insert rule {table} forward iifname "{self.bridge}" ip saddr @egress ip daddr != '
+            f"{self.range} accept\n"
+            f"insert rule {table} forward ip daddr @egress ct state established,related accept\n"
         )
 
     def host_ruleset(self) -> str:
@@ -239,9 +275,24 @@ class Plan:
         already made carry no mark (a reset for a socket the shell closed) and pass, and so do
         answers to an instance's own connections (to the shell's API); no connection tracking
         is needed in the host's namespace. Nothing is forwarded into the range (a neighbour
-        that routes it here; instance to instance when the host bridges through iptables)."""
+        that routes it here; instance to instance when the host bridges through iptables) but
+        answers to connections that instances granted egress (the ``egress`` set) made; nothing
+        is forwarded out of it but theirs, masqueraded. From the bridge, no connection reaches
+        the host itself but the shell's API (a granted instance's table lets it past the range,
+        and the host's addresses are the host's own). The forwarding rules come with the first
+        grant (`egress_commands`): connection tracking costs every connection of the host."""
         return (
             f"table inet {self.bridge} {{\n"
+            "  set egress {\n"
+            "    type ipv4_addr;\n"
+            "  }\n"
+            "  chain in {\n"
+            "    type filter hook input priority 0; policy accept;\n"
+            f'    iifname "{self.bridge}" ip daddr {self.shell_address} tcp dport '
+            f"{self.shell_port} accept\n"
+            f'    iifname "{self.bridge}" tcp flags & (syn | ack) == syn reject with tcp reset\n'
+            f'    iifname "{self.bridge}" meta l4proto != {{ tcp, icmp }} drop\n'
+            "  }\n"
             "  chain out {\n"
             "    type filter hook output priority 0; policy accept;\n"
             f"    ip daddr {self.range} ip daddr != {self.shell_address} meta mark != "
@@ -252,9 +303,26 @@ class Plan:
             "  chain forward {\n"
             "    type filter hook forward priority 0; policy accept;\n"
             f"    ip daddr {self.range} drop\n"
+            f"    ip saddr {self.range} drop\n"
             "  }\n"
             "}\n"
         )
+
+
+#: what an instance may reach beyond the shell's API: nothing (False), anywhere outside the
+#: range (True), or those (IPv4 address, port) pairs (`resolve`)
+Egress = bool | tuple[tuple[str, int], ...]
+
+
+@dataclass(slots=True)
+class _Held:
+    """A running instance's namespace, held open by the shell so its table can be replaced
+    after its name is gone (`Network.unname`); closed with the lease."""
+
+    fd: int
+    key: tuple[str, str] | None
+    address: str
+    egress: Egress
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +431,34 @@ def _write_sysctls(path: Path) -> None:
             os.close(fd)
 
 
+def _forwarding_on() -> None:
+    """The host forwards IPv4 (what an instance granted egress needs); logged when the shell
+    turned it on. The host's table of each shell forwards nothing into or out of its range but
+    granted instances' connections."""
+    path = Path("/proc/sys/net/ipv4/ip_forward")
+    if path.read_text().strip() != "1":
+        path.write_text("1\n")
+        _LOGGER.warning("network: turned on IPv4 forwarding for apps granted egress")
+
+
+def resolve(ask: bool | Sequence[str]) -> Egress:
+    """An app's granted ask as the table takes it: True, False, or its ``host:port`` entries
+    with each name's IPv4 addresses (looked up now; a name that does not resolve reaches
+    nothing and is logged). Blocking."""
+    if isinstance(ask, bool):
+        return ask
+    pairs: set[tuple[str, int]] = set()
+    for entry in ask:
+        host, _, port = entry.rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as err:
+            _LOGGER.warning("network: %s does not resolve (%s): not reachable", entry, err)
+            continue
+        pairs.update((str(info[4][0]), int(port)) for info in infos)
+    return tuple(sorted(pairs))
+
+
 def alive_pids() -> set[int]:
     return {int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()}
 
@@ -404,6 +500,14 @@ class Network:
         self._nsenter = _tool("nsenter")
         self._slots: set[int] = set()
         self._leases: set[str] = set()
+        #: the namespaces of running instances by name, with what they may reach
+        self._held: dict[str, _Held] = {}
+        #: the ask revoked for an app and holder, or None (`atrium.state.egress`; the shell
+        #: sets it): what `ImageRunner` asks before it plumbs
+        self.revoked: Callable[[str, str], Ask | None] = lambda app_id, holder: None
+        #: the host's table forwards for granted instances (`Plan.egress_commands`)
+        self._forwards = False
+        self._forwarding = asyncio.Lock()
 
     @classmethod
     def open(cls, plan: Plan) -> Network:
@@ -439,6 +543,10 @@ class Network:
             with contextlib.suppress(OSError):
                 _run([self._ip, "netns", "delete", name])
         self._leases.clear()
+        for held in self._held.values():
+            os.close(held.fd)
+        self._held.clear()
+        self._forwards = False
         self._remove_bridge()
 
     def _remove_bridge(self) -> None:
@@ -448,8 +556,10 @@ class Network:
         with contextlib.suppress(OSError):
             _run([self._ip, "link", "delete", self.plan.bridge])
 
-    async def plumb(self) -> Lease:
-        """A namespace for one instance, joined to the bridge, its firewall in place."""
+    async def plumb(self, key: tuple[str, str] | None = None, egress: Egress = False) -> Lease:
+        """A namespace for one instance, joined to the bridge, its firewall in place. ``key``:
+        the app and holder its egress is granted for (`set_egress` changes all of theirs);
+        ``egress``: what it may reach now."""
         number = next(_instances)
         slot = next(n for n in range(len(self._slots) + 1) if n not in self._slots)
         self._slots.add(slot)
@@ -467,12 +577,54 @@ class Network:
                     [self._ip, "-n", lease.netns, "-batch", "-"],
                     "\n".join(plan.inside_commands(slot)) + "\n",
                 ),
-                _arun([self._nsenter, f"--net={lease.path}", self._nft, "-f", "-"], plan.ruleset()),
+                _arun(
+                    [self._nsenter, f"--net={lease.path}", self._nft, "-f", "-"],
+                    plan.ruleset(egress),
+                ),
             )
+            fd = os.open(lease.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._held[lease.netns] = _Held(fd, key, lease.address, False)
+            if egress is not False:
+                await self._open_egress(self._held[lease.netns], egress)
         except BaseException:
             await self.release(lease)
             raise
         return lease
+
+    async def set_egress(self, key: tuple[str, str], egress: Egress) -> int:
+        """What the running instances of ``key`` may reach, changed at once: each one's table
+        replaced (in one nft transaction) and the host's ``egress`` set updated. How many
+        instances it changed."""
+        changed = 0
+        for held in [h for h in self._held.values() if h.key == key]:
+            if egress is False:
+                await self._close_egress(held)
+            text = f"delete table inet atrium\n{self.plan.ruleset(egress)}"
+            namespace = f"/proc/{os.getpid()}/fd/{held.fd}"
+            await _arun([self._nsenter, f"--net={namespace}", self._nft, "-f", "-"], text)
+            if egress is not False:
+                await self._open_egress(held, egress)
+            changed += 1
+        return changed
+
+    async def _open_egress(self, held: _Held, egress: Egress) -> None:
+        """The host forwards and masquerades ``held``'s address (forwarding on, if it was not)."""
+        if held.egress is False:
+            async with self._forwarding:
+                if not self._forwards:
+                    await asyncio.to_thread(_forwarding_on)
+                    await _arun([self._nft, "-f", "-"], self.plan.egress_commands())
+                    self._forwards = True
+            element = f"add element inet {self.plan.bridge} egress {{ {held.address} }}\n"
+            await _arun([self._nft, "-f", "-"], element)
+        held.egress = egress
+
+    async def _close_egress(self, held: _Held) -> None:
+        if held.egress is not False:
+            element = f"delete element inet {self.plan.bridge} egress {{ {held.address} }}\n"
+            with contextlib.suppress(OSError):  # a table already gone (a shell closing)
+                await _arun([self._nft, "-f", "-"], element)
+        held.egress = False
 
     def unname(self, lease: Lease) -> None:
         """The namespace's name removed once the sandbox joined it: the namespace then lives
@@ -491,6 +643,10 @@ class Network:
         if lease.netns not in self._leases:
             return
         self._leases.discard(lease.netns)
+        held = self._held.pop(lease.netns, None)
+        if held is not None:
+            await self._close_egress(held)
+            os.close(held.fd)
         try:
             if lease.path.exists():
                 await _arun([self._ip, "netns", "delete", lease.netns])
@@ -555,6 +711,7 @@ def open_network(text: str, shell_port: int) -> Network:
 __all__ = [
     "DEFAULT_RANGE",
     "SHELL_MARK",
+    "Egress",
     "Lease",
     "Network",
     "NetworkUnavailable",
@@ -565,5 +722,6 @@ __all__ = [
     "leftovers",
     "mac_of",
     "open_network",
+    "resolve",
     "sweep",
 ]

@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from atrium.egress import Ask, granted
 from atrium.errors import SpawnFailed
 from atrium.images.config import Launch
-from atrium.lifecycle.network import Lease, Network
+from atrium.lifecycle.network import Egress, Lease, Network, resolve
 from atrium.lifecycle.runners import AppUser, SpawnSpec
 from atrium.lifecycle.runners.bwrap import (
     SandboxedChild,
@@ -112,6 +113,10 @@ class ImageRun:
     #: the first host id of the instance's block (`image_ids`)
     ids: AppUser
     data: tuple[str, ...] = ()
+    #: the app and holder an egress grant is kept for (`atrium.state.egress`), and what the
+    #: manifest asks to reach (`atrium.egress`)
+    egress_key: tuple[str, str] | None = None
+    egress: Ask = False
 
     @property
     def host_user(self) -> AppUser:
@@ -604,7 +609,7 @@ class ImageRunner(LocalRunner):
                 f"cannot start {label}: {err.strerror or err}", app_id=spec.app_id, cause="mount"
             ) from err
         lock = lock_data_dir(spec)
-        lease = await self._lease(spec, label, lock)
+        lease = await self._lease(spec, label, lock, run)
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC)
         env_fd = env_args(run.launch.env)
@@ -667,12 +672,17 @@ class ImageRunner(LocalRunner):
         _LOGGER.info("started %s (image) in bwrap: pid %d", label, process.pid)
         return child
 
-    async def _lease(self, spec: SpawnSpec, label: str, lock: int) -> Lease | None:
-        """The instance's namespace of the shell's network (None without one)."""
+    async def _lease(self, spec: SpawnSpec, label: str, lock: int, run: ImageRun) -> Lease | None:
+        """The instance's namespace of the shell's network (None without one), reaching what
+        its app's manifest asks if that was granted and is not revoked."""
         if self.network is None:
             return None
         try:
-            return await self.network.plumb()
+            egress: Egress = False
+            if run.egress_key is not None and run.egress is not False:
+                given = granted(run.egress, self.network.revoked(*run.egress_key))
+                egress = False if given is False else await asyncio.to_thread(resolve, given)
+            return await self.network.plumb(run.egress_key, egress)
         except (OSError, RuntimeError) as err:
             os.close(lock)
             raise SpawnFailed(
