@@ -35,6 +35,7 @@ import httpx
 import pytest
 
 from atrium.lifecycle.runners.bwrap import bwrap_works
+from atrium.lifecycle.runners.process import instance_lock
 from atrium.lifecycle.spawning import app_user, python_command
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import wait_for
@@ -416,7 +417,10 @@ def test_a_data_folder_in_use_is_not_given_to_a_second_run(
     served = serve(runner)
     data = served.data_dir()
     data.mkdir(parents=True)
-    holder = os.open(data, os.O_RDONLY | os.O_DIRECTORY)  # a straggler of an earlier run
+    # a straggler of an earlier run, holding the instance's lock
+    lock = instance_lock(data, served.home)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with served.client() as api:

@@ -32,10 +32,11 @@ The contract (protocol v2: every runner, local or on a cluster; docs/architectur
 - The child's stdout and stderr go to ``spec.log_path`` (appended) on a local runner.
 - ``spec.user``: when set (the shell runs as root), the app's processes run under that uid/gid
   with no supplementary groups, never as root; its data directory is made theirs (owner, 0700).
-- One instance never runs twice: the runner takes an exclusive ``flock`` on ``spec.lock_dir``
-  (the data directory itself unless a headless provider shares its app's data folder), held by
-  the child's side for its whole life, and a spawn on a locked directory raises SpawnFailed
-  (cause ``locked``).
+- One instance never runs twice: the runner takes an exclusive ``flock`` on the lock file of
+  ``spec.lock_dir`` (the data directory unless a headless provider shares its app's data folder;
+  a file in ``run/locks``, never a folder's descriptor, which would lead a sandbox out:
+  `process.instance_lock`), held by the child's side for its whole life, and a spawn on a locked
+  one raises SpawnFailed (cause ``locked``).
 - A local runner (``survives_shell`` False) lets nothing the child starts outlive the shell, even
   one killed with SIGKILL; a cluster runner leaves its pods running for the next shell to adopt.
 """

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -432,14 +433,35 @@ def open_for_search(paths: Iterable[Path], home: Path | None) -> None:
                 folder.chmod(wanted)
 
 
+def instance_lock(folder: Path, home: Path | None) -> Path:
+    """The file whose ``flock`` proves that the instance of ``folder`` runs once: in the home's
+    ``run/locks``, named after the folder's path (beside the folder when no home is given).
+
+    A file, never the folder: the descriptor is held open inside the sandbox (bwrap's
+    ``--sync-fd``, by its pid 1, which runs under the app's own host uid, so the app may open
+    ``/proc/1/fd/<n>``), and a folder's descriptor leads on to its parent folders on the host
+    (``..``), past every mount of the sandbox: an image listed its app's other instances and read
+    the files beside its data folder, and a non-root shell's app reaches ``$ATRIUM_HOME`` itself.
+    A file leads nowhere; the shell's own (0600) is not even opened by a root shell's apps.
+    """
+    absolute = folder.absolute()
+    if home is None:
+        return absolute.with_name(f".{absolute.name}.lock")
+    digest = hashlib.sha256(os.fsencode(absolute)).hexdigest()[:32]
+    return home / "run" / "locks" / digest
+
+
 def lock_data_dir(spec: SpawnSpec) -> int:
-    """An exclusive ``flock`` on the data folder itself, or SpawnFailed (cause ``locked``).
+    """An exclusive ``flock`` on the instance's lock file (`instance_lock`), or SpawnFailed
+    (cause ``locked``) naming its data folder.
 
     The descriptor is handed to the child's side (the keeper, or bwrap's ``--sync-fd``), which
     holds it as long as anything of the app runs; the shell closes its copy after the spawn.
     """
     locked = spec.lock_dir or spec.data_dir
-    fd = os.open(locked, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = instance_lock(locked, spec.home)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:
