@@ -9,9 +9,10 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # docker-registry and skopeo (a real OCI registry and a client that is not ours), chromium (e2e),
 # nodejs (the `atrium new --template node` app's interpreter), busybox-static (the images the image
 # store tests build), postgresql (the state tests' second database: tests/state starts its own),
-# haproxy (several shells behind deploy/haproxy.cfg), nftables (each instance's own network)
+# haproxy (several shells behind deploy/haproxy.cfg), nftables (each instance's own network),
+# slirp4netns (the network of an image instance under a shell that is not root)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl nodejs busybox-static \
-	postgresql haproxy nftables iptables iproute2
+	postgresql haproxy nftables iptables iproute2 slirp4netns
 # and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); the upstream app's
 # uvloop and httptools for Debian's python3 (as root, apps run under their own uid and cannot
 # reach an interpreter under /root); configurable-http-proxy comes from the npm registry on first
@@ -47,10 +48,12 @@ bench-deps:
 	@scripts/apt-install $(DEB_PACKAGES) $(BENCH_DEB_PACKAGES)
 
 # git is needed (scope repositories); bubblewrap is the best sandbox: without it the shell falls
-# back to plain processes and says so
+# back to plain processes and says so; slirp4netns gives image apps a network of their own when
+# the shell is not root (without it, and without root, image apps are refused)
 run: $(RUN_STAMP)
 	@scripts/apt-install git
 	-@scripts/apt-install bubblewrap
+	-@scripts/apt-install slirp4netns
 	$(BIN)/atrium serve
 
 check: $(STAMP)

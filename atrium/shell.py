@@ -117,7 +117,8 @@ def app_network(settings: Settings, runner: Runner) -> tuple[Network | None, str
     Blocking: sweeps what stopped shells left and runs ``ip``."""
     from atrium.lifecycle.runners.bwrap import bwrap_works
 
-    # not root: nothing to try (image apps are refused, contract apps share the host's network)
+    # not root: no bridge (image apps get slirp4netns, `atrium.lifecycle.slirp`; contract apps
+    # share the host's network)
     if settings.app_network == "off" or os.geteuid() != 0:
         return None, "shared: ATRIUM_APP_NETWORK is off or the shell is not root"
     problem = bwrap_works()

@@ -196,13 +196,16 @@ class Instance:
     def network(self) -> str | None:
         """The network its server runs in (docs/api.md "Network"): ``own`` (a namespace on the
         shell's bridge, reaching only the shell), ``loopback`` (an image's loopback-only
-        namespace behind the shell's forwarder, reaching nothing), ``host`` (the host's network),
-        ``cluster`` (a pod); None with no server."""
+        namespace behind the shell's forwarder, reaching nothing), ``slirp4netns`` (an image's
+        namespace under a shell that is not root, its port forwarded by slirp4netns, reaching
+        nothing), ``host`` (the host's network), ``cluster`` (a pod); None with no server."""
         child = self.child
         if child is None:
             return None
         if getattr(child, "lease", None) is not None:
             return "own"
+        if getattr(child, "slirp", None) is not None:
+            return "slirp4netns"
         if getattr(child, "forwarder", None) is not None:
             return "loopback"
         return "host" if child.pid is not None else "cluster"

@@ -668,7 +668,9 @@ def isolation_here(text: str, apps: str = "images") -> str:
     if text == "off":
         why = "ATRIUM_APP_NETWORK is off"
     elif os.geteuid() != 0:
-        why = "the shell does not run as root"
+        from atrium.lifecycle.slirp import rootless_isolation
+
+        return rootless_isolation()
     else:
         why = bwrap_works()
     if why is None:

@@ -592,12 +592,10 @@ class ImageRunner(LocalRunner):
         if run is None:
             raise SpawnFailed(f"cannot start {label}: no image", app_id=spec.app_id, cause="image")
         if os.geteuid() != 0:
-            raise SpawnFailed(
-                f"cannot start {label}: image apps need the shell to run as root (it maps the "
-                "image's users onto ids of their own and forwards into the image's network)",
-                app_id=spec.app_id,
-                cause="mount",
-            )
+            # one id mapped, a network of its own through slirp4netns (or refused: why)
+            from atrium.lifecycle.runners.rootless import spawn_rootless
+
+            return await spawn_rootless(spec, run, self._bwrap)
         ids = run.ids
         inside = run.host_user
         try:
