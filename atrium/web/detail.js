@@ -4,7 +4,7 @@
 // with a confirmation that says what happens to the data. docs/api.md "Distribution".
 
 import {
-  $, ApiError, VERBS, api, confirmRequest, el, errorNote, quietly, shared, skeletons,
+  $, ApiError, VERBS, api, confirmRequest, el, errorNote, onEvent, quietly, shared, skeletons,
 } from "./core.js";
 
 let launchApp = async () => {};
@@ -20,6 +20,8 @@ export function startDetail({ launch }) {
   };
   $("detail-import").onclick = () => $("detail-import-file").click();
   $("versions-app").onchange = () => quietly(loadHistory());
+  // a revoke or grant (here, in another tab, by another admin): the open detail says it
+  onEvent("app:egress", (e) => { if ($("detail").open && current?.id === e.appId) quietly(showDetail(e.appId)); });
 }
 
 // ---------------------------------------------------------------- words
@@ -82,6 +84,7 @@ export async function showDetail(appId) {
     return row;
   }));
   const perms = (app.permissions || []).map((p) => el("li", {}, el("strong", { textContent: p.label }), p.description ? el("span", { className: "hint", textContent: ` — ${p.description}` }) : "", p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
+  if (app.network?.egress?.words) perms.push(egressItem(app));
   $("detail-permissions").replaceChildren(...(perms.length ? perms : [el("li", { className: "status", textContent: "Nothing: it asks for no permission." })]));
 
   // a global app's tree is an admin's: a member keeps (backs up, restores) only their own data
@@ -109,6 +112,32 @@ export async function showDetail(appId) {
   say("");
   if (!$("detail").open) $("detail").showModal();
   if (keepsData) await loadKept(app);
+}
+
+/** "Can reach the internet" (what the manifest asks, granted at install), with Revoke (or, once
+ * revoked, Allow again) for whoever may manage it: an admin for a shared copy, the user for
+ * their own scope's (docs/api.md "Network"). */
+function egressItem(app) {
+  const egress = app.network.egress;
+  const item = el("li", {}, el("strong", { textContent: egress.words }));
+  item.dataset.egress = egress.revoked ? "revoked" : "granted";
+  if (egress.revoked) item.append(el("span", { className: "hint", textContent: " — revoked: it reaches only Atrium" }));
+  const manages = app.scope === "user" || shared.me?.role === "admin";
+  if (manages) {
+    const path = `/api/apps/${encodeURIComponent(app.id)}/egress`;
+    const button = el("button", {
+      type: "button",
+      className: "ghost",
+      textContent: egress.revoked ? "Allow again" : "Revoke",
+      onclick: () => quietly(act(
+        () => api(egress.revoked ? "PUT" : "DELETE", path),
+        () => (egress.revoked ? `${app.name || app.id} may reach it again.` : `${app.name || app.id} no longer reaches the network.`),
+      ).then((ok) => (ok ? showDetail(app.id) : null))),
+    });
+    button.dataset.action = "egress";
+    item.append(" ", button);
+  }
+  return item;
 }
 
 /** The result line of the detail: words, or a styled alert for an error. */
@@ -219,6 +248,7 @@ function review(app, body, result) {
     p.label !== p.name ? el("code", { className: "raw", textContent: p.name }) : ""));
   if (diff.toolsAdded?.length) asks.push(el("li", { textContent: `Run these programs of this machine: ${diff.toolsAdded.join(", ")}` }));
   if (diff.dataProviderAdded) asks.push(el("li", { textContent: "Share its own data with other apps (a data provider)" }));
+  if (diff.egressAdded != null && result.egress?.words) asks.push(el("li", { className: "egress", textContent: result.egress.words }));
   if (diff.intentFiltersAdded?.length) asks.push(el("li", { textContent: `Handle requests to ${[...new Set(diff.intentFiltersAdded.map((f) => VERBS[f.action] || f.action))].join(", ")}` }));
   const signature = result.signature;
   if (signature?.signerChanged) asks.push(el("li", { textContent: `It is signed by ${signature.signer || "no trusted key"}, not by ${app.record?.signedBy || "the key"} that signed the installed version` }));

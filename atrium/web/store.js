@@ -424,6 +424,8 @@ function showReview(ref, result) {
     return item;
   });
   if (diff.toolsAdded?.length) asks.push(el("li", { textContent: `Run these programs of this machine: ${diff.toolsAdded.join(", ")}` }));
+  // what it may reach beyond Atrium, granted by this approval ("Can reach the internet")
+  if (result.egress?.words) asks.push(el("li", { className: "egress" }, el("strong", { textContent: result.egress.words })));
   if (!asks.length) {
     asks.push(el("li", { className: "nothing", textContent: diff.versionFrom ? "Nothing new: it asks for no permission it did not have." : "Nothing: it asks for no permissions." }));
   }
