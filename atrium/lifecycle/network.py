@@ -505,6 +505,9 @@ class Network:
         #: the ask revoked for an app and holder, or None (`atrium.state.egress`; the shell
         #: sets it): what `ImageRunner` asks before it plumbs
         self.revoked: Callable[[str, str], Ask | None] = lambda app_id, holder: None
+        #: how many times each app and holder's egress was changed (`set_egress`): a spawn that
+        #: read the grant before a change made while it plumbed reads it again (`changes`)
+        self._changes: dict[tuple[str, str], int] = {}
         #: the host's table forwards for granted instances (`Plan.egress_commands`)
         self._forwards = False
         self._forwarding = asyncio.Lock()
@@ -595,6 +598,7 @@ class Network:
         """What the running instances of ``key`` may reach, changed at once: each one's table
         replaced (in one nft transaction) and the host's ``egress`` set updated. How many
         instances it changed."""
+        self._changes[key] = self._changes.get(key, 0) + 1
         changed = 0
         for held in [h for h in self._held.values() if h.key == key]:
             if egress is False:
@@ -606,6 +610,10 @@ class Network:
                 await self._open_egress(held, egress)
             changed += 1
         return changed
+
+    def changes(self, key: tuple[str, str]) -> int:
+        """How many times ``key``'s egress was changed so far."""
+        return self._changes.get(key, 0)
 
     async def _open_egress(self, held: _Held, egress: Egress) -> None:
         """The host forwards and masquerades ``held``'s address (forwarding on, if it was not)."""

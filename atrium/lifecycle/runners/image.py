@@ -670,17 +670,27 @@ class ImageRunner(LocalRunner):
         _LOGGER.info("started %s (image) in bwrap: pid %d", label, process.pid)
         return child
 
+    async def _egress(self, run: ImageRun, key: tuple[str, str]) -> Egress:
+        """What the app's instances may reach now: its ask unless revoked (`atrium.egress`)."""
+        assert self.network is not None  # noqa: S101 - called with the network only
+        given = granted(run.egress, self.network.revoked(*key))
+        return False if given is False else await asyncio.to_thread(resolve, given)
+
     async def _lease(self, spec: SpawnSpec, label: str, lock: int, run: ImageRun) -> Lease | None:
         """The instance's namespace of the shell's network (None without one), reaching what
         its app's manifest asks if that was granted and is not revoked."""
         if self.network is None:
             return None
         try:
-            egress: Egress = False
-            if run.egress_key is not None and run.egress is not False:
-                given = granted(run.egress, self.network.revoked(*run.egress_key))
-                egress = False if given is False else await asyncio.to_thread(resolve, given)
-            return await self.network.plumb(run.egress_key, egress)
+            key = run.egress_key
+            if key is None or run.egress is False:
+                return await self.network.plumb(key)
+            # a revoke or grant while this plumbs: read again, and made true for all of them
+            before = self.network.changes(key)
+            lease = await self.network.plumb(key, await self._egress(run, key))
+            if self.network.changes(key) != before:
+                await self.network.set_egress(key, await self._egress(run, key))
+            return lease
         except (OSError, RuntimeError) as err:
             os.close(lock)
             raise SpawnFailed(
