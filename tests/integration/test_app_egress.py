@@ -194,3 +194,13 @@ def test_egress_only_when_granted_and_revoked_at_once(
             refused = api.put(f"/api/apps/{CLOSED}/egress")
             assert refused.status_code == 400, refused.text
             assert refused.json()["error"]["appId"] == CLOSED
+            # revoked again, the shell stopped: the next one's instance starts without it
+            assert api.delete(f"/api/apps/{OPEN}/egress").status_code == 200
+    shell.stop()
+    again = start_shell(app_network=RANGE)
+    with again.client(timeout=30) as api:
+        detail = api.get(f"/api/apps/{OPEN}").json()["network"]["egress"]
+        assert (detail["granted"], detail["revoked"]) == (False, True), detail
+        later = Inside(again, api, OPEN)
+        with closing(later.client):
+            assert later.reach(f"{OUTSIDE}:{first}") == "blocked"

@@ -236,3 +236,20 @@ def test_a_copy_in_another_scope_keeps_its_data_and_the_answer_says_so(
     assert "system scope" in preview["note"]
     installed = installed_ok(api, f"local:{source}", scope="user")
     assert "stays with that copy" in installed["note"]
+
+
+def test_egress_asked_needs_approval_in_words_and_a_bad_one_names_the_field(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    reaching = make_app("com.example.reaching", network={"egress": True})
+    answer = install(api, f"local:{reaching}").json()
+    assert (answer["ok"], answer["needsApproval"]) == (False, True)
+    assert answer["diff"]["egressAdded"] is True
+    assert answer["egress"] == {"asked": True, "words": "Can reach the internet"}
+    assert app_listing(api, "com.example.reaching") is None
+    bad = make_app("com.example.badreach", network={"egress": ["api.example.com:99999"]})
+    response = install(api, f"local:{bad}")
+    assert response.status_code == 422, response.text
+    problems = response.json()["error"]["problems"]
+    assert [p["field"] for p in problems] == ["network.egress"], problems
+    assert "1-65535" in problems[0]["message"]
