@@ -368,6 +368,15 @@ class EventBus:
         self._tell_listeners(event, EVERY)
         return event
 
+    def tell(self, data: Payload) -> None:
+        """Tell this shell's own listeners, and nothing else: no row, no stream. For what another
+        shell already announced to every stream, which this shell learns of on its own (the
+        registry reading a scope again after another shell's `scope:changed`): the listeners of
+        this shell's events only act as on their own shell's event (those of every shell's
+        heard the other shell's row), and no stream hears it twice."""
+        event = Event(0, data.TOPIC, data.wire(), b"", data, data.owner)
+        self._tell_listeners(event, OWN_ONLY)
+
     def committed(self, items: Sequence[tuple[StoredEvent, Payload]]) -> None:
         """What a store calls right after its transaction that wrote these events
         (`atrium.state.events.append`) committed: this shell's listeners hear them now, and the
@@ -480,7 +489,9 @@ class EventBus:
         link to the database broken), unwritten: the shell's sessions of that time are gone
         with every lock they held, other shells have acted since, and a row written now would
         tell of a past this shell no longer speaks for, after newer rows (docs/reliability.md
-        "Several shells"). This shell's listeners heard them when they were emitted."""
+        "Several shells"). This shell's listeners heard them when they were emitted; its
+        streams, which never will, end (as when the reader fell behind): their clients resume
+        from the table and read what they show again."""
         if moment is None:
             return
         given_up = 0
@@ -494,6 +505,9 @@ class EventBus:
                 "%d events emitted before the link to the database broke were not written",
                 given_up,
             )
+            for sub in tuple(self._subscribers):
+                if not sub.resuming:
+                    self._drop(sub)
 
     async def _read_loop(self, db: Database) -> None:
         while True:

@@ -202,6 +202,27 @@ def test_a_cut_off_shell_writes_no_event_it_emitted_before_the_link_came_back(
             ).fetchall()
         return [str(path) for (path,) in rows]
 
+    # a stream open on the shell through the cut: it misses what is given up, so it is ended
+    # (its client resumes from the table and reads its lists again)
+    ended = threading.Event()
+
+    def stream() -> None:
+        try:
+            with (
+                shell.client(timeout=httpx.Timeout(5, read=60)) as client,
+                client.stream("GET", "/api/events", params={"topics": "data:changed"}) as answer,
+            ):
+                for _ in answer.iter_lines():
+                    pass
+        except httpx.ReadTimeout:
+            return  # still open, silent
+        except httpx.HTTPError:
+            pass  # cut by the shell
+        ended.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    wait_for(lambda: shell.shell.bus.subscriber_count == 1, "the stream open")
+
     relay.cut()
     wait_for(lambda: coordination.lost is not None, "the shell counting itself cut off")
     emitted_at = shell.on_loop(emit("/while-cut"))
@@ -212,6 +233,7 @@ def test_a_cut_off_shell_writes_no_event_it_emitted_before_the_link_came_back(
     shell.on_loop(emit("/after"))
     wait_for(lambda: "/after" in paths(), "the event emitted after the link came back")
     assert paths() == ["/after"]
+    wait_for(ended.is_set, "the stream ended")
 
 
 def test_only_the_leader_prunes_the_audit_log_and_a_new_leader_does(
