@@ -45,6 +45,7 @@ DEV_FAILED: Final = "dev:failed"
 SYSTEM_USAGE: Final = "system:usage"
 BACKUP_FAILED: Final = "backup:failed"
 USER_CHANGED: Final = "user:changed"
+SCOPE_CHANGED: Final = "scope:changed"
 
 
 def _camel(name: str) -> str:
@@ -363,6 +364,17 @@ class UserChanged(Payload):
     user_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class ScopeChanged(Payload):
+    """A scope's repository was written (an install, update, rollback, uninstall, its trust
+    store or remote, a recovery) by the shell that held its writer lock, with a PostgreSQL
+    database: every other shell sharing the scope folder reads the scope again. A user scope's
+    is owned by that user; the global scope's by nobody."""
+
+    TOPIC: ClassVar[str] = SCOPE_CHANGED
+    scope: str
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -392,6 +404,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         SystemUsage,
         BackupFailed,
         UserChanged,
+        ScopeChanged,
     )
 }
 

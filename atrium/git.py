@@ -20,9 +20,10 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from atrium.files import write_atomic
 from atrium.settings import ConfigError
@@ -398,12 +399,60 @@ def is_remote_url(url: str) -> bool:
     return bool(REMOTE_RE.fullmatch(url)) and not any(ord(c) < 32 for c in url)
 
 
-class ScopeRepo:
-    """The git repository behind one mutable scope (docs/api.md "Scopes")."""
+#: a check that the writer lock is still held (raises when it may not be: `DatabaseLost`)
+Fence = Callable[[], Awaitable[None]]
 
-    def __init__(self, root: Path) -> None:
+
+class WriteGuard(Protocol):
+    """Holds a scope's writer lock among shells (atrium.state.scopelocks): entered for the whole
+    of one write, giving the check to run before each change is committed."""
+
+    def hold(
+        self, root: Path, announce: Callable[[], bool]
+    ) -> AbstractAsyncContextManager[Fence]: ...
+
+
+class ScopeRepo:
+    """The git repository behind one mutable scope (docs/api.md "Scopes").
+
+    ``lock`` serialises git runs; `writing` makes one write (an install's swap, record and
+    commit, a trust store or remote, a recovery) the only one in the scope: in this shell, and,
+    with a ``guard`` (several shells on one PostgreSQL database), among all shells."""
+
+    def __init__(self, root: Path, guard: WriteGuard | None = None) -> None:
         self.root = root
         self.lock = asyncio.Lock()
+        self.guard = guard
+        self._writer = asyncio.Lock()
+        self._fence: Fence | None = None
+        self._announce = False
+
+    @contextlib.asynccontextmanager
+    async def writing(self, *, announce: bool = True) -> AsyncIterator[None]:
+        """Be the scope's one writer for the block (not reentrant: one block per write);
+        ``announce``: whether the other shells are told the scope changed when the block ends
+        (not when it was only opened, or recovered nothing, unless `changed` says otherwise)."""
+        async with self._writer:
+            if self.guard is None:
+                yield
+                return
+            self._announce = announce
+            async with self.guard.hold(self.root, lambda: self._announce) as fence:
+                self._fence = fence
+                try:
+                    yield
+                finally:
+                    self._fence = None
+
+    def changed(self) -> None:
+        """Within `writing`: the scope changed, tell the other shells when the write ends."""
+        self._announce = True
+
+    async def fence(self) -> None:
+        """Before a change is committed: raises (`DatabaseLost`) when the writer lock may have
+        been lost since it was taken; nothing without a guard."""
+        if self._fence is not None:
+            await self._fence()
 
     async def open(self) -> None:
         """Create the repository on first use: ``git init``, identity, marker committed as baseline.
@@ -430,7 +479,9 @@ class ScopeRepo:
             ) from err
 
     async def _open(self) -> None:
-        async with self.lock:
+        # under the writer lock: the lock files cleared here may be another shell's, sharing
+        # the folder, in the middle of a write (its git runs are not in this machine's /proc)
+        async with self.writing(announce=False), self.lock:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / "apps").mkdir(exist_ok=True)
             if (self.root / ".git").is_dir():
@@ -495,7 +546,8 @@ class ScopeRepo:
 
     async def set_remote(self, url: str) -> None:
         """Store ``origin`` in the repository's config; nothing is pushed (docs/api.md "Scopes")."""
-        async with self.lock:
+        async with self.writing(), self.lock:
+            await self.fence()
             if await self.remote() is None:
                 await run_git("remote", "add", "origin", url, cwd=self.root)
             else:
@@ -503,11 +555,12 @@ class ScopeRepo:
 
     async def commit_all(self, message: str) -> str | None:
         """Commit every change under the scope as one commit; None when nothing changed."""
-        async with self.lock:
+        async with self.writing(), self.lock:
             await run_git("add", "--all", cwd=self.root)
             status = await run_git("status", "--porcelain", cwd=self.root)
             if not status.strip():
                 return None
+            await self.fence()
             await run_git("commit", "--quiet", "-m", message, cwd=self.root)
             return await self._head()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -22,7 +22,7 @@ import watchfiles
 
 from atrium.bus import EventBus
 from atrium.errors import ManifestInvalid
-from atrium.events import AppInstalled, AppRemoved
+from atrium.events import AppInstalled, AppRemoved, Payload
 from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from atrium.permissions import GrantChange, PermissionWords, migrate_grants, permission_owner
 from atrium.scopes import BY_PRIORITY, Scope, ScopeLayout
@@ -334,6 +334,28 @@ class AppRegistry:
             # it, a shared scope's read in a thread included, is stale from here on
             self.generation += 1
 
+    def reread(self, scope: Scope, user: str | None = None) -> None:
+        """Another shell wrote ``scope`` (``user``'s, for a user scope): read it again now and
+        tell this shell's own listeners (the data proxy, the launcher, the pool) what became
+        visible or went away, as a change here would. The streams are not told: the writing
+        shell announced it to all of them. Synchronous, so that the `scope:changed` that asks
+        for it reaches this shell's streams only once the scope is read (a few manifests: the
+        same reads `rescan` makes in a thread). A user scope not loaded here is not read."""
+        if scope is Scope.USER:
+            target = self._user(user)
+            if target not in self._users:
+                return
+            self._users[target] = self._scan_user(target)
+        elif scope is Scope.GLOBAL:
+            self._shared[scope] = scan_scope(scope, self._layout.apps_dir(scope))
+        else:
+            return
+        for each in self._users:
+            before = self._visible.get(each, {})
+            self._visible[each] = self._compute_visible(each)
+            self._announce(before, self._visible[each], each, local=True)
+        self.generation += 1
+
     def _shared_visible(self) -> dict[str, AppCopy]:
         visible: dict[str, AppCopy] = {}
         for scope in (Scope.GLOBAL, Scope.SYSTEM):
@@ -351,18 +373,25 @@ class AppRegistry:
         return visible
 
     def _announce(
-        self, before: Mapping[str, AppCopy], after: Mapping[str, AppCopy], user: str
+        self,
+        before: Mapping[str, AppCopy],
+        after: Mapping[str, AppCopy],
+        user: str,
+        *,
+        local: bool = False,
     ) -> None:
-        """Tell ``user`` (and only them: the event's owner) what changed in what they see."""
+        """Tell ``user`` (and only them: the event's owner) what changed in what they see;
+        ``local``: this shell's listeners only (another shell announced it)."""
+        say: Callable[[Payload], object] = self._bus.tell if local else self._bus.emit
         for app_id in sorted(before.keys() - after.keys()):
             _LOGGER.info("app %s removed from scope %s for %s", app_id, before[app_id].scope, user)
-            self._bus.emit(AppRemoved(app_id, before[app_id].scope.value, owner=user))
+            say(AppRemoved(app_id, before[app_id].scope.value, owner=user))
         for app_id in sorted(after):
             old, new = before.get(app_id), after[app_id]
             if old is None or old.scope is not new.scope or old.manifest != new.manifest:
                 _LOGGER.info("app %s visible from scope %s for %s", app_id, new.scope, user)
                 _log_grant_changes(new)
-                self._bus.emit(AppInstalled(app_id, new.scope.value, owner=user))
+                say(AppInstalled(app_id, new.scope.value, owner=user))
 
     # -- the watcher ----------------------------------------------------------------------------
 

@@ -48,15 +48,28 @@ class ScopeLayout:
     home: Path
     system_apps: Path
     user: str = "default"
+    #: the folder holding the scopes when it is not ``home/scopes``: one folder shared by several
+    #: shells (``ATRIUM_SCOPES_DIR``)
+    scopes: Path | None = None
+
+    @property
+    def scopes_root(self) -> Path:
+        """The folder holding ``system/``, ``global/`` and ``users/``."""
+        return self.scopes if self.scopes is not None else self.home / "scopes"
+
+    @property
+    def shared(self) -> bool:
+        """Whether the scopes are in a folder of their own, which other shells may share."""
+        return self.scopes is not None
 
     def root(self, scope: Scope, user: str | None = None) -> Path:
         """The scope's directory; for global and user, its git repository. ``user``: whose user
         scope (default the bootstrap admin's, ``scopes/users/<user>``); ignored for the others."""
         match scope:
             case Scope.SYSTEM:
-                return self.home / "scopes" / "system"
+                return self.scopes_root / "system"
             case Scope.GLOBAL:
-                return self.home / "scopes" / "global"
+                return self.scopes_root / "global"
             case Scope.USER:
                 return self.user_root(user or self.user)
 
@@ -71,7 +84,7 @@ class ScopeLayout:
 
     def users_root(self) -> Path:
         """The folder holding every user's own folder (``scopes/users``)."""
-        return self.home / "scopes" / "users"
+        return self.scopes_root / "users"
 
     def data_dir(self, scope: Scope) -> Path:
         """Where the scope's runtime data lives (per app, per instance beneath)."""
@@ -94,7 +107,7 @@ class ScopeLayout:
 
     def user_root(self, user_id: str) -> Path:
         """A user's own folder (their user scope's repository, and their runtime data)."""
-        return self.home / "scopes" / "users" / user_id
+        return self.scopes_root / "users" / user_id
 
     def staging_dir(self, scope: Scope) -> Path:
         return self.root(scope) / ".staging"

@@ -207,6 +207,10 @@ class Settings(BaseSettings):
     #: ``postgresql+psycopg://…`` for several shells; a secret, as it may hold a password
     #: (docs/decisions.md "State: one interface, two databases (the first step)")
     database_url: SecretStr | None = None
+    #: the folder holding the scopes (``global/``, ``users/``, ``system/``): unset,
+    #: ``$ATRIUM_HOME/scopes``; several shells on one PostgreSQL database name one shared
+    #: folder, mounted at the same path on each (docs/deploying.md "Several shells")
+    scopes_dir: Path | None = None
 
     @field_validator("kube_shell_url")
     @classmethod
@@ -291,6 +295,16 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("scopes_dir")
+    @classmethod
+    def _scopes_dir(cls, value: Path | None) -> Path | None:
+        # the journals of an install name absolute paths: every shell must see the same ones
+        if value is not None and not value.is_absolute():
+            raise ValueError(
+                "not an absolute path (mount the shared folder at the same path on every shell)"
+            )
+        return value
 
     @classmethod
     def load(cls, **flags: Any) -> Settings:

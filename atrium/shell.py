@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from atrium.bus import EventBus
+from atrium.bus import Event, EventBus
 from atrium.dataproxy import DataProxy
 from atrium.distribution import spool
 from atrium.distribution.backups import BackupStore
@@ -24,7 +24,7 @@ from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
 from atrium.distribution.reach import FetchPolicy, Reach
 from atrium.distribution.records import RecordStore
-from atrium.events import APP_EGRESS
+from atrium.events import APP_EGRESS, SCOPE_CHANGED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
 from atrium.kv import KvStore
@@ -44,6 +44,7 @@ from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
 from atrium.state.egress import EgressRevokes
 from atrium.state.locks import Coordination
+from atrium.state.scopelocks import ScopeLocks
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
@@ -225,9 +226,40 @@ def index_host(index: IndexClient) -> Callable[[], str | None]:
     return host
 
 
+def reread_scopes(
+    registry: AppRegistry, user_scopes: UserScopes, exists: Callable[[str], bool]
+) -> Callable[[Event], None]:
+    """A listener of every shell's `scope:changed`: another shell wrote a scope this one may
+    share, so the registry reads it again (before the event reaches this shell's streams), and
+    a user scope not opened here yet is opened (recovered, loaded) when its account exists."""
+    tasks: set[asyncio.Task[object]] = set()
+
+    def heard(event: Event) -> None:
+        if not event.foreign:
+            return  # this shell's own write: its pipeline read the scope already
+        scope = event.payload.get("scope")
+        if scope == Scope.GLOBAL.value:
+            registry.reread(Scope.GLOBAL)
+        elif scope == Scope.USER.value and event.owner is not None:
+            if event.owner in registry.users():
+                registry.reread(Scope.USER, event.owner)
+            elif exists(event.owner):
+                task = asyncio.get_running_loop().create_task(load(event.owner))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+    async def load(user: str) -> None:
+        try:
+            await user_scopes.open(user)
+        except Exception:  # its next use opens it again, and says why
+            _LOGGER.exception("opening the user scope of %r after another shell wrote it", user)
+
+    return heard
+
+
 @asynccontextmanager
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
-    layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
+    layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
     async with AsyncExitStack() as stack:
         from atrium.state.versions import open_checked
 
@@ -236,7 +268,13 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # on PostgreSQL: whether this shell leads, decided before anything once-only runs
         coordination = await stack.enter_async_context(Coordination.open(db))
         await coordination.start()
-        repos = {scope: ScopeRepo(layout.root(scope)) for scope in (Scope.GLOBAL, Scope.USER)}
+        # on PostgreSQL, every write of a scope repository holds the scope's writer lock among
+        # shells and announces `scope:changed` (a shared scope folder's readers read it again)
+        scope_locks = ScopeLocks(db, layout.scopes_root, shared=layout.shared)
+        repos = {
+            scope: ScopeRepo(layout.root(scope), scope_locks.guard)
+            for scope in (Scope.GLOBAL, Scope.USER)
+        }
         # the two repositories are independent, each opened by a few git runs: side by side, and
         # the first one's error (in this order) is the one start-up reports, as one after the other
         opened = await asyncio.gather(
@@ -254,6 +292,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             _LOGGER.warning("%s", line)
         # the bus first: the users store and the grants hear other shells' changes on it
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
+        scope_locks.bus = bus
         # an older home's users.sqlite3 and audit.sqlite3 go into the state database, once
         await carry_over(db, settings.users_path, settings.audit_path)
         users = await stack.enter_async_context(
@@ -278,7 +317,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         kv = await stack.enter_async_context(
             KvStore.open(db, bus=bus, user=settings.user, moved_from=settings.kv_path)
         )
-        registry = await stack.enter_async_context(AppRegistry(layout, bus))
+        registry = await stack.enter_async_context(
+            AppRegistry(layout, bus, watch=scope_locks.watch)
+        )
         catalogue = await asyncio.to_thread(ThemeCatalogue.load, settings.home / "themes")
         theme = await stack.enter_async_context(
             ThemeService(kv, bus, catalogue, users=lambda: [u.id for u in users.all()])
@@ -388,6 +429,13 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         user_scopes.on_forget += [dataproxy.forget_user, launcher.forget_user]
         await user_scopes.open_found(lambda user_id: users.get(user_id) is not None)
         users.on_change.append(user_scopes.forgetter(lambda u: users.get(u) is not None))
+        stack.callback(
+            bus.listen(
+                (SCOPE_CHANGED,),
+                reread_scopes(registry, user_scopes, lambda u: users.get(u) is not None),
+                others=True,
+            )
+        )
         usage = await stack.enter_async_context(
             UsageMonitor(bus, running_of(lifecycle), settings.home, settings.usage_seconds)
         )

@@ -71,7 +71,7 @@ class UserScopes:
             layout = self.layout_of(user)
             repos = {
                 Scope.GLOBAL: admin[Scope.GLOBAL],
-                Scope.USER: ScopeRepo(layout.root(Scope.USER)),
+                Scope.USER: ScopeRepo(layout.root(Scope.USER), admin[Scope.GLOBAL].guard),
             }
             await repos[Scope.USER].open()
             await recover(layout, repos, (Scope.USER,))

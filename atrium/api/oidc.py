@@ -376,7 +376,7 @@ async def _sign_up(
     given = claims.get("name")
     name = "".join(ch for ch in given if ch.isprintable()) if isinstance(given, str) else ""
     try:
-        await set_aside_scope(shell.settings.home, user_id)
+        await set_aside_scope(shell.settings.home, user_id, shell.settings.scopes_dir)
         _, linked = await shell.users.add_linked(
             user_id, name.strip()[:100] or None, Role.MEMBER, (issuer, subject), email
         )

@@ -247,7 +247,7 @@ async def add_user(request: Request, caller: Caller) -> Response:
     )
     async with sign_in_of(request).accounts:
         if shell.users.get(body.id) is None:
-            await set_aside_scope(shell.settings.home, body.id)
+            await set_aside_scope(shell.settings.home, body.id, shell.settings.scopes_dir)
         user = await shell.users.add(body.id, body.name, body.role)
         if hashed is not None:
             await shell.users.set_password(user.id, hashed, end_sessions=False)
@@ -300,7 +300,7 @@ async def delete_user(request: Request, caller: Caller) -> Response:
     async with sign_in_of(request).accounts:
         await shell.users.remove(user_id)
         stopped = await stop_instances_of(shell.lifecycle, user_id)
-        moved = await set_aside_scope(shell.settings.home, user_id)
+        moved = await set_aside_scope(shell.settings.home, user_id, shell.settings.scopes_dir)
         # done before answering (the store's change callback also starts it): an account made
         # next under this id must find nothing built from the old one's scope
         await shell.user_scopes.forget(user_id)

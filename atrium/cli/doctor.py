@@ -271,7 +271,7 @@ def doctor(
     except ConfigError as err:
         typer.echo(f"atrium doctor: {err}", err=True)
         raise typer.Exit(2) from err
-    layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
+    layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
     if repair:
         _run_repair(settings, layout)
     problems = [p for s in MUTABLE for p in _scope_problems(layout, s)]

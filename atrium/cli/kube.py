@@ -46,7 +46,7 @@ def _app_objects(
 
     if not valid_user_id(owner):
         raise _fail(f"--owner {owner!r} is not a user id")
-    layout = ScopeLayout(settings.home, settings.system_apps, settings.user)
+    layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
     copy = None
     for scope in BY_PRIORITY:  # the copy the owner sees: their scope, then global, then system
         folder = layout.app_dir(scope, app_id, owner)

@@ -15,10 +15,11 @@ import errno
 import logging
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from atrium.distribution.backups import PLAN_SUFFIX, finish_restore
 from atrium.distribution.journal import (
@@ -38,6 +39,9 @@ from atrium.git import GitError, ScopeRepo, run_git
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
+#: seconds a staging folder in a shared scope folder stays after it was last touched, before a
+#: starting shell takes it for one a dead shell left (another shell may be fetching into it)
+SHARED_STAGING_AGE: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,7 @@ async def commit_app(repo: ScopeRepo, app_id: str, message: str) -> bool:
         staged = await run_git("diff", "--cached", "--name-only", "-z", cwd=repo.root)
         others = [f for f in staged.split("\0") if f and not any(_lists(f, p) for p in known)]
         only = ["--", *known] if others else []
+        await repo.fence()
         await run_git("commit", "--quiet", "-m", message, *only, cwd=repo.root)
         return True
 
@@ -146,7 +151,14 @@ class Installer:
     # -- install ----------------------------------------------------------------------------------
 
     async def install(self, plan: InstallPlan) -> None:
-        """Raises InstallFailed (after undoing every step) when the disk or git fails."""
+        """Raises InstallFailed (after undoing every step) when the disk or git fails. The
+        scope's one writer meanwhile (`ScopeRepo.writing`), which first finishes or undoes what
+        a writer that died left (its journals)."""
+        async with self._repos[plan.scope].writing():
+            await self._recover_dead_writers(plan.scope)
+            await self._install(plan)
+
+    async def _install(self, plan: InstallPlan) -> None:
         scope, app_id = plan.scope, plan.record.id
         old = self._records.get(scope, app_id)
         journal = Journal(
@@ -204,7 +216,13 @@ class Installer:
     # -- uninstall --------------------------------------------------------------------------------
 
     async def uninstall(self, scope: Scope, app_id: str, staging: Path, message: str) -> None:
-        """Move the app directory (with its runtime data) out, delete its record, commit."""
+        """Move the app directory (with its runtime data) out, delete its record, commit; as
+        the scope's one writer, like `install`."""
+        async with self._repos[scope].writing():
+            await self._recover_dead_writers(scope)
+            await self._uninstall(scope, app_id, staging, message)
+
+    async def _uninstall(self, scope: Scope, app_id: str, staging: Path, message: str) -> None:
         target = self._layout.app_dir(scope, app_id)
         target_inode = inode(target)
         if target_inode is None:
@@ -348,22 +366,44 @@ class Installer:
         ``scopes`` (a user scope first opened later recovers alone: never the live global one)."""
         done: list[str] = []
         for scope in scopes:
-            for journal in await asyncio.to_thread(self.journals.pending, scope):
-                finished = self.is_done(journal)
-                try:
-                    if finished:
-                        await self._finish(journal)
-                    else:
-                        await self._undo(journal)
-                except (OSError, GitError):
-                    _LOGGER.exception("recovering %s of %s failed", journal.op, journal.app_id)
-                    continue
-                verb = "finished" if finished else "undone"
-                line = f"{journal.op} of {journal.app_id} in {scope} interrupted at {journal.step}: {verb}"
-                _LOGGER.warning("%s", line)
-                done.append(line)
-            done += await asyncio.to_thread(self._finish_restores, scope)
-            await asyncio.to_thread(self._clear_staging, scope)
+            repo = self._repos[scope]
+            # the other shells are told only when a journal changed the repository
+            async with repo.writing(announce=False):
+                recovered = await self._recover_dead(scope)
+                if recovered:
+                    repo.changed()
+                done += recovered
+                done += await asyncio.to_thread(self._finish_restores, scope)
+                await asyncio.to_thread(self._clear_staging, scope)
+        return done
+
+    async def _recover_dead_writers(self, scope: Scope) -> None:
+        """Before a write among shells (a guarded repository): what another shell killed in the
+        middle of a write left. One shell alone (SQLite) recovers at start only, as before."""
+        if self._repos[scope].guard is not None:
+            await self._recover_dead(scope)
+
+    async def _recover_dead(self, scope: Scope) -> list[str]:
+        """Finish or undo each operation whose journal is in ``scope``. Only while holding the
+        scope's writer lock: every live writer then has ended, so a journal found is a dead
+        writer's (a shell killed in the middle, here or on another machine sharing the scope)."""
+        done: list[str] = []
+        for journal in await asyncio.to_thread(self.journals.pending, scope):
+            finished = self.is_done(journal)
+            try:
+                if finished:
+                    await self._finish(journal)
+                else:
+                    await self._undo(journal)
+            except (OSError, GitError):
+                _LOGGER.exception("recovering %s of %s failed", journal.op, journal.app_id)
+                continue
+            verb = "finished" if finished else "undone"
+            line = (
+                f"{journal.op} of {journal.app_id} in {scope} interrupted at {journal.step}: {verb}"
+            )
+            _LOGGER.warning("%s", line)
+            done.append(line)
         return done
 
     def _finish_restores(self, scope: Scope) -> list[str]:
@@ -380,15 +420,28 @@ class Installer:
         return done
 
     def _clear_staging(self, scope: Scope) -> None:
+        """Remove what operations left in staging without a journal. In a scope folder other
+        shells share, another shell may be fetching into staging now (a fetch is not a write of
+        the scope, and holds no lock): only what nobody touched for `SHARED_STAGING_AGE` s goes."""
         staging = self._layout.staging_dir(scope)
         if not staging.is_dir():
             return
+        oldest = time.time() - SHARED_STAGING_AGE if self._layout.shared else None
         for entry in staging.iterdir():
             # a quarantined folder belongs to an unreadable journal: only an operator may judge it
             if entry.name.endswith(QUARANTINE_SUFFIX):
                 continue
+            if oldest is not None and _touched_since(entry, oldest):
+                continue
             if not self.journals.exists(scope, entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _touched_since(entry: Path, moment: float) -> bool:
+    try:
+        return entry.lstat().st_mtime >= moment
+    except FileNotFoundError:
+        return True  # gone meanwhile: nothing to remove
 
 
 async def recover(

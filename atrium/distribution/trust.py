@@ -40,7 +40,8 @@ def read_trust(scope_root: Path) -> Trust:
 async def write_trust(repo: ScopeRepo, trust: Trust, message: str) -> None:
     """Write ``trust.json`` and commit it alone (other changes in the scope stay as they are)."""
     data = trust.model_dump_json(by_alias=True, indent=2) + "\n"
-    async with repo.lock:
+    async with repo.writing(), repo.lock:
+        await repo.fence()
         write_atomic(trust_path(repo.root), data.encode())
         await run_git("add", "--", TRUST_FILE, cwd=repo.root)
         staged = await run_git("diff", "--cached", "--name-only", "--", TRUST_FILE, cwd=repo.root)

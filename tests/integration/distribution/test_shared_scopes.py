@@ -1,0 +1,210 @@
+"""Two real shells sharing one scope folder (``ATRIUM_SCOPES_DIR``) and one PostgreSQL database:
+one writer per scope among them, `scope:changed` for the other to read the scope again, and a
+killed writer's journal recovered by the next writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from atrium.state.migrate import upgrade_now
+from tests.conftest import REPO_DIR
+from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
+from tests.integration.distribution.conftest import MakeApp, install, installed_ok
+from tests.postgres import new_database
+
+pytestmark = pytest.mark.integration
+DEADLINE = 60.0
+
+
+class Shared:
+    """The database and scope folder two shells share; shells are started on them at will."""
+
+    def __init__(self, url: str, scopes: Path, root: Path, system_apps: Path) -> None:
+        self.url, self.scopes, self.root, self.system_apps = url, scopes, root, system_apps
+        self.running: list[RunningShell] = []
+
+    def start(self, name: str) -> RunningShell:
+        home = self.root / name
+        home.mkdir(mode=0o700)
+        shell = launch_shell(
+            home,
+            self.system_apps,
+            database_url=self.url,
+            scopes_dir=self.scopes,
+            runner="process",
+        )
+        self.running.append(shell)
+        return shell
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=self.scopes / "global", check=True, capture_output=True, text=True
+        ).stdout
+
+
+@pytest.fixture
+def shared(postgres_server: str, tmp_path: Path, system_apps: Path) -> Iterator[Shared]:
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    scopes = tmp_path / "shared-scopes"
+    scopes.mkdir()
+    each = Shared(url, scopes, tmp_path, system_apps)
+    try:
+        yield each
+    finally:
+        for shell in each.running:
+            shell.stop()
+
+
+def listed(api: httpx.Client, app_id: str) -> dict[str, Any] | None:
+    return next((a for a in api.get("/api/apps").json() if a["id"] == app_id), None)
+
+
+def test_an_install_on_one_shell_is_read_by_the_other_once_its_scope_changed_arrives(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    one, two = shared.start("one"), shared.start("two")
+    source = make_app("com.example.shared")
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        heard = SseReader(on_two, {"topics": "scope:changed,app:*"})
+        assert listed(on_two, "com.example.shared") is None
+        installed_ok(on_one, f"local:{source}")
+        wait_for(lambda: heard.of("scope:changed"), "scope:changed on the other shell")
+        # read right after the event: two read the scope before its stream carried it
+        copy = listed(on_two, "com.example.shared")
+        assert copy is not None
+        assert copy["scope"] == "global"
+        assert copy["record"]["ref"] == f"local:{source}"
+        assert heard.of("scope:changed")[0].data == {"type": "scope:changed", "scope": "global"}
+
+        # a setting of the scope (its trust store), written on two, read on one
+        policy = on_two.put("/api/scopes/global/trust", json={"policy": "warn", "keys": []})
+        assert policy.status_code == 200, policy.text
+        assert on_one.get("/api/scopes/global/trust").json()["policy"] == "warn"
+        wait_for(lambda: len(heard.of("scope:changed")) == 2, "the trust store's scope:changed")
+        # the install was announced to the stream once: by the shell that wrote it, never again
+        # by the one that read it after (its event came before the trust store's)
+        installs = [e for e in heard.of("app:installed") if e.data["appId"] == source.name]
+        assert len(installs) == 1
+
+
+def test_concurrent_installs_from_two_shells_all_land_in_one_clean_repository(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    one, two = shared.start("one"), shared.start("two")
+    ids = [f"com.example.race{n}" for n in range(6)]
+    sources = {app_id: make_app(app_id) for app_id in ids}
+    answers: dict[str, httpx.Response] = {}
+
+    def install_on(shell: RunningShell, app_ids: list[str]) -> None:
+        with shell.client(timeout=DEADLINE) as api:
+            for app_id in app_ids:
+                answers[app_id] = install(api, f"local:{sources[app_id]}", autoApprove=True)
+
+    threads = [
+        threading.Thread(target=install_on, args=(one, ids[0::2])),
+        threading.Thread(target=install_on, args=(two, ids[1::2])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * DEADLINE)
+    for app_id in ids:
+        assert answers[app_id].status_code == 200, answers[app_id].text
+        assert answers[app_id].json()["ok"] is True, answers[app_id].text
+    subjects = shared.git("log", "--format=%s").splitlines()
+    assert sorted(s.split()[1] for s in subjects if s.startswith("install ")) == ids
+    assert shared.git("status", "--porcelain") == ""
+    subprocess.run(["git", "fsck", "--strict"], cwd=shared.scopes / "global", check=True)
+    for shell in (one, two):
+        with shell.client() as api:
+
+            def every_app(api: httpx.Client = api) -> bool:
+                return all(listed(api, i) for i in ids)
+
+            # the other shell's last install reaches this one with its scope:changed
+            wait_for(every_app, "every app listed on each shell")
+
+
+class Served:
+    """`atrium serve` as a child process (it kills itself at ``faultpoint``)."""
+
+    TOKEN = "shared-scope-test-token-0123456789"
+
+    def __init__(self, home: Path, shared: Shared, faultpoint: str) -> None:
+        home.mkdir(mode=0o700)
+        env = {
+            **os.environ,
+            "ATRIUM_HOME": str(home),
+            "ATRIUM_SYSTEM_APPS": str(shared.system_apps),
+            "ATRIUM_RUNNER": "process",
+            "ATRIUM_TOKEN": self.TOKEN,
+            "ATRIUM_DATABASE_URL": shared.url,
+            "ATRIUM_SCOPES_DIR": str(shared.scopes),
+            "ATRIUM_FAULTPOINT": faultpoint,
+        }
+        self.log = (home.parent / f"{home.name}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atrium", "serve", "--port", "0"],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        url_file = home / "run" / "url"
+        deadline = time.monotonic() + DEADLINE
+        while not url_file.exists() or not url_file.read_text().strip():
+            assert self.proc.poll() is None, "serve exited before it was ready"
+            assert time.monotonic() < deadline, "serve did not write its URL in time"
+            time.sleep(0.02)
+        self.url = url_file.read_text().strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=DEADLINE)
+        self.log.close()
+
+
+def test_a_writer_killed_mid_install_is_finished_by_the_next_writer_on_another_shell(
+    shared: Shared, make_app: MakeApp, tmp_path: Path
+) -> None:
+    """The killed shell's app is in place, its record written, not committed: the other shell's
+    next write in the scope finishes it under the lock before its own."""
+    survivor = shared.start("survivor")
+    killed_source, next_source = make_app("com.example.killed"), make_app("com.example.next")
+    doomed = Served(tmp_path / "doomed", shared, "record")
+    try:
+        with httpx.Client(
+            base_url=doomed.url,
+            headers={"Authorization": f"Bearer {Served.TOKEN}"},
+            timeout=DEADLINE,
+        ) as on_doomed, pytest.raises(httpx.TransportError):
+            install(on_doomed, f"local:{killed_source}", autoApprove=True)
+        assert doomed.proc.wait(timeout=DEADLINE) == -signal.SIGKILL
+    finally:
+        doomed.close()
+    journal = shared.scopes / "global" / ".journal"
+    assert list(journal.glob("*.json")), "the killed install left its journal"
+
+    with survivor.client(timeout=DEADLINE) as api:
+        installed_ok(api, f"local:{next_source}")
+        assert listed(api, "com.example.killed") is not None
+        assert listed(api, "com.example.next") is not None
+    subjects = shared.git("log", "--format=%s").splitlines()
+    assert subjects[0].startswith("install com.example.next ")
+    assert subjects[1].startswith("install com.example.killed ")
+    assert list(journal.glob("*.json")) == []
+    assert shared.git("status", "--porcelain") == ""
+    subprocess.run(["git", "fsck", "--strict"], cwd=shared.scopes / "global", check=True)
