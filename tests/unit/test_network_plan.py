@@ -45,6 +45,28 @@ def test_the_instance_ruleset_lets_out_only_its_loopback_and_the_shells_port() -
     assert rules.count("accept") == 6
 
 
+def test_a_granted_ruleset_lets_out_past_the_range_only_and_a_list_to_its_pairs() -> None:
+    plan = Plan(parse_range("10.213.0.0/16"), 1, 8000)
+    anywhere = plan.ruleset(True).splitlines()
+    shell = anywhere.index("    ip daddr 10.213.0.1 tcp dport 8000 accept")
+    # the API first, then the range and link-local refused, then the rest
+    assert anywhere[shell + 1 : shell + 4] == [
+        "    ip daddr 10.213.0.0/16 drop",
+        "    ip daddr 169.254.0.0/16 drop",
+        "    accept",
+    ]
+    listed = plan.ruleset((("192.0.2.7", 443),))
+    assert "ip daddr 192.0.2.7 meta l4proto { tcp, udp } th dport 443 accept" in listed
+    assert "\n    accept\n" not in listed
+    assert plan.ruleset(False) == plan.ruleset()
+    host = plan.host_ruleset()
+    # from the bridge, the host answers only the shell's API
+    assert 'iifname "atrb1-0" ip daddr 10.213.0.1 tcp dport 8000 accept' in host
+    assert 'iifname "atrb1-0" tcp flags & (syn | ack) == syn reject with tcp reset' in host
+    assert "masquerade" not in host  # until the first grant (egress_commands)
+    assert "masquerade" in plan.egress_commands()
+
+
 @pytest.mark.parametrize("text", ["8.8.0.0/16", "10.0.0.0/29", "10.0.0.1/16", "fd00::/64", "x"])
 def test_a_range_must_be_a_private_ipv4_network_with_room(text: str) -> None:
     with pytest.raises(ValueError, match=text.replace(".", r"\.")):
