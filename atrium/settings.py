@@ -66,7 +66,7 @@ ACCEPTED: Final = {
     "cgroup_parent": "the path of a delegated cgroup v2 folder",
     "app_limits": "auto (a cgroup per instance where possible, else rlimits) or rlimit",
     "app_network": "a private IPv4 network (CIDR) such as 10.213.0.0/16, or off",
-    "app_network_apps": "images (image apps only) or all (contract apps under bwrap too)",
+    "app_network_apps": "all (contract apps under bwrap too) or images (image apps only)",
 }
 #: settings whose value is never repeated in a report (a provider list holds client secrets)
 SECRET: Final = frozenset({"token", "oidc_providers"})
@@ -191,8 +191,9 @@ class Settings(BaseSettings):
     #: the range of the instances' own networks, the shell's bridge holding its first address;
     #: ``off``: none (docs/decisions.md "Network: each instance in its own namespace")
     app_network: str = "10.213.0.0/16"
-    #: which instances get one: ``images``, or ``all`` (contract apps under bwrap too)
-    app_network_apps: Literal["images", "all"] = "images"
+    #: which instances get one: ``all`` (image apps and contract apps under bwrap), or
+    #: ``images`` (contract apps share the host's network)
+    app_network_apps: Literal["images", "all"] = "all"
     #: the Kubernetes runner (docs/deploying.md "On Kubernetes"): where its pods go, the image
     #: they run (Python and the SDK), how the shell reaches the API (a kubeconfig, or unset: the
     #: pod's own service account), the data claims' storage class (unset: the cluster's default),

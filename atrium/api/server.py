@@ -39,6 +39,8 @@ MAX_HEAD_BYTES: Final = 64 << 10
 _RESET_ON_CLOSE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends RST
 #: request body pieces shorter than this are gathered into one buffer (`BodyPieces`)
 SMALL_PIECE: Final = 4096
+#: bind to an address no interface holds (yet): the shell's on its bridge, made later
+IP_FREEBIND: Final = 15
 #: seconds given at shutdown to the requests cancelled after uvicorn's grace to write their
 #: `503 shutting_down` (their cleanup: a trial instance removed, a staging folder deleted)
 ANSWER_GRACE: Final = 5.0
@@ -630,6 +632,12 @@ def protocol_for(settings: Settings) -> type[_Protocol]:
     )
 
 
+def _bind_to_device(sock: socket.socket, device: bytes) -> None:
+    """``sock`` takes only what arrives on ``device`` (a socket the server closed: nothing)."""
+    if sock.fileno() != -1:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device)
+
+
 class _Server(uvicorn.Server):
     """Ends every event stream as soon as shutdown begins, so open streams never hold it up."""
 
@@ -779,11 +787,20 @@ class ShellServer:
             return []
         sock = socket.socket(socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bridge = network.plan.bridge.encode()
         try:
             # only what arrives on the bridge: a neighbour on the host's network that routes the
-            # range to this machine would otherwise reach a shell that listens on loopback
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, network.plan.bridge.encode())
+            # range to this machine would otherwise reach a shell that listens on loopback. The
+            # bridge waits for the first instance: until then the socket is bound to an address
+            # no interface holds yet (IP_FREEBIND) on loopback, where nothing arrives for it,
+            # and moves to the bridge once it is up (a listening socket's device is looked at
+            # for every connection, so no new bind is needed)
+            sock.setsockopt(socket.SOL_IP, IP_FREEBIND, 1)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_BINDTODEVICE, bridge if network.bridged else b"lo"
+            )
             sock.bind((str(network.plan.shell_address), self.settings.port))
+            network.on_bridge.append(lambda: _bind_to_device(sock, bridge))
         except OSError as err:
             sock.close()
             raise ConfigError(

@@ -3,8 +3,9 @@
 The layout (one shell, running as root):
 
 - a bridge the shell owns (`bridge_name`: ``atrb<shell pid>``) holding the first address of the
-  configured range (``ATRIUM_APP_NETWORK``, a /16 by default); the shell listens there too, at
-  its own port, and reaches each instance at the instance's address;
+  configured range (``ATRIUM_APP_NETWORK``, a /16 by default), made with the host's table by the
+  first instance that needs it (a start of the shell makes neither); the shell listens there
+  too, at its own port, and reaches each instance at the instance's address;
 - per instance a named network namespace (``atrium-<shell pid>-<n>``) made by the shell, so
   owned by the host's user namespace: nothing inside may change its addresses or its firewall,
   whatever capabilities the sandbox holds in its own user namespace. A veth joins it to the
@@ -511,18 +512,49 @@ class Network:
         #: the host's table forwards for granted instances (`Plan.egress_commands`)
         self._forwards = False
         self._forwarding = asyncio.Lock()
+        #: the bridge and the host's table are (being) made: `close` removes them
+        self._bridged = False
+        self._bridging = asyncio.Lock()
+        #: why the bridge could not be made (a range another shell took since the start): the
+        #: network stays refused until the shell starts again, as a clash at the start is
+        self.refused: str | None = None
+        #: called (in a worker thread) once the bridge is up: the shell's listener on the
+        #: bridge's address binds to it then (`atrium.api.server`)
+        self.on_bridge: list[Callable[[], None]] = []
 
     @classmethod
     def open(cls, plan: Plan) -> Network:
-        """Sweep leftovers, refuse a range the host routes elsewhere, make the host's table and
-        the bridge. Blocking."""
+        """Sweep leftovers and refuse a range the host routes elsewhere. Blocking. The bridge and
+        the host's table wait for the first instance (`bridge`): most starts of a shell start
+        no sandbox, and a bridge costs about 30 ms to make and 60 ms to remove."""
         sweep()
         network = cls(plan)
         network._refuse_a_clash()
-        network._make_bridge()
         return network
 
+    @property
+    def bridged(self) -> bool:
+        """Whether the bridge is up (or being made)."""
+        return self._bridged
+
+    async def bridge(self) -> None:
+        """The bridge and the host's table made, once (the first `plumb` calls it);
+        NetworkUnavailable says why not (a range another shell took since the start)."""
+        async with self._bridging:
+            if self.refused is not None:
+                raise NetworkUnavailable(self.refused)
+            if not self._bridged:
+                try:
+                    await asyncio.to_thread(self._make_bridge)
+                except NetworkUnavailable as err:
+                    self.refused = str(err)
+                    _LOGGER.warning("instances get no network of their own: %s", err)
+                    raise
+                for call in self.on_bridge:
+                    call()
+
     def _make_bridge(self) -> None:
+        self._bridged = True  # from here on `close` removes whatever was made
         try:
             # the table first: no moment in which the bridge's range is open to the host
             _run([self._nft, "-f", "-"], self.plan.host_ruleset())
@@ -532,6 +564,7 @@ class Network:
             self._refuse_a_clash()
         except (OSError, NetworkUnavailable) as err:
             self._remove_bridge()
+            self._bridged = False
             raise NetworkUnavailable(str(err)) from err
 
     def _refuse_a_clash(self) -> None:
@@ -550,7 +583,9 @@ class Network:
             os.close(held.fd)
         self._held.clear()
         self._forwards = False
-        self._remove_bridge()
+        if self._bridged:
+            self._remove_bridge()
+            self._bridged = False
 
     def _remove_bridge(self) -> None:
         """The bridge and the host's table, each if there."""
@@ -560,9 +595,10 @@ class Network:
             _run([self._ip, "link", "delete", self.plan.bridge])
 
     async def plumb(self, key: tuple[str, str] | None = None, egress: Egress = False) -> Lease:
-        """A namespace for one instance, joined to the bridge, its firewall in place. ``key``:
-        the app and holder its egress is granted for (`set_egress` changes all of theirs);
-        ``egress``: what it may reach now."""
+        """A namespace for one instance, joined to the bridge (made now if it is the first),
+        its firewall in place. ``key``: the app and holder its egress is granted for
+        (`set_egress` changes all of theirs); ``egress``: what it may reach now."""
+        await self.bridge()
         number = next(_instances)
         slot = next(n for n in range(len(self._slots) + 1) if n not in self._slots)
         self._slots.add(slot)
@@ -664,7 +700,7 @@ class Network:
             self._slots.discard(lease.slot)
 
 
-def isolation_here(text: str, apps: str = "images") -> str:
+def isolation_here(text: str, apps: str = "all") -> str:
     """Which network instances of a shell started here with ``ATRIUM_APP_NETWORK`` = ``text``
     (and ``ATRIUM_APP_NETWORK_APPS`` = ``apps``) would get, in words, without making anything
     (`atrium doctor`). Blocking (runs ``ip`` and bwrap once)."""
@@ -702,7 +738,7 @@ def isolation_here(text: str, apps: str = "images") -> str:
         )
     return (
         f"network: each image instance in its own namespace on {text}, reaching only the "
-        f"shell's API; {shared} (ATRIUM_APP_NETWORK_APPS=all: those under bwrap too)"
+        f"shell's API; {shared} (ATRIUM_APP_NETWORK_APPS=images)"
     )
 
 

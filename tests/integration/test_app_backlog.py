@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,12 +35,17 @@ CLIENTS = 200
 CLIENT_TIMEOUT = 90.0
 
 
-def listen_backlog(port: int) -> int:
-    """The backlog of the socket listening on 127.0.0.1:``port``, as the kernel holds it."""
+def listen_backlog(instance: dict[str, Any]) -> int:
+    """The backlog of the socket ``instance`` listens on at its port, as the kernel holds it,
+    read in the instance's network (its own namespace, or the host's)."""
     ss = shutil.which("ss")
     assert ss is not None, "`ss` (Debian package iproute2) is needed to read a listen backlog"
+    port, where = instance["port"], f"--net=/proc/{instance['pid']}/ns/net"
     out = subprocess.run(
-        [ss, "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ["nsenter", where, ss, "-ltnH", f"sport = :{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     rows = [line.split() for line in out.splitlines() if line.strip()]
     assert len(rows) == 1, f"expected one socket listening on port {port}, `ss` says:\n{out}"
@@ -48,15 +54,16 @@ def listen_backlog(port: int) -> int:
     return int(send_q)
 
 
-def launch(shell: RunningShell, app_id: str) -> int:
-    """Start and resume an instance of ``app_id``; its port."""
+def launch(shell: RunningShell, app_id: str) -> dict[str, Any]:
+    """Start and resume an instance of ``app_id``; the instance."""
     with shell.client(timeout=60) as api:
         created = api.post("/api/instances", json={"appId": app_id})
         assert created.status_code == 200, created.text
         instance = created.json()
         resumed = api.post(f"/api/instances/{instance['instanceId']}/resumed")
         assert resumed.status_code == 200, resumed.text
-        return int(instance["port"])
+        answer: dict[str, Any] = resumed.json()
+        return answer
 
 
 async def burst(shell: RunningShell, path: str) -> list[int | str]:
@@ -89,7 +96,7 @@ def test_a_burst_of_data_requests_to_an_sdk_provider_is_answered_whole(
     with shell.client() as api:
         (instance,) = [i for i in api.get("/api/instances").json() if i["appId"] == "test.sdk.echo"]
     statuses = asyncio.run(burst(shell, "/api/data/echo/open/burst"))
-    backlog = listen_backlog(int(instance["port"]))
+    backlog = listen_backlog(instance)
     failed = Counter(status for status in statuses if status != 200)
     assert (dict(failed), backlog >= MAX_PER_UPSTREAM) == ({}, True), (
         f"of {CLIENTS} requests at once, failed: {dict(failed)}; the app listens with a "

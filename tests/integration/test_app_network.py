@@ -21,7 +21,9 @@ import pytest
 
 from atrium.images.store import ImageStore
 from atrium.lifecycle.network import NetworkUnavailable, open_network
-from atrium.lifecycle.runners.bwrap import bwrap_works
+from atrium.lifecycle.runners import SpawnSpec
+from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works
+from atrium.lifecycle.runners.process import descendants
 from tests.integration.conftest import (
     RunningShell,
     StartShell,
@@ -116,6 +118,20 @@ def tables_of(pid: int) -> list[str]:
     return [line.split()[-1] for line in shown.splitlines() if f" atrb{pid}-" in line]
 
 
+def children_of(pid: int) -> set[int]:
+    """The processes whose parent is ``pid``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
 def host_address() -> str | None:
     """An address of the host outside loopback and the tests' range, if it has one."""
     route = subprocess.run(
@@ -205,7 +221,7 @@ def test_only_the_shell_reaches_an_instances_address(
     asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
     place(system_apps, registry, image, APP)
     add_test_apps(system_apps, PROBE)
-    shell = start_shell(app_network=RANGE)
+    shell = start_shell(app_network=RANGE, app_network_apps="images")  # the probe on the host's
     with shell.client(timeout=30) as api:
         instance, url = open_view(api, APP)
         address = shell.shell.lifecycle.get(instance["instanceId"]).address
@@ -253,12 +269,16 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
 ) -> None:
     asyncio.run(ImageStore(home / "images").pull(registry.host, "apps/reach", image))
     place(system_apps, registry, image, APP)
+    add_test_apps(system_apps, PROBE)
     home.chmod(0o700)  # the image store made it: the home is the shell's alone
     with serving(
         home, stop=signal.SIGKILL, ATRIUM_APP_NETWORK=RANGE, ATRIUM_SYSTEM_APPS=str(system_apps)
     ) as served:
         pid = served.proc.pid
         bridge = [f"atrb{pid}-0"]
+        # the bridge and the host's table wait for the first instance
+        assert not links_of(pid)
+        assert not tables_of(pid)
         with served.client(timeout=30) as api:
             first = api.post("/api/instances", json={"appId": APP}).json()
             assert first["state"] == "started", first
@@ -274,7 +294,11 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
             wait_for(lambda: links_of(pid) == bridge, "the crashed instance's veth to go")
             third = api.post("/api/instances", json={"appId": APP}).json()
             assert third["state"] == "started", third
-            assert len(links_of(pid)) == 2
+            # a contract app under bwrap has its own namespace by default, gone the same way
+            probe = api.post("/api/instances", json={"appId": PROBE}).json()
+            assert probe["state"] == "started", probe
+            assert probe["network"] == "own", probe
+            assert len(links_of(pid)) == 3
     # serving() killed the shell with SIGKILL: the sandbox went with it, and its namespace and
     # veth with the sandbox; only the bridge stays until a shell starts
     wait_for(lambda: links_of(pid) == bridge, "the killed shell's instance's veth to go")
@@ -294,7 +318,8 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
         check=False,
     )
     assert json.loads(said.stdout)["network"].startswith(
-        f"network: each image instance in its own namespace on {RANGE}"
+        f"network: each image instance and each contract app under bwrap in its own namespace "
+        f"on {RANGE}"
     ), said.stdout + said.stderr
 
 
@@ -304,7 +329,7 @@ def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
     if (problem := bwrap_works()) is not None:
         pytest.skip(f"bubblewrap does not work here: {problem}")
     add_test_apps(system_apps, PROBE)
-    shell = start_shell(runner="bwrap", app_network=RANGE, app_network_apps="all")
+    shell = start_shell(runner="bwrap", app_network=RANGE)  # every sandboxed app, by default
     bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
     with socket.create_server(("0.0.0.0", 0)) as listener, shell.client(timeout=30) as api:  # noqa: S104
         elsewhere = listener.getsockname()[1]
@@ -313,6 +338,10 @@ def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
         )
         assert one["state"] == two["state"] == "started", (one, two)
         assert one["network"] == "own", one
+        # the shell reaches it at its address in the range, not on loopback
+        mine = shell.shell.lifecycle.get(one["instanceId"]).address
+        assert ipaddress.ip_address(mine.host) in ipaddress.ip_network(RANGE)
+        assert api.get(f"/api/proxy/{one['instanceId']}/boot").status_code == 200
         theirs = shell.shell.lifecycle.get(two["instanceId"]).address
 
         def reach(host: str, port: int) -> bool:
@@ -331,6 +360,90 @@ def test_a_contract_app_under_bwrap_reaches_the_shells_api_and_nothing_else(
         outside = host_address()
         if outside is not None:
             assert not reach(outside, elsewhere)  # the host elsewhere
+
+
+def test_the_bridge_waits_for_the_first_instance_that_needs_it(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """A root shell makes no bridge (nor host table) at its start; contract apps kept on the
+    host's network (``ATRIUM_APP_NETWORK_APPS=images``, the way out) need none either; the
+    shell's close removes what it made."""
+    if (problem := bwrap_works()) is not None:
+        pytest.skip(f"bubblewrap does not work here: {problem}")
+    add_test_apps(system_apps, PROBE)
+    shell = start_shell(runner="bwrap", app_network=RANGE, app_network_apps="images")
+    network = shell.shell.network
+    assert network is not None
+    bridge = network.plan.bridge
+    assert not links_on(bridge)
+    with shell.client(timeout=30) as api:
+        probe = api.post("/api/instances", json={"appId": PROBE}).json()
+        assert probe["state"] == "started", probe
+        assert probe["network"] == "host", probe
+        assert api.get(f"/api/proxy/{probe['instanceId']}/boot").status_code == 200
+    assert not links_on(bridge)
+    assert bridge not in tables_of(os.getpid())
+    shell.stop()
+    assert not links_on(bridge)
+
+
+def test_fifty_contract_sandboxes_leave_nothing(tmp_path: Path) -> None:
+    """Fifty contract apps' sandboxes (bwrap, each in a namespace of the network) started and
+    stopped, or killed from outside: no namespace, veth, descriptor or process is left."""
+    if (problem := bwrap_works()) is not None:
+        pytest.skip(f"bubblewrap does not work here: {problem}")
+    fds = len(list(Path("/proc/self/fd").iterdir()))
+    children = children_of(os.getpid())
+    network = open_network("10.217.0.0/16", 9)
+    runner = BwrapRunner(network=network)
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "idle.py").write_text("import time\ntime.sleep(600)\n")
+
+    def spec(n: int) -> SpawnSpec:
+        return SpawnSpec(
+            app_id="test.net.idle",
+            instance_id=f"i{n}",
+            app_dir=app_dir,
+            argv=[sys.executable, str(app_dir / "idle.py")],
+            env={},
+            data_dir=tmp_path / "data" / f"i{n}",
+            host="127.0.0.1",
+            port=8000,
+            log_path=tmp_path / "logs" / f"i{n}.log",
+            ro_paths=(Path(sys.prefix), Path(sys.base_prefix)),
+        )
+
+    async def cycle() -> set[str]:
+        addresses, pids = set(), []
+        for n in range(50):
+            app = await runner.spawn(spec(n))
+            addresses.add(app.host)
+            pids.append(app.pid)
+            # the app runs (bwrap's reaper and the app below it): a bwrap killed before its
+            # reaper asked to die with it leaves the sandbox running (bwrap 0.8)
+            while len(descendants(app.pid or 0)) < 2:
+                await asyncio.sleep(0.005)
+            if n % 2:
+                os.kill(app.pid or 0, signal.SIGKILL)  # a crash
+                await app.wait()
+            else:
+                await app.stop(grace=5)
+            await asyncio.sleep(0)  # the watcher releases the namespace
+        assert not [pid for pid in pids if pid and Path(f"/proc/{pid}").exists()]
+        return addresses
+
+    try:
+        assert asyncio.run(cycle()) == {"10.217.0.2"}  # the one address, reused
+        assert not netns_of(os.getpid())
+        bridge = [network.plan.bridge]
+        wait_for(lambda: links_on(bridge[0]) == bridge, "the veths to go", timeout=60)
+    finally:
+        network.close()
+    wait_for(lambda: not links_on(bridge[0]), "the bridge to go")
+    assert bridge[0] not in tables_of(os.getpid())
+    assert len(list(Path("/proc/self/fd").iterdir())) == fds
+    assert children_of(os.getpid()) <= children
 
 
 def test_fifty_namespaces_made_and_removed_leave_nothing() -> None:
@@ -364,6 +477,7 @@ def test_fifty_namespaces_made_and_removed_leave_nothing() -> None:
 def test_a_range_the_host_routes_elsewhere_is_refused_and_named() -> None:
     first = open_network("10.219.0.0/16", 9)
     try:
+        asyncio.run(first.bridge())  # as its first instance makes it
         with pytest.raises(NetworkUnavailable) as refused:
             open_network("10.219.128.0/17", 9)
         assert str(refused.value) == (
@@ -386,6 +500,7 @@ def test_a_neighbour_routing_the_range_here_does_not_reach_the_shell_on_the_brid
     its addresses on every interface), but the shell's listener there takes only the bridge's."""
     shell = start_shell(app_network=RANGE)
     assert shell.shell.network is not None
+    shell.on_loop(shell.shell.network.bridge())  # as the first instance makes it
     bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
     name, link = f"atrtest{os.getpid()}", f"atrt{os.getpid()}"
     steps = [

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
@@ -272,10 +273,29 @@ def test_tools_are_confined_to_what_the_manifest_declares(api: httpx.Client) -> 
     assert refused["/usr/bin/git"] != 0
 
 
-def test_the_app_refuses_requests_without_the_shell_secret(api: httpx.Client) -> None:
+#: a GET of ``http://HOST:PORT/health`` from the network of the process PID: its status
+DIRECT_GET: Final = (
+    "import sys, urllib.error, urllib.request\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=10).status)\n"
+    "except urllib.error.HTTPError as err:\n"
+    "    print(err.code)\n"
+)
+
+
+def test_the_app_refuses_requests_without_the_shell_secret(
+    api: httpx.Client, lifecycle_shell: RunningShell
+) -> None:
     instance = launch(api, "test.sdk.echo")
-    direct = httpx.get(f"http://127.0.0.1:{instance['port']}/health", timeout=10)
-    assert direct.status_code == 403
+    # a request not from the shell: from inside the instance's own network (the host's, or the
+    # namespace of its own, where only the shell's connections come from outside)
+    address = lifecycle_shell.shell.lifecycle.get(instance["instanceId"]).address
+    direct = subprocess.run(
+        ["nsenter", f"--net=/proc/{instance['pid']}/ns/net", "/usr/bin/python3", "-c", DIRECT_GET,
+         f"http://{address.host}:{address.port}/health"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert direct.stdout.strip() == "403", direct
     via_shell = api.get(f"/api/proxy/{instance['instanceId']}/health")
     assert via_shell.status_code == 200
 

@@ -3,8 +3,8 @@
 What the app sees (built by ``sandbox_argv``):
 
 - its own pid, IPC and UTS namespaces; with the shell's network (`atrium.lifecycle.network`, a
-  root shell, ``ATRIUM_APP_NETWORK_APPS=all``) a network namespace of its own on the shell's
-  bridge, where it listens on its address (``OS_HOST``) and reaches only the shell's API
+  root shell, unless ``ATRIUM_APP_NETWORK_APPS=images``) a network namespace of its own on the
+  shell's bridge, where it listens on its address (``OS_HOST``) and reaches only the shell's API
   (``OS_SHELL_URL``, the shell's address on the bridge) and its own loopback; without it, the
   host's network; no capabilities; when the shell runs as root, the app's own unprivileged
   uid/gid (``spec.user``, set by ``setpriv`` after bwrap made the mounts as root: see
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Final
 
 from atrium.errors import SpawnFailed
-from atrium.lifecycle.network import Lease, Network, joiner
+from atrium.lifecycle.network import Lease, Network, NetworkUnavailable, joiner
 from atrium.lifecycle.runners import SpawnSpec
 from atrium.lifecycle.runners.process import (
     SYSTEM_PATH,
@@ -484,6 +484,7 @@ class BwrapRunner(LocalRunner):
         try:
             if self.network is not None:
                 lease = await self._plumb(label, spec)
+            if lease is not None and self.network is not None:
                 # it listens on its own address and finds the shell on the bridge
                 env["OS_HOST"] = lease.address
                 env["OS_SHELL_URL"] = self.network.plan.shell_url
@@ -519,12 +520,17 @@ class BwrapRunner(LocalRunner):
             child.lease = (self.network, lease)
         return child
 
-    async def _plumb(self, label: str, spec: SpawnSpec) -> Lease:
+    async def _plumb(self, label: str, spec: SpawnSpec) -> Lease | None:
+        """The instance's namespace; None when the shell's network stepped back (its bridge's
+        range was taken by another shell after this one started): the app then shares the
+        host's network, as with a clash seen at the start."""
         if self.network is None:  # pragma: no cover - the caller checked
             raise RuntimeError("no network")
         try:
             return await self.network.plumb()
         except (OSError, RuntimeError) as err:
+            if isinstance(err, NetworkUnavailable) and self.network.refused is not None:
+                return None
             raise SpawnFailed(
                 f"cannot start {label}: its network could not be made: {err}",
                 app_id=spec.app_id,
