@@ -55,6 +55,23 @@ function uninstallWords(app) {
   return words.join("\n");
 }
 
+/** The isolation of an instance's network (the instances' ``network``, docs/api.md "Network"). */
+const NETWORK_WORDS = {
+  own: "Own network: reaches only Atrium",
+  loopback: "Own network: reaches nothing",
+  slirp4netns: "Own network: reaches nothing",
+  host: "Shared network: the computer's own",
+  cluster: "The cluster's network",
+};
+
+/** The networks the caller's running instances of ``appId`` have, in words ("—": none runs). */
+function networkWords(appId) {
+  const kinds = [...shared.instances.values()]
+    .filter((i) => i.appId === appId && i.network)
+    .map((i) => NETWORK_WORDS[i.network] || i.network);
+  return [...new Set(kinds)].join("; ") || "—";
+}
+
 // ---------------------------------------------------------------- the detail
 export async function showDetail(appId) {
   const app = await api("GET", `/api/apps/${encodeURIComponent(appId)}`);
@@ -77,6 +94,7 @@ export async function showDetail(appId) {
     ["Storage", app.dataBytes == null ? "—" : `${size(app.dataBytes)} of data (yours)`],
     ["Shares data as", manifest.dataProvider ? `“${manifest.dataProvider.authority}”` : "—"],
     ["Handles", [...new Set((manifest.intentFilters || []).map((f) => VERBS[f.action] || f.action))].join(", ") || "—"],
+    ["Network", networkWords(app.id)],
   ];
   $("detail-facts").replaceChildren(...facts.map(([k, v]) => {
     const row = el("tr", {}, el("th", { scope: "row", textContent: k }), el("td", { textContent: v }));

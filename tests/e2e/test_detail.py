@@ -18,6 +18,11 @@ from tests.e2e.conftest import ARTIFACTS, Served, axe_serious, e2e_app
 from tests.e2e.test_host_page import api
 
 pytestmark = pytest.mark.e2e
+#: the detail's words for an instance's ``network``
+NETWORK_WORDS = {
+    "own": "Own network: reaches only Atrium",
+    "host": "Shared network: the computer's own",
+}
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -76,7 +81,14 @@ def test_the_detail_backs_up_restores_exports_and_imports_an_apps_data(
             client.post("/api/dist/install", json=body).raise_for_status()
         data.mkdir()
         notes.write_text("a" * 1500)
+        with api(served) as client:
+            running = client.post("/api/instances", json={"appId": app_id}).json()
         open_detail(page, "Kept")
+        # the network its instance has, in words (its own as root with bubblewrap)
+        words = NETWORK_WORDS[running["network"]]
+        page.locator("#detail-facts tr", has_text="Network").filter(has_text=words).wait_for()
+        with api(served) as client:
+            client.post(f"/api/instances/{running['instanceId']}/stop").raise_for_status()
         facts = page.locator("#detail-facts").inner_text()
         assert "1.5 kB of data" in facts  # the storage its data takes
         assert "No trusted signature recorded" in facts  # who signed it: nobody it trusts
