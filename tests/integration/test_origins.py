@@ -96,6 +96,23 @@ def test_an_app_origin_without_a_view_cookie_is_401(
         assert client.get("/_os/api/apps").status_code == 401
 
 
+def test_an_apps_own_authorization_reaches_it_on_its_origin_never_the_users_bearer(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    """A server that authenticates its users itself (a CalDAV server's Basic sign-in from its own
+    page) gets the Authorization its page sent on its origin; the user's bearer token on the
+    shell's `/api/proxy/` stays with the shell."""
+    instance, url = open_view(api, "test.sdk.echo")
+    client, _ = enter(origin_shell, url)
+    with closing(client):
+        seen = client.get("/whoami", headers={"Authorization": "Basic YXRyaXVtOg=="})
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["authorization"] == "Basic YXRyaXVtOg=="
+    proxied = api.get(f"/api/proxy/{instance['instanceId']}/whoami")
+    assert proxied.status_code == 200, proxied.text
+    assert proxied.json()["authorization"] is None
+
+
 def test_an_unknown_app_origin_is_404(origin_shell: RunningShell) -> None:
     client = httpx.Client(
         base_url=origin_shell.url,

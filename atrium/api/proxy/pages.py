@@ -66,9 +66,16 @@ async def forward_page(
     looking: Headers | None = None,
 ) -> Response:
     """Send ``request`` to the app's server at ``path`` (query kept) and answer with its reply.
-    ``looking``: the `X-Os-User-*` headers naming who is looking (`user_headers`)."""
+    ``kind`` `page` (the app's origin) passes the request's Authorization on to the app, `user`
+    (the user's bearer `/api/proxy/`) never. ``looking``: the `X-Os-User-*` headers naming who
+    is looking (`user_headers`)."""
     inbound = Inbound(request.scope["headers"], PAGE)
     headers = inbound.forwarded
+    if kind == "page" and inbound.authorization is not None:
+        # on the app's own origin the shell knows the browser by the view cookie: an
+        # Authorization there is the app's (its page's sign-in, a password prompt of its own
+        # origin), never the user's bearer, which only `/api/proxy/` (kind `user`) takes
+        headers.append((b"authorization", inbound.authorization.encode("latin-1")))
     headers.append((SECRET_HEADER.encode(), address.secret.encode("latin-1")))
     headers.append((KIND_HEADER.encode(), kind.encode("latin-1")))
     if looking:

@@ -65,7 +65,7 @@ def activities_route(request: Request) -> dict[str, object]:
 @app.route("*", "/whoami")
 def whoami(request: Request) -> dict[str, object]:
     """A page that says who is looking: the X-Os-* headers as the app got them (each with all its
-    values) and the SDK's reading of them."""
+    values), the SDK's reading of them, and the Authorization header that reached the app."""
     user = request.user
     return {
         "method": request.method,
@@ -76,6 +76,7 @@ def whoami(request: Request) -> dict[str, object]:
             if name.lower().startswith("x-os-user")
         },
         "user": None if user is None else {"id": user.id, "name": user.name, "role": user.role},
+        "authorization": request.headers.get("authorization"),
     }
 
 
