@@ -10,9 +10,10 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 # nodejs (the `atrium new --template node` app's interpreter), busybox-static (the images the image
 # store tests build), postgresql (the state tests' second database: tests/state starts its own),
 # haproxy (several shells behind deploy/haproxy.cfg), nftables (each instance's own network),
-# slirp4netns (the network of an image instance under a shell that is not root)
+# slirp4netns (the network of an image instance under a shell that is not root), mmdebstrap (a
+# real server's image, Debian's radicale, built from the configured Debian mirror by the e2e tests)
 DEB_PACKAGES := git bubblewrap docker-registry skopeo chromium openssl nodejs busybox-static \
-	postgresql haproxy nftables iptables iproute2 slirp4netns
+	postgresql haproxy nftables iptables iproute2 slirp4netns mmdebstrap
 # and for `make bench`: nginx (the data proxy's anchor) and wrk (the load); the upstream app's
 # uvloop and httptools for Debian's python3 (as root, apps run under their own uid and cannot
 # reach an interpreter under /root); configurable-http-proxy comes from the npm registry on first
