@@ -216,6 +216,10 @@ def serve(open_base: Path) -> Iterator[ServeFactory]:
             "ATRIUM_HOST": "127.0.0.1",
             "ATRIUM_RUNNER": runner,
             "ATRIUM_SYSTEM_APPS": str(system_apps),
+            # the app on the host's network: its processes are found by the loopback
+            # OS_SHELL_URL in their environment and its port on 127.0.0.1 (what a kill -9 of
+            # the shell leaves of a network of its own: test_app_network)
+            "ATRIUM_APP_NETWORK_APPS": "images",
         }
         proc = subprocess.Popen(
             [sys.executable, "-m", "atrium", "serve"],

@@ -70,7 +70,9 @@ def squat_shell(start_shell: StartShell, system_apps: Path) -> RunningShell:
     shutil.copytree(
         TESTS_DIR / "apps" / "test.fault.slowstart", system_apps / "test.fault.slowstart"
     )
-    return start_shell()
+    # the host's network, where another process may bind the port first (in a network of its
+    # own the instance's port is in its namespace, and the shell reaches it at its address)
+    return start_shell(app_network_apps="images")
 
 
 @pytest.fixture
