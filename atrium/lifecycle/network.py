@@ -518,7 +518,7 @@ class Network:
         #: why the bridge could not be made (a range another shell took since the start): the
         #: network stays refused until the shell starts again, as a clash at the start is
         self.refused: str | None = None
-        #: called (in a worker thread) once the bridge is up: the shell's listener on the
+        #: called (on the event loop) once the bridge is up: the shell's listener on the
         #: bridge's address binds to it then (`atrium.api.server`)
         self.on_bridge: list[Callable[[], None]] = []
 
