@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     RunningShell,
     StartShell,
     add_test_apps,
+    launch_shell,
     serve_env,
     serving,
     wait_for,
@@ -385,6 +386,33 @@ def test_the_bridge_waits_for_the_first_instance_that_needs_it(
     assert bridge not in tables_of(os.getpid())
     shell.stop()
     assert not links_on(bridge)
+
+
+def test_a_range_taken_after_the_start_leaves_contract_apps_on_the_hosts_network(
+    start_shell: StartShell, system_apps: Path, tmp_path: Path
+) -> None:
+    """Two shells started on one range (the bridge waits for an instance, so neither saw a
+    clash): the second one's first instance finds the range taken, and its contract apps share
+    the host's network, as with a clash seen at the start, rather than fail to start."""
+    if (problem := bwrap_works()) is not None:
+        pytest.skip(f"bubblewrap does not work here: {problem}")
+    add_test_apps(system_apps, PROBE)
+    first = start_shell(runner="bwrap", app_network=RANGE)
+    second = launch_shell(tmp_path / "second", system_apps, runner="bwrap", app_network=RANGE)
+    try:
+        for shell, network in ((first, "own"), (second, "host")):
+            with shell.client(timeout=30) as api:
+                probe = api.post("/api/instances", json={"appId": PROBE}).json()
+                assert (probe["state"], probe["network"]) == ("started", network), (
+                    probe,
+                    shell.shell.isolation,
+                )
+                assert api.get(f"/api/proxy/{probe['instanceId']}/boot").status_code == 200
+        assert second.shell.network is not None
+        assert second.shell.network.refused is not None
+        assert not links_on(second.shell.network.plan.bridge)
+    finally:
+        second.stop()
 
 
 def test_fifty_contract_sandboxes_leave_nothing(tmp_path: Path) -> None:
