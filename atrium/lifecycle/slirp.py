@@ -2,24 +2,25 @@
 
 A shell that is not root makes no bridge and no named namespace (`atrium.lifecycle.network`).
 Its image sandboxes then get bubblewrap's own network namespace (``--unshare-net``, owned by the
-sandbox's user namespace, which the shell's uid owns) and, attached to it, one slirp4netns
-process (user-mode TCP/IP in the host's namespace, as the shell's uid):
+sandbox's user namespace, which the shell's uid owns) and, attached to it:
 
-- inbound: slirp4netns forwards the loopback port the shell allocated for the instance
-  (``127.0.0.1:<port>``, where the shell's proxy connects) to the image's port inside;
-- outbound: ``--disable-host-loopback`` keeps the host's loopback out of reach through the
-  gateway, and an nft table inside the namespace (`ruleset`, written by the shell before the
-  image runs: the sandbox holds no CAP_NET_ADMIN and cannot change it) drops everything the
-  image opens except on its own loopback. Granted egress (slirp's NAT to the outside) is
-  `ruleset`'s ``egress`` lines: none today;
-- slirp4netns runs with its own sandbox and seccomp filter, dies with the shell
-  (``PR_SET_PDEATHSIG`` and ``--exit-fd``: the shell holds the only write end, so a ``kill -9``
-  of the shell closes it) and is stopped with the instance (`Slirp.close`).
+- inbound: a socket maker (`SocketMaker`) in the sandbox's user and network namespaces hands the
+  shell one new socket of that network per connection; the shell's forwarder
+  (`atrium.lifecycle.runners.image.Forwarder`) on the instance's loopback port, which serves only
+  the shell's own connections, connects it to the image's port on the image's loopback;
+- outbound: one slirp4netns process (user-mode TCP/IP in the host's namespace, as the shell's
+  uid, ``--disable-host-loopback``, its seccomp filter) and an nft table inside
+  the namespace (`ruleset`, written by the shell before the image runs: the sandbox holds no
+  CAP_NET_ADMIN and cannot change it) that drops everything the image opens except on its own
+  loopback. Granted egress (slirp's NAT to the outside) is `ruleset`'s ``egress`` lines: none
+  today;
+- both die with the shell (``PR_SET_PDEATHSIG``; slirp4netns's ``--exit-fd`` and the maker's
+  socket, whose only other ends the shell holds, close at a ``kill -9`` of the shell) and are
+  stopped with the instance.
 
 slirp4netns opens ``/dev/net/tun`` as the shell's uid: where that device is not open to every
-user (mode 0600), nothing is attached and the instance keeps a loopback-only namespace behind
-the shell's forwarder... which a shell that is not root cannot reach either, so image apps are
-refused there (`slirp_problem` says why; ``atrium doctor`` reports it).
+user (mode 0600), or slirp4netns is missing, image apps are refused under a shell that is not
+root (`slirp_problem` says why; ``atrium doctor`` reports it).
 """
 
 from __future__ import annotations
@@ -27,20 +28,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
+import fcntl
 import os
 import shutil
-import tempfile
-from collections.abc import Sequence
+import socket
+import sys
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Final
 
 #: the sandbox's side of slirp's network (its defaults)
 TAP: Final = "tap0"
-GATEWAY: Final = "10.0.2.2"
 MTU: Final = 65520
+LOW_PORTS: Final = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
 PR_SET_PDEATHSIG: Final = 1
+#: ioctl of a namespace: an fd of the user namespace that owns it
+NS_GET_USERNS: Final = 0xB701
 _SIGKILL: Final = 9
 _READY_TIMEOUT: Final = 10.0
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -82,11 +86,11 @@ def rootless_isolation() -> str:
     )
 
 
-def ruleset(port: int, egress: Sequence[str] = ()) -> str:
+def ruleset(egress: Sequence[str] = ()) -> str:
     """The namespace's nft table: nothing goes out but on its loopback and on connections made
-    to it; nothing comes in but on the loopback, those answers, and the image's ``port`` from
-    slirp's gateway (the forward). ``egress``: nft rule lines of the out chain a grant adds
-    (e.g. ``ip daddr 192.0.2.7 tcp dport 443 accept``); none without one."""
+    to it; nothing comes in but on the loopback (the shell's connections, through `SocketMaker`)
+    and those answers. ``egress``: nft rule lines of the out chain a grant adds (e.g. ``ip daddr
+    192.0.2.7 tcp dport 443 accept``), which slirp4netns then carries out; none without one."""
     granted = "".join(f"    {line}\n" for line in egress)
     return (
         "table inet atrium {\n"
@@ -100,7 +104,6 @@ def ruleset(port: int, egress: Sequence[str] = ()) -> str:
         "    type filter hook input priority 0; policy drop;\n"
         '    iifname "lo" accept\n'
         "    ct state established,related accept\n"
-        f"    ip saddr {GATEWAY} tcp dport {port} accept\n"
         "  }\n"
         "}\n"
     )
@@ -111,84 +114,202 @@ def _die_with_shell() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
 
 
-async def _run_inside(pid: int, argv: Sequence[str], stdin: str) -> None:
-    """``argv`` in the user and network namespaces of ``pid`` (the shell's uid owns them)."""
+@contextlib.contextmanager
+def entering(pid: int) -> Iterator[tuple[list[str], tuple[int, int]]]:
+    """``nsenter`` into the network namespace of ``pid`` and the user namespace that owns it,
+    and the two descriptors to pass it. That owner is not always ``pid``'s own user namespace:
+    bwrap nests a second one when the image's user is not root inside."""
     nsenter = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin") or "nsenter"
-    process = await asyncio.create_subprocess_exec(
-        nsenter,
-        f"--target={pid}",
-        "--user",
-        "--net",
-        "--preserve-credentials",
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        user = fcntl.ioctl(net, NS_GET_USERNS)
+        try:
+            prefix = [
+                nsenter,
+                f"--user=/proc/self/fd/{user}",
+                f"--net=/proc/self/fd/{net}",
+                "--preserve-credentials",
+            ]
+            yield prefix, (user, net)
+        finally:
+            os.close(user)
+    finally:
+        os.close(net)
+
+
+async def run_inside(pid: int, argv: Sequence[str], stdin: str) -> None:
+    """``argv`` in the network namespace of ``pid`` as its owner (`entering`)."""
+    with entering(pid) as (prefix, fds):
+        process = await asyncio.create_subprocess_exec(
+            *prefix,
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=fds,
+        )
     _, err = await process.communicate(stdin.encode())
     if process.returncode != 0:
         said = err.decode(errors="replace").strip()[-300:]
         raise OSError(f"{argv[0]} in the sandbox's network failed: {said or process.returncode}")
 
 
-class Slirp:
-    """One slirp4netns process attached to a sandbox's network namespace."""
+#: the socket maker's program (`SocketMaker`): one TCP socket of its network namespace sent
+#: back for each byte read on fd ``argv[1]``; it ends at that socket's end
+MAKER: Final = (
+    "import socket,sys\n"
+    "c=socket.socket(fileno=int(sys.argv[1]))\n"
+    "while c.recv(1):\n"
+    " s=socket.socket(socket.AF_INET,socket.SOCK_STREAM)\n"
+    " socket.send_fds(c,[b'1'],[s.fileno()])\n"
+    " s.close()\n"
+)
 
-    def __init__(self, process: asyncio.subprocess.Process, exit_w: int, folder: Path) -> None:
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class SocketMaker:
+    """A small process in the sandbox's user and network namespaces (not its pid namespace:
+    the image cannot see it) that hands the shell new TCP sockets of that network, one per
+    connection: a shell that is not root cannot enter the namespace itself (``setns`` asks for
+    ``CAP_SYS_ADMIN`` in its own user namespace too), and a socket keeps the namespace it was
+    made in. So only the shell's forwarder, which checks that a connection is the shell's own,
+    reaches the image's port: slirp4netns's forward would serve every local user. It ends when
+    the shell closes its end (the instance ended, or the shell died) and at the shell's death."""
+
+    def __init__(self, process: asyncio.subprocess.Process, end: socket.socket) -> None:
         self.process = process
-        self._exit_w = exit_w
-        self._folder = folder
+        self._end = end
+        self._lock = asyncio.Lock()
 
     @classmethod
-    async def attach(
-        cls, pid: int, host: tuple[str, int], guest_port: int, log_path: Path
-    ) -> Slirp:
-        """slirp4netns for the namespace of ``pid`` with the firewall in place and the forward
-        ``host`` (the loopback address and port the shell connects to) → ``guest_port``, its messages in the instance's log; OSError
-        says what failed (nothing is left)."""
+    async def start(cls, pid: int, log_path: Path) -> SocketMaker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        log = log_path.open("ab")
+        try:
+            with entering(pid) as (prefix, fds):
+                process = await asyncio.create_subprocess_exec(
+                    *prefix,
+                    sys.executable,
+                    "-S",
+                    "-I",
+                    "-c",
+                    MAKER,
+                    str(theirs.fileno()),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                    pass_fds=(theirs.fileno(), *fds),
+                    preexec_fn=_die_with_shell,
+                    start_new_session=True,
+                )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            log.close()
+        ours.setblocking(False)
+        return cls(process, ours)
+
+    async def socket(self) -> socket.socket:
+        """A new TCP socket of the sandbox's network (non-blocking); OSError when the maker is
+        gone."""
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            await loop.sock_sendall(self._end, b"1")
+            while True:
+                try:
+                    _, fds, _, _ = socket.recv_fds(self._end, 1, 1)
+                    break
+                except BlockingIOError:
+                    ready: asyncio.Future[None] = loop.create_future()
+                    loop.add_reader(self._end.fileno(), _settle, ready)
+                    try:
+                        await ready
+                    finally:
+                        loop.remove_reader(self._end.fileno())
+        if not fds:
+            raise OSError("the image's socket maker ended")
+        made = socket.socket(fileno=fds[0])
+        for extra in fds[1:]:
+            os.close(extra)
+        made.setblocking(False)
+        return made
+
+    async def close(self) -> None:
+        """Stop the maker (its end closed, then SIGKILL if it lingers); once."""
+        self._end.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), 2)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+
+
+class Slirp:
+    """One slirp4netns process attached to a sandbox's network namespace: its link to the
+    outside, which the namespace's table closes (`ruleset`) but for granted egress."""
+
+    def __init__(self, process: asyncio.subprocess.Process, exit_w: int) -> None:
+        self.process = process
+        self._exit_w = exit_w
+
+    @classmethod
+    async def attach(cls, pid: int, log_path: Path, egress: Sequence[str] = ()) -> Slirp:
+        """slirp4netns for the namespace of ``pid``, the namespace's table written first, its
+        messages in the instance's log; OSError says what failed (nothing is left)."""
         command = slirp_command()
         if command is None:
             raise OSError("slirp4netns is not installed")
         nft = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin:/bin")
         if nft is None:
             raise OSError("the nft command is not installed")
-        # the firewall before the tap exists: no moment in which the image reaches out
-        await _run_inside(pid, [nft, "-f", "-"], ruleset(guest_port))
-        folder = Path(tempfile.mkdtemp(prefix="atrium-slirp-"))
-        socket_path = folder / "api.sock"
+        # the table before the tap exists: no moment in which the image reaches out; any user of
+        # the image may bind any port there (its ``User`` serves on port 80, as a container
+        # runtime allows)
+        await run_inside(
+            pid,
+            ["/bin/sh", "-c", f'echo 0 > {LOW_PORTS} && exec "$0" -f -', nft],
+            ruleset(egress),
+        )
         exit_r, exit_w = os.pipe2(os.O_CLOEXEC)
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         log = log_path.open("ab")
         try:
-            process = await asyncio.create_subprocess_exec(
-                command,
-                "--configure",
-                f"--mtu={MTU}",
-                "--disable-host-loopback",
-                "--enable-sandbox",
-                "--enable-seccomp",
-                f"--exit-fd={exit_r}",
-                f"--ready-fd={ready_w}",
-                f"--api-socket={socket_path}",
-                str(pid),
-                TAP,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log,
-                pass_fds=(exit_r, ready_w),
-                preexec_fn=_die_with_shell,
-                start_new_session=True,
-            )
+            with entering(pid) as (_, (user, net)):
+                process = await asyncio.create_subprocess_exec(
+                    command,
+                    "--configure",
+                    f"--mtu={MTU}",
+                    "--disable-host-loopback",
+                    "--enable-seccomp",
+                    f"--exit-fd={exit_r}",
+                    f"--ready-fd={ready_w}",
+                    "--netns-type=path",
+                    f"--userns-path=/proc/self/fd/{user}",
+                    f"/proc/self/fd/{net}",
+                    TAP,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                    pass_fds=(exit_r, ready_w, user, net),
+                    preexec_fn=_die_with_shell,
+                    start_new_session=True,
+                )
         except BaseException:
             for fd in (exit_r, exit_w, ready_r, ready_w):
                 os.close(fd)
-            shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
             log.close()
         os.close(exit_r)
         os.close(ready_w)
-        slirp = cls(process, exit_w, folder)
+        slirp = cls(process, exit_w)
         try:
             loop = asyncio.get_running_loop()
             ready = await asyncio.wait_for(
@@ -196,36 +317,12 @@ class Slirp:
             )
             if ready != b"1":
                 raise OSError("slirp4netns did not start (its messages are in the instance's log)")
-            await slirp._add_forward(host, guest_port)
         except BaseException:
             await slirp.close()
             raise
         finally:
             os.close(ready_r)
-            # the one forward is made: no one needs the API again, and a shell killed later
-            # leaves no folder behind
-            shutil.rmtree(folder, ignore_errors=True)
         return slirp
-
-    async def _add_forward(self, host: tuple[str, int], guest_port: int) -> None:
-        reader, writer = await asyncio.open_unix_connection(str(self._folder / "api.sock"))
-        try:
-            request = {
-                "execute": "add_hostfwd",
-                "arguments": {
-                    "proto": "tcp",
-                    "host_addr": host[0],
-                    "host_port": host[1],
-                    "guest_port": guest_port,
-                },
-            }
-            writer.write(json.dumps(request).encode())
-            writer.write_eof()
-            answer = json.loads(await asyncio.wait_for(reader.read(), _READY_TIMEOUT) or b"{}")
-        finally:
-            writer.close()
-        if "return" not in answer:
-            raise OSError(f"slirp4netns refused the forward of {host[0]}:{host[1]}: {answer}")
 
     async def close(self) -> None:
         """Stop slirp4netns (its exit fd closed, then SIGKILL if it lingers); once."""
@@ -238,7 +335,6 @@ class Slirp:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
             await self.process.wait()
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
-__all__ = ["Slirp", "rootless_isolation", "ruleset", "slirp_problem"]
+__all__ = ["Slirp", "SocketMaker", "rootless_isolation", "ruleset", "slirp_problem"]

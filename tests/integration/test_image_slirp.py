@@ -51,6 +51,7 @@ CONFIG: Final[dict[str, object]] = {
     "Env": ["PATH=/bin"],
     "WorkingDir": "/www",
     "ExposedPorts": {"80/tcp": {}},
+    "User": "www:web",  # port 80 with no capability: any user of the image may bind it
 }
 #: in a private mount namespace: a tun device open to all, the interpreter reachable, then the
 #: shell as ``UID`` ($1: the folder to stage in; the rest: the command)
@@ -134,6 +135,7 @@ def unprivileged_serve(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        sys.stdout.write(proc.stdout.read()[-4000:])  # the shell's log: in a failure's report
         proc.stdout.close()
 
 
@@ -193,6 +195,11 @@ def test_an_image_under_a_shell_that_is_not_root_has_a_network_of_its_own(
                 outside = served.url.split("//")[1].split(":")[0]
                 assert reach(f"{outside}:{served.url.rsplit(':', 1)[1]}") == "blocked"
             assert len(slirps()) == 1
+            # another process of the host at the instance's loopback port is not served
+            with socket.create_connection(("127.0.0.1", listed["port"]), timeout=5) as other:
+                other.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                with suppress(ConnectionResetError):  # closed unread: a reset
+                    assert other.recv(100) == b""
             # stopped: its slirp4netns ends with it
             assert api.delete(f"/api/instances/{instance['instanceId']}").status_code == 200
             wait_for(lambda: not slirps(), "slirp4netns to end with the instance")

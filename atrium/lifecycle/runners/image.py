@@ -502,7 +502,7 @@ class Forwarder:
             if accepted is None or not from_this_process(accepted):
                 _LOGGER.debug("%s: refused a connection another process made", self._label)
                 return
-            inner = socket_in(self._netns)
+            inner = await self._inside()
             await asyncio.get_running_loop().sock_connect(inner, ("127.0.0.1", self._port))
             up_reader, upstream = await asyncio.open_connection(sock=inner)
             inner = None
@@ -517,6 +517,10 @@ class Forwarder:
             writer.close()
             if task is not None:
                 self._tasks.discard(task)
+
+    async def _inside(self) -> socket.socket:
+        """A new TCP socket of the image's network namespace."""
+        return socket_in(self._netns)
 
     async def close(self) -> None:
         if self._server is not None:

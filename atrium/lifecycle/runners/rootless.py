@@ -7,14 +7,15 @@ What differs from a root shell's image sandbox (`atrium.lifecycle.runners.image`
 - files: the image's root and the data folders are bound as the shell's user reaches them (no
   relay through a mount namespace of the shell's);
 - network: bwrap's own network namespace (``--unshare-net``), held at ``--block-fd`` until the
-  shell wrote the firewall and attached slirp4netns forwarding the instance's loopback port
-  (`atrium.lifecycle.slirp`). Without slirp4netns (`slirp_problem`) the image is refused: a
-  shell that is not root cannot enter the namespace to forward into it itself.
+  shell wrote its table, attached slirp4netns and started the socket maker through which its
+  forwarder on the instance's loopback port reaches the image (`atrium.lifecycle.slirp`).
+  Without slirp4netns or an open ``/dev/net/tun`` (`slirp_problem`) the image is refused.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from atrium.lifecycle.runners.bwrap import classify_early_exit
 from atrium.lifecycle.runners.image import (
     CAPABILITIES,
     HOST_ENV,
+    Forwarder,
     ImageChild,
     ImageRun,
     _child_pid,
@@ -33,7 +35,22 @@ from atrium.lifecycle.runners.image import (
     make_mount_points,
 )
 from atrium.lifecycle.runners.process import local_port, lock_data_dir, prepare_dirs, start_child
-from atrium.lifecycle.slirp import Slirp, slirp_problem
+from atrium.lifecycle.slirp import Slirp, SocketMaker, slirp_problem
+
+
+class MadeForwarder(Forwarder):
+    """The shell's forwarder with the sockets of the image's network from a `SocketMaker`."""
+
+    def __init__(self, maker: SocketMaker, port: int, label: str) -> None:
+        super().__init__(-1, port, label)  # no namespace descriptor: the maker holds the way in
+        self._maker = maker
+
+    async def _inside(self) -> socket.socket:
+        return await self._maker.socket()
+
+    async def close(self) -> None:
+        await super().close()
+        await self._maker.close()
 
 
 class SlirpChild(ImageChild):
@@ -142,7 +159,10 @@ async def spawn_rootless(spec: SpawnSpec, run: ImageRun, bwrap: str) -> SlirpChi
     )
     try:
         pid = await _child_pid(info_r)
-        child.slirp = await Slirp.attach(pid, (spec.host, port), run.launch.port, spec.log_path)
+        child.slirp = await Slirp.attach(pid, spec.log_path)
+        maker = await SocketMaker.start(pid, spec.log_path)
+        forwarder = child.forwarder = MadeForwarder(maker, run.launch.port, label)
+        await forwarder.start(spec.host, port)
         os.write(block_w, b"1")
     except OSError as err:
         await child.stop(0)
