@@ -422,7 +422,7 @@ def test_fifty_contract_sandboxes_leave_nothing(tmp_path: Path) -> None:
         pytest.skip(f"bubblewrap does not work here: {problem}")
     fds = len(list(Path("/proc/self/fd").iterdir()))
     children = children_of(os.getpid())
-    network = open_network("10.217.0.0/16", 9)
+    network = open_network("10.220.0.0/16", 9)
     runner = BwrapRunner(network=network)
     app_dir = tmp_path / "app"
     app_dir.mkdir()
@@ -462,7 +462,7 @@ def test_fifty_contract_sandboxes_leave_nothing(tmp_path: Path) -> None:
         return addresses
 
     try:
-        assert asyncio.run(cycle()) == {"10.217.0.2"}  # the one address, reused
+        assert asyncio.run(cycle()) == {"10.220.0.2"}  # the one address, reused
         assert not netns_of(os.getpid())
         bridge = [network.plan.bridge]
         wait_for(lambda: links_on(bridge[0]) == bridge, "the veths to go", timeout=60)
