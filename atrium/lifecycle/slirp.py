@@ -282,6 +282,8 @@ class Slirp:
         log = log_path.open("ab")
         try:
             with entering(pid) as (_, (user, net)):
+                # no --enable-sandbox: its parent sets its ids to 0 in the sandbox's user
+                # namespace, which bwrap's map refuses there (``setegid(0)``)
                 process = await asyncio.create_subprocess_exec(
                     command,
                     "--configure",
