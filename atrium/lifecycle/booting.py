@@ -129,13 +129,10 @@ class Booter:
         cgroup: InstanceCgroup | None = None
         try:
             spec = self._spawn_spec(instance, copy, copy.manifest, port, token, log_path)
+            # a user scope's copy is that user's to grant; a shared copy's, the admins'
+            holder = instance.owner if copy.scope is Scope.USER else ""
+            spec = replace(spec, egress_key=(instance.app_id, holder), egress=asked(copy.manifest))
             run = None if runtime is None else self._image_run(instance, runtime)
-            if run is not None:
-                # a user scope's copy is that user's to grant; a shared copy's, the admins'
-                holder = instance.owner if copy.scope is Scope.USER else ""
-                run = replace(
-                    run, egress_key=(instance.app_id, holder), egress=asked(copy.manifest)
-                )
             if run is not None:
                 # an image does not speak the contract: its argv and environment are its own
                 # its user is the image user's host id: its data folder is handed to that id

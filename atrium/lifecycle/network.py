@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from atrium.egress import Ask
+from atrium.egress import Ask, granted
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -504,7 +504,7 @@ class Network:
         #: the namespaces of running instances by name, with what they may reach
         self._held: dict[str, _Held] = {}
         #: the ask revoked for an app and holder, or None (`atrium.state.egress`; the shell
-        #: sets it): what `ImageRunner` asks before it plumbs
+        #: sets it): what `plumb_granted` asks before it plumbs
         self.revoked: Callable[[str, str], Ask | None] = lambda app_id, holder: None
         #: how many times each app and holder's egress was changed (`set_egress`): a spawn that
         #: read the grant before a change made while it plumbed reads it again (`changes`)
@@ -629,6 +629,23 @@ class Network:
             await self.release(lease)
             raise
         return lease
+
+    async def plumb_granted(self, key: tuple[str, str] | None, ask: Ask) -> Lease:
+        """`plumb` for an instance of ``key`` (the app and holder) whose manifest asks ``ask``:
+        it reaches that if it was granted and is not revoked (`revoked`). A revoke or grant
+        made while it plumbs is read again and made true for all of ``key``'s instances."""
+        if key is None or ask is False:
+            return await self.plumb(key)
+        before = self.changes(key)
+        lease = await self.plumb(key, await self._granted(key, ask))
+        if self.changes(key) != before:
+            await self.set_egress(key, await self._granted(key, ask))
+        return lease
+
+    async def _granted(self, key: tuple[str, str], ask: Ask) -> Egress:
+        """What ``key``'s instances may reach now: ``ask`` unless revoked (`atrium.egress`)."""
+        given = granted(ask, self.revoked(*key))
+        return False if given is False else await asyncio.to_thread(resolve, given)
 
     async def set_egress(self, key: tuple[str, str], egress: Egress) -> int:
         """What the running instances of ``key`` may reach, changed at once: each one's table

@@ -4,7 +4,8 @@ and image instances that try it, the host's loopback, another instance and the s
 ports from inside (the reach image's CGI, `test_app_network`). An app that asks nothing reaches
 none of them; one granted ``egress: true`` reaches the outside and still none of the others;
 one granted a ``host:port`` list reaches that alone; a revoke takes effect on the running
-instance at once, and so does a grant."""
+instance at once, and so does a grant. A contract app under bwrap (the probe) granted a list
+reaches that alone too, until a revoke."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ import httpx
 import pytest
 
 from atrium.images.store import ImageStore
-from tests.integration.conftest import RunningShell, StartShell
+from atrium.lifecycle.runners.bwrap import bwrap_works
+from tests.integration.conftest import RunningShell, StartShell, add_test_apps
 from tests.integration.registry import Registry
 from tests.integration.test_app_network import RANGE, host_address, image, place, registry
 from tests.integration.test_origins import enter, open_view
+from tests.runner_contract import PROBE
 
 pytestmark = [
     pytest.mark.integration,
@@ -139,7 +142,11 @@ def test_egress_only_when_granted_and_revoked_at_once(
     ):
         place(system_apps, registry, image, app_id)
         ask(system_apps, app_id, egress)
-    shell = start_shell(app_network=RANGE)
+    contract = bwrap_works() is None
+    if contract:
+        add_test_apps(system_apps, PROBE)
+        ask(system_apps, PROBE, [f"{OUTSIDE}:{first}"])
+    shell = start_shell(runner="bwrap", app_network=RANGE)
     bridge = str(ipaddress.ip_network(RANGE).network_address + 1)
     registry_port = registry.host.rsplit(":", 1)[1]
     elsewhere = host_address()
@@ -194,6 +201,24 @@ def test_egress_only_when_granted_and_revoked_at_once(
             refused = api.put(f"/api/apps/{CLOSED}/egress")
             assert refused.status_code == 400, refused.text
             assert refused.json()["error"]["appId"] == CLOSED
+            if contract:
+                probe = api.post("/api/instances", json={"appId": PROBE, "new": True}).json()
+                assert (probe.get("state"), probe.get("network")) == ("started", "own"), probe
+
+                def probed(port: int) -> bool:
+                    answer = api.post(
+                        f"/api/proxy/{probe['instanceId']}/reach",
+                        params={"host": OUTSIDE, "port": port},
+                    )
+                    assert answer.status_code == 200, answer.text
+                    reached: bool = answer.json()["reached"]
+                    return reached
+
+                # a contract app granted one host:port: that one alone, until revoked
+                assert probed(first)
+                assert not probed(second)
+                assert api.delete(f"/api/apps/{PROBE}/egress").status_code == 200
+                assert not probed(first)
             # revoked again, the shell stopped: the next one's instance starts without it
             assert api.delete(f"/api/apps/{OPEN}/egress").status_code == 200
     shell.stop()

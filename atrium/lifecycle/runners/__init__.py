@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from atrium.egress import Ask
 from atrium.lifecycle.limits import InstanceCgroup, Limits
 from atrium.lifecycle.runners.kubernetes import INSTALL_HINT, KubeSettings
 
@@ -129,6 +130,11 @@ class SpawnSpec:
     secrets: Mapping[str, str] = field(default_factory=dict)
     #: the content digest of ``app_dir`` (``sha256:…``): what a cluster runner fetches by
     source_digest: str | None = None
+    #: the app and holder an egress grant is kept for (`atrium.state.egress`: "" for a shared
+    #: copy, the user for a user scope's), and what the manifest asks to reach (`atrium.egress`);
+    #: a runner that gives the instance a network of its own plumbs it with the grant
+    egress_key: tuple[str, str] | None = None
+    egress: Ask = False
 
 
 @dataclass(frozen=True, slots=True)

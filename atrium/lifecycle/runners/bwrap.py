@@ -521,13 +521,14 @@ class BwrapRunner(LocalRunner):
         return child
 
     async def _plumb(self, label: str, spec: SpawnSpec) -> Lease | None:
-        """The instance's namespace; None when the shell's network stepped back (its bridge's
-        range was taken by another shell after this one started): the app then shares the
-        host's network, as with a clash seen at the start."""
+        """The instance's namespace, reaching what its app's manifest asks if that was granted
+        and is not revoked (`Network.plumb_granted`); None when the shell's network stepped
+        back (its bridge's range was taken by another shell after this one started): the app
+        then shares the host's network, as with a clash seen at the start."""
         if self.network is None:  # pragma: no cover - the caller checked
             raise RuntimeError("no network")
         try:
-            return await self.network.plumb()
+            return await self.network.plumb_granted(spec.egress_key, spec.egress)
         except (OSError, RuntimeError) as err:
             if isinstance(err, NetworkUnavailable) and self.network.refused is not None:
                 return None

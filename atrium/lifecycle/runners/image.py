@@ -48,10 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from atrium.egress import Ask, granted
 from atrium.errors import SpawnFailed
 from atrium.images.config import Launch
-from atrium.lifecycle.network import Egress, Lease, Network, resolve
+from atrium.lifecycle.network import Lease, Network
 from atrium.lifecycle.runners import AppUser, SpawnSpec
 from atrium.lifecycle.runners.bwrap import (
     SandboxedChild,
@@ -113,10 +112,6 @@ class ImageRun:
     #: the first host id of the instance's block (`image_ids`)
     ids: AppUser
     data: tuple[str, ...] = ()
-    #: the app and holder an egress grant is kept for (`atrium.state.egress`), and what the
-    #: manifest asks to reach (`atrium.egress`)
-    egress_key: tuple[str, str] | None = None
-    egress: Ask = False
 
     @property
     def host_user(self) -> AppUser:
@@ -674,27 +669,13 @@ class ImageRunner(LocalRunner):
         _LOGGER.info("started %s (image) in bwrap: pid %d", label, process.pid)
         return child
 
-    async def _egress(self, run: ImageRun, key: tuple[str, str]) -> Egress:
-        """What the app's instances may reach now: its ask unless revoked (`atrium.egress`)."""
-        assert self.network is not None  # noqa: S101 - called with the network only
-        given = granted(run.egress, self.network.revoked(*key))
-        return False if given is False else await asyncio.to_thread(resolve, given)
-
     async def _lease(self, spec: SpawnSpec, label: str, lock: int, run: ImageRun) -> Lease | None:
         """The instance's namespace of the shell's network (None without one), reaching what
         its app's manifest asks if that was granted and is not revoked."""
         if self.network is None:
             return None
         try:
-            key = run.egress_key
-            if key is None or run.egress is False:
-                return await self.network.plumb(key)
-            # a revoke or grant while this plumbs: read again, and made true for all of them
-            before = self.network.changes(key)
-            lease = await self.network.plumb(key, await self._egress(run, key))
-            if self.network.changes(key) != before:
-                await self.network.set_egress(key, await self._egress(run, key))
-            return lease
+            return await self.network.plumb_granted(spec.egress_key, spec.egress)
         except (OSError, RuntimeError) as err:
             os.close(lock)
             raise SpawnFailed(
