@@ -1,7 +1,8 @@
 """The app detail in a real browser, on a desktop and a phone: the storage the app's data takes,
 Back up now / Restore / Export / Import through the page, a pinned install's newer tags and
 "Update to v2" through the permission review, who signed it, the uninstall confirmation's words
-about the data, and an API error as a styled alert with its code in small print."""
+about the data, Revoke of what an app may reach, and an API error as a styled alert with its code
+in small print."""
 
 from __future__ import annotations
 
@@ -202,12 +203,21 @@ def test_an_api_error_is_a_styled_alert_with_its_code_in_small_print(
 ) -> None:
     size = request.node.callspec.params["page"]
     app_id = f"test.nodata.{size}"
-    plain_app(tmp_path / app_id, app_id, "1.0.0")
+    plain_app(tmp_path / app_id, app_id, "1.0.0", network={"egress": True})
     try:
         with api(served) as client:
             body = {"ref": f"local:{tmp_path / app_id}", "autoApprove": True}
             client.post("/api/dist/install", json=body).raise_for_status()
         open_detail(page, "Kept")
+        # what it may reach, granted at install: Revoke takes it back (an admin's, a shared copy)
+        granted = page.locator('#detail-permissions li[data-egress="granted"]')
+        assert "Can reach the internet" in granted.inner_text()
+        granted.get_by_role("button", name="Revoke").click()
+        revoked = page.locator('#detail-permissions li[data-egress="revoked"]')
+        revoked.get_by_role("button", name="Allow again").wait_for()
+        with api(served) as client:
+            egress = client.get(f"/api/apps/{app_id}").json()["network"]["egress"]
+            assert (egress["granted"], egress["revoked"]) == (False, True), egress
         page.click("#detail-backup")  # no instance ever ran: no data to back up
         alert = page.locator("#detail-result .alert[role=alert]")
         alert.wait_for()
