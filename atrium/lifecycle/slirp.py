@@ -47,6 +47,8 @@ PR_SET_PDEATHSIG: Final = 1
 NS_GET_USERNS: Final = 0xB701
 _SIGKILL: Final = 9
 _READY_TIMEOUT: Final = 10.0
+_MAPPED_TIMEOUT: Final = 10.0
+_MAPPED_POLL: Final = 0.005
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -114,11 +116,44 @@ def _die_with_shell() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
 
 
+def _owner_mapped(pid: int) -> bool:
+    """Whether the user namespace that owns ``pid``'s network namespace has its id maps. Until
+    it has, the shell's uid is no one there: a process entering it loses its capabilities at
+    ``execve`` (not root in it) and cannot write the namespace's sysctl or table."""
+    net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        owner = fcntl.ioctl(net, NS_GET_USERNS)
+        try:
+            known = os.fstat(owner)
+        finally:
+            os.close(owner)
+    finally:
+        os.close(net)
+    now = Path(f"/proc/{pid}/ns/user").stat()
+    if (now.st_dev, now.st_ino) != (known.st_dev, known.st_ino):
+        return True  # bwrap nested a second namespace, which it does after mapping the first
+    return all(Path(f"/proc/{pid}/{name}").read_text().strip() for name in ("uid_map", "gid_map"))
+
+
+async def owner_mapped(pid: int) -> None:
+    """Wait until the sandbox's user namespace has its id maps (`_owner_mapped`), before the
+    shell enters it (`entering`). A bwrap that is not setuid gives its child's pid (``--info-fd``)
+    before that child wrote its own maps: entered in between, the table and ``LOW_PORTS`` fail
+    with "Permission denied" (seen under load). OSError when the sandbox ended or never maps."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _MAPPED_TIMEOUT
+    while not _owner_mapped(pid):
+        if loop.time() > deadline:
+            raise OSError(f"the sandbox's user namespace got no id map in {_MAPPED_TIMEOUT:.0f} s")
+        await asyncio.sleep(_MAPPED_POLL)
+
+
 @contextlib.contextmanager
 def entering(pid: int) -> Iterator[tuple[list[str], tuple[int, int]]]:
     """``nsenter`` into the network namespace of ``pid`` and the user namespace that owns it,
     and the two descriptors to pass it. That owner is not always ``pid``'s own user namespace:
-    bwrap nests a second one when the image's user is not root inside."""
+    bwrap nests a second one when the image's user is not root inside. The namespace must have
+    its id maps first (`owner_mapped`)."""
     nsenter = shutil.which("nsenter", path="/usr/bin:/bin:/usr/sbin:/sbin") or "nsenter"
     net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -269,6 +304,8 @@ class Slirp:
         nft = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin:/bin")
         if nft is None:
             raise OSError("the nft command is not installed")
+        # bwrap gives the sandbox's pid before its child mapped its ids: not to be entered yet
+        await owner_mapped(pid)
         # the table before the tap exists: no moment in which the image reaches out; any user of
         # the image may bind any port there (its ``User`` serves on port 80, as a container
         # runtime allows)
@@ -339,4 +376,11 @@ class Slirp:
             await self.process.wait()
 
 
-__all__ = ["Slirp", "SocketMaker", "rootless_isolation", "ruleset", "slirp_problem"]
+__all__ = [
+    "Slirp",
+    "SocketMaker",
+    "owner_mapped",
+    "rootless_isolation",
+    "ruleset",
+    "slirp_problem",
+]

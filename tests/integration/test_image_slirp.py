@@ -27,6 +27,8 @@ from typing import Final
 import pytest
 
 from atrium.images.store import ImageStore
+from atrium.lifecycle.runners.image import _child_pid
+from atrium.lifecycle.slirp import Slirp
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import ServeProcess, serve_env, wait_for
 from tests.integration.registry import Registry, running_registry
@@ -213,6 +215,45 @@ def test_an_image_under_a_shell_that_is_not_root_has_a_network_of_its_own(
             assert owned_in_tmp() == []  # the API socket's folder neither
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_the_shell_enters_a_sandboxs_network_only_once_its_ids_are_mapped(tmp_path: Path) -> None:
+    """bwrap that is not setuid gives the sandbox's pid (``--info-fd``) before its child mapped
+    the ids of its user namespace: the shell entering it then was no one there, and writing the
+    table and the low ports failed ("Permission denied"; seen under load, one start in a few).
+    Here the maps are held back (``--userns-block-fd``) until the shell has tried."""
+    info_r, info_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    block_r, block_w = os.pipe()
+    bwrap = [
+        *("bwrap", "--unshare-user", "--unshare-net", "--unshare-pid", "--die-with-parent"),
+        *("--info-fd", str(info_w), "--userns-block-fd", str(hold_r), "--block-fd", str(block_r)),
+        *("--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"),
+    ]
+    sandbox = subprocess.Popen(bwrap, pass_fds=(info_w, hold_r, block_r))
+    for fd in (info_w, hold_r, block_r):
+        os.close(fd)
+
+    async def attach() -> None:
+        pid = await _child_pid(info_r)
+        attaching = asyncio.create_task(Slirp.attach(pid, tmp_path / "log"))
+        done, _ = await asyncio.wait({attaching}, timeout=0.3)
+        assert not done, attaching.result()  # it waits for the maps
+        for name in ("uid_map", "gid_map"):
+            Path(f"/proc/{pid}/{name}").write_text("0 0 1\n")
+        os.write(hold_w, b"1")
+        slirp = await asyncio.wait_for(attaching, 10)  # the table and the low ports written
+        await slirp.close()
+
+    try:
+        asyncio.run(attach())
+        os.write(block_w, b"1")
+        assert sandbox.wait(timeout=10) == 0
+    finally:
+        for fd in (info_r, hold_w, block_w):
+            os.close(fd)
+        sandbox.kill()
+        sandbox.wait()
 
 
 def test_doctor_says_which_network_an_unprivileged_shell_gives_images() -> None:
