@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ DEADLINE = 15.0
 MIB = 1024 * 1024
 #: the SDK app that answers `/whoami` with what the shell told it of the request
 ECHO = "test.sdk.echo"
+
+#: which /24 the next shell the tests start gets (`own_range`)
+_RANGES = count(os.getpid() * 7)
+
+
+def own_range() -> str:
+    """A private /24 of its own for each shell the tests start, in 10.232.0.0/13.
+
+    Shells on the default range (10.213.0.0/16) clash when several are up at once (a module's
+    shell and a test's own, or another pytest run on the machine): the later one then finds the
+    range routed and quietly puts its contract apps on the host's network. A test that is about
+    the range sets ``app_network`` (``ATRIUM_APP_NETWORK``) itself."""
+    block = next(_RANGES) % 2048
+    return f"10.{232 + block // 256}.{block % 256}.0/24"
 
 
 @dataclass
@@ -125,6 +140,7 @@ def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShel
         "host": "127.0.0.1",
         "port": 0,
         "heartbeat_seconds": 15.0,
+        "app_network": own_range(),
     }
     options.update(overrides)
     token = new_token()
@@ -209,7 +225,13 @@ class ServeProcess:
 
 def serve_env(home: Path, **extra: str) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATRIUM_")}
-    return {**clean, "ATRIUM_HOME": str(home), "ATRIUM_PORT": "0", **extra}
+    return {
+        **clean,
+        "ATRIUM_HOME": str(home),
+        "ATRIUM_PORT": "0",
+        "ATRIUM_APP_NETWORK": own_range(),
+        **extra,
+    }
 
 
 @contextmanager
