@@ -15,9 +15,12 @@ Pure: a tar member's name, type, mode and link target in, a `Step` (what the unp
   files unreadable to them, and nothing in a pulled image is a secret from who can pull it);
 - a symbolic link is kept when its target, read inside the image (an absolute target from the
   image's root, a relative one from the link's folder), stays in the image; a target that climbs
-  out with ``..`` is refused. A hard link must name a member path, never absolute or with ``..``.
-  Links are never followed while unpacking: the unpacker refuses a member whose parent folder is a
-  link (see `atrium.images.store`);
+  out with ``..`` is refused. Read alone a target can look inside yet leave through another
+  link (``d -> .`` then ``x -> d/..``): once the last layer is unpacked every link is resolved
+  through the tree's own links (`resolve_link`). A hard link must name a member path, never
+  absolute or with ``..``. Links are never followed while unpacking: the unpacker refuses a
+  member (a hard link's source and a whiteout too) whose parent folder is a link (see
+  `atrium.images.store`);
 - an extended header (PAX, GNU long name or link) larger than `MAX_HEADER` is refused before
   tarfile reads it (`BoundedTarInfo`): tarfile holds one whole in memory, beyond every limit.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import posixpath
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -157,6 +161,77 @@ def symlink_stays_inside(parts: tuple[str, ...], target: str) -> bool:
         if depth < 0:
             return False
     return True
+
+
+class Node(StrEnum):
+    """What a path of the unpacked tree is, as `resolve_link` asks about it."""
+
+    FOLDER = "folder"
+    LINK = "link"
+    OTHER = "other"
+    MISSING = "missing"
+
+
+#: the most links one resolution follows (the kernel's own limit, MAXSYMLINKS)
+MAX_LINK_HOPS: Final = 40
+
+
+def resolve_link(
+    parts: tuple[str, ...],
+    target: str,
+    look: Callable[[tuple[str, ...]], tuple[Node, str]],
+) -> tuple[str, ...]:
+    """Where the symbolic link at ``parts`` pointing at ``target`` lands in the unpacked tree, as
+    the kernel would resolve it: each part in turn, following the tree's own links (an absolute
+    target from the image's root, a relative one from the link's folder), at most
+    `MAX_LINK_HOPS` links. ``look(parts)`` says what a path is (and a link's target); it is
+    only asked about paths whose folders are real folders. Past a missing path or a file the
+    rest is read as written (nothing there to follow). A ``..`` above the root is refused
+    (LayerRefused), not held at the root as the kernel would inside the sandbox: the store's
+    rootfs is also read from outside the sandbox, where the root has a parent. A link that needs
+    more than `MAX_LINK_HOPS` links is refused too (it resolves nowhere)."""
+    name = normal_path(parts)
+    where = [] if target.startswith("/") else list(parts[:-1])
+    pending = list(reversed(_link_parts(target)))
+    hops = 0
+    #: how deep the first missing path (or file) is: below it nothing is looked up; a ``..``
+    #: back above it looks again (a folder made there later, such as a data mount point,
+    #: would be followed by the kernel)
+    beyond = 0
+    while pending:
+        part = pending.pop()
+        if part == "..":
+            if not where:
+                raise LayerRefused(
+                    f"symbolic link {name} -> {target!r} leaves the image's root (resolved "
+                    "through the image's own links)"
+                )
+            where.pop()
+            if len(where) < beyond:
+                beyond = 0
+            continue
+        where.append(part)
+        if beyond:
+            continue
+        node, link_target = look(tuple(where))
+        if node is Node.LINK:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise LayerRefused(
+                    f"symbolic link {name} -> {target!r} goes through more than "
+                    f"{MAX_LINK_HOPS} links"
+                )
+            where.pop()
+            if link_target.startswith("/"):
+                where.clear()
+            pending.extend(reversed(_link_parts(link_target)))
+        elif node is not Node.FOLDER:
+            beyond = len(where)
+    return tuple(where)
+
+
+def _link_parts(target: str) -> list[str]:
+    return [p for p in target.split("/") if p not in ("", ".")]
 
 
 def file_mode(mode: int) -> int:

@@ -48,9 +48,11 @@ from atrium.images.layers import (
     BoundedTarInfo,
     Kind,
     LayerRefused,
+    Node,
     Step,
     normal_path,
     plan,
+    resolve_link,
     setid_cleared,
 )
 
@@ -63,6 +65,8 @@ CONFIG_TYPES: Final = frozenset(
 IMAGE_TYPES: Final = frozenset({artifact.OCI_MANIFEST, artifact.DOCKER_MANIFEST})
 INDEX_TYPES: Final = frozenset({artifact.OCI_INDEX, artifact.DOCKER_LIST})
 MAX_CONFIG: Final = 1 << 20
+#: ``image.json``'s mark that `check_links` passed on the entry's tree
+LINKS_RESOLVED: Final = "resolved"
 #: defaults of the store's limits (``ImageStore(max_bytes=..., max_files=...)``)
 MAX_BYTES: Final = 8 << 30
 MAX_FILES: Final = 500_000
@@ -322,6 +326,35 @@ def _apply(
         _write_file(path, tar.extractfile(member), step, budget)
 
 
+def _look(root: Path, parts: tuple[str, ...]) -> tuple[Node, str]:
+    path = root.joinpath(*parts)
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return Node.MISSING, ""
+    if stat.S_ISLNK(info.st_mode):
+        return Node.LINK, str(path.readlink())
+    return (Node.FOLDER if stat.S_ISDIR(info.st_mode) else Node.OTHER), ""
+
+
+def check_links(root: Path) -> None:
+    """Refuse the unpacked tree if one of its symbolic links, resolved through the tree's own
+    links (`resolve_link`), lands outside it. Run once on the whole tree after the last layer:
+    a link whose target reads as inside (each member's own check) may still climb out through
+    another link, made in the same layer or a later one."""
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    parts = Path(entry.path).relative_to(root).parts
+                    target = str(Path(entry.path).readlink())
+                    resolve_link(parts, target, lambda p: _look(root, p))
+                elif entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+
+
 def add_mount_points(root: Path) -> None:
     """Empty folders where the sandbox mounts its own file systems: the root is read-only once
     an instance runs, so bubblewrap could not make them then. A name the image already uses
@@ -410,6 +443,8 @@ class ImageStore:
             config = parse_config((path / "config.json").read_bytes())
         except (OSError, ValueError):
             return None
+        if meta.get("links") != LINKS_RESOLVED and not _recheck_links(path, meta):
+            return None
         return StoredImage(
             digest=digest,
             path=path,
@@ -451,7 +486,7 @@ class ImageStore:
         lock = self._locks.setdefault(digest, asyncio.Lock())
         async with lock:
             await asyncio.to_thread(self.sweep)
-            found = self.get(digest)
+            found = await asyncio.to_thread(self.get, digest)
             if found is not None:
                 return found
             staging = self.root / STAGING / f"{digest[7:]}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -537,6 +572,7 @@ class ImageStore:
                         await asyncio.to_thread(out.write, chunk)
                 await asyncio.to_thread(unpack_layer, blob, rootfs, budget)
                 blob.unlink()
+            await asyncio.to_thread(check_links, rootfs)
             await asyncio.to_thread(add_mount_points, rootfs)
         meta = {
             "digest": digest,
@@ -548,12 +584,33 @@ class ImageStore:
             "files": budget.files,
             "skipped": budget.skipped,
             "setidCleared": budget.setid_cleared,
+            "links": LINKS_RESOLVED,
         }
         await asyncio.to_thread(_seal, staging, self.entry(digest), pulled.body, config_body, meta)
         stored = self.get(digest)
         if stored is None:
             raise ImageError(f"the image {digest} vanished from the store after unpacking")
         return replace(stored, reused=False)
+
+
+def _recheck_links(path: Path, meta: dict[str, Any]) -> bool:
+    """An entry unpacked before `check_links` ran at every pull is checked once now: kept (and
+    marked) when its links stay inside, else moved into the staging folder as a dead pull's
+    (the next sweep removes it; a running instance keeps the tree it has mounted) so that it
+    is not launched again and the next install pulls, and refuses, it afresh."""
+    try:
+        check_links(path / "rootfs")
+    except (LayerRefused, OSError):
+        retired = path.parent / STAGING / f"{path.name.removeprefix('sha256-')}-0-retired"
+        retired.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(retired, ignore_errors=True)
+        path.rename(retired)
+        return False
+    marked = path / f"{META}.new"
+    marked.write_text(json.dumps({**meta, "links": LINKS_RESOLVED}, indent=1))
+    marked.chmod(0o444)
+    marked.rename(path / META)
+    return True
 
 
 def _alive(pid: int) -> bool:

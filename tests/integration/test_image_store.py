@@ -369,6 +369,86 @@ async def test_an_absolute_link_stays_inside_and_nothing_is_written_through_a_li
     assert (image.rootfs / "bin/sh").readlink() == Path("/bin/busybox")
 
 
+#: links whose every target reads as inside, one by one, yet resolve outside the rootfs through
+#: the tree's own links (the unpacked entry's parent, the store, the host)
+ESCAPING_LINKS: Final[list[tuple[str, list[Layer], str]]] = [
+    ("dot-then-up", [Layer().link("d", ".").link("x", "d/..")], "/x"),
+    ("absolute-dot", [Layer().link("d", "/").link("x", "/d/../etc")], "/x"),
+    ("deeper", [Layer().folder("a").link("a/d", "..").link("a/x", "d/a/d/..")], "/a/x"),
+    (
+        "across-layers",
+        [Layer().folder("d").link("x", "d/.."), Layer().link("d", ".")],
+        "/x",
+    ),
+    ("chain", [Layer().link("d", ".").link("e", "d").link("x", "e/../y")], "/x"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "path"), ESCAPING_LINKS, ids=[e[0] for e in ESCAPING_LINKS]
+)
+async def test_a_link_resolved_through_the_trees_own_links_may_not_leave_the_rootfs(
+    registry: Registry, tmp_path: Path, name: str, layers: list[Layer], path: str
+) -> None:
+    digest, _ = await push_image(registry, f"apps/escape-{name}", "1", layers, {})
+    store = ImageStore(tmp_path / "images")
+    with pytest.raises(ImageError, match="is refused") as refused:
+        await store.pull(registry.host, f"apps/escape-{name}", digest)
+    assert f"symbolic link {path} " in refused.value.reason
+    assert "leaves the image's root" in refused.value.reason
+    assert store_entries(tmp_path / "images") == []
+
+
+async def test_links_that_resolve_inside_are_kept_and_a_loop_is_refused(
+    registry: Registry, tmp_path: Path
+) -> None:
+    store = ImageStore(tmp_path / "images")
+    kept = (
+        Layer()
+        .folder("usr")
+        .folder("usr/lib")
+        .link("lib", "usr/lib")
+        .link("up", "lib/..")  # /usr
+        .link("abs", "/lib/../bin")  # /usr/bin, missing: a dangling link is kept
+        .link("d", ".")
+        .link("self", "d/d/d/usr")
+    )
+    digest, _ = await push_image(registry, "apps/links-inside", "1", [kept], {})
+    image = await store.pull(registry.host, "apps/links-inside", digest)
+    assert (image.rootfs / "up").readlink() == Path("lib/..")
+
+    # an entry unpacked before every pull resolved its links is checked once when next used:
+    # kept and marked when its links stay inside, else retired (never launched again)
+    meta_path = image.path / "image.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta.pop("links") == "resolved"
+    meta_path.chmod(0o644)
+    meta_path.write_text(json.dumps(meta))
+    assert store.get(digest) is not None
+    assert json.loads(meta_path.read_text())["links"] == "resolved"
+    meta_path.chmod(0o644)
+    meta_path.write_text(json.dumps(meta))
+    (image.rootfs / "out").symlink_to("d/..")
+    assert store.get(digest) is None
+    assert not image.path.exists()
+    store.sweep()
+    assert store_entries(tmp_path / "images") == []
+
+    loop = Layer().link("a", "b").link("b", "a/x")
+    digest, _ = await push_image(registry, "apps/links-loop", "1", [loop], {})
+    with pytest.raises(ImageError, match="more than 40 links"):
+        await store.pull(registry.host, "apps/links-loop", digest)
+    # a hard link or a whiteout through such a link is never followed either
+    for tag, member in (
+        ("2", Layer().link("d/f", "f", hard=True)),
+        ("3", Layer().file("d/.wh.f", b"")),
+    ):
+        layers = [Layer().file("f", b"f\n").link("d", "."), member]
+        digest, _ = await push_image(registry, "apps/links-loop", tag, layers, {})
+        with pytest.raises(ImageError, match="through the symbolic link /d"):
+            await store.pull(registry.host, "apps/links-loop", digest)
+
+
 async def test_devices_and_fifos_are_skipped_and_setid_bits_cleared(
     registry: Registry, tmp_path: Path
 ) -> None:

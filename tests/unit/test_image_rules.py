@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from atrium.images.config import ConfigInvalid, ImageConfig, launch, parse_config, resolve_user
-from atrium.images.layers import Kind, LayerRefused, plan, symlink_stays_inside
+from atrium.images.layers import (
+    Kind,
+    LayerRefused,
+    Node,
+    plan,
+    resolve_link,
+    symlink_stays_inside,
+)
 from atrium.manifest import Runtime
 
 
@@ -40,6 +47,53 @@ def test_a_symlink_stays_inside_read_as_the_image_sees_it(
     parts: tuple[str, ...], target: str, inside: bool
 ) -> None:
     assert symlink_stays_inside(parts, target) is inside
+
+
+#: a tree: folders, files and links (a link's target), as `resolve_link` looks at it
+TREE: dict[tuple[str, ...], tuple[Node, str]] = {
+    ("usr",): (Node.FOLDER, ""),
+    ("usr", "lib"): (Node.FOLDER, ""),
+    ("lib",): (Node.LINK, "usr/lib"),
+    ("d",): (Node.LINK, "."),
+    ("etc",): (Node.FOLDER, ""),
+    ("etc", "passwd"): (Node.OTHER, ""),
+}
+
+
+def look(parts: tuple[str, ...]) -> tuple[Node, str]:
+    return TREE.get(parts, (Node.MISSING, ""))
+
+
+@pytest.mark.parametrize(
+    ("target", "lands"),
+    [
+        ("lib/..", ("usr",)),
+        ("/lib/../../etc", ("etc",)),
+        ("d/d/usr/lib", ("usr", "lib")),
+        ("missing/x/..", ("missing",)),  # past a missing path the rest is read as written
+        ("etc/passwd/..", ("etc",)),
+    ],
+)
+def test_a_link_resolves_through_the_trees_own_links(target: str, lands: tuple[str, ...]) -> None:
+    assert resolve_link(("x",), target, look) == lands
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        ("d/..", "leaves the image's root"),
+        ("/d/../etc", "leaves the image's root"),
+        # a folder made later where nothing is now (a data mount point) would be followed
+        ("missing/../d/..", "leaves the image's root"),
+        ("lib/../../..", "leaves the image's root"),
+        ("self", "more than 40 links"),
+    ],
+)
+def test_a_link_that_resolves_outside_is_refused(target: str, words: str) -> None:
+    tree = {**TREE, ("self",): (Node.LINK, "self")}
+    with pytest.raises(LayerRefused, match=words) as refused:
+        resolve_link(("x",), target, lambda parts: tree.get(parts, (Node.MISSING, "")))
+    assert "symbolic link /x " in str(refused.value)
 
 
 def test_each_member_kind_becomes_its_step() -> None:
