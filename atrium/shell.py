@@ -38,6 +38,7 @@ from atrium.lifecycle.presence import Presence
 from atrium.lifecycle.runners import Runner, load_runner
 from atrium.lifecycle.runners.bwrap import BwrapRunner
 from atrium.lifecycle.runners.kubernetes import KubeSettings
+from atrium.lifecycle.stragglers import end_stragglers
 from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
@@ -290,6 +291,10 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # the import uploads and exports a killed shell left in cache/ (no request runs yet)
         for line in await asyncio.to_thread(spool.sweep, settings.home):
             _LOGGER.warning("%s", line)
+        # what a killed shell's runs left running (a sandbox whose bwrap died in its first
+        # milliseconds), ended before anything is launched; the network's sweep (`app_network`)
+        # then removes what their networks left
+        await asyncio.to_thread(end_stragglers, settings.home, settings.lock_path)
         # the bus first: the users store and the grants hear other shells' changes on it
         bus = await stack.enter_async_context(EventBus(heartbeat=settings.heartbeat_seconds, db=db))
         scope_locks.bus = bus

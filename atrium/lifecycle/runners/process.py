@@ -433,6 +433,11 @@ def open_for_search(paths: Iterable[Path], home: Path | None) -> None:
                 folder.chmod(wanted)
 
 
+def locks_dir(home: Path) -> Path:
+    """The home's folder of instance lock files (`instance_lock`)."""
+    return home / "run" / "locks"
+
+
 def instance_lock(folder: Path, home: Path | None) -> Path:
     """The file whose ``flock`` proves that the instance of ``folder`` runs once: in the home's
     ``run/locks``, named after the folder's path (beside the folder when no home is given).
@@ -448,7 +453,7 @@ def instance_lock(folder: Path, home: Path | None) -> Path:
     if home is None:
         return absolute.with_name(f".{absolute.name}.lock")
     digest = hashlib.sha256(os.fsencode(absolute)).hexdigest()[:32]
-    return home / "run" / "locks" / digest
+    return locks_dir(home) / digest
 
 
 def lock_data_dir(spec: SpawnSpec) -> int:
