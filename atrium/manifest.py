@@ -289,7 +289,9 @@ class Runtime(_ManifestPart):
     model_config = ConfigDict(**{**_ManifestPart.model_config, "extra": "forbid"})
 
     image: Annotated[str, AfterValidator(check_image)]
-    port: int = Field(ge=1, le=65535)
+    #: where the image's server listens; None takes the one TCP port of the image config's
+    #: ``ExposedPorts`` (`atrium.images.config.image_port`)
+    port: int | None = Field(default=None, ge=1, le=65535)
     health: RuntimeHealth
     data: list[Annotated[str, AfterValidator(_check_data_path)]] = Field(
         default_factory=list, max_length=MAX_DATA_PATHS

@@ -17,8 +17,9 @@ from typing import Any
 from atrium.distribution.ociclient import RegistryClient, RegistryError, size_text
 from atrium.distribution.reach import Reach
 from atrium.egress import ask_wire, asked, words
-from atrium.errors import FetchFailed
+from atrium.errors import FetchFailed, ManifestInvalid
 from atrium.files import write_atomic
+from atrium.images.config import ConfigInvalid, image_port
 from atrium.images.store import ImageError, ImageStore, StoredImage
 from atrium.manifest import MANIFEST_FILE, Manifest
 
@@ -57,6 +58,12 @@ async def pin_image(
         raise FetchFailed(runtime.image, err.reason) from err
     except ImageError as err:
         raise FetchFailed(runtime.image, err.reason) from err
+    try:
+        image_port(image.config, runtime)
+    except ConfigInvalid as err:
+        raise ManifestInvalid(
+            manifest.id, [{"field": "runtime.port", "message": str(err)}]
+        ) from err
     pinned = runtime.pin(digest)
     await asyncio.to_thread(_write_pinned, app_dir / MANIFEST_FILE, pinned.image)
     return PinnedImage(manifest.model_copy(update={"runtime": pinned}), image)

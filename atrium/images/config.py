@@ -164,6 +164,25 @@ def resolve_user(user: str, passwd: str = "", group: str = "") -> tuple[int, int
     return uid, gid
 
 
+def image_port(config: ImageConfig, runtime: Runtime) -> int:
+    """Where the image's server listens: the manifest's ``runtime.port``, else the one TCP port
+    the image config's ``ExposedPorts`` names; ConfigInvalid when it names none or several."""
+    if runtime.port is not None:
+        return runtime.port
+    if len(config.exposed_ports) == 1:
+        return config.exposed_ports[0]
+    if not config.exposed_ports:
+        raise ConfigInvalid(
+            "the manifest sets no runtime.port and the image's ExposedPorts names no TCP port: "
+            "set runtime.port to where its server listens"
+        )
+    listed = ", ".join(str(port) for port in config.exposed_ports)
+    raise ConfigInvalid(
+        f"the manifest sets no runtime.port and the image's ExposedPorts names several TCP "
+        f"ports ({listed}): set runtime.port to the one its page is served on"
+    )
+
+
 def launch(config: ImageConfig, runtime: Runtime, passwd: str = "", group: str = "") -> Launch:
     """The image's config with the manifest's ``runtime`` laid over it."""
     argv = tuple(runtime.command) if runtime.command else config.entrypoint + config.cmd
@@ -176,5 +195,10 @@ def launch(config: ImageConfig, runtime: Runtime, passwd: str = "", group: str =
     env.update(runtime.env)
     uid, gid = resolve_user(config.user, passwd, group)
     return Launch(
-        argv=argv, env=env, cwd=config.working_dir or "/", port=runtime.port, uid=uid, gid=gid
+        argv=argv,
+        env=env,
+        cwd=config.working_dir or "/",
+        port=image_port(config, runtime),
+        uid=uid,
+        gid=gid,
     )

@@ -157,13 +157,23 @@ def test_an_image_app_installs_pinned_after_a_plain_review_and_a_killed_shell_le
     source = tmp_path / "source" / APP
     source.mkdir(parents=True)
     described = manifest(registry, httpd)
-    described["runtime"]["image"] = f"{registry.host}/apps/httpd:1"  # type: ignore[index]
+    runtime: dict[str, object] = described["runtime"]  # type: ignore[assignment]
+    del runtime["port"]  # the port the image's ExposedPorts names (80) is the one
+    runtime["image"] = f"{registry.host}/apps/httpd:1"
     (source / "app.manifest.json").write_text(json.dumps(described))
     first = image_ids(APP).uid
     missing = tmp_path / "missing" / APP
     missing.mkdir(parents=True)
-    described["runtime"]["image"] = f"{registry.host}/apps/httpd:nope"  # type: ignore[index]
+    runtime["image"] = f"{registry.host}/apps/httpd:nope"
     (missing / "app.manifest.json").write_text(json.dumps(described))
+    # an image that exposes no port, with a manifest that names none: nothing to reach
+    portless = tmp_path / "portless" / APP
+    portless.mkdir(parents=True)
+    asyncio.run(
+        push_image(registry, "apps/portless", "1", [Layer().file("x", b"x\n")], {"Cmd": ["/x"]})
+    )
+    runtime["image"] = f"{registry.host}/apps/portless:1"
+    (portless / "app.manifest.json").write_text(json.dumps(described))
     with serving(home, stop=signal.SIGKILL) as served, served.client(timeout=60) as api:
         refused = api.post(
             "/api/dist/install", json={"ref": f"local:{missing}", "autoApprove": True}
@@ -171,6 +181,15 @@ def test_an_image_app_installs_pinned_after_a_plain_review_and_a_killed_shell_le
         assert refused.status_code == 502, refused.text
         assert refused.json()["error"]["code"] == "fetch_failed"
         assert api.get(f"/api/apps/{APP}").status_code == 404  # nothing half installed
+        refused = api.post(
+            "/api/dist/install", json={"ref": f"local:{portless}", "autoApprove": True}
+        )
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_manifest"
+        assert error["problems"][0]["field"] == "runtime.port"
+        assert "ExposedPorts" in error["problems"][0]["message"]
+        assert api.get(f"/api/apps/{APP}").status_code == 404
         asked = api.post("/api/dist/install", json={"ref": f"local:{source}"})
         assert asked.status_code == 200, asked.text
         review = asked.json()

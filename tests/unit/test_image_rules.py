@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from atrium.images.config import ConfigInvalid, ImageConfig, launch, parse_config, resolve_user
+from atrium.images.config import (
+    ConfigInvalid,
+    ImageConfig,
+    image_port,
+    launch,
+    parse_config,
+    resolve_user,
+)
 from atrium.images.layers import (
     Kind,
     LayerRefused,
@@ -172,6 +179,17 @@ def test_the_manifest_overrides_the_image() -> None:
     assert over.argv == ("/bin/other",)
     assert over.env == {"A": "2", "B": "x=y", "PATH": "/bin"}
     assert launch(parse_config(config()), runtime(command=["/x"])).cwd == "/"
+
+
+def test_the_port_is_the_manifests_else_the_one_the_image_exposes() -> None:
+    web = parse_config(config(Cmd=["/bin/app"], ExposedPorts={"8000/tcp": {}, "53/udp": {}}))
+    assert image_port(web, runtime()) == 8080
+    assert image_port(web, runtime(port=None)) == 8000
+    both = parse_config(config(Cmd=["/bin/app"], ExposedPorts={"80/tcp": {}, "443/tcp": {}}))
+    with pytest.raises(ConfigInvalid, match=r"several TCP ports \(80, 443\)"):
+        image_port(both, runtime(port=None))
+    with pytest.raises(ConfigInvalid, match="names no TCP port"):
+        image_port(parse_config(config(Cmd=["/bin/app"])), runtime(port=None))
 
 
 def test_an_image_with_nothing_to_run_needs_a_command() -> None:
