@@ -108,3 +108,11 @@ def test_missing_required_fields_are_each_named() -> None:
     data = {"id": DIR, "version": "1.0.0", "name": "Web", "runtime": {}}
     # runtime.port is not required: the image's ExposedPorts may name it
     assert sorted(p["field"] for p in problems(data)) == ["runtime.health", "runtime.image"]
+
+
+def test_an_image_app_is_themed_only_when_its_manifest_says_so() -> None:
+    assert not parse_manifest(manifest(), DIR).injects_theme
+    themed = parse_manifest({**manifest(), "themeStrategy": "inherit"}, DIR)
+    assert themed.injects_theme
+    contract = {"id": DIR, "version": "1.0.0", "name": "Web"}
+    assert parse_manifest(contract, DIR).injects_theme  # a contract app: as before
