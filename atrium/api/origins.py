@@ -33,7 +33,7 @@ from atrium.identity import CALLER_SCOPE_KEY, AppCaller
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
 from atrium.shell import Shell
-from atrium.theme.inject import HtmlTransform
+from atrium.theme.inject import HtmlTransform, transform_html
 from atrium.theme.prefs import VIEWER_SCOPE_KEY
 from atrium.users.grants import GrantRole, access_to
 from atrium.users.model import User
@@ -44,6 +44,10 @@ VIEWER_METHODS: Final = frozenset({"GET", "HEAD"})
 VIEW_COOKIE: Final = "atrium_view"
 SLUG_RE: Final = re.compile(r"[a-z0-9]{12}")
 CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
+#: the shim an app's HTML pages load first: an XHR's own user and password reach its own origin
+XHR_AUTH_JS: Final = Path(__file__).resolve().parent.parent / "web" / "xhr-auth.js"
+XHR_AUTH_SRC: Final = "/_os/xhr-auth.js"
+XHR_AUTH_SNIPPET: Final = f'<script src="{XHR_AUTH_SRC}"></script>'.encode()
 SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -214,9 +218,11 @@ class AppOrigins:
                 "POST /api/instances/{id}/views"
             )
         looking = self._looking(shell, instance, view)
-        if path == "/_os/client.js":
+        if path in ("/_os/client.js", XHR_AUTH_SRC):
             await FileResponse(
-                CLIENT_JS, media_type="text/javascript", headers={"Cache-Control": "no-cache"}
+                CLIENT_JS if path == "/_os/client.js" else XHR_AUTH_JS,
+                media_type="text/javascript",
+                headers={"Cache-Control": "no-cache"},
             )(scope, receive, send)
             return
         if path == "/_os/api" or path.startswith("/_os/api/"):
@@ -337,14 +343,25 @@ class AppOrigins:
                 status_code=503,
                 headers={"Retry-After": "1"},
             )
+        themed = self._transform_html(instance, looking.user.id) if self._transform_html else None
         return await proxy_page(
-            shell,
-            instance,
-            request,
-            request.url.path,
-            self._transform_html(instance, looking.user.id) if self._transform_html else None,
-            looking=looking,
+            shell, instance, request, request.url.path, with_xhr_auth(themed), looking=looking
         )
+
+
+def with_xhr_auth(themed: HtmlTransform | None) -> HtmlTransform:
+    """An app page's HTML transform: the theme's injection (if any), and before it the shim that
+    sends an XHR's own user and password as `Authorization: Basic` to the page's own origin
+    (`web/xhr-auth.js`): in the host page's iframe, another site, Chromium never answers the
+    app's `WWW-Authenticate: Basic` with them, so an app's own sign-in could not work."""
+
+    def transform(body: bytes, content_type: str, content_encoding: str | None) -> bytes:
+        if themed is not None:
+            body = themed(body, content_type, content_encoding)
+        # inserted last, so it comes first: before any script of the page
+        return transform_html(body, content_type, content_encoding, XHR_AUTH_SNIPPET)
+
+    return transform
 
 
 async def proxy_page(

@@ -181,3 +181,18 @@ def test_a_debian_server_image_and_busybox_open_in_the_host_page_on_their_own_or
     users = (fields.split(":") for fields in (rootfs / "etc/passwd").read_text().splitlines())
     uid = next(int(user[2]) for user in users if user[0] == "radicale")
     assert made.stat().st_uid == image_ids(RADICALE).uid + uid
+
+
+def test_radicales_own_sign_in_form_signs_in_inside_the_iframe(page: Page) -> None:
+    """Radicale's page signs in as the standard says: its script opens each XHR with the user
+    and password typed into its form. In the host page's iframe (another site) Chromium does
+    not answer Radicale's `WWW-Authenticate: Basic` with them, so the shell's shim on the app's
+    pages sends them as `Authorization: Basic` to the app's own origin (decisions.md "Images:
+    an app's own sign-in")."""
+    frame = launch(page, RADICALE)
+    frame.fill("#loginscene input[data-name=user]", "atrium")
+    frame.fill("#loginscene input[data-name=password]", "any password")
+    frame.click("#loginscene button[type=submit]")
+    frame.wait_for_selector("#collectionsscene", state="visible")
+    assert frame.locator("#loginscene").is_hidden()
+    assert frame.locator('#collectionsscene a[data-name="new"]').is_visible()
