@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -338,3 +339,38 @@ def test_a_user_the_images_passwd_numbers_beyond_its_ids_is_refused(
         assert not block_processes(image_ids(APP).uid + 131072)
         assert started.status_code >= 400, started.text
         assert "131072" in started.json()["error"]["message"]
+
+
+def test_an_image_app_listed_in_the_index_installs_by_its_id(
+    start_shell: StartShell, tmp_path: Path, registry: Registry, httpd: str
+) -> None:
+    # the index lists the app as any other: its source is a git repository holding the manifest,
+    # whose runtime names the image (by tag: the install pins it)
+    repo = tmp_path / f"{APP}.git"
+    repo.mkdir()
+    described = manifest(registry, httpd)
+    described["runtime"]["image"] = f"{registry.host}/apps/httpd:1"  # type: ignore[index]
+    (repo / "app.manifest.json").write_text(json.dumps(described))
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "image app"], check=True)
+    entry = {
+        "id": APP,
+        "name": "Busybox httpd",
+        "description": "An OCI image as an app",
+        "sources": {"git": {"ref": f"git+file://{repo}", "default-branch": "main"}},
+    }
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"schema": 1, "apps": [entry]}))
+    shell = start_shell(index_url=index.as_uri())
+    with shell.client(timeout=60) as api:
+        listed = api.get("/api/dist/index").json()["index"]["apps"]
+        assert [e["id"] for e in listed] == [APP]
+        review = api.post("/api/dist/install", json={"ref": APP})
+        assert review.status_code == 200, review.text
+        assert review.json()["image"]["kind"] == "container image"
+        done = api.post("/api/dist/install", json={"ref": APP, "autoApprove": True})
+        assert done.status_code == 200, done.text
+        installed = api.get(f"/api/apps/{APP}").json()["manifest"]["runtime"]["image"]
+        assert installed == f"{registry.host}/apps/httpd@{httpd}"
