@@ -48,6 +48,7 @@ CLIENT_JS: Final = Path(__file__).resolve().parent.parent / "web" / "client.js"
 XHR_AUTH_JS: Final = Path(__file__).resolve().parent.parent / "web" / "xhr-auth.js"
 XHR_AUTH_SRC: Final = "/_os/xhr-auth.js"
 XHR_AUTH_SNIPPET: Final = f'<script src="{XHR_AUTH_SRC}"></script>'.encode()
+_SCRIPT_TAG: Final = re.compile(rb"<script[\t\n\f\r />]", re.IGNORECASE)
 SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -350,18 +351,26 @@ class AppOrigins:
 
 
 def with_xhr_auth(themed: HtmlTransform | None) -> HtmlTransform:
-    """An app page's HTML transform: the theme's injection (if any), and before it the shim that
-    sends an XHR's own user and password as `Authorization: Basic` to the page's own origin
-    (`web/xhr-auth.js`): in the host page's iframe, another site, Chromium never answers the
-    app's `WWW-Authenticate: Basic` with them, so an app's own sign-in could not work."""
+    """An app page's HTML transform: the theme's injection (if any), and before it, in a page
+    with a script, the shim that sends an XHR's own user and password as `Authorization: Basic`
+    to the page's own origin (`web/xhr-auth.js`): in the host page's iframe, another site,
+    Chromium never answers the app's `WWW-Authenticate: Basic` with them, so an app's own
+    sign-in could not work."""
 
     def transform(body: bytes, content_type: str, content_encoding: str | None) -> bytes:
         if themed is not None:
             body = themed(body, content_type, content_encoding)
-        # inserted last, so it comes first: before any script of the page
-        return transform_html(body, content_type, content_encoding, XHR_AUTH_SNIPPET)
+        # inserted last, so it comes first: before any script of the page; a page without a
+        # script opens no XHR, and is passed on as the app sent it
+        return transform_html(
+            body, content_type, content_encoding, XHR_AUTH_SNIPPET, when=_has_script
+        )
 
     return transform
+
+
+def _has_script(document: bytes) -> bool:
+    return _SCRIPT_TAG.search(document) is not None
 
 
 async def proxy_page(

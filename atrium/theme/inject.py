@@ -233,9 +233,14 @@ def _deflate(data: bytes, wbits: int) -> bytes:
 
 
 def transform_html(
-    body: bytes, content_type: str, content_encoding: str | None, snippet: bytes
+    body: bytes,
+    content_type: str,
+    content_encoding: str | None,
+    snippet: bytes,
+    when: Callable[[bytes], bool] | None = None,
 ) -> bytes:
-    """Insert ``snippet`` into an HTML response body as the proxy holds it.
+    """Insert ``snippet`` into an HTML response body as the proxy holds it (only into a document
+    ``when`` accepts, if given: it sees the inflated bytes).
 
     `gzip` and `deflate` bodies are inflated, injected and compressed again with the same
     encoding; other encodings (br, zstd, several), non-HTML, UTF-16/32 and empty bodies (HEAD, 304)
@@ -245,7 +250,7 @@ def transform_html(
         return body
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "identity":
-        return insert_into_head(body, snippet)
+        return insert_into_head(body, snippet) if when is None or when(body) else body
     candidates: tuple[int, ...]
     if encoding in ("gzip", "x-gzip"):
         candidates = (31,)
@@ -256,6 +261,8 @@ def transform_html(
     for wbits in candidates:
         inflated = _inflate(body, wbits)
         if inflated is not None:
+            if when is not None and not when(inflated):
+                return body
             injected = insert_into_head(inflated, snippet)
             return body if injected is inflated else _deflate(injected, wbits)
     return body
