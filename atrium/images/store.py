@@ -26,7 +26,7 @@ import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Final
@@ -604,9 +604,11 @@ def _recheck_links(path: Path, meta: dict[str, Any]) -> bool:
         retired = path.parent / STAGING / f"{path.name.removeprefix('sha256-')}-0-retired"
         retired.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(retired, ignore_errors=True)
-        path.rename(retired)
+        with suppress(OSError):  # another caller retired it first
+            path.rename(retired)
         return False
     marked = path / f"{META}.new"
+    marked.unlink(missing_ok=True)  # a crashed mark's (read-only) leftover
     marked.write_text(json.dumps({**meta, "links": LINKS_RESOLVED}, indent=1))
     marked.chmod(0o444)
     marked.rename(path / META)
