@@ -120,6 +120,10 @@ class RunningShell:
         self.root.chmod(0o755)
         env = {**os.environ, "ATRIUM_HOME": str(self.home), "ATRIUM_PORT": "0"}
         env["ATRIUM_RUNNER"] = self.runner
+        # the app on the host's network, as a shell that is not root runs it: the contract's
+        # secret check connects to its port as any other process would, which a network of
+        # its own (a root shell's default) would not let it reach at all
+        env["ATRIUM_APP_NETWORK_APPS"] = "images"
         env.pop("ATRIUM_URL", None)
         env.pop("ATRIUM_TOKEN", None)
         with (self.root / "serve.log").open("ab") as log:
