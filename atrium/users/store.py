@@ -39,8 +39,9 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from atrium.errors import IdentityLinked, InvalidRequest, LastAdmin, NotFound, UserExists
-from atrium.events import USER_CHANGED, Payload, UserChanged
+from atrium.events import GRANT_ADDED, GRANT_REVOKED, USER_CHANGED, Payload, UserChanged
 from atrium.state import events
+from atrium.state.schema import events as event_rows
 from atrium.state.schema import identities, sessions, tokens, users
 from atrium.users.model import (
     MAX_NAME,
@@ -377,6 +378,7 @@ class UserStore:
         try:
             async with self.change(user_id) as tx:
                 await tx.execute(sa.insert(users).values(_user_row(user)))
+                await _drop_events_of(tx, user_id)
         except IntegrityError as err:  # added by another caller (or shell) while this one waited
             raise UserExists(f"user {user_id!r} exists", user=user_id) from err
         self._users[user_id] = user
@@ -407,6 +409,7 @@ class UserStore:
             async with self.change(user_id) as tx:
                 await tx.execute(sa.insert(users).values(_user_row(user)))
                 await tx.execute(sa.insert(identities).values(_identity_row(linked)))
+                await _drop_events_of(tx, user_id)
         except IntegrityError as err:  # another writer made the same id or link first
             raise UserExists(
                 f"user {user_id!r} or that identity was made at the same moment", user=user_id
@@ -854,6 +857,25 @@ def _check_not_last_admin(user_id: str, other_admins: list[str]) -> None:
         raise LastAdmin(
             f"{user_id!r} is the last enabled admin: make another admin first", user=user_id
         )
+
+
+async def _drop_events_of(tx: AsyncConnection, user_id: str) -> None:
+    """A new account's id may be a removed account's: the kept events that were the old
+    account's to hear (owned by it, or a grant's naming it) are deleted in the transaction that
+    makes the new one, so its stream's `Last-Event-ID` replays none of them (any id resumes
+    from the table, and the old account's rows stay there until 10,000 newer ones push them
+    out). Rows written after its removal, of its instances stopping, go too."""
+    await tx.execute(sa.delete(event_rows).where(event_rows.c.owner == user_id))
+    grants = await tx.execute(
+        sa.select(event_rows.c.id, event_rows.c.data).where(
+            event_rows.c.topic.in_((GRANT_ADDED, GRANT_REVOKED))
+        )
+    )
+    named = [
+        row.id for row in grants if isinstance(row.data, dict) and row.data.get("user") == user_id
+    ]
+    if named:
+        await tx.execute(sa.delete(event_rows).where(event_rows.c.id.in_(named)))
 
 
 async def _end_all(tx: AsyncConnection, user_id: str) -> None:

@@ -150,3 +150,20 @@ def test_a_row_this_shell_cannot_read_still_reaches_only_its_owner(
     assert [e.event for e in alice_stream.events] == ["test:end"]
     assert [e.event for e in bob_stream.events] == ["kv:changed", "test:end"]
     assert [e.event for e in app_stream.events] == ["test:end"]
+
+
+def test_an_account_made_again_under_a_removed_ones_id_inherits_nothing(
+    two: RunningShell, api: httpx.Client
+) -> None:
+    """A user id may be reused after its account is removed (the scope is set aside for that):
+    the new account must neither read the old one's KV rows nor replay its events
+    (`Last-Event-ID: 0` read the old account's `kv:changed` rows from the events table)."""
+    with two.client(two.add_user("bob"), timeout=30) as old:
+        assert old.put("/api/kv/os/diary", json={"value": "old bob's"}).status_code == 200
+    assert api.delete("/api/users/bob").status_code == 200
+    with two.client(two.add_user("bob"), timeout=30) as new:
+        assert new.get("/api/kv/os/diary").status_code == 404
+        replayed = SseReader(new, headers={"Last-Event-ID": "0"})
+        assert api.put("/api/kv/global/marker", json={"value": 1}).status_code == 200
+        marker(replayed)
+        assert [e for e in replayed.of("kv:changed") if e.data.get("key") != "marker"] == []
