@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ from atrium.distribution.signing import Verdict, refuses
 from atrium.distribution.stops import InstanceStops
 from atrium.distribution.trust import read_trust
 from atrium.distribution.validate import check_authority, runtime_folders, validate_staged
+from atrium.egress import Ask, asked
 from atrium.errors import (
     ApprovalDenied,
     ApprovalStale,
@@ -184,9 +185,12 @@ class Distribution:
         docker_config: Path | None = None,
         locks: AppLocks | None = None,
         reach: Reach | None = None,
+        keep_revoked: Callable[[str, str, Ask], Awaitable[None]] | None = None,
     ) -> None:
         """``locks``: the per-app operation locks, when the lifecycle's wakes honour them too;
-        ``reach``: where this user's fetches may connect (atrium.distribution.reach)."""
+        ``reach``: where this user's fetches may connect (atrium.distribution.reach);
+        ``keep_revoked(app_id, holder, ask)``: after a rollback, a revoke of the app's egress
+        stays whatever more the version put back asks (`EgressGrants.rolled_back`)."""
         self._layout = layout
         self._registry = registry
         self._lifecycle = lifecycle
@@ -196,6 +200,7 @@ class Distribution:
         self.records = RecordStore(layout)
         self.installer = Installer(layout, repos, self.records)
         self._reach = reach
+        self._keep_revoked = keep_revoked
         self.resolver = Resolver(index, docker_config, reach)
         self.locks = locks or AppLocks()
         self.stops = InstanceStops(lifecycle, registry)
@@ -742,6 +747,10 @@ class Distribution:
                 )
                 plan = InstallPlan("rollback", staged, record, message)
                 stopped, taken = await run_to_completion(self._install_stage(plan, restore))
+            if self._keep_revoked is not None:
+                # still under the app's lock: nothing of it started since
+                holder = self._layout.user if scope is Scope.USER else ""
+                await self._keep_revoked(app_id, holder, asked(manifest))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
                 RESULT,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from atrium.egress import Ask, ask_wire, asked, granted, network_wire
+from atrium.egress import Ask, ask_wire, asked, granted, network_wire, widened
 from atrium.events import AppEgress
 from atrium.lifecycle.network import Network, resolve
 from atrium.scopes import Scope
@@ -81,6 +81,17 @@ class EgressGrants:
                     changed,
                 )
         return given
+
+    async def rolled_back(self, app_id: str, holder: str, ask: Ask) -> None:
+        """A rollback put back a version that asks ``ask``, approved by no one now: a revoke of
+        ``(app_id, holder)`` stays, whatever more that version asks (only an approved update
+        asking more grants it again). Called before anything of the app may start again."""
+        revoked = self.revokes.get(app_id, holder)
+        if revoked is None or widened(revoked, ask) is False:
+            return
+        await self.revokes.widen(app_id, holder, ask)
+        # the other shells read the row again (their instances get nothing either)
+        self._bus.emit(AppEgress(app_id, holder, False, "", owner=holder or None))
 
     def heard(self, event: Event) -> None:
         """Another shell's ``app:egress``: that row read again, and made true here."""

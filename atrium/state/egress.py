@@ -65,6 +65,18 @@ class EgressRevokes:
             await tx.execute(sa.delete(egress_revokes).where(key))
         self._revoked.pop((app_id, holder), None)
 
+    async def widen(self, app_id: str, holder: str, ask: Ask) -> None:
+        """A revoke of ``(app_id, holder)`` kept, now of ``ask`` (what a version put back
+        without an approval asks): `atrium.egress.granted` reads it revoked. An app not revoked
+        stays so."""
+        key = (egress_revokes.c.app_id == app_id) & (egress_revokes.c.holder == holder)
+        async with self._db.transaction() as tx:
+            done = await tx.execute(
+                sa.update(egress_revokes).where(key).values(asked=ask_wire(ask))
+            )
+        if done.rowcount:
+            self._revoked[(app_id, holder)] = ask
+
     async def reload(self, app_id: str, holder: str) -> None:
         """That row read again (another shell changed it)."""
         key = (egress_revokes.c.app_id == app_id) & (egress_revokes.c.holder == holder)

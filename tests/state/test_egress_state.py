@@ -19,3 +19,16 @@ async def test_a_revoke_is_kept_and_a_grant_clears_it(db: Database) -> None:
     await store.reload("com.example.web", "ana")
     assert store.get("com.example.web", "ana") is None
     assert (await EgressRevokes.open(db)).get("com.example.web", "ana") is None
+
+
+async def test_a_widened_revoke_is_kept_with_its_new_ask_and_nothing_is_made_revoked(
+    db: Database,
+) -> None:
+    store = await EgressRevokes.open(db)
+    await store.revoke("com.example.web", "", ("a.example.com:443",), "admin")
+    await store.widen("com.example.web", "", True)
+    await store.widen("com.example.other", "", True)  # not revoked: stays granted
+    again = await EgressRevokes.open(db)
+    assert again.get("com.example.web", "") is True
+    assert again.get("com.example.other", "") is None
+    assert store.get("com.example.other", "") is None

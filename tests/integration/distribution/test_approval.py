@@ -253,3 +253,22 @@ def test_egress_asked_needs_approval_in_words_and_a_bad_one_names_the_field(
     problems = response.json()["error"]["problems"]
     assert [p["field"] for p in problems] == ["network.egress"], problems
     assert "1-65535" in problems[0]["message"]
+
+
+def test_a_rollback_to_a_version_asking_more_keeps_the_revoke(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    """A revoke holds until an update asking more is approved: a rollback is approved by no one,
+    so a version asking more that it puts back stays revoked (it got the internet back)."""
+    app = "com.example.narrowing"
+    source = make_app(app, network={"egress": True})
+    installed_ok(api, f"local:{source}")
+    write_manifest(source, version="2.0.0", network={"egress": ["api.example.com:443"]})
+    updated = api.post(f"/api/dist/update/{app}", json={})
+    assert updated.json()["ok"] is True, updated.text
+    revoked = api.delete(f"/api/apps/{app}/egress")
+    assert revoked.json()["network"]["egress"]["revoked"] is True, revoked.text
+    rolled = api.post(f"/api/dist/rollback/{app}", json={"keepData": True})
+    assert rolled.json()["ok"] is True, rolled.text
+    egress = api.get(f"/api/apps/{app}").json()["network"]["egress"]
+    assert (egress["asked"], egress["granted"], egress["revoked"]) == (True, False, True)
