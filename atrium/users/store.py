@@ -378,7 +378,7 @@ class UserStore:
         try:
             async with self.change(user_id) as tx:
                 await tx.execute(sa.insert(users).values(_user_row(user)))
-                await _drop_events_of(tx, user_id)
+                await _disown_events_of(tx, user_id)
         except IntegrityError as err:  # added by another caller (or shell) while this one waited
             raise UserExists(f"user {user_id!r} exists", user=user_id) from err
         self._users[user_id] = user
@@ -409,7 +409,7 @@ class UserStore:
             async with self.change(user_id) as tx:
                 await tx.execute(sa.insert(users).values(_user_row(user)))
                 await tx.execute(sa.insert(identities).values(_identity_row(linked)))
-                await _drop_events_of(tx, user_id)
+                await _disown_events_of(tx, user_id)
         except IntegrityError as err:  # another writer made the same id or link first
             raise UserExists(
                 f"user {user_id!r} or that identity was made at the same moment", user=user_id
@@ -859,13 +859,21 @@ def _check_not_last_admin(user_id: str, other_admins: list[str]) -> None:
         )
 
 
-async def _drop_events_of(tx: AsyncConnection, user_id: str) -> None:
+#: the owner the kept events of a removed account get when its id is given again: no user id
+#: holds a `~`, so nobody hears them
+NOBODY: Final = "~removed"
+
+
+async def _disown_events_of(tx: AsyncConnection, user_id: str) -> None:
     """A new account's id may be a removed account's: the kept events that were the old
-    account's to hear (owned by it, or a grant's naming it) are deleted in the transaction that
-    makes the new one, so its stream's `Last-Event-ID` replays none of them (any id resumes
+    account's to hear (owned by it, or a grant's naming it) are made nobody's in the transaction
+    that makes the new one, so its stream's `Last-Event-ID` replays none of them (any id resumes
     from the table, and the old account's rows stay there until 10,000 newer ones push them
-    out). Rows written after its removal, of its instances stopping, go too."""
-    await tx.execute(sa.delete(event_rows).where(event_rows.c.owner == user_id))
+    out). Rows written after its removal, of its instances stopping, go too. The rows are kept,
+    changed: event ids have no gaps, and a reader that meets one ends its streams."""
+    await tx.execute(
+        sa.update(event_rows).where(event_rows.c.owner == user_id).values(owner=NOBODY)
+    )
     grants = await tx.execute(
         sa.select(event_rows.c.id, event_rows.c.data).where(
             event_rows.c.topic.in_((GRANT_ADDED, GRANT_REVOKED))
@@ -875,7 +883,10 @@ async def _drop_events_of(tx: AsyncConnection, user_id: str) -> None:
         row.id for row in grants if isinstance(row.data, dict) and row.data.get("user") == user_id
     ]
     if named:
-        await tx.execute(sa.delete(event_rows).where(event_rows.c.id.in_(named)))
+        # a grant's row that does not read as its payload is heard by nobody
+        await tx.execute(
+            sa.update(event_rows).where(event_rows.c.id.in_(named)).values(data={}, owner=NOBODY)
+        )
 
 
 async def _end_all(tx: AsyncConnection, user_id: str) -> None:
