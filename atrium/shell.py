@@ -427,7 +427,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                     restricted=not_an_admin(users, user_layout.user),
                     index_host=index_host(index),
                 ),
-                keep_revoked=egress.rolled_back,
+                egress=egress,
             )
 
         dist = make_dist(layout, repos, UserApps(registry, layout.user))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from atrium.bus import EventBus
 from atrium.distribution.backups import Backup
@@ -170,6 +170,16 @@ def same_app(app_id: str, ref: str, found: str) -> None:
         )
 
 
+class EgressRevokeKeeper(Protocol):
+    """What the apps' egress grants hear of the pipeline (`atrium.lifecycle.egress`): a
+    revoke stays over a rollback to a version asking more, and goes with the holder's last copy
+    (a later install asks anew, and its approval is the grant)."""
+
+    async def rolled_back(self, app_id: str, holder: str, ask: Ask) -> None: ...
+
+    async def uninstalled(self, app_id: str, holder: str) -> None: ...
+
+
 class Distribution:
     """Resolve → fetch → validate → permission diff → install, update and uninstall."""
 
@@ -185,12 +195,11 @@ class Distribution:
         docker_config: Path | None = None,
         locks: AppLocks | None = None,
         reach: Reach | None = None,
-        keep_revoked: Callable[[str, str, Ask], Awaitable[None]] | None = None,
+        egress: EgressRevokeKeeper | None = None,
     ) -> None:
         """``locks``: the per-app operation locks, when the lifecycle's wakes honour them too;
         ``reach``: where this user's fetches may connect (atrium.distribution.reach);
-        ``keep_revoked(app_id, holder, ask)``: after a rollback, a revoke of the app's egress
-        stays whatever more the version put back asks (`EgressGrants.rolled_back`)."""
+        ``egress``: what a rollback and an uninstall tell the apps' egress grants."""
         self._layout = layout
         self._registry = registry
         self._lifecycle = lifecycle
@@ -200,7 +209,7 @@ class Distribution:
         self.records = RecordStore(layout)
         self.installer = Installer(layout, repos, self.records)
         self._reach = reach
-        self._keep_revoked = keep_revoked
+        self._egress = egress
         self.resolver = Resolver(index, docker_config, reach)
         self.locks = locks or AppLocks()
         self.stops = InstanceStops(lifecycle, registry)
@@ -670,6 +679,10 @@ class Distribution:
                 text = text.replace(f"{copy.path}/", f"{authors.rstrip('/')}/")
         return text
 
+    def _holder(self, scope: Scope) -> str:
+        """Whose egress grant a copy in ``scope`` has (`atrium.lifecycle.egress.holder_of`)."""
+        return self._layout.user if scope is Scope.USER else ""
+
     def _owner(self, scope: Scope) -> str | None:
         """Whose events a change of ``scope`` makes: a user scope's are its user's alone, the
         shared scopes' everyone's."""
@@ -747,10 +760,9 @@ class Distribution:
                 )
                 plan = InstallPlan("rollback", staged, record, message)
                 stopped, taken = await run_to_completion(self._install_stage(plan, restore))
-            if self._keep_revoked is not None:
+            if self._egress is not None:
                 # still under the app's lock: nothing of it started since
-                holder = self._layout.user if scope is Scope.USER else ""
-                await self._keep_revoked(app_id, holder, asked(manifest))
+                await self._egress.rolled_back(app_id, self._holder(scope), asked(manifest))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
                 RESULT,
@@ -854,6 +866,12 @@ class Distribution:
             # the registry announces the unmasked copy as installed, not the removal itself
             self._bus.emit(AppRemoved(app_id, scope.value, owner=self._owner(scope)))
         await self._registry.rescan([scope])
+        shared = scope is not Scope.USER
+        if self._egress is not None and not any(
+            (c.scope is not Scope.USER) == shared for c in self._registry.copies(app_id)
+        ):
+            # no copy of this holder's left: the next install's approval is the grant
+            await self._egress.uninstalled(app_id, self._holder(scope))
         visible = self._registry.get(app_id)
         unmasked = visible.scope.value if visible else None
         self._bus.emit(

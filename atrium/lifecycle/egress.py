@@ -93,6 +93,14 @@ class EgressGrants:
         # the other shells read the row again (their instances get nothing either)
         self._bus.emit(AppEgress(app_id, holder, False, "", owner=holder or None))
 
+    async def uninstalled(self, app_id: str, holder: str) -> None:
+        """The holder's last copy of the app is gone: its revoke goes with it, so a later
+        install, whose review asks for the egress again, is granted what it was approved."""
+        if self.revokes.get(app_id, holder) is None:
+            return
+        await self.revokes.grant(app_id, holder)
+        self._bus.emit(AppEgress(app_id, holder, False, "", owner=holder or None))
+
     def heard(self, event: Event) -> None:
         """Another shell's ``app:egress``: that row read again, and made true here."""
         if not event.foreign:

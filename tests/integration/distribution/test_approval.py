@@ -272,3 +272,20 @@ def test_a_rollback_to_a_version_asking_more_keeps_the_revoke(
     assert rolled.json()["ok"] is True, rolled.text
     egress = api.get(f"/api/apps/{app}").json()["network"]["egress"]
     assert (egress["asked"], egress["granted"], egress["revoked"]) == (True, False, True)
+
+
+def test_an_install_after_an_uninstall_is_granted_what_its_review_asked(
+    api: httpx.Client, make_app: MakeApp
+) -> None:
+    """The revoke goes with the last copy: the next install's review asks for the egress again
+    and its approval is the grant (the copy stayed revoked after 'Can reach the internet' was
+    approved)."""
+    app = "com.example.again"
+    source = make_app(app, network={"egress": True})
+    installed_ok(api, f"local:{source}")
+    assert api.delete(f"/api/apps/{app}/egress").status_code == 200
+    assert api.delete(f"/api/dist/uninstall/{app}").status_code == 200
+    answer = installed_ok(api, f"local:{source}")
+    assert "permission.approved" in [e["type"] for e in answer["events"]]
+    egress = api.get(f"/api/apps/{app}").json()["network"]["egress"]
+    assert (egress["granted"], egress["revoked"]) == (True, False)
