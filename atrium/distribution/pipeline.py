@@ -172,10 +172,11 @@ def same_app(app_id: str, ref: str, found: str) -> None:
 
 class EgressRevokeKeeper(Protocol):
     """What the apps' egress grants hear of the pipeline (`atrium.lifecycle.egress`): a
-    revoke stays over a rollback to a version asking more, and goes with the holder's last copy
-    (a later install asks anew, and its approval is the grant)."""
+    revoke stays over a copy put in place without an approval (a rollback, an uninstall that
+    unmasks a system copy) whatever more it asks, and goes with the holder's last copy (a later
+    install asks anew, and its approval is the grant)."""
 
-    async def rolled_back(self, app_id: str, holder: str, ask: Ask) -> None: ...
+    async def unapproved(self, app_id: str, holder: str, ask: Ask) -> None: ...
 
     async def uninstalled(self, app_id: str, holder: str) -> None: ...
 
@@ -762,7 +763,7 @@ class Distribution:
                 stopped, taken = await run_to_completion(self._install_stage(plan, restore))
             if self._egress is not None:
                 # still under the app's lock: nothing of it started since
-                await self._egress.rolled_back(app_id, self._holder(scope), asked(manifest))
+                await self._egress.unapproved(app_id, self._holder(scope), asked(manifest))
             yield event(INSTALL_DONE, record=record.wire())
             yield event(
                 RESULT,
@@ -866,12 +867,17 @@ class Distribution:
             # the registry announces the unmasked copy as installed, not the removal itself
             self._bus.emit(AppRemoved(app_id, scope.value, owner=self._owner(scope)))
         await self._registry.rescan([scope])
-        shared = scope is not Scope.USER
-        if self._egress is not None and not any(
-            (c.scope is not Scope.USER) == shared for c in self._registry.copies(app_id)
-        ):
-            # no copy of this holder's left: the next install's approval is the grant
-            await self._egress.uninstalled(app_id, self._holder(scope))
+        if self._egress is not None:
+            shared = scope is not Scope.USER
+            left = [
+                c for c in self._registry.copies(app_id) if (c.scope is not Scope.USER) == shared
+            ]
+            if not left:
+                # no copy of this holder's left: the next install's approval is the grant
+                await self._egress.uninstalled(app_id, self._holder(scope))
+            else:
+                # a shared copy unmasked (system under global): approved by no one now
+                await self._egress.unapproved(app_id, self._holder(scope), asked(left[0].manifest))
         visible = self._registry.get(app_id)
         unmasked = visible.scope.value if visible else None
         self._bus.emit(

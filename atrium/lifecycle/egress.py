@@ -82,10 +82,11 @@ class EgressGrants:
                 )
         return given
 
-    async def rolled_back(self, app_id: str, holder: str, ask: Ask) -> None:
-        """A rollback put back a version that asks ``ask``, approved by no one now: a revoke of
-        ``(app_id, holder)`` stays, whatever more that version asks (only an approved update
-        asking more grants it again). Called before anything of the app may start again."""
+    async def unapproved(self, app_id: str, holder: str, ask: Ask) -> None:
+        """A copy asking ``ask`` was put in place approved by no one now (a rollback's version,
+        the system copy an uninstall unmasks): a revoke of ``(app_id, holder)`` stays, whatever
+        more it asks (only an approved update asking more grants it again). Called before
+        anything of the app may start again."""
         revoked = self.revokes.get(app_id, holder)
         if revoked is None or widened(revoked, ask) is False:
             return

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_DIR
+from tests.integration.conftest import StartShell
 from tests.integration.distribution.conftest import (
     MakeApp,
     app_listing,
@@ -289,3 +290,21 @@ def test_an_install_after_an_uninstall_is_granted_what_its_review_asked(
     assert "permission.approved" in [e["type"] for e in answer["events"]]
     egress = api.get(f"/api/apps/{app}").json()["network"]["egress"]
     assert (egress["granted"], egress["revoked"]) == (True, False)
+
+
+def test_an_uninstall_unmasking_a_system_copy_that_asks_more_keeps_the_revoke(
+    start_shell: StartShell, system_apps: Path, make_app: MakeApp, tmp_path: Path
+) -> None:
+    """The revoke of a shared copy is every shared copy's: a system copy asking more that an
+    uninstall unmasks was approved by no one then (it got the internet the revoke took back)."""
+    app = "com.example.beneath"
+    make_app(app, root=system_apps, network={"egress": True})
+    source = make_app(
+        app, root=tmp_path / "g", version="2.0.0", network={"egress": ["api.example.com:443"]}
+    )
+    with start_shell().client(timeout=60) as api:
+        installed_ok(api, f"local:{source}")
+        assert api.delete(f"/api/apps/{app}/egress").status_code == 200
+        assert api.delete(f"/api/dist/uninstall/{app}").json()["unmasked"] == "system"
+        egress = api.get(f"/api/apps/{app}").json()["network"]["egress"]
+        assert (egress["asked"], egress["granted"], egress["revoked"]) == (True, False, True)
