@@ -62,6 +62,10 @@ MAC_PREFIX: Final = "02:a7"
 #: SO_MARK of the shell's connections to its apps (`UpstreamClient.mark`): the host's table
 #: (`Plan.host_ruleset`) refuses every other connection of the host to an instance's address
 SHELL_MARK: Final = 0x61747269
+#: never reached even with egress granted: link-local (the metadata service of most clouds, at
+#: 169.254.169.254) and Alibaba Cloud's, at 100.100.100.200; they hand out the host's cloud
+#: credentials to whoever asks from the machine
+METADATA: Final = ("169.254.0.0/16", "100.100.100.200")
 CLONE_NEWNET: Final = 0x40000000
 MNT_DETACH: Final = 2
 _TIMEOUT: Final = 10.0
@@ -222,11 +226,13 @@ class Plan:
         it, and to the shell's API; nothing comes in but from its loopback and from the shell's
         address (a neighbour on the host's network that routes the range here, another
         instance). With ``egress``, also out past the range (never to another instance or the
-        bridge's other ports, nor a link-local address such as a cloud's metadata service): to
+        bridge's other ports, nor a cloud's metadata service: `METADATA`): to
         anywhere (True) or to those addresses and ports."""
         allowed = ""
         if egress is not False:
-            allowed = f"    ip daddr {self.range} drop\n    ip daddr 169.254.0.0/16 drop\n"
+            allowed = f"    ip daddr {self.range} drop\n" + "".join(
+                f"    ip daddr {blocked} drop\n" for blocked in METADATA
+            )
             if egress is True:
                 allowed += "    accept\n"
             else:

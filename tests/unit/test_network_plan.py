@@ -49,10 +49,11 @@ def test_a_granted_ruleset_lets_out_past_the_range_only_and_a_list_to_its_pairs(
     plan = Plan(parse_range("10.213.0.0/16"), 1, 8000)
     anywhere = plan.ruleset(True).splitlines()
     shell = anywhere.index("    ip daddr 10.213.0.1 tcp dport 8000 accept")
-    # the API first, then the range and link-local refused, then the rest
-    assert anywhere[shell + 1 : shell + 4] == [
+    # the API first, then the range and the clouds' metadata services refused, then the rest
+    assert anywhere[shell + 1 : shell + 5] == [
         "    ip daddr 10.213.0.0/16 drop",
         "    ip daddr 169.254.0.0/16 drop",
+        "    ip daddr 100.100.100.200 drop",
         "    accept",
     ]
     listed = plan.ruleset((("192.0.2.7", 443),))
