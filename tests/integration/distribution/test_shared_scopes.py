@@ -186,11 +186,14 @@ def test_a_writer_killed_mid_install_is_finished_by_the_next_writer_on_another_s
     killed_source, next_source = make_app("com.example.killed"), make_app("com.example.next")
     doomed = Served(tmp_path / "doomed", shared, "record")
     try:
-        with httpx.Client(
-            base_url=doomed.url,
-            headers={"Authorization": f"Bearer {Served.TOKEN}"},
-            timeout=DEADLINE,
-        ) as on_doomed, pytest.raises(httpx.TransportError):
+        with (
+            httpx.Client(
+                base_url=doomed.url,
+                headers={"Authorization": f"Bearer {Served.TOKEN}"},
+                timeout=DEADLINE,
+            ) as on_doomed,
+            pytest.raises(httpx.TransportError),
+        ):
             install(on_doomed, f"local:{killed_source}", autoApprove=True)
         assert doomed.proc.wait(timeout=DEADLINE) == -signal.SIGKILL
     finally:
