@@ -248,6 +248,23 @@ def serving(
         stderr=subprocess.STDOUT,
         text=True,
     )
+    with running(proc, home, stop) as served:
+        with httpx.Client(timeout=5) as probe:
+            wait_for(lambda: probe.get(f"{served.url}/api/version").status_code == 200, "serve")
+        yield served
+
+
+@contextmanager
+def running(
+    proc: subprocess.Popen[str],
+    home: Path,
+    stop: signal.Signals = signal.SIGTERM,
+    *,
+    echo: bool = False,
+) -> Iterator[ServeProcess]:
+    """The `atrium serve` process ``proc`` (its output piped, as text) once it printed its login
+    URL, until the block ends, then ``stop`` (SIGKILL if it hangs); ``echo``: the end of its
+    later output is printed then (shown in a failure's report)."""
     assert proc.stdout is not None
     try:
         lines: list[str] = []
@@ -259,10 +276,7 @@ def serving(
             lines.append(line)
         match = re.search(r"(http://\S+)/login\?token=(\S+)", "".join(lines))
         assert match is not None
-        served = ServeProcess(proc, home, match.group(1), match.group(2))
-        with httpx.Client(timeout=5) as probe:
-            wait_for(lambda: probe.get(f"{served.url}/api/version").status_code == 200, "serve")
-        yield served
+        yield ServeProcess(proc, home, match.group(1), match.group(2))
     finally:
         if proc.poll() is None:
             proc.send_signal(stop)
@@ -271,6 +285,8 @@ def serving(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if echo:
+            sys.stdout.write(proc.stdout.read()[-4000:])
         proc.stdout.close()
 
 

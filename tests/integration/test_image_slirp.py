@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, suppress
 from pathlib import Path
@@ -30,7 +28,7 @@ from atrium.images.store import ImageStore
 from atrium.lifecycle.runners.image import _child_pid
 from atrium.lifecycle.slirp import Slirp
 from tests.conftest import REPO_DIR
-from tests.integration.conftest import ServeProcess, serve_env, wait_for
+from tests.integration.conftest import ServeProcess, running, serve_env, wait_for
 from tests.integration.registry import Registry, running_registry
 from tests.integration.test_app_network import reach_layers
 from tests.integration.test_image_store import push_image
@@ -117,28 +115,8 @@ def unprivileged_serve(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    assert proc.stdout is not None
-    try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        while not any("login?token=" in line for line in lines):
-            assert time.monotonic() < deadline, f"serve printed no login URL: {lines}"
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, f"serve ended: {lines}"
-            lines.append(line)
-        match = re.search(r"(http://\S+)/login\?token=(\S+)", "".join(lines))
-        assert match is not None
-        yield ServeProcess(proc, home, match.group(1), match.group(2))
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(stop)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        sys.stdout.write(proc.stdout.read()[-4000:])  # the shell's log: in a failure's report
-        proc.stdout.close()
+    with running(proc, home, stop, echo=True) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
