@@ -309,7 +309,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 db, retention_days=settings.audit_retention_days, coordination=coordination
             )
         )
-        grants.forget_missing(lambda user_id: users.get(user_id) is not None)
+        await grants.forget_missing(lambda user_id: users.get(user_id) is not None)
 
         def forget_grants(user_id: str) -> None:
             if users.get(user_id) is None:  # removed, not only disabled

@@ -149,6 +149,11 @@ class Database:
             async with conn.begin():
                 yield conn
 
+    def lost_since(self, moment: float) -> bool:
+        """Whether this shell found its database link broken at or after ``moment`` (monotonic):
+        nothing done on behalf of what happened at ``moment`` is written then (`fence`)."""
+        return self.link_lost_at is not None and self.link_lost_at >= moment
+
     def link_lost(self) -> None:
         """Note that the link to the database was found broken now (a disconnect, or the
         coordination's check of its session failed)."""

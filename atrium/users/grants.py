@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.state.schema import grants
+from atrium.state.schema import users as user_rows
 from atrium.users.store import UserStore, new_id, now
 
 if TYPE_CHECKING:
@@ -208,34 +209,28 @@ class GrantStore:
         self._drop(grant)
 
     def forget_user(self, user_id: str) -> list[Grant]:
-        """A removed user's grants, both ways (to them and on their instances): gone from
-        memory at once, from the table in a task (`forget_missing` at the next start finishes
-        the job should that write fail)."""
+        """A removed user's grants, both ways (to them and on their instances), gone from memory.
+        Their rows went in the removal's own transaction (`UserStore.remove`), on whichever
+        shell made it: nothing is written here, after the removal and apart from its request."""
         gone = [g for g in self._by_id.values() if user_id in (g.user_id, g.owner)]
         for grant in gone:
             self._drop(grant)
-        if gone:
-            task = asyncio.get_running_loop().create_task(self._delete_of(user_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         return gone
 
-    async def _delete_of(self, user_id: str) -> None:
-        try:
-            async with self._db.transaction() as tx:
-                await tx.execute(
-                    sa.delete(grants).where(
-                        sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
-                    )
-                )
-        except SQLAlchemyError as err:
-            _LOGGER.warning("could not delete the grants of removed user %r: %s", user_id, err)
-
-    def forget_missing(self, exists: Callable[[str], bool]) -> None:
-        """Drop the grants naming a user who is no longer there."""
+    async def forget_missing(self, exists: Callable[[str], bool]) -> None:
+        """At start: drop the grants naming a user who is no longer there, and the rows of such
+        grants (left by an older shell, which deleted them after the removal, in a write that
+        could fail), judged by the users table itself in one statement."""
         for user_id in {u for g in self._by_id.values() for u in (g.user_id, g.owner)}:
             if not exists(user_id):
                 self.forget_user(user_id)
+        known = sa.select(user_rows.c.id)
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.delete(grants).where(
+                    sa.or_(grants.c.user_id.not_in(known), grants.c.owner.not_in(known))
+                )
+            )
 
 
 def _grant(row: Any) -> Grant:

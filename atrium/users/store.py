@@ -27,6 +27,7 @@ import hashlib
 import logging
 import re
 import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -42,7 +43,7 @@ from atrium.errors import IdentityLinked, InvalidRequest, LastAdmin, NotFound, U
 from atrium.events import GRANT_ADDED, GRANT_REVOKED, USER_CHANGED, Payload, UserChanged
 from atrium.state import events
 from atrium.state.schema import events as event_rows
-from atrium.state.schema import identities, sessions, tokens, users
+from atrium.state.schema import grants, identities, sessions, tokens, users
 from atrium.users.model import (
     MAX_NAME,
     USER_ID_RULE,
@@ -129,6 +130,8 @@ class UserStore:
         self._tokens: dict[str, Token] = {}  # by hash
         self._identities: dict[tuple[str, str], Identity] = {}
         self._seen_written: dict[str, datetime] = {}
+        #: when each session's use was last noted (monotonic seconds: the write's fence)
+        self._seen_at: dict[str, float] = {}
         #: hashes the database did not hold when asked (see the module's docstring)
         self._unknown: OrderedDict[str, None] = OrderedDict()
         #: the ids of the events this store appended (its own are not read back)
@@ -462,6 +465,13 @@ class UserStore:
                 _check_not_last_admin(user_id, other_admins)
             await tx.execute(sa.delete(users).where(users.c.id == user_id))
             await tx.execute(sa.delete(identities).where(identities.c.user_id == user_id))
+            # their grants, both ways, in the same commit: a delete made later, apart from the
+            # request, could land after the id was given again and take the new account's
+            await tx.execute(
+                sa.delete(grants).where(
+                    sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
+                )
+            )
             await _end_all(tx, user_id)
         del self._users[user_id]
         self._passwords.pop(user_id, None)
@@ -500,6 +510,7 @@ class UserStore:
         was last written): a sign-in loop must not grow the shell's memory."""
         self._session_link.pop(session_id, None)
         self._seen_written.pop(session_id, None)
+        self._seen_at.pop(session_id, None)
 
     # ---- sessions ------------------------------------------------------------------------
 
@@ -563,20 +574,30 @@ class UserStore:
         moment = datetime.now(UTC)
         session.last_seen = moment.isoformat(timespec="seconds").replace("+00:00", "Z")
         session.address = address[:64]
+        self._seen_at[session.id] = noted = time.monotonic()
         last = self._seen_written.get(session.id)
         if last is None or moment - last >= LAST_SEEN_EVERY:
             self._seen_written[session.id] = moment
             task = asyncio.get_running_loop().create_task(
-                self._write_seen([(session.id, session.last_seen, session.address)]),
+                self._write_seen([(session.id, session.last_seen, session.address, noted)]),
                 name="session seen",
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _write_seen(self, notes: Sequence[tuple[str, str, str]]) -> None:
+    async def _write_seen(self, notes: Sequence[tuple[str, str, str, float]]) -> None:
+        """Write each note (session id, when, from where, when it was noted: monotonic) but those
+        noted at or before this shell last found its database link broken: the requests they
+        came with may have been given up by their clients, which went on through another shell
+        (the write fence, `atrium.state.fence`, for a task apart from the request)."""
         try:
             async with self._db.transaction() as tx:
-                for sid, when, where in notes:
+                # fenced on the connection it writes with (getting it may have found the link
+                # broken)
+                kept = [n for n in notes if not self._db.lost_since(n[3])]
+                for sid, *_ in set(notes).difference(kept):
+                    self._seen_written.pop(sid, None)  # the next use writes again
+                for sid, when, where, _ in kept:
                     await tx.execute(
                         sa.update(sessions)
                         .where(sessions.c.id == sid)
@@ -587,7 +608,7 @@ class UserStore:
 
     async def _flush_seen(self) -> None:
         notes = [
-            (s.id, s.last_seen, s.address)
+            (s.id, s.last_seen, s.address, self._seen_at.get(s.id, 0.0))
             for s in self._sessions.values()
             if s.id in self._seen_written
         ]
