@@ -11,6 +11,9 @@ compressed-body surprises from the proxy's pass-through client.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
 import json
 import logging
 import os
@@ -34,9 +37,16 @@ from atrium.distribution.refs import (
     OciRef,
     parse_ref,
 )
-from atrium.errors import BadRef, FetchFailed, IndexUrlFixed, InvalidRequest, NotFound
+from atrium.errors import (
+    BadRef,
+    FetchFailed,
+    IndexUrlFixed,
+    InvalidRequest,
+    ManifestInvalid,
+    NotFound,
+)
 from atrium.files import write_atomic
-from atrium.manifest import APP_ID_RE
+from atrium.manifest import APP_ID_RE, MANIFEST_FILE, NetworkAsk, Runtime, parse_manifest
 
 _LOGGER = logging.getLogger(__name__)
 DEFAULT_TTL: Final = 3600.0
@@ -138,6 +148,43 @@ RELATIVE_PATH_RE: Final = re.compile(
 MAX_SCREENSHOTS: Final = 12
 MAX_CATEGORIES: Final = 8
 MAX_URL: Final = 2048
+#: an image entry's icon given as a ``data:`` URL: the file it becomes in the app tree, by type
+ICON_FILES: Final = {
+    "image/svg+xml": "icon.svg",
+    "image/png": "icon.png",
+    "image/webp": "icon.webp",
+    "image/jpeg": "icon.jpg",
+    "image/gif": "icon.gif",
+}
+#: the largest icon an entry carries (the size the shell serves an app's icon file up to)
+MAX_ICON_BYTES: Final = 512 * 1024
+#: the manifest fields an image entry carries, under the manifest's own names
+IMAGE_FIELDS: Final = ("version", "runtime", "permissions", "network")
+
+
+def icon_bytes(value: str) -> tuple[str, bytes] | None:
+    """An entry's ``data:image/<type>;base64,…`` icon as ``(file name, bytes)``; None for a
+    glyph. ValueError for anything else."""
+    if len([*value]) <= 3:
+        return None
+    head, comma, body = value.partition(",")
+    media = head.removeprefix("data:").removesuffix(";base64")
+    if not comma or not head.startswith("data:") or not head.endswith(";base64"):
+        raise ValueError(
+            "an image entry's icon is a glyph (at most 3 characters) or a "
+            "data:image/<png|svg+xml|webp|jpeg|gif>;base64,… URL"
+        )
+    if media not in ICON_FILES:
+        raise ValueError(f"{media!r} is not an icon type ({', '.join(ICON_FILES)})")
+    if len(body) > MAX_ICON_BYTES * 4 // 3 + 4:
+        raise ValueError(f"the icon is larger than {MAX_ICON_BYTES} bytes")
+    try:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the icon's data: URL is not valid base64") from None
+    if not data or len(data) > MAX_ICON_BYTES:
+        raise ValueError(f"the icon is empty or larger than {MAX_ICON_BYTES} bytes")
+    return ICON_FILES[media], data
 
 
 def web_url(value: str, what: str) -> str:
@@ -173,8 +220,16 @@ class IndexEntry(_IndexPart):
     screenshots: list[str] = Field(default_factory=list, max_length=MAX_SCREENSHOTS)
     homepage: str | None = None
     size: int | None = Field(default=None, ge=0)
-    sources: Sources
+    sources: Sources | None = None
     channels: dict[str, Channel] = Field(default_factory=dict)
+    #: an image app described by the entry itself (docs/api.md "The store's catalogue"): the
+    #: manifest's own fields, checked as the manifest checks them
+    #: (semver, checked as the manifest's for an image entry; a source entry's is the store's hint)
+    version: str | None = None
+    icon: str | None = None
+    runtime: Runtime | None = None
+    permissions: list[str] | None = None
+    network: NetworkAsk | None = None
 
     @field_validator("id")
     @classmethod
@@ -221,8 +276,8 @@ class IndexEntry(_IndexPart):
 
     @field_validator("sources")
     @classmethod
-    def _sources(cls, value: Sources) -> Sources:
-        if value.git is None and value.oci is None:
+    def _sources(cls, value: Sources | None) -> Sources | None:
+        if value is not None and value.git is None and value.oci is None:
             raise ValueError("an entry needs sources.git or sources.oci")
         return value
 
@@ -235,6 +290,81 @@ class IndexEntry(_IndexPart):
             if channel.git_tag is None and channel.oci_tag is None:
                 raise ValueError(f"channel {name!r} names neither a git-tag nor an oci-tag")
         return value
+
+    def problems(self) -> list[tuple[str, str]]:
+        """``(field, message)`` for what is wrong across fields: an entry is either fetched from
+        its ``sources`` or is an image app described by ``runtime`` (with its ``version``), and
+        an image entry's manifest is checked whole, as an install would check it."""
+        if self.runtime is None:
+            if self.sources is None:
+                return [("sources", "an entry needs sources (git or oci) or a runtime (an image)")]
+            image_only = [f for f in IMAGE_FIELDS if f in self.model_fields_set]
+            return [
+                (
+                    name,
+                    f"{name!r} describes an image app and needs 'runtime' (this entry's "
+                    "manifest comes from its sources)",
+                )
+                for name in image_only
+                if name != "version"  # a source entry's version is a hint the store shows
+            ]
+        found: list[tuple[str, str]] = []
+        if self.sources is not None:
+            found.append(
+                (
+                    "runtime",
+                    "an entry is fetched from 'sources' or describes an image with "
+                    "'runtime', not both (the sources' manifest would be another)",
+                )
+            )
+        if self.channels:
+            found.append(
+                (
+                    "channels",
+                    "an image entry has no channels: its version is the entry's "
+                    "'version', and an update follows the entry",
+                )
+            )
+        if self.version is None:
+            found.append(("version", "an image entry needs a version (semver, e.g. 1.0.0)"))
+        if self.icon is not None:
+            try:
+                icon_bytes(self.icon)
+            except ValueError as err:
+                found.append(("icon", str(err)))
+        if found:
+            return found
+        try:
+            parse_manifest(self.manifest(), self.id)
+        except ManifestInvalid as err:
+            return [(p["field"], p["message"]) for p in err.problems]
+        return []
+
+    def manifest(self) -> dict[str, Any]:
+        """An image entry's manifest, as the app tree the shell makes for it holds it."""
+        document: dict[str, Any] = {
+            "id": self.id,
+            "version": self.version,
+            "name": self.name,
+            "description": self.description,
+        }
+        if self.icon is not None:
+            icon = icon_bytes(self.icon)
+            document["icon"] = self.icon if icon is None else icon[0]
+        parts = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for name in ("runtime", "permissions", "network"):
+            if name in parts:
+                document[name] = parts[name]
+        return document
+
+    def app_tree(self) -> dict[str, bytes]:
+        """An image entry's app tree, file by file: its manifest, and its icon when the entry
+        gives one as a ``data:`` URL."""
+        files = {MANIFEST_FILE: json.dumps(self.manifest(), indent=2, sort_keys=True).encode()}
+        icon = None if self.icon is None else icon_bytes(self.icon)
+        if icon is not None:
+            files[icon[0]] = icon[1]
+        return files
 
     def wire(self, index_url: str | None) -> dict[str, Any]:
         """The entry as served: screenshots given relative to the index resolved against its
@@ -269,6 +399,13 @@ def parse_index(document: object) -> tuple[dict[str, IndexEntry], list[dict[str,
                     {"position": position, "id": raw_id, "field": where, "message": message}
                 )
             continue
+        found = entry.problems()
+        if found:
+            problems.extend(
+                {"position": position, "id": entry.id, "field": where, "message": message}
+                for where, message in found
+            )
+            continue
         if entry.id in entries:
             message = f"duplicate id {entry.id!r}: the first entry is kept"
             problems.append(
@@ -277,6 +414,16 @@ def parse_index(document: object) -> tuple[dict[str, IndexEntry], list[dict[str,
             continue
         entries[entry.id] = entry
     return entries, problems
+
+
+def tree_digest(files: dict[str, bytes]) -> str:
+    """``sha256:<hex>`` over an app tree given file by file (an image entry's): what an update
+    compares, so an entry that changes is a new version to take."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"{name}\0{len(files[name])}\0".encode())
+        digest.update(files[name])
+    return f"sha256:{digest.hexdigest()}"
 
 
 def refused_entries(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:

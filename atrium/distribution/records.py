@@ -36,7 +36,7 @@ class InstallRecord(WireModel):
     id: AppId
     version: str
     scope: Literal["global", "user"]
-    source: Literal["oci", "git", "local"]
+    source: Literal["oci", "git", "local", "index"]
     ref: str
     digest: str
     channel: str | None

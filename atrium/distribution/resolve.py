@@ -4,7 +4,8 @@
   tree check;
 - git: the commit of the branch or tag (`git ls-remote`), the remote's HEAD by default;
 - OCI: the manifest digest from the registry;
-- a bare id: the index entry's channel (`stable` by default), OCI preferred over git.
+- a bare id: the index entry's channel (`stable` by default), OCI preferred over git; an image
+  entry (one with `runtime`): a hash of the app tree the shell makes from it.
 
 The "directory name" the manifest id must equal (decisions.md "Distribution"): the local
 directory's name, the git repository's name without `.git`, the OCI artifact's title (its top-level
@@ -29,6 +30,7 @@ from atrium.distribution.index import (
     IndexEntry,
     git_source,
     oci_source,
+    tree_digest,
 )
 from atrium.distribution.pins import pin_of
 from atrium.distribution.reach import UNRESTRICTED, Reach
@@ -44,6 +46,9 @@ TITLE_ANNOTATION = "org.opencontainers.image.title"
 def source_for(entry: IndexEntry, channel: str | None) -> tuple[OciRef | GitRef, str | None]:
     """The source ref of an index entry for ``channel`` (docs/api.md "Refs")."""
     name = channel or DEFAULT_CHANNEL
+    sources = entry.sources
+    if sources is None:  # pragma: no cover - an image entry is resolved without a source
+        raise NotFound("index entry", entry.id, f"the index entry {entry.id!r} has no sources")
     chosen = entry.channels.get(name)
     if chosen is None:
         if channel is not None or entry.channels:
@@ -54,16 +59,16 @@ def source_for(entry: IndexEntry, channel: str | None) -> tuple[OciRef | GitRef,
                 f"the index entry {entry.id!r} has no channel {name!r} (channels: {known})",
             )
         # an entry without channels: the OCI source's latest tag, else the default branch
-        if entry.sources.oci is not None:
-            return oci_source(entry.sources.oci.ref), None
-        assert entry.sources.git is not None  # noqa: S101 - IndexEntry requires one source
-        git = git_source(entry.sources.git.ref)
-        return replace(git, ref=entry.sources.git.default_branch), None
-    if chosen.oci_tag and entry.sources.oci is not None:
-        oci = oci_source(entry.sources.oci.ref)
+        if sources.oci is not None:
+            return oci_source(sources.oci.ref), None
+        assert sources.git is not None  # noqa: S101 - IndexEntry requires one source
+        git = git_source(sources.git.ref)
+        return replace(git, ref=sources.git.default_branch), None
+    if chosen.oci_tag and sources.oci is not None:
+        oci = oci_source(sources.oci.ref)
         return replace(oci, tag=chosen.oci_tag, digest=None), name
-    if chosen.git_tag and entry.sources.git is not None:
-        return replace(git_source(entry.sources.git.ref), ref=chosen.git_tag), name
+    if chosen.git_tag and sources.git is not None:
+        return replace(git_source(sources.git.ref), ref=chosen.git_tag), name
     raise NotFound(
         "channel",
         f"{entry.id}@{name}",
@@ -127,6 +132,8 @@ class Resolver:
                 return await self._oci(ref, None, None)
             case IndexRef():
                 entry = await self._index.entry(ref.app_id)
+                if entry.runtime is not None:
+                    return self._image_entry(entry, ref)
                 source, channel = source_for(entry, ref.channel)
                 # a bare id follows its channel, whatever tag the channel names today
                 if isinstance(source, OciRef):
@@ -134,6 +141,27 @@ class Resolver:
                 else:
                     found = await self._git(source, entry.id, channel)
                 return replace(found, pinned=None)
+
+    def _image_entry(self, entry: IndexEntry, ref: IndexRef) -> ResolvedRef:
+        """An image app described by its entry: the tree the shell makes from it, by its hash
+        (an entry that changes is an update)."""
+        if ref.channel is not None:
+            raise NotFound(
+                "channel",
+                str(ref),
+                f"the index entry {entry.id!r} is an image app without channels: install it by "
+                f"its id ({entry.id})",
+            )
+        tree = entry.app_tree()
+        return ResolvedRef(
+            source="index",
+            address=self._index.url or "",
+            digest=tree_digest(tree),
+            ref=ref,
+            dir_name=entry.id,
+            manifest_preview=entry.manifest(),
+            tree=tree,
+        )
 
     async def staged(self, ref: LocalRef) -> ResolvedRef:
         """A tree the shell itself put on its disk (an import's unpacked archive), whoever's

@@ -170,10 +170,21 @@ export function filterCards(more = false) {
   $("store-more").textContent = rest > 0 ? `Show ${Math.min(rest, PAGE)} more (${matching} match)` : "";
 }
 
+/** An entry's icon: a glyph, or an image entry's data:image URL (the shell checked its type). */
+function entryIcon(entry, name) {
+  if (typeof entry.icon === "string" && DATA_ICON.test(entry.icon)) {
+    const img = el("img", { className: "icon", src: entry.icon, alt: "" });
+    img.onerror = () => img.replaceWith(monogram({ id: entry.id, name }));
+    return img;
+  }
+  const glyph = typeof entry.icon === "string" && [...entry.icon].length <= 3 ? entry.icon : undefined;
+  return appIcon({ id: entry.id, name, icon: glyph });
+}
+const DATA_ICON = /^data:image\/(png|svg\+xml|webp|jpeg|gif);base64,/;
+
 function card(entry, app, updates) {
   const name = entry.name || entry.id;
-  const glyph = typeof entry.icon === "string" && [...entry.icon].length <= 3 ? entry.icon : undefined;
-  const icon = app ? appIcon(app) : appIcon({ id: entry.id, name, icon: glyph });
+  const icon = app ? appIcon(app) : entryIcon(entry, name);
   const title = el("h3", { textContent: name });
   const facts = el("p", { className: "facts-line" });
   const version = versionOf(entry);
@@ -381,7 +392,7 @@ function signatureWords(signature) {
   return [signature.signerChanged ? `${text} It was signed by another key before.` : text, tone];
 }
 
-const SOURCES = { oci: "an OCI registry", git: "a git repository", local: "a folder on this machine" };
+const SOURCES = { oci: "an OCI registry", git: "a git repository", local: "a folder on this machine", index: "the store's catalogue" };
 
 function showReview(ref, result) {
   const app = result.app || { id: result.diff.appId, name: result.diff.appId, version: result.diff.versionTo };
@@ -390,7 +401,9 @@ function showReview(ref, result) {
   reviewing = { ref, digest: result.resolved?.digest, appId: app.id };
   installStep("review");
   const glyph = typeof app.icon === "string" && [...app.icon].length <= 3 ? app.icon : undefined;
-  const icon = installed ? appIcon(installed) : glyph ? appIcon({ id: app.id, name: app.name, icon: glyph }) : monogram(app);
+  const icon = installed ? appIcon(installed)
+    : glyph ? appIcon({ id: app.id, name: app.name, icon: glyph })
+    : entry?.id === app.id && DATA_ICON.test(entry.icon || "") ? entryIcon(entry, app.name) : monogram(app);
   $("install-icon").replaceChildren(icon);
   $("install-app").textContent = app.name;
   $("install-app").title = app.id;

@@ -4,6 +4,7 @@ Each flow runs on a desktop and on a phone; screenshots go to ``test-artifacts/`
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import struct
@@ -104,6 +105,16 @@ def rich_catalogue(root: Path, pictures: str) -> str:
             publisher={"name": "Somebody Else", "url": "https://somebody.example/"},
         ),
         entry("org.example.radio", "Radio", "Listen to stations from anywhere", ["media"]),
+        # an image app described by its entry, with its icon as a data: URL (only shown here)
+        {
+            "id": "org.example.clock",
+            "name": "Clock",
+            "description": "The time, from a container image",
+            "categories": ["tools"],
+            "version": "1.2.0",
+            "icon": "data:image/png;base64," + base64.b64encode(png(32, 32)).decode(),
+            "runtime": {"image": "registry.invalid/clock:1", "health": {"path": "/"}},
+        },
     ]
     index_file.write_text(json.dumps(index))
     return url
@@ -184,6 +195,12 @@ def test_cards_show_what_each_app_is_and_search_and_categories_filter_them(
     ]
     assert links.first.get_attribute("rel") == "noopener noreferrer"
     assert card(page, "org.example.radio").locator(".links a").count() == 0
+    # an image entry shows its own icon and version
+    assert "version 1.2.0" in card(page, "org.example.clock").inner_text()
+    page.wait_for_function(
+        'document.querySelector(\'#catalogue-rows li[data-app-id="org.example.clock"] '
+        "img.icon')?.naturalWidth === 32"
+    )
     # the http screenshot shows; the file:// one is left out (a browser cannot show it)
     shots = card(page, CATALOGUED).locator(".shot img")
     assert shots.count() == 1
@@ -211,7 +228,7 @@ def test_cards_show_what_each_app_is_and_search_and_categories_filter_them(
     shot(page, f"{size}-filtered")
     page.fill("#store-search", "")
     page.locator("#store-categories button", has_text="All").click()
-    assert len(visible_cards(page)) == 4
+    assert len(visible_cards(page)) == 5
     # a screenshot enlarges
     card(page, CATALOGUED).locator(".shot").click()
     page.locator("#shot").wait_for(state="visible")

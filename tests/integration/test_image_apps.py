@@ -6,6 +6,7 @@ maps the image's users onto ids of their own)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -374,3 +375,83 @@ def test_an_image_app_listed_in_the_index_installs_by_its_id(
         assert done.status_code == 200, done.text
         installed = api.get(f"/api/apps/{APP}").json()["manifest"]["runtime"]["image"]
         assert installed == f"{registry.host}/apps/httpd@{httpd}"
+
+
+def test_an_image_app_described_by_its_index_entry_installs_reviewed_and_updates_by_it(
+    start_shell: StartShell, tmp_path: Path, registry: Registry, httpd: str
+) -> None:
+    # the entry itself is the app: no source holds a manifest; the shell makes the app tree
+    icon = b"\x89PNG\r\n\x1a\n an icon"
+    entry: dict[str, object] = {
+        "id": APP,
+        "name": "Busybox httpd",
+        "description": "An OCI image as an app",
+        "publisher": "Busybox people",
+        "version": "1.0.0",
+        "icon": "data:image/png;base64," + base64.b64encode(icon).decode(),
+        "runtime": {
+            "image": f"{registry.host}/apps/httpd:1",
+            "health": {"path": "/"},
+            "data": ["/www/data"],
+        },
+        "network": {"egress": ["api.example.com:443"]},
+    }
+    # a bad entry is refused by the field it got wrong, and the rest is served
+    broken = {**entry, "id": "test.image.broken", "runtime": {"image": "no tag", "health": {}}}
+    both = {**entry, "id": "test.image.both", "sources": {"oci": {"ref": f"{registry.host}/x"}}}
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"schema": 1, "apps": [broken, entry, both]}))
+    shell = start_shell(index_url=index.as_uri())
+    with shell.client(timeout=60) as api:
+        catalogue = api.get("/api/dist/index").json()
+        assert [e["id"] for e in catalogue["index"]["apps"]] == [APP]
+        assert catalogue["index"]["apps"][0]["runtime"]["image"] == entry["runtime"]["image"]  # type: ignore[index]
+        fields = {(p["id"], p["field"]) for p in catalogue["problems"]}
+        assert fields == {
+            ("test.image.broken", "runtime.image"),
+            ("test.image.broken", "runtime.health.path"),
+            ("test.image.both", "runtime"),
+        }, catalogue["problems"]
+        # no channels: a channel is a clear 404, never another app
+        channel = api.post("/api/dist/install", json={"ref": f"{APP}@beta"})
+        assert channel.status_code == 404, channel.text
+        assert "without channels" in channel.json()["error"]["message"]
+        asked = api.post("/api/dist/install", json={"ref": APP})
+        assert asked.status_code == 200, asked.text
+        review = asked.json()
+        assert review["needsApproval"] is True
+        assert review["resolved"]["source"] == "index"
+        image = review["image"]
+        assert image["kind"] == "container image"
+        assert image["publisher"] == f"{registry.host}/apps/httpd"
+        assert image["digest"] == httpd
+        assert image["size"] > 1_000_000
+        assert image["folders"] == ["/www/data"]
+        assert image["network"] == ["api.example.com:443"]
+        assert review["egress"]["asked"] == ["api.example.com:443"]
+        assert review["diff"]["egressAdded"] == ["api.example.com:443"]
+        done = api.post("/api/dist/install", json={"ref": APP, "autoApprove": True})
+        assert done.status_code == 200, done.text
+        record = done.json()["record"]
+        assert (record["source"], record["ref"], record["version"]) == ("index", APP, "1.0.0")
+        installed = api.get(f"/api/apps/{APP}").json()["manifest"]
+        assert installed["runtime"]["image"] == f"{registry.host}/apps/httpd@{httpd}"
+        assert installed["description"] == "An OCI image as an app"
+        shown = api.get(f"/api/apps/{APP}/icon")
+        assert shown.status_code == 200
+        assert (shown.headers["content-type"], shown.content) == ("image/png", icon)
+        # the entry changes: an update, asked again because it reaches more
+        entry["version"] = "1.1.0"
+        entry["network"] = {"egress": True}
+        index.write_text(json.dumps({"schema": 1, "apps": [entry]}))
+        api.get("/api/dist/index", params={"refresh": 1}).raise_for_status()
+        updates = api.get("/api/dist/updates", params={"refresh": 1}).json()["updates"]
+        assert [(u["id"], u["available"]) for u in updates] == [(APP, True)], updates
+        held = api.post(f"/api/dist/update/{APP}", json={})
+        assert held.status_code == 200, held.text
+        assert held.json()["needsApproval"] is True
+        assert held.json()["diff"]["egressAdded"] is True
+        assert api.get(f"/api/apps/{APP}").json()["manifest"]["version"] == "1.0.0"
+        taken = api.post(f"/api/dist/update/{APP}", json={"approve": True})
+        assert taken.status_code == 200, taken.text
+        assert api.get(f"/api/apps/{APP}").json()["manifest"]["version"] == "1.1.0"

@@ -1,6 +1,7 @@
 """Fetchers bring a resolved source into a staging directory (docs/api.md "Distribution").
 
-The contract (every fetcher: `oci`, `git`, `local`):
+The contract (every fetcher: `oci`, `git`, `local`, `index`: an image app described by its
+catalogue entry):
 
 - ``fetch(resolved, staging)`` is an async generator. It writes the app tree into
   ``staging / resolved.dir_name`` (a directory that does not exist yet; ``staging`` is on the same
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from atrium.distribution.reach import Reach
 from atrium.distribution.signing import Trust, Verdict, verify_signatures
 
-Source = Literal["oci", "git", "local"]
+Source = Literal["oci", "git", "local", "index"]
 ProgressEvent = Mapping[str, Any]
 
 
@@ -52,6 +53,8 @@ class ResolvedRef:
     #: the tag or digest the install is pinned to; None: it follows its source
     #: (atrium.distribution.pins)
     pinned: str | None = None
+    #: index: the app tree the shell writes for an image entry, file by file
+    tree: Mapping[str, bytes] | None = None
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,10 @@ def fetcher_for(
         from atrium.distribution.fetchers.git import GitFetcher
 
         return GitFetcher(reach)
+    if resolved.source == "index":
+        from atrium.distribution.fetchers.index import IndexFetcher
+
+        return IndexFetcher()
     from atrium.distribution.fetchers.oci import OciFetcher
 
     return OciFetcher(docker_config, reach)
@@ -107,4 +114,6 @@ async def verify_source(
         from atrium.distribution.fetchers.git import verify_tag
 
         return await verify_tag(resolved, trust, reach)
+    if resolved.source == "index":
+        return Verdict("unsigned", reason="an image app described by the catalogue is not signed")
     return Verdict("unsigned", reason="a local folder carries no signature")

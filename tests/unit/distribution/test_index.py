@@ -107,3 +107,62 @@ def test_an_entry_without_channels_takes_the_latest_tag_or_the_default_branch() 
 def test_an_unknown_channel_is_not_found_listing_the_channels() -> None:
     with pytest.raises(NotFound, match=r"no channel 'nightly' \(channels: beta, stable\)"):
         source_for(entry(), "nightly")
+
+
+IMAGE: dict[str, Any] = {
+    "id": "org.example.clock",
+    "name": "Clock",
+    "version": "1.0.0",
+    "runtime": {"image": "registry.example/apps/clock:1", "health": {"path": "/"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"runtime": {"image": "clock", "health": {"path": "/"}}}, "runtime.image", "OCI image"),
+        ({"runtime": {"image": "r.example/c:1", "health": {}}}, "runtime.health.path", "required"),
+        (
+            {"runtime": {"image": "r.example/c:1", "health": {"path": "/"}, "comand": ["x"]}},
+            "runtime.comand",
+            "not permitted",
+        ),
+        ({"version": None}, "version", "needs a version"),
+        ({"version": "2"}, "version", "semver"),
+        ({"sources": BOTH["sources"]}, "runtime", "not both"),
+        ({"channels": {"stable": {"oci-tag": "1"}}}, "channels", "no channels"),
+        ({"icon": "https://example.org/i.png"}, "icon", "data:image/"),
+        ({"icon": "data:image/png;base64,@@"}, "icon", "base64"),
+        ({"icon": "data:text/html;base64,PGI+"}, "icon", "not an icon type"),
+        ({"network": {"egress": ["127.0.0.1:80"]}}, "network.egress", "not an address"),
+        ({"permissions": ["a b"]}, "permissions", "not a permission"),
+        ({"name": "x" * 201}, "name", "200"),
+    ],
+)
+def test_a_bad_image_entry_is_refused_by_the_field_it_got_wrong_alone(
+    changes: dict[str, Any], field: str, words: str
+) -> None:
+    bad = {k: v for k, v in {**IMAGE, **changes}.items() if v is not None}
+    entries, problems = parse_index({"schema": 1, "apps": [bad, {**IMAGE, "id": "org.example.ok"}]})
+    assert list(entries) == ["org.example.ok"]
+    assert [p["field"] for p in problems] == [field], problems
+    assert words in problems[0]["message"], problems
+
+
+def test_an_image_entry_is_an_app_tree_its_manifest_and_its_icon() -> None:
+    icon = "data:image/svg+xml;base64,PHN2Zy8+"
+    found = entry(**{**IMAGE, "sources": None, "channels": {}, "icon": icon})
+    tree = found.app_tree()
+    assert tree["icon.svg"] == b"<svg/>"
+    manifest = found.manifest()
+    assert manifest["icon"] == "icon.svg"
+    assert manifest["runtime"]["image"] == "registry.example/apps/clock:1"
+    assert (
+        entry(**{**IMAGE, "sources": None, "channels": {}, "icon": "⏰"}).manifest()["icon"] == "⏰"
+    )
+
+
+def test_a_source_entry_keeps_its_version_hint_but_not_image_fields() -> None:
+    assert parse_index({"schema": 1, "apps": [{**BOTH, "version": "v2"}]})[1] == []
+    _, problems = parse_index({"schema": 1, "apps": [{**BOTH, "network": {"egress": True}}]})
+    assert [p["field"] for p in problems] == ["network"]
