@@ -53,6 +53,13 @@ IMAGE_RE: Final = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?\Z"
 )
+#: ``runtime.image`` carried by the app: ``oci:<folder>[@sha256:<64 hex>]``, an OCI image layout
+#: at that folder of the app tree (the transport name skopeo and podman give such a layout)
+LAYOUT_PREFIX: Final = "oci:"
+LAYOUT_RE: Final = re.compile(
+    r"oci:(?P<path>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}(?:/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}){0,7})"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?\Z"
+)
 ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: kernel file systems the sandbox mounts itself: a data folder there would hide or shadow them
 SYSTEM_FOLDERS: Final = ("/proc", "/sys", "/dev")
@@ -252,7 +259,16 @@ class RuntimeHealth(_ManifestPart):
 
 
 def check_image(value: str) -> str:
-    """``host[:port]/repository`` with a tag, a digest or both (the digest wins)."""
+    """``host[:port]/repository`` with a tag, a digest or both (the digest wins); or
+    ``oci:<folder>``, an OCI image layout the app carries, optionally pinned ``@sha256:...``."""
+    if value.startswith(LAYOUT_PREFIX) and not value.startswith("oci://"):
+        if not LAYOUT_RE.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not an image layout in the app: oci:<folder> (a relative folder "
+                "of the app, no '..', no leading '/', no ':tag': a layout carries one image), "
+                "optionally pinned as oci:<folder>@sha256:<64 hex>"
+            )
+        return value
     if not IMAGE_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not an OCI image reference: host[:port]/repository with a :tag or "
@@ -331,15 +347,22 @@ class Runtime(_ManifestPart):
     @property
     def digest(self) -> str | None:
         """The ``sha256:`` digest the image is pinned to, or None (a tag only)."""
-        match = IMAGE_RE.fullmatch(self.image)
+        match = LAYOUT_RE.fullmatch(self.image) or IMAGE_RE.fullmatch(self.image)
         return match["digest"] if match else None
+
+    @property
+    def layout(self) -> str | None:
+        """The app tree's folder holding the image as an OCI image layout (``oci:<folder>``),
+        or None: the image is pulled from the registry ``image`` names."""
+        match = LAYOUT_RE.fullmatch(self.image)
+        return match["path"] if match else None
 
     @property
     def pinned(self) -> bool:
         return self.digest is not None
 
     def parts(self) -> tuple[str, str, str | None, str | None]:
-        """``(registry, repository, tag, digest)`` of ``image``."""
+        """``(registry, repository, tag, digest)`` of ``image``, a registry's reference."""
         match = IMAGE_RE.fullmatch(self.image)
         if match is None:  # validated on construction
             raise ValueError(f"{self.image!r} is not an OCI image reference")
@@ -347,6 +370,8 @@ class Runtime(_ManifestPart):
 
     def pin(self, digest: str) -> Runtime:
         """This runtime with ``image`` pinned to ``digest`` (the tag, if any, is dropped)."""
+        if (folder := self.layout) is not None:
+            return self.model_copy(update={"image": f"{LAYOUT_PREFIX}{folder}@{digest}"})
         registry, repository, _, _ = self.parts()
         return self.model_copy(update={"image": f"{registry}/{repository}@{digest}"})
 

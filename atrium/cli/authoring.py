@@ -18,9 +18,10 @@ from atrium.authoring.catalogue import publish_examples as publish_examples_to
 from atrium.authoring.scaffold import TEMPLATES, ScaffoldError, create
 from atrium.cli.client import ShellClient
 from atrium.cli.render import console, print_json, print_table
-from atrium.distribution.artifact import app_files, write_layer
+from atrium.distribution.artifact import app_files, check_artifact_size, write_layer
 from atrium.distribution.check import problems_of
 from atrium.distribution.ignore import IGNORE_FILE, likely_secret
+from atrium.errors import InvalidRequest
 
 JSON_OPT = typer.Option(False, "--json", help="print the result as JSON")
 FOLDER = Annotated[Path, typer.Argument(help="the app folder (named after the app id)")]
@@ -91,6 +92,12 @@ def pack(
             typer.echo(f"{p['field']}: {p['message']}", err=True)
         typer.echo(f"{folder.name}: not packed ({len(problems)} problems)", err=True)
         raise typer.Exit(1)
+    try:
+        check_artifact_size(folder, folder.name)
+    except InvalidRequest as err:
+        typer.echo(f"(files): {err.message}", err=True)
+        typer.echo(f"{folder.name}: not packed", err=True)
+        raise typer.Exit(1) from err
     shipped = [p for p in app_files(folder, folder.name) if p.is_file() or p.is_symlink()]
     names = [p.relative_to(folder).as_posix() for p in shipped]
     secrets = [n for n, p in zip(names, shipped, strict=True) if _looks_secret(n, p)]

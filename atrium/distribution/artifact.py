@@ -39,6 +39,9 @@ FIXED_MTIME: Final = 0
 #: never published: bytecode caches (rebuilt by the interpreter); nor is version-control metadata
 #: at any depth (`is_vcs_name`: every install refuses a tree that carries it)
 SKIPPED_NAMES: Final = frozenset({".git", "__pycache__"})
+#: the most file data an OCI install unpacks from an artifact (an image layout the app carries
+#: included); `atrium pack` and an OCI publish refuse a larger tree before anything moves
+MAX_UNPACKED: Final = 256 << 20
 
 
 def sha256_digest(data: bytes) -> str:
@@ -129,6 +132,20 @@ def app_files(app_dir: Path, app_id: str) -> Iterator[Path]:
                 raise InvalidRequest(f"{entry} is not a file, directory or link; cannot publish it")
 
     return walk(app_dir)
+
+
+def check_artifact_size(app_dir: Path, app_id: str) -> int:
+    """The bytes of the files an artifact of ``app_dir`` would hold; InvalidRequest past
+    `MAX_UNPACKED`, which every OCI install refuses."""
+    total = sum(p.lstat().st_size for p in app_files(app_dir, app_id) if p.is_file())
+    if total > MAX_UNPACKED:
+        raise InvalidRequest(
+            f"{app_dir} holds {total >> 20} MiB of files; an app artifact is at most "
+            f"{MAX_UNPACKED >> 20} MiB unpacked (an image the app carries included): install a "
+            "larger image from a local folder or a git source, or name its registry in "
+            "runtime.image"
+        )
+    return total
 
 
 def _tar_info(path: Path, name: str) -> tarfile.TarInfo:

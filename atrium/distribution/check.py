@@ -15,6 +15,8 @@ from atrium.distribution import artifact
 from atrium.distribution.tree import UnsafeTree, check_tree, ignore_rule
 from atrium.distribution.validate import runtime_dir_re
 from atrium.errors import AtriumError
+from atrium.images.layout import LayoutSource
+from atrium.images.store import ImageError
 from atrium.registry import read_copy
 from atrium.scopes import Scope
 
@@ -37,6 +39,9 @@ def problems_of(app_dir: Path) -> list[Problem]:
         problems.append({"field": "(files)", "message": err.message})
     copy = read_copy(Scope.USER, app_dir)
     problems += [dict(p) for p in copy.problems]
+    runtime = None if copy.manifest is None else copy.manifest.runtime
+    if runtime is not None and runtime.layout is not None:
+        problems += _layout_problems(app_dir, runtime.layout, runtime.digest)
     reserved = runtime_dir_re(app_dir.name)
     problems += [
         {
@@ -47,3 +52,20 @@ def problems_of(app_dir: Path) -> list[Problem]:
         if reserved.fullmatch(entry.name)
     ]
     return problems
+
+
+def _layout_problems(app_dir: Path, folder: str, pin: str | None) -> list[Problem]:
+    """The image layout the app carries: one image, every blob it names present and intact
+    (the install also checks media types and unpacks)."""
+    try:
+        digest = LayoutSource(app_dir, folder).check()
+    except ImageError as err:
+        return [{"field": "runtime.image", "message": err.reason}]
+    if pin is not None and digest != pin:
+        return [
+            {
+                "field": "runtime.image",
+                "message": f"the image layout {folder}/ holds {digest}, not the {pin} it pins",
+            }
+        ]
+    return []

@@ -1,15 +1,20 @@
-"""An image app's image at install: its tag resolved to a digest, the image pulled into the store,
-the staged manifest pinned to that digest, and what the install review says of it.
+"""An image app's image at install: its tag resolved to a digest, the image pulled into the store
+(or loaded from the OCI image layout the app carries), the staged manifest pinned to that digest,
+and what the install review says of it.
 
 The pull comes before the review, so the review can give the image's real size; the store is a
 cache shared by digest, so a declined or failed install leaves at most an entry there and nothing
-installed (docs/decisions.md "Images: running an OCI image as an app").
+installed (docs/decisions.md "Images: running an OCI image as an app"). A carried layout leaves
+the staged tree once its image is in the store: the scope's repository never holds its blobs
+(docs/decisions.md "Images: an app may carry its image").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ from atrium.egress import ask_wire, asked, words
 from atrium.errors import FetchFailed, ManifestInvalid
 from atrium.files import write_atomic
 from atrium.images.config import ConfigInvalid, image_port
+from atrium.images.layout import LayoutSource
 from atrium.images.store import ImageError, ImageStore, StoredImage
 from atrium.manifest import MANIFEST_FILE, Manifest
 
@@ -30,6 +36,8 @@ class PinnedImage:
 
     manifest: Manifest
     image: StoredImage
+    #: the image came in the app's own tree (``oci:<folder>``), not from a registry
+    carried: bool = False
 
 
 async def pin_image(
@@ -41,11 +49,15 @@ async def pin_image(
     reach: Reach | None,
 ) -> PinnedImage:
     """Resolve ``runtime.image`` to a digest (a tag asks the registry once), pull it into the
-    store and write the pinned reference into the staged manifest in ``app_dir``: what the user
-    reviews is what runs. FetchFailed when the registry or the image says no."""
+    store (or load it from the layout the app carries, which then leaves ``app_dir``) and write
+    the pinned reference into the staged manifest in ``app_dir``: what the user reviews is what
+    runs. FetchFailed when the registry, the layout or the image says no."""
     runtime = manifest.runtime
     if runtime is None:  # pragma: no cover - called for image apps only
         raise ValueError(f"{manifest.id} is not an image app")
+    if runtime.layout is not None:
+        stored, pin = await _carried(runtime.image, runtime.layout, runtime.digest, app_dir, store)
+        return await _pinned(manifest, app_dir, stored, pin, carried=True)
     registry, repository, tag, digest = runtime.parts()
     try:
         if digest is None:
@@ -58,6 +70,55 @@ async def pin_image(
         raise FetchFailed(runtime.image, err.reason) from err
     except ImageError as err:
         raise FetchFailed(runtime.image, err.reason) from err
+    return await _pinned(manifest, app_dir, image, digest, carried=False)
+
+
+async def _carried(
+    image: str, folder: str, pin: str | None, app_dir: Path, store: ImageStore
+) -> tuple[StoredImage, str]:
+    """The image of the layout at ``folder``, loaded into the store and verified blob by blob
+    (pinned: it must be ``pin``), then the layout removed from the staged tree. A tree without
+    the layout (an export of an installed copy, which never keeps it) may still name a pinned
+    image the store holds."""
+    source = LayoutSource(app_dir, folder)
+    try:
+        if pin is not None and not await asyncio.to_thread(os.path.lexists, app_dir / folder):
+            stored = await asyncio.to_thread(store.get, pin)
+            if stored is None:
+                raise ImageError(
+                    f"the app carries no image layout at {folder}/ and the image store has no "
+                    f"{pin}: install the app from the source that carries its image"
+                )
+            return stored, pin
+        digest = await asyncio.to_thread(source.image)
+        if pin is not None and digest != pin:
+            raise ImageError(
+                f"the image layout {folder}/ holds {digest}, not the {pin} the manifest pins"
+            )
+        stored = await store.load(source, digest, f"the app's image layout {folder}/")
+    except ImageError as err:
+        raise FetchFailed(image, err.reason) from err
+    await asyncio.to_thread(_drop_layout, app_dir, folder)
+    return stored, digest
+
+
+def _drop_layout(app_dir: Path, folder: str) -> None:
+    """Remove the layout (and the folders it leaves empty) from the staged tree: its image is in
+    the store by digest, and what stays is committed to the scope's git repository."""
+    shutil.rmtree(app_dir / folder)
+    parent = (app_dir / folder).parent
+    while parent != app_dir and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
+async def _pinned(
+    manifest: Manifest, app_dir: Path, image: StoredImage, digest: str, *, carried: bool
+) -> PinnedImage:
+    """The staged manifest pinned to ``digest`` once the image's port is known."""
+    runtime = manifest.runtime
+    if runtime is None:  # pragma: no cover - called for image apps only
+        raise ValueError(f"{manifest.id} is not an image app")
     try:
         image_port(image.config, runtime)
     except ConfigInvalid as err:
@@ -66,7 +127,7 @@ async def pin_image(
         ) from err
     pinned = runtime.pin(digest)
     await asyncio.to_thread(_write_pinned, app_dir / MANIFEST_FILE, pinned.image)
-    return PinnedImage(manifest.model_copy(update={"runtime": pinned}), image)
+    return PinnedImage(manifest.model_copy(update={"runtime": pinned}), image, carried)
 
 
 def _write_pinned(path: Path, image: str) -> None:
@@ -77,13 +138,23 @@ def _write_pinned(path: Path, image: str) -> None:
     path.chmod(mode)
 
 
-def image_review(pinned: PinnedImage) -> dict[str, Any]:
+def image_review(pinned: PinnedImage, source: str) -> dict[str, Any]:
     """The install review's ``image``: that the app is a container image, where it comes from,
-    its size, the folders it keeps and what of the network it may reach (docs/api.md)."""
+    its size, the folders it keeps and what of the network it may reach (docs/api.md).
+    ``source``: the app's ref, the publisher of an image the app carries."""
     runtime = pinned.manifest.runtime
     if runtime is None:  # pragma: no cover - called for image apps only
         raise ValueError(f"{pinned.manifest.id} is not an image app")
-    registry, repository, _, digest = runtime.parts()
+    digest = runtime.digest
+    if pinned.carried:
+        publisher = source
+        origin = f"A container image carried in the app from {source}, not an Atrium app"
+        moved = "carried in the app"
+    else:
+        registry, repository, _, _ = runtime.parts()
+        publisher = f"{registry}/{repository}"
+        origin = f"A container image published at {publisher}, not an Atrium app"
+        moved = "downloaded"
     image = pinned.image
     folders = list(runtime.data)
     kept = ", ".join(folders) if folders else "nothing"
@@ -92,7 +163,8 @@ def image_review(pinned: PinnedImage) -> dict[str, Any]:
     return {
         "kind": "container image",
         "image": runtime.image,
-        "publisher": f"{registry}/{repository}",
+        "publisher": publisher,
+        "carried": pinned.carried,
         "digest": digest,
         "size": image.size,
         "pulledBytes": image.pulled_bytes,
@@ -100,8 +172,8 @@ def image_review(pinned: PinnedImage) -> dict[str, Any]:
         "folders": folders,
         "network": ask_wire(ask),
         "words": [
-            f"A container image published at {registry}/{repository}, not an Atrium app",
-            f"{size_text(image.size)} unpacked ({size_text(image.pulled_bytes)} downloaded)",
+            origin,
+            f"{size_text(image.size)} unpacked ({size_text(image.pulled_bytes)} {moved})",
             f"Keeps {kept} in its data folder",
             (
                 "Cannot reach the network; only the shell reaches its page"

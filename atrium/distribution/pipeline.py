@@ -298,7 +298,7 @@ class Distribution:
                 requiresApproval=requires_approval(diff) or self._new_image(pinned, scope),
                 resolved=resolved.wire(),
                 app=_summary(manifest, size),
-                **({} if pinned is None else {"image": image_review(pinned)}),
+                **({} if pinned is None else {"image": image_review(pinned, str(resolved.ref))}),
                 **egress_review(manifest),
                 permissions=[describe(name, labels) for name in diff.permissions_added],
                 resources=_resources(manifest, self._lifecycle.limit_ceilings),
@@ -427,7 +427,7 @@ class Distribution:
             signer_changed = self._signer_changed(scope, manifest.id, verdict, op)
             signed = _signature(verdict, signer_changed)
             if pinned is not None:
-                signed = {**signed, "image": image_review(pinned)}
+                signed = {**signed, "image": image_review(pinned, ref_text)}
             signed = {**signed, **egress_review(manifest)}
             new_image = self._new_image(pinned, scope)
             if requires_approval(diff) or signer_changed or new_image or approval.approve is False:

@@ -132,6 +132,8 @@ class Publisher:
         manifest = await asyncio.to_thread(artifact.read_app_manifest, app_dir)
         # special files and links leaving the tree are refused now, not halfway through
         await asyncio.to_thread(lambda: list(artifact.app_files(app_dir, manifest.id)))
+        if isinstance(target, OciRef):
+            await asyncio.to_thread(artifact.check_artifact_size, app_dir, manifest.id)
         if isinstance(target, GitRef):
             await _check_tag_name(target)
         key = None if sign is None else await asyncio.to_thread(_read_signing_key, sign)

@@ -10,7 +10,8 @@ and renames it into place; a staging folder whose process is gone (a killed pull
 next pull. A second pull of the same digest reuses the entry without asking the registry. Every
 blob is verified by size and sha256 (`atrium.distribution.ociclient.RegistryClient.blob`) before
 a byte of it is unpacked. The registry client (and its Docker-config logins) is the one app
-artifacts use.
+artifacts use. An image an app carries as an OCI image layout comes in through `ImageStore.load`
+(`atrium.images.layout.LayoutSource`, OCI media types only) and is unpacked the same way.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import secrets
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Protocol, TypeVar
 
 import zstandard
 
@@ -65,6 +66,52 @@ CONFIG_TYPES: Final = frozenset(
 IMAGE_TYPES: Final = frozenset({artifact.OCI_MANIFEST, artifact.DOCKER_MANIFEST})
 INDEX_TYPES: Final = frozenset({artifact.OCI_INDEX, artifact.DOCKER_LIST})
 MAX_CONFIG: Final = 1 << 20
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class MediaTypes:
+    """What a source's manifests, configs and layers may be."""
+
+    images: frozenset[str]
+    indexes: frozenset[str]
+    configs: frozenset[str]
+    layers: frozenset[str]
+    #: said after a refused media type that this source does not read (the Docker ones of a layout)
+    refused: frozenset[str] = frozenset()
+    advice: str = ""
+
+    def hint(self, media_type: object) -> str:
+        return self.advice if media_type in self.refused else ""
+
+
+#: a registry serves OCI and Docker v2 images alike
+REGISTRY_TYPES: Final = MediaTypes(IMAGE_TYPES, INDEX_TYPES, CONFIG_TYPES, LAYER_TYPES)
+#: an OCI image layout holds OCI content; a Docker v2 type there is refused, naming it
+LAYOUT_TYPES: Final = MediaTypes(
+    frozenset({artifact.OCI_MANIFEST}),
+    frozenset({artifact.OCI_INDEX}),
+    frozenset({"application/vnd.oci.image.config.v1+json"}),
+    frozenset(t for t in LAYER_TYPES if t.startswith("application/vnd.oci.")),
+    refused=frozenset(
+        t for t in (*IMAGE_TYPES, *INDEX_TYPES, *CONFIG_TYPES, *LAYER_TYPES) if ".docker." in t
+    ),
+    advice=(
+        ": an image layout an app carries holds OCI media types only, not Docker v2 ones "
+        "(`skopeo copy docker://<image> oci:<folder>` writes one)"
+    ),
+)
+
+
+class BlobSource(Protocol):
+    """Where an image's manifests and blobs come from: a registry (`RegistryClient`) or a layout
+    an app carries (`atrium.images.layout.LayoutSource`); both verify what they hand over."""
+
+    async def manifest(self, reference: str) -> PulledManifest: ...
+
+    def blob(self, digest: str, size: int) -> AsyncIterator[bytes]: ...
+
+
 #: ``image.json``'s mark that `check_links` passed on the entry's tree
 LINKS_RESOLVED: Final = "resolved"
 #: defaults of the store's limits (``ImageStore(max_bytes=..., max_files=...)``)
@@ -392,8 +439,10 @@ def _descriptor(value: Any, what: str) -> tuple[str, str, int]:
     return str(media_type or ""), digest, size
 
 
-def pick_platform(index: dict[str, Any], arch: str) -> str:
-    """The digest of the index's linux/``arch`` image (ValueError naming what it offers)."""
+def pick_platform(
+    index: dict[str, Any], arch: str, image_types: frozenset[str] = IMAGE_TYPES
+) -> str:
+    """The digest of the index's linux/``arch`` image (ImageError naming what it offers)."""
     offered: list[str] = []
     for entry in index.get("manifests") or []:
         if not isinstance(entry, dict):
@@ -401,7 +450,7 @@ def pick_platform(index: dict[str, Any], arch: str) -> str:
         plat = entry.get("platform") or {}
         pair = f"{plat.get('os')}/{plat.get('architecture')}"
         offered.append(pair)
-        if pair == f"linux/{arch}" and entry.get("mediaType", artifact.OCI_MANIFEST) in IMAGE_TYPES:
+        if pair == f"linux/{arch}" and entry.get("mediaType", artifact.OCI_MANIFEST) in image_types:
             digest = entry.get("digest")
             if isinstance(digest, str) and DIGEST_RE.fullmatch(digest):
                 return digest
@@ -481,6 +530,45 @@ class ImageStore:
 
         ``reach``: whose pull this is (a member's connects only where a member's fetch may, without
         the shell's registry logins: `atrium.distribution.reach`); None is the shell's own."""
+
+        async def fetch(staging: Path) -> StoredImage:
+            async with RegistryClient(
+                registry, repository, docker_config=self.docker_config, reach=reach
+            ) as client:
+                return await self._unpack(
+                    client, digest, staging, f"{registry}/{repository}", REGISTRY_TYPES
+                )
+
+        return await self._stored(digest, fetch, None)
+
+    async def load(self, source: BlobSource, digest: str, origin: str) -> StoredImage:
+        """The image ``digest`` from an OCI image layout an app carries
+        (`atrium.images.layout.LayoutSource`), unpacked into the store as a pull is. Only OCI
+        media types are read from a layout. An entry the store already has is reused once the
+        layout's blobs are verified all the same: a damaged artifact is refused whatever the
+        store holds. ``origin``: what ``image.json`` says it came from."""
+
+        async def fetch(staging: Path) -> StoredImage:
+            return await self._unpack(source, digest, staging, origin, LAYOUT_TYPES)
+
+        async def verify() -> None:
+            _, document = await self._image_manifest(source, digest, LAYOUT_TYPES)
+            config_digest, config_size, described = self._check_manifest(
+                document, digest, LAYOUT_TYPES
+            )
+            for blob_digest, size in [(config_digest, config_size), *described]:
+                async for _ in source.blob(blob_digest, size):
+                    pass
+
+        return await self._stored(digest, fetch, verify)
+
+    async def _stored(
+        self,
+        digest: str,
+        fetch: Callable[[Path], Awaitable[StoredImage]],
+        verify: Callable[[], Awaitable[None]] | None,
+    ) -> StoredImage:
+        """The entry ``digest``: found (after ``verify``), or ``fetch`` into a staging folder."""
         if not DIGEST_RE.fullmatch(digest):
             raise ImageError(f"{digest!r} is not a sha256 digest: images are pulled by digest")
         lock = self._locks.setdefault(digest, asyncio.Lock())
@@ -488,26 +576,34 @@ class ImageStore:
             await asyncio.to_thread(self.sweep)
             found = await asyncio.to_thread(self.get, digest)
             if found is not None:
+                if verify is not None:
+                    await self._refusals(digest, verify())
                 return found
             staging = self.root / STAGING / f"{digest[7:]}-{os.getpid()}-{secrets.token_hex(4)}"
             _PULLING.add(staging)
             try:
                 await asyncio.to_thread(_make_staging, staging)
-                return await self._pull(registry, repository, digest, staging, reach)
-            except RegistryError as err:
-                raise ImageError(err.reason) from err
-            except (LayerRefused, ConfigInvalid) as err:
-                raise ImageError(f"the image {digest} is refused: {err}") from err
-            except OSError as err:  # the disk said no: a name too long, no space left
-                raise ImageError(
-                    f"the image {digest} could not be unpacked: {err.strerror or err}"
-                ) from err
+                return await self._refusals(digest, fetch(staging))
             finally:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
                 _PULLING.discard(staging)
 
+    @staticmethod
+    async def _refusals(digest: str, work: Awaitable[_T]) -> _T:
+        """``work``'s result; its refusals as ImageError."""
+        try:
+            return await work
+        except RegistryError as err:
+            raise ImageError(err.reason) from err
+        except (LayerRefused, ConfigInvalid) as err:
+            raise ImageError(f"the image {digest} is refused: {err}") from err
+        except OSError as err:  # the disk said no: a name too long, no space left
+            raise ImageError(
+                f"the image {digest} could not be unpacked: {err.strerror or err}"
+            ) from err
+
     async def _image_manifest(
-        self, client: RegistryClient, digest: str
+        self, client: BlobSource, digest: str, types: MediaTypes
     ) -> tuple[PulledManifest, dict[str, Any]]:
         """The image manifest ``digest`` names: itself, or an index's linux/<arch> entry."""
         pulled = await client.manifest(digest)
@@ -516,28 +612,36 @@ class ImageStore:
             if not isinstance(document, dict):
                 raise ImageError(f"the manifest {pulled.digest} is not a JSON object")
             media_type = document.get("mediaType") or pulled.media_type
-            if media_type in IMAGE_TYPES:
+            if media_type in types.images:
                 return pulled, document
-            if media_type not in INDEX_TYPES or pulled.digest != digest:
+            if media_type not in types.indexes or pulled.digest != digest:
                 break
-            pulled = await client.manifest(pick_platform(document, self.arch))
-        raise ImageError(f"{pulled.digest} is not an image manifest ({media_type!r})")
+            pulled = await client.manifest(pick_platform(document, self.arch, types.images))
+        raise ImageError(
+            f"{pulled.digest} is not an image manifest ({media_type!r}{types.hint(media_type)})"
+        )
 
     def _check_manifest(
-        self, document: dict[str, Any], digest: str
+        self, document: dict[str, Any], digest: str, types: MediaTypes
     ) -> tuple[str, int, list[tuple[str, int]]]:
         """The config's digest and size, and each layer's, once the manifest passes."""
         config_type, config_digest, config_size = _descriptor(document.get("config"), "config")
-        if config_type not in CONFIG_TYPES or config_size > MAX_CONFIG:
-            raise ImageError(f"the image's config {config_type!r} is not an image config")
+        if config_type not in types.configs or config_size > MAX_CONFIG:
+            raise ImageError(
+                f"the image's config {config_type!r} is not an image config"
+                f"{types.hint(config_type)}"
+            )
         layers = document.get("layers")
         if not isinstance(layers, list) or len(layers) > MAX_LAYERS:
             raise ImageError(f"the image manifest's layers are not a list of ≤ {MAX_LAYERS}")
         described: list[tuple[str, int]] = []
         for number, layer in enumerate(layers):
             layer_type, layer_digest, layer_size = _descriptor(layer, f"layer {number}")
-            if layer_type not in LAYER_TYPES:
-                raise ImageError(f"layer {number} has media type {layer_type!r}, not a tar")
+            if layer_type not in types.layers:
+                raise ImageError(
+                    f"layer {number} has media type {layer_type!r}, not a tar"
+                    f"{types.hint(layer_type)}"
+                )
             described.append((layer_digest, layer_size))
         pulled_bytes = sum(size for _, size in described)
         if pulled_bytes > self.max_bytes:
@@ -547,38 +651,34 @@ class ImageStore:
             )
         return config_digest, config_size, described
 
-    async def _pull(
-        self, registry: str, repository: str, digest: str, staging: Path, reach: Reach | None
+    async def _unpack(
+        self, client: BlobSource, digest: str, staging: Path, origin: str, types: MediaTypes
     ) -> StoredImage:
-        async with RegistryClient(
-            registry, repository, docker_config=self.docker_config, reach=reach
-        ) as client:
-            pulled, document = await self._image_manifest(client, digest)
-            config_digest, config_size, described = self._check_manifest(document, digest)
-            pulled_bytes = sum(size for _, size in described)
-            config_body = b"".join([c async for c in client.blob(config_digest, config_size)])
-            config = parse_config(config_body)
-            if config.os not in ("", "linux") or config.architecture not in ("", self.arch):
-                raise ImageError(
-                    f"the image is built for {config.os}/{config.architecture}, "
-                    f"not linux/{self.arch}"
-                )
-            budget = _Budget(self.max_bytes, self.max_files)
-            rootfs = staging / "rootfs"
-            for layer_digest, layer_size in described:
-                blob = staging / "layer.blob"
-                with blob.open("wb") as out:
-                    async for chunk in client.blob(layer_digest, layer_size):
-                        await asyncio.to_thread(out.write, chunk)
-                await asyncio.to_thread(unpack_layer, blob, rootfs, budget)
-                blob.unlink()
-            await asyncio.to_thread(check_links, rootfs)
-            await asyncio.to_thread(add_mount_points, rootfs)
+        pulled, document = await self._image_manifest(client, digest, types)
+        config_digest, config_size, described = self._check_manifest(document, digest, types)
+        pulled_bytes = sum(size for _, size in described)
+        config_body = b"".join([c async for c in client.blob(config_digest, config_size)])
+        config = parse_config(config_body)
+        if config.os not in ("", "linux") or config.architecture not in ("", self.arch):
+            raise ImageError(
+                f"the image is built for {config.os}/{config.architecture}, not linux/{self.arch}"
+            )
+        budget = _Budget(self.max_bytes, self.max_files)
+        rootfs = staging / "rootfs"
+        for layer_digest, layer_size in described:
+            blob = staging / "layer.blob"
+            with blob.open("wb") as out:
+                async for chunk in client.blob(layer_digest, layer_size):
+                    await asyncio.to_thread(out.write, chunk)
+            await asyncio.to_thread(unpack_layer, blob, rootfs, budget)
+            blob.unlink()
+        await asyncio.to_thread(check_links, rootfs)
+        await asyncio.to_thread(add_mount_points, rootfs)
         meta = {
             "digest": digest,
             "manifestDigest": pulled.digest,
             "configDigest": config_digest,
-            "pulledFrom": f"{registry}/{repository}",
+            "pulledFrom": origin,
             "pulledBytes": pulled_bytes,
             "size": budget.size,
             "files": budget.files,

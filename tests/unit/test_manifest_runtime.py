@@ -52,6 +52,19 @@ def test_a_tag_is_accepted_and_pinning_replaces_it_with_the_digest() -> None:
     assert pinned.pinned
 
 
+def test_an_image_the_app_carries_is_a_layout_folder_pinned_in_place() -> None:
+    runtime = parse_manifest(manifest(image="oci:images/web"), DIR).runtime
+    assert runtime is not None
+    assert runtime.layout == "images/web"
+    assert not runtime.pinned
+    pinned = runtime.pin(DIGEST)
+    assert pinned.image == "oci:images/web@" + DIGEST
+    assert (pinned.layout, pinned.digest) == ("images/web", DIGEST)
+    registry = parse_manifest(manifest(), DIR).runtime
+    assert registry is not None
+    assert registry.layout is None
+
+
 def test_minimal_runtime_defaults() -> None:
     data: dict[str, Any] = {"id": DIR, "version": "1.0.0", "name": "Web"}
     data["runtime"] = {"image": "localhost:5000/web:1", "port": 8080, "health": {"path": "/"}}
@@ -70,6 +83,12 @@ def test_minimal_runtime_defaults() -> None:
         ({"image": "r.example.com/web@sha256:abc"}, "runtime.image", "not an OCI image"),
         ({"image": "r.example.com/web@md5:" + "a" * 32}, "runtime.image", "not an OCI image"),
         ({"image": 5}, "runtime.image", "string"),
+        ({"image": "oci:../web"}, "runtime.image", "no '..'"),
+        ({"image": "oci:/srv/web"}, "runtime.image", "no leading '/'"),
+        ({"image": "oci:web/./x"}, "runtime.image", "not an image layout in the app"),
+        ({"image": "oci:web:1"}, "runtime.image", "no ':tag'"),
+        ({"image": "oci:web@sha256:abc"}, "runtime.image", "not an image layout"),
+        ({"image": "oci:"}, "runtime.image", "not an image layout"),
         ({"port": 0}, "runtime.port", "greater than or equal to 1"),
         ({"port": 65536}, "runtime.port", "less than or equal to 65535"),
         ({"port": "80"}, "runtime.port", "integer"),

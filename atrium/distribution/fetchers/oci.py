@@ -36,7 +36,7 @@ from atrium.errors import BadRef, FetchFailed
 from atrium.events import FETCH_PROGRESS
 from atrium.images.layers import EXTENDED_HEADERS, MAX_HEADER
 
-MAX_UNPACKED: Final = 256 << 20
+MAX_UNPACKED: Final = artifact.MAX_UNPACKED
 #: a compressed layer cannot legitimately be much larger than what it unpacks to
 MAX_LAYER: Final = MAX_UNPACKED + (16 << 20)
 MAX_MEMBERS: Final = 100_000
