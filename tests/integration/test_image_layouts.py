@@ -3,10 +3,12 @@
 library and copied into the app folder by skopeo, installed from a local folder with no registry
 anywhere, launched and its page fetched through the app's origin (root only: the shell maps the
 image's users onto ids of their own). Then damaged layouts, each refused with a reason naming what
-is wrong and nothing installed, nothing left in the image store."""
+is wrong and nothing installed, nothing left in the image store; `atrium validate`, `atrium pack`
+and an OCI publish with a layout in the tree."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ from atrium.distribution.publish import Publisher
 from atrium.errors import InvalidRequest
 from atrium.images.store import STAGING, machine_arch
 from tests.integration.conftest import StartShell
+from tests.integration.registry import running_registry
 from tests.integration.test_image_apps import CONFIG, httpd_layers
 from tests.integration.test_image_store import CONFIG_TYPE, Layer, digest_of
 from tests.integration.test_origins import enter, open_view
@@ -329,3 +332,29 @@ async def test_a_tree_past_the_artifact_limit_is_neither_packed_nor_published_to
         await Publisher().plan(folder, "oci://127.0.0.1:9/apps/carried", "1.0.0")
     # a git source has no such limit: the same tree is a publish plan there
     assert (await Publisher().plan(folder, str(tmp_path / "repo.git"), "1.0.0")).manifest
+
+
+def test_an_app_published_to_a_registry_carries_its_layout_in_the_artifact(
+    start_shell: StartShell, home: Path, tmp_path: Path, built: Path
+) -> None:
+    """`atrium publish` puts the layout into the artifact's one layer; an install by the OCI ref
+    takes the image from it (the registry holds no image, only the app artifact)."""
+    folder = app_folder(tmp_path / "source", app_manifest(), built)
+
+    async def publish(to: str) -> list[dict[str, Any]]:
+        return [event async for event in Publisher().publish(folder, to, "1.0.0")]
+
+    with running_registry(tmp_path / "registry") as registry:
+        ref = f"oci://{registry.host}/apps/carried:1.0.0"
+        asyncio.run(publish(f"oci://{registry.host}/apps/carried"))
+        shell = start_shell()
+        with shell.client(timeout=60) as api:
+            done = api.post("/api/dist/install", json={"ref": ref, "autoApprove": True})
+            assert done.status_code == 200, done.text
+            result = done.json()
+            assert result["ok"] is True
+            assert result["image"]["carried"] is True
+            assert result["image"]["publisher"] == ref
+            listed = api.get(f"/api/apps/{APP}").json()
+            assert listed["manifest"]["runtime"]["image"].startswith("oci:image@sha256:")
+            assert not (Path(listed["path"]) / "image").exists()
