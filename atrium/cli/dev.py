@@ -2,7 +2,9 @@
 
 The folder becomes a dev copy in the user scope (`POST /api/dist/install` with `dev: true`):
 installed as it is on disk, marked as a dev copy wherever apps are listed, its permissions
-granted without asking (the author's own app). Every save is validated first; a valid folder is
+granted without asking (the author's own app). What it may reach (`network.egress`) is asked like
+an install's: a save that asks to reach more is put to the author in the terminal (y/N), and
+without a terminal to answer on it is not reloaded. Every save is validated first; a valid folder is
 installed again, which restarts the app's running instance on the new files under the same id; a
 folder with problems keeps the last good version running and lists what is wrong, in the terminal
 and over the author's open tab (`dev:failed`). It prints the host page's address that opens the
@@ -13,7 +15,9 @@ Ctrl-C uninstalls the dev copy, its data and its backups.
 from __future__ import annotations
 
 import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,6 +51,8 @@ class DevSession:
         self.shown_problems: list[dict[str, str]] | None = None
         #: where the shell runs the dev copy from: its log names files there
         self.installed_dir: str | None = None
+        #: puts a question to the author (y/N); None: no one to ask (no terminal)
+        self.ask: Callable[[str], bool] | None = ask_in_terminal if sys.stdin.isatty() else None
 
     def authors_paths(self, text: str) -> str:
         """``text`` naming the author's folder instead of the installed copy the app runs
@@ -84,6 +90,10 @@ class DevSession:
             self.report(f"not installed: {describe_error(answer)}")
             return False
         result = answer.json()
+        if result.get("needsApproval"):
+            result = self.approve(body, result)
+            if result is None:
+                return False
         if not result.get("ok"):
             console.print(f"[red]{self.app_id}: not installed: {result}")
             return False
@@ -103,6 +113,28 @@ class DevSession:
                 soft_wrap=True,
             )
         return instance is not None
+
+    def approve(self, body: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+        """A save the shell holds for an answer (it asks to reach more: `network.egress`): asked
+        in the terminal and sent again approved, or not reloaded (None)."""
+        reach = (result.get("egress") or {}).get("words") or "more than before"
+        question = f"{self.app_id} now asks: {reach}. Allow it?"
+        if self.ask is None or not self.ask(question):
+            why = (
+                f"not reloaded: the save asks: {reach} (network.egress), which is approved like "
+                "an install's; answer y when atrium dev asks (in a terminal), or remove it"
+            )
+            console.print(f"[red]{self.app_id}: {why}", soft_wrap=True)
+            self.report(why)
+            return None
+        approved = {**body, "approve": True, "approvedDigest": result["resolved"]["digest"]}
+        answer = self.client.send("POST", "/api/dist/install", json=approved)
+        if answer.status_code >= 400:
+            console.print(f"[red]{self.app_id}: not installed: {describe_error(answer)}")
+            self.report(f"not installed: {describe_error(answer)}")
+            return None
+        answered: dict[str, Any] = answer.json()
+        return answered
 
     def report(self, message: str) -> None:
         """Show ``message`` on the author's open tabs of the app, over its last good version
@@ -204,6 +236,14 @@ class Unignored(watchfiles.DefaultFilter):
             self.rule.ignores("/".join(parts[: i + 1]), i < len(parts) - 1 or Path(path).is_dir())
             for i in range(len(parts))
         )
+
+
+def ask_in_terminal(question: str) -> bool:
+    """A y/N answer in the terminal; no answer (stdin at its end) is no."""
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:
+        return False
 
 
 def _interrupt(signum: int, frame: object) -> None:

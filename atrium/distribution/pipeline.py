@@ -430,6 +430,14 @@ class Distribution:
                 signed = {**signed, "image": image_review(pinned, ref_text)}
             signed = {**signed, **egress_review(manifest)}
             new_image = self._new_image(pinned, scope)
+            # a dev copy's permissions are its author's own (autoApprove, every save), but what
+            # it may reach is asked like an install's: a save that widens its egress waits for
+            # an answer (approve), never granted by the save alone
+            unanswered = (
+                self._is_dev(scope, manifest.id, dev)
+                and diff.egress_added is not None
+                and approval.approve is not True
+            )
             if requires_approval(diff) or signer_changed or new_image or approval.approve is False:
                 labels = self._registry.permission_labels()
                 described = [describe(name, labels) for name in diff.permissions_added]
@@ -443,7 +451,7 @@ class Distribution:
                 if approval.approve is False:
                     yield event(PERMISSION_DENIED, diff=diff.wire())
                     raise ApprovalDenied(manifest.id, diff.wire())
-                if not approval.approved:
+                if not approval.approved or unanswered:
                     note = self.data_note(manifest.id, scope) if op == "install" else None
                     yield event(
                         RESULT,
@@ -522,6 +530,14 @@ class Distribution:
             return False
         previous = self.records.get(scope, app_id)
         return previous is not None and previous.signed_by != verdict.signer
+
+    def _is_dev(self, scope: Scope, app_id: str, dev: bool | None) -> bool:
+        """Whether the copy this operation makes is a dev copy (None: what the replaced record
+        says, as `_new_record` reads it)."""
+        if dev is not None:
+            return dev
+        previous = self.records.get(scope, app_id)
+        return bool(previous and previous.dev)
 
     def _is_running(self, app_id: str) -> bool:
         """Whether any instance of the app has a live child (warm-pool ones included)."""

@@ -422,3 +422,39 @@ def test_what_atriumignore_leaves_out_never_reaches_the_dev_copy(
     # one reload (the page): none for the ignored files
     assert ("".join(lines) + out).count("reloaded") == 1, "".join(lines) + out
     assert proc.returncode == 0
+
+
+def test_a_dev_save_that_asks_to_reach_more_is_not_granted_without_an_answer(
+    shell: RunningShell, api: httpx.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dev copy's permissions are the author's own, but what it may reach is not: a save whose
+    manifest asks `network.egress` (a dependency's hook, a pulled change) is approved like an
+    install's, never granted by the save alone."""
+    folder = create(tmp_path, APP, "stdlib")
+    manifest_file = folder / "app.manifest.json"
+    with ShellClient(shell.url, shell.token) as client:
+        session = DevSession(client, folder)
+        assert session.sync()
+        first = session.instance_id
+        described = json.loads(manifest_file.read_text())
+        manifest_file.write_text(json.dumps({**described, "network": {"egress": True}}))
+        assert not session.sync()
+        out = capsys.readouterr().out
+        assert "Can reach the internet" in out, out
+        listed = api.get(f"/api/apps/{APP}").json()
+        assert "network" not in listed["manifest"], listed["manifest"]
+        assert listed["network"]["egress"]["granted"] is False
+        assert session.instance_id == first  # the last good version keeps running
+        # the API says the same to any client of a dev install
+        body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True, "dev": True}
+        asked = api.post("/api/dist/install", json=body)
+        assert asked.status_code == 200, asked.text
+        assert asked.json()["needsApproval"] is True
+        assert asked.json()["diff"]["egressAdded"] is True
+        # the author answers: the save goes in, and the app reaches what was approved
+        session.ask = lambda question: "Can reach the internet" in question
+        assert session.sync()
+        listed = api.get(f"/api/apps/{APP}").json()
+        assert listed["manifest"]["network"] == {"egress": True}
+        assert listed["network"]["egress"]["granted"] is True
+        session.remove()
