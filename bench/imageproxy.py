@@ -4,7 +4,9 @@ instance's own network namespace costs the data proxy and the page proxy.
 1. Pull + unpack: an image of busybox and 32 MiB of files in 256 of 128 KiB (gzip level 1),
    pushed to a real docker-registry (`tests.integration.registry`), pulled by digest into a fresh
    image store (`atrium.images.store.ImageStore.pull`: every blob verified, each layer unpacked by
-   the store's rules) `RUNS` times: milliseconds per MiB unpacked.
+   the store's rules) `RUNS` times: milliseconds per MiB unpacked. The same image as an OCI image
+   layout an app carries (`ImageStore.load` over `atrium.images.layout.LayoutSource`), loaded
+   `RUNS` times into a fresh store: the same per MiB, no registry.
 2. The data proxy (`GET /api/data/echo/open/x` with the user's token) and the page proxy
    (`GET /whoami` on the app's origin with its view cookie) to the SDK echo app, `REQUESTS` each
    on one kept-alive connection, against a shell whose bubblewrap instances live in a network
@@ -25,11 +27,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from atrium.images.layout import LayoutSource
 from atrium.images.store import ImageStore
 from bench.report import table
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import serving
 from tests.integration.registry import running_registry
+from tests.integration.test_image_layouts import write_layout
 from tests.integration.test_image_store import BUSYBOX_CONFIG, Layer, busybox_layers, push_image
 
 RUNS = 5
@@ -40,17 +44,17 @@ FILE_BYTES = 128 * 1024
 RANGE = "10.222.0.0/16"
 
 
-async def pulls(folder: Path) -> tuple[list[float], float]:
-    """Seconds per MiB of each pull + unpack, and the MiB unpacked."""
+async def pulls(folder: Path) -> tuple[list[float], list[float], float]:
+    """Seconds per MiB of each pull + unpack and of each load from a layout, and the MiB
+    unpacked."""
     bulk = Layer().folder("data")
     for number in range(FILES):
         bulk.file(f"data/f{number}", secrets.token_bytes(FILE_BYTES // 2) * 2)
+    layers = [*busybox_layers(), bulk]
     per_mib: list[float] = []
     mib = 0.0
     with running_registry(folder / "registry") as registry:
-        digest, _ = await push_image(
-            registry, "bench/bulk", "1", [*busybox_layers(), bulk], BUSYBOX_CONFIG
-        )
+        digest, _ = await push_image(registry, "bench/bulk", "1", layers, BUSYBOX_CONFIG)
         for number in range(RUNS):
             store = ImageStore(folder / f"store{number}")
             began = time.perf_counter()
@@ -59,7 +63,16 @@ async def pulls(folder: Path) -> tuple[list[float], float]:
             mib = image.size / (1 << 20)
             per_mib.append(took / mib)
             shutil.rmtree(store.root)
-    return per_mib, mib
+    app = folder / "app"
+    carried = write_layout(app / "image", layers, BUSYBOX_CONFIG)
+    loaded: list[float] = []
+    for number in range(RUNS):
+        store = ImageStore(folder / f"layout-store{number}")
+        began = time.perf_counter()
+        image = await store.load(LayoutSource(app, "image"), carried, "bench")
+        loaded.append((time.perf_counter() - began) / (image.size / (1 << 20)))
+        shutil.rmtree(store.root)
+    return per_mib, loaded, mib
 
 
 def proxied(folder: Path, network: str) -> tuple[list[float], list[float], str]:
@@ -113,13 +126,17 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="atrium-bench-imageproxy-") as name:
         folder = Path(name)
         folder.chmod(0o755)
-        per_mib, mib = await pulls(folder)
+        per_mib, loaded, mib = await pulls(folder)
         own = await asyncio.to_thread(proxied, folder / "own", RANGE)
         loop = await asyncio.to_thread(proxied, folder / "loop", "off")
     table(
-        f"Pull + unpack of an image ({mib:.1f} MiB unpacked), {RUNS} pulls into a fresh store: "
+        f"Pull + unpack of an image ({mib:.1f} MiB unpacked), {RUNS} pulls (and {RUNS} loads "
+        "from a layout the app carries) into a fresh store: "
         "time per MiB",
-        [("pull + verify + unpack, per MiB", per_mib)],
+        [
+            ("pull + verify + unpack, per MiB", per_mib),
+            ("carried layout: verify + unpack, per MiB", loaded),
+        ],
         baseline="pull + verify + unpack, per MiB",
     )
     table(
