@@ -25,7 +25,7 @@ from atrium.egress import ask_wire, asked, words
 from atrium.errors import FetchFailed, ManifestInvalid
 from atrium.files import write_atomic
 from atrium.images.config import ConfigInvalid, image_port
-from atrium.images.layout import LayoutSource
+from atrium.images.layout import INDEX_FILE, LAYOUT_FILE, LayoutSource
 from atrium.images.store import ImageError, ImageStore, StoredImage
 from atrium.manifest import MANIFEST_FILE, Manifest
 
@@ -103,13 +103,16 @@ async def _carried(
 
 
 def _drop_layout(app_dir: Path, folder: str) -> None:
-    """Remove the layout (and the folders it leaves empty) from the staged tree: its image is in
-    the store by digest, and what stays is committed to the scope's git repository."""
-    shutil.rmtree(app_dir / folder)
-    parent = (app_dir / folder).parent
-    while parent != app_dir and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
+    """Remove the layout's own files (``oci-layout``, ``index.json``, ``blobs/``) from the staged
+    tree, and the folders that leaves empty: its image is in the store by digest, and what stays
+    is committed to the scope's git repository. Anything else in the folder (an icon) stays."""
+    layout = app_dir / folder
+    for name in (LAYOUT_FILE, INDEX_FILE):
+        (layout / name).unlink(missing_ok=True)
+    shutil.rmtree(layout / "blobs", ignore_errors=True)
+    while layout != app_dir and not any(layout.iterdir()):
+        layout.rmdir()
+        layout = layout.parent
 
 
 async def _pinned(

@@ -327,6 +327,15 @@ class IndexEntry(_IndexPart):
             )
         if self.version is None:
             found.append(("version", "an image entry needs a version (semver, e.g. 1.0.0)"))
+        if self.runtime.layout is not None:
+            found.append(
+                (
+                    "runtime.image",
+                    f"{self.runtime.image!r} is an image layout the app carries, and an entry "
+                    "carries no files: name the image's registry, or list the app by a source "
+                    "that holds the layout",
+                )
+            )
         if self.icon is not None:
             try:
                 icon_bytes(self.icon)

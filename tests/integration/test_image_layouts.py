@@ -3,10 +3,12 @@
 library and copied into the app folder by skopeo, installed from a local folder with no registry
 anywhere, launched and its page fetched through the app's origin (root only: the shell maps the
 image's users onto ids of their own). Then damaged layouts, each refused with a reason naming what
-is wrong and nothing installed, nothing left in the image store."""
+is wrong and nothing installed, nothing left in the image store; `atrium validate`, `atrium pack`
+and an OCI publish with a layout in the tree."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -23,8 +25,10 @@ from atrium.cli.main import app as cli
 from atrium.distribution import artifact
 from atrium.distribution.publish import Publisher
 from atrium.errors import InvalidRequest
-from atrium.images.store import STAGING, machine_arch
+from atrium.images.layout import LayoutSource
+from atrium.images.store import STAGING, ImageError, ImageStore, machine_arch
 from tests.integration.conftest import StartShell
+from tests.integration.registry import running_registry
 from tests.integration.test_image_apps import CONFIG, httpd_layers
 from tests.integration.test_image_store import CONFIG_TYPE, Layer, digest_of
 from tests.integration.test_origins import enter, open_view
@@ -137,6 +141,7 @@ def test_an_app_carrying_its_image_installs_with_no_registry_and_serves_its_page
         capture_output=True,
         timeout=60,
     )
+    (source / "image" / "NOTES").write_text("kept: the folder is the author's beyond the layout\n")
     index = json.loads((source / "image" / "index.json").read_text())
     (entry,) = index["manifests"]
     digest = entry["digest"]
@@ -169,11 +174,11 @@ def test_an_app_carrying_its_image_installs_with_no_registry_and_serves_its_page
         installed = Path(listed["path"])
         assert installed.is_relative_to(home)
         assert (installed / "app.manifest.json").is_file()
-        assert not (installed / "image").exists()
+        assert sorted(p.name for p in (installed / "image").iterdir()) == ["NOTES"]
         tracked = subprocess.run(
             ["git", "ls-files"], cwd=installed, check=True, capture_output=True, text=True
         ).stdout.split()
-        assert tracked == ["app.manifest.json"], tracked
+        assert tracked == ["app.manifest.json", "image/NOTES"], tracked
         assert store_entries(home) == [digest.replace(":", "-")]
         assert (source / "image" / "index.json").is_file()  # the author's folder is untouched
         instance, url = open_view(api, APP)
@@ -329,3 +334,66 @@ async def test_a_tree_past_the_artifact_limit_is_neither_packed_nor_published_to
         await Publisher().plan(folder, "oci://127.0.0.1:9/apps/carried", "1.0.0")
     # a git source has no such limit: the same tree is a publish plan there
     assert (await Publisher().plan(folder, str(tmp_path / "repo.git"), "1.0.0")).manifest
+
+
+def test_an_app_published_to_a_registry_carries_its_layout_in_the_artifact(
+    start_shell: StartShell, home: Path, tmp_path: Path, built: Path
+) -> None:
+    """`atrium publish` puts the layout into the artifact's one layer; an install by the OCI ref
+    takes the image from it (the registry holds no image, only the app artifact)."""
+    folder = app_folder(tmp_path / "source", app_manifest(), built)
+
+    async def publish(to: str) -> list[dict[str, Any]]:
+        return [event async for event in Publisher().publish(folder, to, "1.0.0")]
+
+    with running_registry(tmp_path / "registry") as registry:
+        ref = f"oci://{registry.host}/apps/carried:1.0.0"
+        asyncio.run(publish(f"oci://{registry.host}/apps/carried"))
+        shell = start_shell()
+        with shell.client(timeout=60) as api:
+            done = api.post("/api/dist/install", json={"ref": ref, "autoApprove": True})
+            assert done.status_code == 200, done.text
+            result = done.json()
+            assert result["ok"] is True
+            assert result["image"]["carried"] is True
+            assert result["image"]["publisher"] == ref
+            listed = api.get(f"/api/apps/{APP}").json()
+            assert listed["manifest"]["runtime"]["image"].startswith("oci:image@sha256:")
+            assert not (Path(listed["path"]) / "image").exists()
+
+
+def nest(layout: Path, platforms: list[str]) -> str:
+    """Make ``layout``'s one image the linux/<arch> entry of an image index the layout names
+    instead, beside copies claiming other platforms; the index's digest."""
+    index_file = layout / "index.json"
+    image = json.loads(index_file.read_text())["manifests"][0]
+    nested = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": artifact.OCI_INDEX,
+            "manifests": [
+                {**image, "platform": {"os": "linux", "architecture": arch}} for arch in platforms
+            ],
+        }
+    ).encode()
+    digest = digest_of(nested)
+    blob(layout, digest).write_bytes(nested)
+    entry = {"mediaType": artifact.OCI_INDEX, "digest": digest, "size": len(nested)}
+    index_file.write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
+    return digest
+
+
+async def test_a_layout_of_several_platforms_gives_this_machines_image(
+    tmp_path: Path, built: Path
+) -> None:
+    folder = app_folder(tmp_path / "multi", app_manifest(), built)
+    digest = nest(folder / "image", ["riscv64", machine_arch()])
+    store = ImageStore(tmp_path / "images")
+    loaded = await store.load(LayoutSource(folder, "image"), digest, "test")
+    assert loaded.digest == digest  # pinned by the index, as a registry pull of an index is
+    assert (loaded.rootfs / "www" / "index.html").read_text() == "hello from the image\n"
+    other = app_folder(tmp_path / "other", app_manifest(), built)
+    only = nest(other / "image", ["riscv64"])
+    with pytest.raises(ImageError, match=r"offers no linux/\w+ build \(it has linux/riscv64\)"):
+        await store.load(LayoutSource(other, "image"), only, "test")
+    assert [p.name for p in store.root.iterdir() if p.name != STAGING] == [digest.replace(":", "-")]

@@ -121,6 +121,7 @@ IMAGE: dict[str, Any] = {
     ("changes", "field", "words"),
     [
         ({"runtime": {"image": "clock", "health": {"path": "/"}}}, "runtime.image", "OCI image"),
+        ({"runtime": {"image": "oci:clock", "health": {"path": "/"}}}, "runtime.image", "carries"),
         ({"runtime": {"image": "r.example/c:1", "health": {}}}, "runtime.health.path", "required"),
         (
             {"runtime": {"image": "r.example/c:1", "health": {"path": "/"}, "comand": ["x"]}},
