@@ -623,6 +623,14 @@ class DatabaseLost(AtriumError):
         )
 
 
+class InstanceElsewhere(AtriumError):
+    """An app origin's instance runs on another shell, on an address only that shell reaches:
+    shells do not forward requests to each other."""
+
+    code = "instance_elsewhere"
+    http_status = 503
+
+
 class DatabaseUnavailable(AtriumError):
     """The shell's database did not answer (``GET /api/ready``). ``database`` is its kind
     (``postgresql`` or ``sqlite``), never its address: the answer is for anyone who asks."""

@@ -46,6 +46,7 @@ SYSTEM_USAGE: Final = "system:usage"
 BACKUP_FAILED: Final = "backup:failed"
 USER_CHANGED: Final = "user:changed"
 SCOPE_CHANGED: Final = "scope:changed"
+INSTANCE_ROUTED: Final = "instance:routed"
 
 
 def _camel(name: str) -> str:
@@ -375,6 +376,19 @@ class ScopeChanged(Payload):
     scope: str
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceRouted(Payload):
+    """With a PostgreSQL database only: an instance's row (where it runs, its state) was
+    written or deleted, in the transaction of that write: every shell forgets what it
+    remembered of the slug's app origin and reads the row again at its next request. No
+    stream hears it (the shells' own)."""
+
+    TOPIC: ClassVar[str] = INSTANCE_ROUTED
+    instance_id: str
+    app_id: str
+    slug: str
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -405,6 +419,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         BackupFailed,
         UserChanged,
         ScopeChanged,
+        InstanceRouted,
     )
 }
 

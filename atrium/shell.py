@@ -6,6 +6,7 @@ import asyncio
 import compileall
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -44,12 +45,14 @@ from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
 from atrium.state.egress import EgressRevokes
+from atrium.state.instances import InstanceRows
 from atrium.state.locks import Coordination
 from atrium.state.scopelocks import ScopeLocks
 from atrium.theme.catalogue import ThemeCatalogue
 from atrium.theme.prefs import ThemeService
 from atrium.upstream import UpstreamClient
 from atrium.usage import Running
+from atrium.users import bootstrap
 from atrium.users.audit import AuditLog
 from atrium.users.carry import carry_over
 from atrium.users.grants import GrantStore
@@ -258,6 +261,30 @@ def reread_scopes(
     return heard
 
 
+def shell_name(settings: Settings) -> str:
+    """The name a shell's instance rows carry: the same across its restarts (its machine and
+    home), another for every other shell."""
+    return f"{socket.gethostname()}:{settings.home}"
+
+
+async def open_rows(
+    stack: AsyncExitStack, db: Database, bus: EventBus, settings: Settings, runner: str
+) -> InstanceRows | None:
+    """On PostgreSQL: the instances, views and tickets every shell's app origins serve from
+    (written until the lifecycle has shut down: the stack closes it after)."""
+    if db.dialect != "postgresql":
+        return None
+    return await stack.enter_async_context(InstanceRows(db, bus, shell_name(settings), runner))
+
+
+async def sweep_rows(rows: InstanceRows | None, adopted: set[str]) -> None:
+    if rows is None:
+        return
+    swept = await rows.sweep(adopted)
+    if swept:
+        _LOGGER.info("%d instance rows of this shell's last run removed", swept)
+
+
 @asynccontextmanager
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
@@ -316,7 +343,11 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 grants.forget_user(user_id)
 
         users.on_change.append(forget_grants)
-        user_auth = UserAuth(user_token)
+        # one bootstrap token for every shell of a PostgreSQL database
+        user_auth = await bootstrap.settle(
+            db, users, settings.user, user_token, explicit=settings.token is not None
+        )
+        stack.push_async_callback(bootstrap.follow(db, users, settings.user, user_auth))
         # a new bootstrap token ends the sign-ins its predecessor's login link made
         await users.end_link_sessions(keep=user_auth.link_key)
         kv = await stack.enter_async_context(
@@ -377,6 +408,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # one lock per app for the distribution's operations, which a data request's wake
         # honours: nothing of the app starts while an operation has it stopped
         locks = AppLocks()
+        # on PostgreSQL: the instances, views and tickets every shell's app origins serve from
+        rows = await open_rows(stack, db, bus, settings, runner.name)
         lifecycle = await stack.enter_async_context(
             LifecycleManager(
                 runner=runner,
@@ -395,6 +428,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 operations=locks,
                 may_run=lambda owner: (user := users.get(owner)) is not None and not user.disabled,
                 coordination=coordination,
+                rows=rows,
             )
         )
         stack.callback(lifecycle.pool.follow_registry())
@@ -447,7 +481,9 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         )
         # a runner whose servers outlive the shell (pods): the last shell's come back as
         # instances, with their tokens, before anything new is spawned
-        await lifecycle.adopt_survivors()
+        adopted = await lifecycle.adopt_survivors()
+        # what this shell's last run left in the instances' table and did not come back
+        await sweep_rows(rows, {instance.id for instance in adopted})
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",

@@ -39,9 +39,8 @@ from atrium.api.errors import (
     http_error_handler,
 )
 from atrium.api.forwarded import ClientAddress
-from atrium.api.origins import SLUG_RE, AppOrigins
+from atrium.api.origins import SLUG_RE, AppOrigins, Served
 from atrium.errors import AtriumError, InvalidRequest, MisdirectedRequest
-from atrium.lifecycle.instance import Instance
 from atrium.settings import IPNetwork, Settings
 from atrium.shell import Shell
 from atrium.state.fence import request_began
@@ -203,7 +202,7 @@ def create_app(settings: Settings) -> AtriumApp:
     )
 
     # app origins are dispatched before any host-page route can see the request
-    def transform_for(instance: Instance, viewer: str) -> HtmlTransform | None:
+    def transform_for(instance: Served, viewer: str) -> HtmlTransform | None:
         shell = current_shell()
         return None if shell is None else html_transform_for(instance, shell.theme, viewer)
 

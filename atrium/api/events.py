@@ -25,6 +25,7 @@ from atrium.events import (
     DATA_CHANGED,
     GRANT_ADDED,
     GRANT_REVOKED,
+    INSTANCE_ROUTED,
     MAX_GLOBS,
     SYSTEM_USAGE,
     DataChanged,
@@ -95,12 +96,15 @@ def change_filter(
     (owned by the announcing provider's owner) the user hears every one, an app only those under
     paths it may read; ``watched`` narrows to
     one subtree. A grant's events reach the grantee and the instance's owner only, never an app;
-    `system:usage` its user only, never an app. The same test runs on replayed events."""
+    `system:usage` its user only, never an app; `instance:routed` nobody. The same test runs on
+    replayed events."""
     app = caller if isinstance(caller, AppCaller) else None
     user = caller.user_id if isinstance(caller, UserCaller) else None
     hearer = user if app is None else app.owner
 
     def admit(event: Event) -> bool:
+        if event.topic == INSTANCE_ROUTED:
+            return False  # the shells' own: where instances run is no stream's business
         change = event.data
         if change is None and event.topic in PRIVATE_TOPICS:
             return False  # a row this shell cannot read (another version wrote it): nobody's

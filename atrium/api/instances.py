@@ -224,7 +224,7 @@ async def create_view(request: Request, caller: Caller) -> Response:
         instance = await shell.lifecycle.act(instance.id, "start")
     client = shell.presence.client_id(body.client)
     user = caller.user_id if isinstance(caller, UserCaller) else None
-    view, ticket = shell.lifecycle.views.create(instance.id, body.path, client, user)
+    view, ticket = await shell.lifecycle.views.create(instance.id, body.path, client, user)
     url = origin_url(shell, instance, "/_os/enter")
     return JSONResponse(
         {"viewId": view.id, "instanceId": instance.id, "url": f"{url}?ticket={ticket}"}

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import unquote
 
 from starlette.requests import Request
@@ -28,11 +28,15 @@ from atrium.api.events import serve_events
 from atrium.api.proxy.data import PREFIX as DATA_PREFIX
 from atrium.api.proxy.data import serve_data
 from atrium.api.proxy.pages import forward_page, user_headers
-from atrium.errors import NotFound, PermissionDenied, Unauthenticated
+from atrium.errors import InstanceElsewhere, NotFound, PermissionDenied, Unauthenticated
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
+from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.instance import Instance, View
-from atrium.lifecycle.states import SERVING
+from atrium.lifecycle.states import SERVING, InstanceState
+from atrium.lifecycle.views import cookie_of
+from atrium.manifest import Manifest
 from atrium.shell import Shell
+from atrium.state.instances import SHARED_NETWORK, InstanceRow
 from atrium.theme.inject import HtmlTransform, transform_html
 from atrium.theme.prefs import VIEWER_SCOPE_KEY
 from atrium.users.grants import GrantRole, access_to
@@ -50,6 +54,74 @@ XHR_AUTH_SRC: Final = "/_os/xhr-auth.js"
 XHR_AUTH_SNIPPET: Final = f'<script src="{XHR_AUTH_SRC}"></script>'.encode()
 _SCRIPT_TAG: Final = re.compile(rb"<script[\t\n\f\r />]", re.IGNORECASE)
 SAFE: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class Served(Protocol):
+    """What an app origin serves: this shell's `Instance`, or another shell's (`Elsewhere`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def app_id(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def state(self) -> InstanceState: ...
+
+    @property
+    def address(self) -> AppAddress: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Elsewhere:
+    """Another shell's instance, as its row in the shared database says."""
+
+    row: InstanceRow
+    manifest: Manifest
+
+    @property
+    def id(self) -> str:
+        return self.row.id
+
+    @property
+    def app_id(self) -> str:
+        return self.row.app_id
+
+    @property
+    def owner(self) -> str:
+        return self.row.owner
+
+    @property
+    def state(self) -> InstanceState:
+        return InstanceState(self.row.state)
+
+    @property
+    def address(self) -> AppAddress:
+        """Where every shell reaches it; InstanceElsewhere when only its own shell does (a
+        local runner's child on another machine: shells do not forward to each other)."""
+        row = self.row
+        if (
+            row.network != SHARED_NETWORK
+            or row.host is None
+            or row.port is None
+            or row.secret is None
+        ):
+            machine = row.shell.partition(":")[0]  # its home's path is the operator's to know
+            raise InstanceElsewhere(
+                f"{row.app_id}'s instance {row.id} runs on another shell (on {machine}), on an "
+                f"address only that shell reaches ({row.network or 'no'} network): open it "
+                "again from the host page, or run instances on a cluster (the kubernetes "
+                "runner) for any shell to serve them",
+                instanceId=row.id,
+                shell=machine,
+            )
+        return AppAddress(row.app_id, row.id, row.host, row.port, row.secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +223,7 @@ class AppOrigins:
         self,
         app: ASGIApp,
         shell: Callable[[], Shell | None],
-        transform_html: Callable[[Instance, str], HtmlTransform | None] | None = None,
+        transform_html: Callable[[Served, str], HtmlTransform | None] | None = None,
     ) -> None:
         self.app = app
         self._shell = shell
@@ -203,22 +275,22 @@ class AppOrigins:
     async def _serve(
         self, shell: Shell, slug: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        instance = shell.lifecycle.by_slug(slug)
+        instance = shell.lifecycle.by_slug(slug) or await self._elsewhere(shell, slug)
         if instance is None:
             raise NotFound("app origin", slug, "no instance is served on this origin")
         request = Request(scope, receive)
         path = request.url.path
         if path == "/_os/enter":
-            await self._enter(shell, instance, request)(scope, receive, send)
+            response = await self._enter(shell, instance, slug, request)
+            await response(scope, receive, send)
             return
-        cookie = request.cookies.get(VIEW_COOKIE, "")
-        view = shell.lifecycle.views.for_cookie(instance, cookie) if cookie else None
+        view = await self._view(shell, instance, slug, request.cookies.get(VIEW_COOKIE, ""))
         if view is None:
             raise Unauthenticated(
                 "this app origin needs a view: open it through the host page or "
                 "POST /api/instances/{id}/views"
             )
-        looking = self._looking(shell, instance, view)
+        looking = await self._looking(shell, instance, view)
         if path in ("/_os/client.js", XHR_AUTH_SRC):
             await FileResponse(
                 CLIENT_JS if path == "/_os/client.js" else XHR_AUTH_JS,
@@ -277,7 +349,33 @@ class AppOrigins:
         await response(scope, receive, send)
 
     @staticmethod
-    def _looking(shell: Shell, instance: Instance, view: View) -> Looking:
+    async def _view(shell: Shell, instance: Served, slug: str, cookie: str) -> View | None:
+        """The live view whose cookie this is: this shell's instance's from memory (the hot
+        path reads no row), another shell's from the database (a view released on any shell
+        is refused here at once)."""
+        if not cookie:
+            return None
+        if isinstance(instance, Instance):
+            return shell.lifecycle.views.for_cookie(instance, cookie)
+        rows = shell.lifecycle.rows
+        found = None if rows is None else await rows.view_of(slug, cookie)
+        return None if found is None else View(found.id, cookie, found.path, user=found.user)
+
+    @staticmethod
+    async def _elsewhere(shell: Shell, slug: str) -> Elsewhere | None:
+        """Another shell's instance on this origin (its row, remembered until the slug's
+        `instance:routed`), with the manifest of the copy its owner sees."""
+        rows = shell.lifecycle.rows
+        row = None if rows is None else await rows.by_slug(slug)
+        if row is None:
+            return None
+        copy = shell.registry.get(row.app_id, row.owner)
+        if copy is None or copy.manifest is None:
+            return None
+        return Elsewhere(row, copy.manifest)
+
+    @staticmethod
+    async def _looking(shell: Shell, instance: Served, view: View) -> Looking:
         """Who looks through ``view`` and with what role, asked again on every request: a view
         whose user was disabled, removed or lost their grant is dropped here and answers 401
         (the revocation also drops it at once; this is what makes that true for every path)."""
@@ -288,7 +386,9 @@ class AppOrigins:
             else None
         )
         if user is None or role is None:
-            instance.views.pop(view.id, None)
+            if isinstance(instance, Instance):
+                instance.views.pop(view.id, None)
+            await shell.lifecycle.views.forget(view.id)
             raise Unauthenticated("this view was closed: its user may no longer see the instance")
         return Looking(user, role)
 
@@ -311,12 +411,19 @@ class AppOrigins:
         )
 
     @staticmethod
-    def _enter(shell: Shell, instance: Instance, request: Request) -> Response:
+    async def _enter(shell: Shell, instance: Served, slug: str, request: Request) -> Response:
         ticket = request.query_params.get("ticket", "")
-        view = shell.lifecycle.views.redeem(instance.slug, ticket)
+        view: View | None = None
+        rows = shell.lifecycle.rows
+        if isinstance(instance, Instance) or rows is None:
+            view = await shell.lifecycle.views.redeem(slug, ticket) if ticket else None
+        elif ticket:
+            found = await rows.redeem(slug, ticket)
+            if found is not None:
+                view = View(found.id, cookie_of(ticket), found.path, user=found.user)
         if view is None:
             raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
-        AppOrigins._looking(shell, instance, view)  # its user may still see the instance
+        await AppOrigins._looking(shell, instance, view)  # its user may still see the instance
         path = request.query_params.get("path") or view.path
         if not path.startswith("/") or path.startswith("//"):
             path = "/"
@@ -334,7 +441,7 @@ class AppOrigins:
         return response
 
     async def _page(
-        self, shell: Shell, instance: Instance, request: Request, looking: Looking
+        self, shell: Shell, instance: Served, request: Request, looking: Looking
     ) -> Response:
         if instance.state not in SERVING:
             return HTMLResponse(
@@ -375,7 +482,7 @@ def _has_script(document: bytes) -> bool:
 
 async def proxy_page(
     shell: Shell,
-    instance: Instance,
+    instance: Served,
     request: Request,
     path: str,
     transform: HtmlTransform | None = None,

@@ -15,6 +15,7 @@ from atrium.errors import InvalidRequest, NotFound
 from atrium.lifecycle.instance import Instance
 from atrium.registry import AppRegistry
 from atrium.scopes import ScopeLayout
+from atrium.state.instances import InstanceRows
 from atrium.state.locks import Coordination
 
 SLUG_ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -33,15 +34,18 @@ class InstanceIndex:
         bus: EventBus,
         layout: ScopeLayout,
         coordination: Coordination | None = None,
+        rows: InstanceRows | None = None,
     ) -> None:
         """``coordination``: where the instances' locks come from (default: this process only,
-        one shell)."""
+        one shell). ``rows``: where the instances are written for other shells' app origins (a
+        PostgreSQL database's; None: one shell)."""
         self._registry = registry
         self.coordination = coordination or Coordination()
         self._bus = bus
         self._layout = layout
         self._instances: dict[str, Instance] = {}
         self._by_slug: dict[str, Instance] = {}
+        self.rows = rows
 
     @property
     def bootstrap_user(self) -> str:
@@ -127,18 +131,26 @@ class InstanceIndex:
             owner=owner,
             lock=self.coordination.instance(instance_id),
         )
-        self._instances[instance.id] = instance
-        self._by_slug[instance.slug] = instance
+        self.adopt(instance)
         return instance
 
     def adopt(self, instance: Instance) -> None:
         """Put an instance built elsewhere (a trial's) into the index."""
         self._instances[instance.id] = instance
         self._by_slug[instance.slug] = instance
+        if self.rows is not None:
+            instance.on_change = self.rows.touch
 
-    def drop(self, instance: Instance) -> None:
-        """Out of the index (if it is still this instance there)."""
-        if self.holds(instance):
+    def drop(self, instance: Instance, *, keep_row: bool = False) -> None:
+        """Out of the index (if it is still this instance there); its row in a shared database
+        goes too, unless ``keep_row`` (a pod left running for the next shell, which other
+        shells still serve)."""
+        held = self.holds(instance)
+        if held:
             del self._instances[instance.id]
         if self._by_slug.get(instance.slug) is instance:
             del self._by_slug[instance.slug]
+        if self.rows is not None and held:
+            instance.on_change = None
+            if not keep_row:
+                self.rows.gone(instance)

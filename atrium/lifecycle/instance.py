@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +88,8 @@ class Instance:
     #: honours (`atrium.state.locks`); the index gives each instance its shell's
     lock: InstanceLock = field(default_factory=InstanceLock)
     watcher: asyncio.Task[None] | None = None
+    #: told of every state change after its event (the index's: its row in a shared database)
+    on_change: Callable[[Instance], None] | None = field(default=None, repr=False)
     _address: AppAddress | None = field(default=None, repr=False)
 
     @property
@@ -161,6 +164,8 @@ class Instance:
         self.bus.emit(
             AppState(self.id, self.app_id, previous.value, target.value, owner=self.owner)
         )
+        if self.on_change is not None:
+            self.on_change(self)
 
     def wire(
         self, *, for_app: bool = False, pooled: bool = False, wake: dict[str, Any] | None = None

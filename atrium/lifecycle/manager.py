@@ -49,6 +49,7 @@ from atrium.lifecycle.trials import Trials
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
 from atrium.registry import AppCopy, AppRegistry
+from atrium.state.instances import InstanceRows
 from atrium.state.locks import Coordination
 from atrium.upstream import UpstreamClient
 
@@ -76,13 +77,15 @@ class LifecycleManager(InstanceIndex):
         operations: OperationGate | None = None,
         may_run: Callable[[str], bool] | None = None,
         coordination: Coordination | None = None,
+        rows: InstanceRows | None = None,
     ) -> None:
         """``operations``: which apps a distribution operation holds (no wake starts then).
         ``may_run(owner)``: whether that user may have instances running (not disabled or
         removed; default: everyone), asked before and again after an instance of theirs boots.
         ``coordination``: the instance locks and the leader of several shells on one database
-        (default: this shell alone)."""
-        super().__init__(registry, bus, config.layout, coordination)
+        (default: this shell alone). ``rows``: the instances' rows for other shells (a
+        PostgreSQL database's)."""
+        super().__init__(registry, bus, config.layout, coordination, rows)
         self._upstream = upstream
         self._config = config
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -96,7 +99,7 @@ class LifecycleManager(InstanceIndex):
             spawn_task=self.spawn_task,
         )
         self._activities = Activities(upstream, bus)
-        self.views = ViewDesk(self)
+        self.views = ViewDesk(self, rows)
         self._operations = operations or NoOperations()
         self._may_run = may_run or (lambda _owner: True)
         self.pool = WarmPool(self, registry, bus, self._operations, self.coordination)
@@ -534,7 +537,7 @@ class LifecycleManager(InstanceIndex):
             kept = [i for i in instances if i.child is not None and i.child.status is None]
             for instance in kept:
                 self._booter.detach(instance)
-                self.drop(instance)
+                self.drop(instance, keep_row=True)
             instances = [i for i in instances if i not in kept]
         await asyncio.gather(*(self._shutdown_one(i) for i in instances), return_exceptions=True)
 

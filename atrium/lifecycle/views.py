@@ -2,24 +2,39 @@
 "Lifecycle"), and the stop that follows the last view's release.
 
 A view is entered through a ticket that works once and lives 60 s; entering sets the view's
-cookie on the app origin, and every later request there must carry a live view's cookie.
+cookie on the app origin, and every later request there must carry a live view's cookie. The
+cookie is derived from the ticket (`cookie_of`), so any shell that redeems a ticket sets the
+cookie its view was made with, while the database holds only the hashes of both
+(`atrium.state.instances`: with one, tickets are redeemed there, once across every shell).
 Releasing the last view of an instance stops it unless it is a background service; the stop is
 the manager's move, reached through the narrow `ViewHost`.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import secrets
 import time
 from typing import Final, Protocol
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from atrium.errors import AtriumError, InvalidRequest, NotFound, NotServing
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
+from atrium.state.instances import InstanceRows
 
 _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
+
+
+def cookie_of(ticket: str) -> str:
+    """The view cookie a ticket enters: whoever redeems the ticket learns it, nobody else can
+    derive it (nor from the ticket's hash the database holds)."""
+    digest = hashlib.sha256(b"atrium view cookie\0" + ticket.encode()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 class ViewHost(Protocol):
@@ -38,11 +53,12 @@ class ViewHost(Protocol):
 class ViewDesk:
     """Issues views with tickets, redeems tickets, recognises view cookies, releases views."""
 
-    def __init__(self, host: ViewHost) -> None:
+    def __init__(self, host: ViewHost, rows: InstanceRows | None = None) -> None:
         self._host = host
+        self._rows = rows
         self._tickets: dict[str, tuple[str, str, float]] = {}
 
-    def create(
+    async def create(
         self,
         instance_id: str,
         path: str = "/",
@@ -61,20 +77,35 @@ class ViewDesk:
                 instance.state,
                 "a view needs an instance in started, resuming, resumed, pausing or paused",
             )
+        ticket = secrets.token_urlsafe(24)
         view = View(
             id=secrets.token_hex(6),
-            cookie=secrets.token_urlsafe(24),
+            cookie=cookie_of(ticket),
             path=path,
             client=client,
             user=user or instance.owner,
         )
+        if self._rows is not None:
+            await self._rows.add_view(
+                instance,
+                view.id,
+                view.cookie,
+                path,
+                view.user or instance.owner,
+                ticket,
+                TICKET_TTL,
+            )
+        else:
+            self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
         instance.views[view.id] = view
-        ticket = secrets.token_urlsafe(24)
-        self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
         return view, ticket
 
-    def redeem(self, slug: str, ticket: str) -> View | None:
+    async def redeem(self, slug: str, ticket: str) -> View | None:
         """The ticket's view, once; None when unknown, used, expired or for another instance."""
+        if self._rows is not None:
+            row = await self._rows.redeem(slug, ticket)
+            held = self._host.by_slug(slug)
+            return None if row is None or held is None else held.views.get(row.id)
         entry = self._tickets.pop(ticket, None)
         instance = self._host.by_slug(slug)
         if entry is None or instance is None:
@@ -97,9 +128,19 @@ class ViewDesk:
         instance = self._host.get(instance_id)
         if instance.views.pop(view_id, None) is None:
             raise NotFound("view", view_id)
+        await self.forget(view_id)
         if not instance.views and not instance.manifest.background_service:
             await self._host.stop_unviewed(instance)
         return instance
+
+    async def forget(self, view_id: str) -> None:
+        """A view dropped from memory goes from the database too: every shell refuses it."""
+        if self._rows is None:
+            return
+        try:
+            await self._rows.drop_view(view_id)
+        except SQLAlchemyError as err:
+            _LOGGER.warning("view %s stays open on other shells: %s", view_id, err)
 
     async def release_user(self, instance_id: str, user: str) -> list[str]:
         """Drop every view ``user`` holds on the instance (a revoked grant): their cookies and

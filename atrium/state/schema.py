@@ -161,3 +161,48 @@ egress_revokes = sa.Table(
     sa.Column("revoked_by", sa.Text, nullable=False),
     sa.Column("revoked_at", sa.Text, nullable=False),
 )
+
+#: the live instances of every shell, for the app origins of the others (`atrium.state.instances`):
+#: ``address`` is the server's ``host:port``, ``network`` the instance's (docs/api.md "Network";
+#: only a ``cluster`` one is reachable from every shell, and only its row carries the ``secret``
+#: the shell's requests to it need); ``shell`` names the shell that runs it
+instances = sa.Table(
+    "instances",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("app_id", sa.Text, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("slug", sa.Text, nullable=False, unique=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("runner", sa.Text, nullable=False),
+    sa.Column("ref", sa.JSON, nullable=True),
+    sa.Column("network", sa.Text, nullable=True),
+    sa.Column("address", sa.Text, nullable=True),
+    sa.Column("secret", sa.Text, nullable=True),
+    sa.Column("shell", sa.Text, nullable=False, index=True),
+    sa.Column("updated_at", sa.Text, nullable=False),
+)
+
+#: the open views of those instances, by the instance's ``slug`` (never reused, unlike an id);
+#: ``hash`` is the sha256 of the view cookie
+views = sa.Table(
+    "views",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("slug", sa.Text, nullable=False, index=True),
+    sa.Column("hash", sa.Text, nullable=False, unique=True),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+)
+
+#: one-time view tickets not yet redeemed; ``hash`` is the sha256 of the ticket, ``expires_at``
+#: the Unix time it ends
+view_tickets = sa.Table(
+    "view_tickets",
+    metadata,
+    sa.Column("hash", sa.Text, primary_key=True),
+    sa.Column("slug", sa.Text, nullable=False, index=True),
+    sa.Column("view_id", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError, InvalidRequest, NotFound
@@ -32,7 +32,18 @@ from atrium.theme.inject import HtmlTransform, theme_snippet, transform_html
 from atrium.theme.model import ColorMode, Theme, ThemePrefs, Tone, active_theme_id
 
 if TYPE_CHECKING:
-    from atrium.lifecycle.instance import Instance
+    from atrium.manifest import Manifest
+
+
+class Themed(Protocol):
+    """What a page's theme needs of the instance it comes from (this shell's or another's)."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -395,7 +406,7 @@ VIEWER_SCOPE_KEY: Final = "atrium.theme.viewer"
 
 
 def html_transform_for(
-    instance: Instance, service: ThemeService, viewer: str | None = None
+    instance: Themed, service: ThemeService, viewer: str | None = None
 ) -> HtmlTransform | None:
     """The seam `AppOrigins(transform_html=…)` takes: the injection for the instance's
     manifest `themeStrategy` with the selection of ``viewer``, the user looking (None: the

@@ -1,0 +1,374 @@
+"""Instances, views and view tickets in the database, so that any shell serves any app origin
+(docs/deploying.md "Several shells"; with a PostgreSQL database only: one SQLite shell keeps
+them in memory as before).
+
+- Each shell writes its own instances' rows (``instances``): `touch` at every state change (the
+  one door, `Instance._set`), `gone` when the instance leaves the index. A writer task writes the
+  instance as it is then, each row in a transaction that also appends `instance:routed`, so a
+  shell that hears the event reads the row as written. A row names the shell that runs it; a
+  shell changes and deletes only its own, and removes those its earlier run left at start.
+- Views and tickets (``views``, ``view_tickets``) hold the sha256 of the cookie and the ticket,
+  never the secrets; a ticket is redeemed by a ``DELETE … RETURNING``, so two shells cannot both
+  redeem it. A shell checks the cookie of another shell's instance against the table on every
+  request (a view released on any shell is refused at once); its own instances' cookies it
+  checks in memory, as with one shell (the hot path reads no row).
+- `by_slug` (another shell's instance) is remembered until that slug's `instance:routed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, Self
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from atrium.events import InstanceRouted
+from atrium.state.events import StoredEvent, append
+from atrium.state.schema import instances, view_tickets, views
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from atrium.bus import Event, EventBus
+    from atrium.lifecycle.instance import Instance
+    from atrium.state.database import Database
+
+_LOGGER = logging.getLogger(__name__)
+#: the network of a server every shell reaches (a pod's address in the cluster)
+SHARED_NETWORK: Final = "cluster"
+#: how many remembered slugs (another shell's instances) a shell keeps
+CACHE_LIMIT: Final = 4096
+
+
+def digest(secret: str) -> str:
+    """What the tables hold of a cookie or ticket."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """Another shell's instance as its row says."""
+
+    id: str
+    app_id: str
+    owner: str
+    slug: str
+    state: str
+    network: str | None
+    host: str | None
+    port: int | None
+    secret: str | None
+    shell: str
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRow:
+    """A view as its row says (the cookie only as the request carries it)."""
+
+    id: str
+    slug: str
+    path: str
+    user: str
+
+
+def _row_values(instance: Instance, runner: str, shell: str) -> dict[str, Any]:
+    child = instance.child
+    host, port = (child.host, child.port) if child is not None else (instance.host, instance.port)
+    network = instance.network
+    return {
+        "id": instance.id,
+        "app_id": instance.app_id,
+        "owner": instance.owner,
+        "slug": instance.slug,
+        "state": instance.state.value,
+        "runner": runner,
+        "ref": None if child is None else dict(child.ref),
+        "network": network,
+        "address": f"{host}:{port}" if host and port else None,
+        # only the shell's requests carry it, and only to a server every shell reaches
+        "secret": instance.secret if network == SHARED_NETWORK and instance.secret else None,
+        "shell": shell,
+        "updated_at": _now(),
+    }
+
+
+def _split_address(address: str | None) -> tuple[str | None, int | None]:
+    if not address:
+        return None, None
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else (None, None)
+
+
+class InstanceRows:
+    """This shell's instances written to the database, and the other shells' read from it."""
+
+    def __init__(self, db: Database, bus: EventBus, shell: str, runner: str) -> None:
+        self._db = db
+        self._bus = bus
+        self.shell = shell
+        self._runner = runner
+        #: instance id → (the instance, whether it is still live): written by the writer task
+        self._dirty: dict[str, tuple[Instance, bool]] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        #: slug → another shell's row (None: no row), until that slug's `instance:routed`
+        self._cache: dict[str, InstanceRow | None] = {}
+        #: counts the events heard: a read that one overtook is not remembered
+        self._heard_count = 0
+        self._unlisten: Any = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.get_running_loop().create_task(
+            self._write_loop(), name="instance rows"
+        )
+        self._unlisten = self._bus.listen((InstanceRouted.TOPIC,), self._heard, others=True)
+        self._bus.on_fell_behind.append(self._forget_all)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.flush()
+        if self._unlisten is not None:
+            self._unlisten()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- this shell's instances -----------------------------------------------------------------
+
+    def touch(self, instance: Instance) -> None:
+        """The instance changed (its state, its address): its row is written soon."""
+        self._mark(instance, True)
+
+    def gone(self, instance: Instance) -> None:
+        """The instance left this shell: its row, views and tickets are deleted soon."""
+        self._mark(instance, False)
+
+    def _mark(self, instance: Instance, live: bool) -> None:
+        self._dirty[instance.id] = (instance, live)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Until every change marked so far is written (or given up)."""
+        if self._task is None or self._task.done():
+            return
+        await self._idle.wait()
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._dirty:
+                instance_id = next(iter(self._dirty))
+                instance, live = self._dirty.pop(instance_id)
+                try:
+                    await self._write(instance, live)
+                except SQLAlchemyError as err:
+                    _LOGGER.warning(
+                        "%s %s: its row was not written: %s", instance.app_id, instance.id, err
+                    )
+            self._idle.set()
+
+    async def _write(self, instance: Instance, live: bool) -> None:
+        mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
+        routed = InstanceRouted(instance.id, instance.app_id, instance.slug, owner=instance.owner)
+        try:
+            async with self._db.transaction() as tx:
+                await tx.execute(sa.delete(instances).where(mine))
+                if live:
+                    await tx.execute(
+                        sa.insert(instances).values(_row_values(instance, self._runner, self.shell))
+                    )
+                else:
+                    await self._drop_views(tx, instance.slug)
+                stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        except IntegrityError:
+            # another shell's instance has this id (each numbers its own): this one is served
+            # by its own shell only
+            _LOGGER.warning(
+                "%s %s: another shell's instance has its id; only this shell serves it",
+                instance.app_id,
+                instance.id,
+            )
+            return
+        self._committed(stored, routed)
+
+    def _committed(self, stored: StoredEvent, routed: InstanceRouted) -> None:
+        self._bus.committed([(stored, routed)])
+
+    @staticmethod
+    async def _drop_views(tx: Any, slug: str) -> None:
+        await tx.execute(sa.delete(views).where(views.c.slug == slug))
+        await tx.execute(sa.delete(view_tickets).where(view_tickets.c.slug == slug))
+
+    async def sweep(self, keep: set[str]) -> int:
+        """At start: delete the rows (and their views and tickets) this shell's earlier run
+        left, except the instances it adopted (``keep``, their ids), and every view and ticket
+        whose instance has no row (an adopted instance has a new slug: its old views ended with
+        the shell that held them, as with one shell). How many rows went."""
+        await self.flush()  # the adopted instances' rows, with their new slugs
+        live = sa.select(instances.c.slug)
+        async with self._db.transaction() as tx:
+            rows = (
+                await tx.execute(
+                    sa.select(instances.c.id, instances.c.slug).where(
+                        instances.c.shell == self.shell
+                    )
+                )
+            ).all()
+            left = [row for row in rows if row.id not in keep]
+            for row in left:
+                await tx.execute(
+                    sa.delete(instances).where(
+                        (instances.c.id == row.id) & (instances.c.shell == self.shell)
+                    )
+                )
+                await self._drop_views(tx, row.slug)
+            await tx.execute(sa.delete(views).where(views.c.slug.not_in(live)))
+            await tx.execute(sa.delete(view_tickets).where(view_tickets.c.slug.not_in(live)))
+        return len(left)
+
+    # -- views ------------------------------------------------------------------------------------
+
+    async def add_view(
+        self,
+        instance: Instance,
+        view_id: str,
+        cookie: str,
+        path: str,
+        user: str,
+        ticket: str,
+        ttl: float,
+    ) -> None:
+        """A view of this shell's instance and its ticket, with the instance's row as it is
+        now, in one transaction: another shell may redeem the ticket at once."""
+        mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
+        async with self._db.transaction() as tx:
+            await tx.execute(sa.delete(instances).where(mine))
+            try:
+                async with tx.begin_nested():
+                    await tx.execute(
+                        sa.insert(instances).values(_row_values(instance, self._runner, self.shell))
+                    )
+            except IntegrityError:
+                pass  # another shell's instance has its id: the view works on this shell only
+            await tx.execute(
+                sa.insert(views).values(
+                    id=view_id,
+                    slug=instance.slug,
+                    hash=digest(cookie),
+                    path=path,
+                    user_id=user,
+                    created_at=_now(),
+                )
+            )
+            await tx.execute(
+                sa.insert(view_tickets).values(
+                    hash=digest(ticket),
+                    slug=instance.slug,
+                    view_id=view_id,
+                    expires_at=time.time() + ttl,
+                )
+            )
+            # expired tickets nobody redeemed
+            await tx.execute(sa.delete(view_tickets).where(view_tickets.c.expires_at < time.time()))
+
+    async def drop_view(self, view_id: str) -> None:
+        async with self._db.transaction() as tx:
+            await tx.execute(sa.delete(views).where(views.c.id == view_id))
+            await tx.execute(sa.delete(view_tickets).where(view_tickets.c.view_id == view_id))
+
+    async def redeem(self, slug: str, ticket: str) -> ViewRow | None:
+        """The ticket's view, once across every shell; None when unknown, used, expired, for
+        another instance's origin, or its view is gone."""
+        async with self._db.transaction() as tx:
+            taken = (
+                await tx.execute(
+                    sa.delete(view_tickets)
+                    .where(view_tickets.c.hash == digest(ticket))
+                    .returning(
+                        view_tickets.c.slug, view_tickets.c.view_id, view_tickets.c.expires_at
+                    )
+                )
+            ).first()
+            if taken is None or taken.slug != slug or time.time() > taken.expires_at:
+                return None
+            row = (
+                await tx.execute(
+                    sa.select(views).where((views.c.id == taken.view_id) & (views.c.slug == slug))
+                )
+            ).first()
+        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+
+    async def view_of(self, slug: str, cookie: str) -> ViewRow | None:
+        """The live view of the slug's instance whose cookie this is."""
+        async with self._db.connect() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(views).where(
+                        (views.c.hash == digest(cookie)) & (views.c.slug == slug)
+                    )
+                )
+            ).first()
+        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+
+    # -- other shells' instances ------------------------------------------------------------------
+
+    async def by_slug(self, slug: str) -> InstanceRow | None:
+        """Another shell's instance on this origin (remembered until its `instance:routed`)."""
+        if slug in self._cache:
+            return self._cache[slug]
+        heard = self._heard_count
+        async with self._db.connect() as conn:
+            row = (await conn.execute(sa.select(instances).where(instances.c.slug == slug))).first()
+        found = None
+        if row is not None and row.shell != self.shell:
+            host, port = _split_address(row.address)
+            found = InstanceRow(
+                row.id,
+                row.app_id,
+                row.owner,
+                row.slug,
+                row.state,
+                row.network,
+                host,
+                port,
+                row.secret,
+                row.shell,
+            )
+        if heard == self._heard_count:
+            if len(self._cache) >= CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[slug] = found
+        return found
+
+    def _forget_all(self) -> None:
+        self._heard_count += 1
+        self._cache.clear()
+
+    def _heard(self, event: Event) -> None:
+        self._heard_count += 1
+        slug = event.payload.get("slug")
+        if isinstance(slug, str):
+            self._cache.pop(slug, None)
+
+
+__all__ = ["InstanceRow", "InstanceRows", "ViewRow", "digest"]

@@ -1,0 +1,92 @@
+"""App origins on two real shells (two homes) sharing one PostgreSQL database, with a local
+runner: another shell's instance runs on an address only its own shell reaches, so the other
+shell answers `503 instance_elsewhere` instead of forwarding; a view's cookie still works only on
+its own instance's origin. (Serving another shell's pod: tests/kube/test_several_shells_origins.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from atrium.state.migrate import upgrade_now
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, launch_shell
+from tests.postgres import new_database
+
+pytestmark = pytest.mark.integration
+
+APP = "test.plain.stdlib"
+
+
+@pytest.fixture
+def two_shells(
+    postgres_server: str, tmp_path: Path, system_apps: Path
+) -> Iterator[tuple[RunningShell, RunningShell]]:
+    shutil.copytree(TESTS_DIR / "apps" / APP, system_apps / APP)
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    shells: list[RunningShell] = []
+    try:
+        for name in ("one", "two"):
+            home = tmp_path / name
+            home.mkdir(mode=0o700)
+            shells.append(launch_shell(home, system_apps, database_url=url))
+        yield shells[0], shells[1]
+    finally:
+        for shell in shells:
+            shell.stop()
+
+
+def on_origin(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:
+    """A client of ``shell`` naming the app origin of ``url`` at that shell's port."""
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{urlsplit(shell.url).port}"
+    client = httpx.Client(base_url=shell.url, headers={"Host": host}, timeout=30)
+    return client, parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def test_another_shells_local_instance_is_named_not_forwarded_and_cookies_stay_per_origin(
+    two_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    one, two = two_shells
+    with one.client(timeout=30) as api:
+        urls = []
+        for _ in range(2):
+            made = api.post("/api/instances", json={"appId": APP, "new": True})
+            assert made.status_code == 200, made.text
+            view = api.post(f"/api/instances/{made.json()['instanceId']}/views", json={})
+            assert view.status_code == 200, view.text
+            urls.append((made.json()["instanceId"], view.json()["url"]))
+    (first_id, first_url), (_, second_url) = urls
+    client, target = on_origin(two, first_url)
+    with closing(client):
+        entered = client.get(target, follow_redirects=False)
+        assert entered.status_code == 303, entered.text
+        cookie = entered.headers["set-cookie"].split(";", 1)[0]
+        client.headers["Cookie"] = cookie
+        page = client.get("/")
+        assert page.status_code == 503, page.text
+        error = page.json()["error"]
+        assert error["code"] == "instance_elsewhere"
+        assert error["instanceId"] == first_id
+        assert "another shell" in error["message"]
+        assert error["shell"] == socket.gethostname()
+        assert str(one.shell.settings.home) not in page.text
+        # nothing of where it runs reaches the caller
+        address = one.shell.lifecycle.get(first_id).address
+        assert f":{address.port}" not in page.text
+    # the first view's cookie is nothing on the second instance's origin, on either shell
+    for shell in (one, two):
+        other, _ = on_origin(shell, second_url)
+        with closing(other):
+            other.headers["Cookie"] = cookie
+            refused = other.get("/")
+            assert refused.status_code == 401, refused.text

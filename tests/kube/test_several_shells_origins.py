@@ -1,0 +1,164 @@
+"""Any shell serves any app origin (docs/deploying.md "Several shells"): two real shells (two
+homes) on one PostgreSQL database, both with the Kubernetes runner on the fake cluster
+(tests/kube/conftest.py says why a fake). An instance started by shell 1 runs in a pod every
+shell reaches; its view, made on shell 1, is entered on shell 2, which serves its pages from that
+pod and refuses the view as soon as shell 1 releases it or removes the instance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from atrium.state.migrate import upgrade_now
+from tests.conftest import TESTS_DIR
+from tests.integration.conftest import RunningShell, launch_shell, wait_for
+from tests.kube.cluster import FakeCluster
+from tests.postgres import new_database
+
+PROBE = "test.contract.probe"
+SLOW = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))  # noqa: S104 - pods reach the shell on the bridge
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def two_kube_shells(
+    tmp_path: Path, kube_settings: FakeCluster, postgres_server: str
+) -> Iterator[tuple[RunningShell, RunningShell]]:
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    cluster = kube_settings
+    cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": namespace}})
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    system_apps = tmp_path / "system-apps"
+    system_apps.mkdir()
+    shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
+    shells: list[RunningShell] = []
+    try:
+        for name in ("one", "two"):
+            port = free_port()
+            shells.append(
+                launch_shell(
+                    tmp_path / name,
+                    system_apps,
+                    database_url=url,
+                    host="0.0.0.0",  # noqa: S104
+                    port=port,
+                    runner="kubernetes",
+                    kube_config=cluster.kubeconfig,
+                    kube_namespace=namespace,
+                    kube_shell_url=f"http://{cluster.host_address}:{port}",
+                    kube_start_timeout_seconds=30.0,
+                )
+            )
+        yield shells[0], shells[1]
+    finally:
+        for shell in shells:
+            shell.stop()
+        # the shells leave their pods running (they outlive a shell): the namespace takes them
+        cluster.call(cluster.api.remove, "v1/namespaces", "", namespace)
+
+
+def on_origin(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:
+    """A client of ``shell`` that names the app origin of ``url`` in its `Host`, at that shell's
+    port (behind a load balancer every shell is reached at the one port users see)."""
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{urlsplit(shell.url).port}"
+    client = httpx.Client(base_url=shell.url, headers={"Host": host}, timeout=SLOW)
+    return client, parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def enter(shell: RunningShell, url: str) -> httpx.Client:
+    """The view entered on ``shell`` through its ticket: a client carrying its cookie."""
+    client, target = on_origin(shell, url)
+    response = client.get(target, follow_redirects=False)
+    assert response.status_code == 303, response.text
+    value = response.headers["set-cookie"].split(";", 1)[0].split("=", 1)[1]
+    client.headers["Cookie"] = f"atrium_view={value}"
+    return client
+
+
+def new_view(api: httpx.Client, iid: str) -> tuple[str, str]:
+    made = api.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+    assert made.status_code == 200, made.text
+    return made.json()["viewId"], made.json()["url"]
+
+
+def test_a_view_made_on_one_shell_is_served_by_the_other_from_the_pod_until_ended(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    one, two = two_kube_shells
+    with one.client(timeout=SLOW) as api:
+        launched = api.post("/api/instances", json={"appId": PROBE})
+        assert launched.status_code == 200, launched.text
+        iid = launched.json()["instanceId"]
+        boot = api.get(f"/api/proxy/{iid}/boot").json()["boot"]
+        view_a, url_a = new_view(api, iid)
+
+        # made on one, entered on two: two serves the page from one's pod
+        with closing(enter(two, url_a)) as on_two:
+            assert two.shell.lifecycle.find(iid) is None  # two runs no instance of its own
+            page = on_two.get("/boot")
+            assert page.status_code == 200, page.text
+            assert page.json()["boot"] == boot
+            assert page.headers["x-os-app-id"] == PROBE
+            # the shell's API as the app, on two: a KV write that one reads
+            own = f"http://{on_two.headers['Host']}"
+            put = on_two.put(
+                "/_os/api/kv/app/test.contract.probe/seen",
+                content=json.dumps({"value": "on two"}),
+                headers={"Origin": own, "Content-Type": "application/json"},
+            )
+            assert put.status_code in (200, 204), put.text
+            read = api.get("/api/kv/app/test.contract.probe/seen")
+            assert read.status_code == 200, read.text
+            assert read.json()["value"] == "on two"
+
+            # the ticket is one-time across shells: used on two, refused on one and on two
+            for shell in (one, two):
+                again, target = on_origin(shell, url_a)
+                with closing(again):
+                    used = again.get(target, follow_redirects=False)
+                    assert used.status_code == 401, used.text
+
+            # the same cookie on one, which holds the view in memory
+            cookie = on_two.headers["Cookie"]
+            at_one, _ = on_origin(one, url_a)
+            with closing(at_one):
+                at_one.headers["Cookie"] = cookie
+                assert at_one.get("/boot").json()["boot"] == boot
+
+            # a second view keeps the instance running; the first released on one is refused
+            # on two at once (two checks another shell's views in the database)
+            _, url_b = new_view(api, iid)
+            with closing(enter(one, url_b)):
+                released = api.delete(f"/api/instances/{iid}/views/{view_a}")
+                assert released.status_code in (200, 204), released.text
+                gone = on_two.get("/boot")
+                assert gone.status_code == 401, gone.text
+
+        # the instance removed on one: its view entered on two is refused there
+        _, url_c = new_view(api, iid)
+        with closing(enter(two, url_c)) as on_two:
+            assert on_two.get("/boot").status_code == 200
+            removed = api.delete(f"/api/instances/{iid}")
+            assert removed.status_code in (200, 204), removed.text
+            wait_for(
+                lambda: on_two.get("/boot").status_code in (401, 404),
+                "the removed instance's view refused on two",
+                SLOW,
+            )
