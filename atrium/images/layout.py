@@ -218,13 +218,25 @@ class LayoutSource:
                 document = json.loads(body)
             except ValueError as err:
                 raise ImageError(f"{self.folder}/{self._blob_path(digest)} is not JSON") from err
-            named = [document.get("config"), *(document.get("layers") or [])]
-            named += document.get("manifests") or []
-            for entry in named:
-                if isinstance(entry, dict) and isinstance(entry.get("size"), int):
-                    pending.append(
-                        (str(entry.get("digest")), entry["size"], entry.get("mediaType"))
+            config = document.get("config")
+            named = [
+                *([(config, LAYOUT_TYPES.configs)] if isinstance(config, dict) else []),
+                *((layer, LAYOUT_TYPES.layers) for layer in document.get("layers") or []),
+                *(
+                    (entry, LAYOUT_TYPES.images | LAYOUT_TYPES.indexes)
+                    for entry in document.get("manifests") or []
+                ),
+            ]
+            for entry, types in named:
+                if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):
+                    continue
+                kind = entry.get("mediaType")
+                if kind not in types:
+                    raise ImageError(
+                        f"{self.folder}/{self._blob_path(digest)} names a blob of media type "
+                        f"{kind!r}{LAYOUT_TYPES.hint(kind)}"
                     )
+                pending.append((str(entry.get("digest")), entry["size"], kind))
         return top
 
     def _verified(self, digest: str, size: int, keep: bool) -> bytes | None:

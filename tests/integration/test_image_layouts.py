@@ -306,6 +306,12 @@ def test_validate_checks_the_layout_and_pack_carries_it_inside_the_artifact(
     (problem,) = json.loads(found.output)["problems"]
     assert problem["field"] == "runtime.image"
     assert "(the layout is damaged or was altered)" in problem["message"]
+    docker = app_folder(tmp_path / "docker", app_manifest(), built)
+    docker_layer(docker / "image")
+    found = CliRunner().invoke(cli, ["validate", str(docker), "--json"])
+    assert found.exit_code == 1, found.output
+    (problem,) = json.loads(found.output)["problems"]
+    assert "not Docker v2 ones" in problem["message"], problem
     folder = app_folder(tmp_path / "good", app_manifest(), built)
     assert CliRunner().invoke(cli, ["validate", str(folder)]).exit_code == 0
     archive = tmp_path / "app.tar.gz"
