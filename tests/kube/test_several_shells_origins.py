@@ -2,7 +2,8 @@
 homes) on one PostgreSQL database, both with the Kubernetes runner on the fake cluster
 (tests/kube/conftest.py says why a fake). An instance started by shell 1 runs in a pod every
 shell reaches; its view, made on shell 1, is entered on shell 2, which serves its pages from that
-pod and refuses the view as soon as shell 1 releases it or removes the instance."""
+pod and refuses the view as soon as shell 1 releases it, disables its user or removes the
+instance; a ticket works once across both shells."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -150,6 +152,33 @@ def test_a_view_made_on_one_shell_is_served_by_the_other_from_the_pod_until_ende
                 assert released.status_code in (200, 204), released.text
                 gone = on_two.get("/boot")
                 assert gone.status_code == 401, gone.text
+
+        # a ticket redeemed on both shells at once works on one of them
+        _, url_d = new_view(api, iid)
+        clients = [on_origin(shell, url_d) for shell in (one, two)]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(lambda pair: pair[0].get(pair[1], follow_redirects=False), clients)
+            )
+        for client, _ in clients:
+            client.close()
+        assert sorted(a.status_code for a in answers) == [303, 401]
+
+        # a grantee's view entered on two is refused there once one disables them
+        bob = one.add_user("bob")
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        with one.client(bob, timeout=SLOW) as as_bob:
+            _, url_e = new_view(as_bob, iid)
+        with closing(enter(two, url_e)) as bob_on_two:
+            assert bob_on_two.get("/boot").status_code == 200
+            disabled = api.patch("/api/users/bob", json={"disabled": True})
+            assert disabled.status_code == 200, disabled.text
+            wait_for(
+                lambda: bob_on_two.get("/boot").status_code == 401,
+                "the disabled grantee's view refused on two",
+                SLOW,
+            )
 
         # the instance removed on one: its view entered on two is refused there
         _, url_c = new_view(api, iid)
