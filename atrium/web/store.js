@@ -421,9 +421,13 @@ function showReview(ref, result) {
   const resolved = result.resolved || {};
   const where = `${SOURCES[resolved.source] || resolved.source}: ${resolved.address || ref}`;
   const size = entry?.size ?? app.size;
+  // an image app: what it is (a container image, whose), its unpacked size, its data, its network
+  const image = result.image;
   const facts = [
     ["Comes from", entry ? `the catalogue, ${where}` : where],
-    ["Size", humanSize(size) || "not stated"],
+    ...(image ? [["What it is", `${image.words[0]}.`]] : []),
+    ["Size", image ? image.words[1] : humanSize(size) || "not stated"],
+    ...(image ? [["Its data", `${image.words[2]}.`], ["Network", `${image.words[3]}.`]] : []),
     ["App id", app.id],
   ];
   // the limits its instances will run under, in words (the manifest's, else the admin's default)

@@ -32,6 +32,9 @@ from tests.e2e.conftest import (
     fits,
     serve_on,
 )
+from tests.integration.test_image_apps import CONFIG as HTTPD_CONFIG
+from tests.integration.test_image_apps import httpd_layers
+from tests.integration.test_image_layouts import write_layout
 
 pytestmark = pytest.mark.e2e
 
@@ -549,4 +552,33 @@ def test_the_review_says_in_words_what_an_app_offers(page: Page, tmp_path: Path)
     assert "as “offered” (a data provider)" in text
     assert "To share things for other apps" in text
     assert "Where from" not in page.locator("#install-diff").inner_text()
+    page.click("#install-close")
+
+
+@pytest.mark.skipif(not Path("/bin/busybox").is_file(), reason="Debian's busybox-static builds it")
+def test_the_review_of_an_image_app_says_it_is_a_container_image_and_what_it_keeps(
+    page: Page, tmp_path: Path
+) -> None:
+    """An app that carries its image (busybox httpd as an OCI image layout in its folder): the
+    review says whose container image it is, its unpacked size, its data and its network."""
+    app_dir = tmp_path / "test.image.reviewed"
+    app_dir.mkdir()
+    manifest = {
+        "id": app_dir.name,
+        "version": "1.0.0",
+        "name": "Carried httpd",
+        "runtime": {"image": "oci:image", "health": {"path": "/"}, "data": ["/www/data"]},
+    }
+    (app_dir / "app.manifest.json").write_text(json.dumps(manifest))
+    write_layout(app_dir / "image", httpd_layers(), HTTPD_CONFIG)
+    tap(page, "#open-install")
+    page.fill("#install-ref", f"local:{app_dir}")
+    page.click("#install-go")
+    facts = page.locator("#install-facts")
+    facts.wait_for(state="visible", timeout=60_000)
+    text = facts.inner_text()
+    assert f"A container image carried in the app from local:{app_dir}, not an Atrium app." in text
+    assert "MiB unpacked" in text
+    assert "Keeps /www/data in its data folder." in text
+    assert "Cannot reach the network; only the shell reaches its page." in text
     page.click("#install-close")
