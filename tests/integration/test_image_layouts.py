@@ -198,6 +198,16 @@ def test_an_app_carrying_its_image_installs_with_no_registry_and_serves_its_page
         done = api.post("/api/dist/install", json={"ref": f"local:{bare}", "autoApprove": True})
         assert done.status_code == 200, done.text
         assert done.json()["ok"] is True
+        # the store holds the digest, and a damaged copy of the layout is refused all the same
+        damaged = app_folder(tmp_path / "damaged", app_manifest(), None)
+        shutil.copytree(source / "image", damaged / "image")
+        flip_a_byte(damaged / "image")
+        refused = api.post(
+            "/api/dist/install", json={"ref": f"local:{damaged}", "autoApprove": True}
+        )
+        assert refused.status_code == 502, refused.text
+        assert "(the layout is damaged or was altered)" in refused.json()["error"]["message"]
+        assert api.get(f"/api/apps/{APP}").json()["manifest"]["runtime"]["image"].endswith(digest)
 
 
 def blob(layout: Path, digest: str) -> Path:
