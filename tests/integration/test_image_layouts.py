@@ -352,11 +352,12 @@ async def test_a_tree_past_the_artifact_limit_is_neither_packed_nor_published_to
     assert (await Publisher().plan(folder, str(tmp_path / "repo.git"), "1.0.0")).manifest
 
 
-def test_an_app_published_to_a_registry_carries_its_layout_in_the_artifact(
+def test_an_app_published_to_a_registry_or_to_git_carries_its_layout(
     start_shell: StartShell, home: Path, tmp_path: Path, built: Path
 ) -> None:
     """`atrium publish` puts the layout into the artifact's one layer; an install by the OCI ref
-    takes the image from it (the registry holds no image, only the app artifact)."""
+    takes the image from it (the registry holds no image, only the app artifact). A git publish
+    commits it, and an install from the tag takes the image from the clone."""
     folder = app_folder(tmp_path / "source", app_manifest(), built)
 
     async def publish(to: str) -> list[dict[str, Any]]:
@@ -376,6 +377,14 @@ def test_an_app_published_to_a_registry_carries_its_layout_in_the_artifact(
             listed = api.get(f"/api/apps/{APP}").json()
             assert listed["manifest"]["runtime"]["image"].startswith("oci:image@sha256:")
             assert not (Path(listed["path"]) / "image").exists()
+            bare = tmp_path / "remotes" / f"{APP}.git"
+            asyncio.run(publish(str(bare)))
+            git_ref = f"git+{bare.as_uri()}#1.0.0"
+            assert api.delete(f"/api/dist/uninstall/{APP}").status_code == 200
+            done = api.post("/api/dist/install", json={"ref": git_ref, "autoApprove": True})
+            assert done.status_code == 200, done.text
+            assert done.json()["image"]["publisher"] == git_ref
+            assert done.json()["image"]["digest"] == result["image"]["digest"]
 
 
 def nest(layout: Path, platforms: list[str]) -> str:
