@@ -105,6 +105,13 @@ def print_signature(signature: dict[str, Any] | None) -> None:
     console.print(f"Signature: {line}", highlight=False)
 
 
+def print_image(image: dict[str, Any] | None) -> None:
+    """An image app's review (docs/api.md "Image apps"): that it is a container image and
+    whose, its size, the folders it keeps, what of the network it may reach."""
+    for line in (image or {}).get("words", []):
+        console.print(f"{line}.", soft_wrap=True, highlight=False, markup=False)
+
+
 def ask(question: str) -> bool:
     """A y/N answer; with no one to answer (stdin at its end: a script, a pipe, CI), the
     command ends saying how to approve instead of a bare "Aborted!"."""
@@ -123,6 +130,7 @@ def approve_and_run(
     if not result.get("needsApproval"):
         return result
     print_diff(result["diff"])
+    print_image(result.get("image"))
     print_signature(result.get("signature"))
     if not ask("Grant these permissions and install?"):
         console.print("Not installed: the permissions were not approved.")
@@ -166,6 +174,7 @@ def preview(
         print_json(answer)
         return
     print_diff(answer["diff"])
+    print_image(answer.get("image"))
     if answer.get("note"):
         console.print(f"Note: {answer['note']}", soft_wrap=True)
     needed = "needs your approval" if answer["requiresApproval"] else "needs no approval"

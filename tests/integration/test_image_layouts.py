@@ -422,3 +422,27 @@ async def test_a_layout_of_several_platforms_gives_this_machines_image(
     with pytest.raises(ImageError, match=r"offers no linux/\w+ build \(it has linux/riscv64\)"):
         await store.load(LayoutSource(other, "image"), only, "test")
     assert [p.name for p in store.root.iterdir() if p.name != STAGING] == [digest.replace(":", "-")]
+
+
+def test_the_cli_review_says_it_is_a_container_image_before_asking(
+    start_shell: StartShell, tmp_path: Path, built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shell = start_shell()
+    monkeypatch.setenv("ATRIUM_URL", shell.url)
+    monkeypatch.setenv("ATRIUM_TOKEN", shell.token)
+    monkeypatch.setenv("COLUMNS", "200")
+    folder = app_folder(tmp_path, app_manifest(), built)
+    said = [
+        f"A container image carried in the app from local:{folder}, not an Atrium app.",
+        "Keeps /www/data in its data folder.",
+        "Cannot reach the network; only the shell reaches its page.",
+    ]
+    shown = CliRunner().invoke(cli, ["preview", f"local:{folder}"])
+    assert shown.exit_code == 0, shown.output
+    assert all(line in shown.output for line in said), shown.output
+    declined = CliRunner().invoke(cli, ["install", f"local:{folder}"], input="n\n")
+    assert declined.exit_code == 1, declined.output
+    assert all(line in declined.output for line in said), declined.output
+    assert declined.output.index(said[0]) < declined.output.index("Grant these permissions")
+    with shell.client() as api:
+        assert api.get(f"/api/apps/{APP}").status_code == 404
