@@ -82,7 +82,7 @@ async def _carried(
     image the store holds."""
     source = LayoutSource(app_dir, folder)
     try:
-        if pin is not None and not await asyncio.to_thread(os.path.lexists, app_dir / folder):
+        if pin is not None and not await asyncio.to_thread(_carries, app_dir / folder):
             stored = await asyncio.to_thread(store.get, pin)
             if stored is None:
                 raise ImageError(
@@ -100,6 +100,12 @@ async def _carried(
         raise FetchFailed(image, err.reason) from err
     await asyncio.to_thread(_drop_layout, app_dir, folder)
     return stored, digest
+
+
+def _carries(layout: Path) -> bool:
+    """Whether any of a layout's own files is there (an installed copy keeps none of them, and
+    may keep the rest of the folder)."""
+    return any(os.path.lexists(layout / name) for name in (LAYOUT_FILE, INDEX_FILE, "blobs"))
 
 
 def _drop_layout(app_dir: Path, folder: str) -> None:

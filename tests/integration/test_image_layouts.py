@@ -195,6 +195,7 @@ def test_an_app_carrying_its_image_installs_with_no_registry_and_serves_its_page
         # a tree pinned to that digest without its layout (an installed copy exported and
         # imported again) takes the image from the store
         bare = app_folder(tmp_path / "bare", app_manifest(f"oci:image@{digest}"), None)
+        shutil.copytree(installed / "image", bare / "image")  # NOTES, as an export keeps it
         done = api.post("/api/dist/install", json={"ref": f"local:{bare}", "autoApprove": True})
         assert done.status_code == 200, done.text
         assert done.json()["ok"] is True
