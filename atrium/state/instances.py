@@ -5,7 +5,8 @@ them in memory as before).
 - Each shell writes its own instances' rows (``instances``): `touch` at every state change (the
   one door, `Instance._set`), `gone` when the instance leaves the index. A writer task writes the
   instance as it is then, each row in a transaction that also appends `instance:routed`, so a
-  shell that hears the event reads the row as written. A row names the shell that runs it; a
+  shell that hears the event reads the row as written (a write the database did not take is
+  tried again every second, as the instance is then). A row names the shell that runs it; a
   shell changes and deletes only its own, and removes those its earlier run left at start.
 - Views and tickets (``views``, ``view_tickets``) hold the sha256 of the cookie and the ticket,
   never the secrets; a ticket is redeemed by a ``DELETE … RETURNING``, so two shells cannot both
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 
 from atrium.events import InstanceRouted
 from atrium.state.events import StoredEvent, append
@@ -44,6 +45,10 @@ _LOGGER = logging.getLogger(__name__)
 SHARED_NETWORK: Final = "cluster"
 #: how many remembered slugs (another shell's instances) a shell keeps
 CACHE_LIMIT: Final = 4096
+#: seconds between tries of a row the database did not take (its link lost)
+RETRY_SECONDS: Final = 1.0
+#: seconds a closing shell waits for its last rows
+CLOSE_WAIT: Final = 5.0
 
 
 def digest(secret: str) -> str:
@@ -144,7 +149,11 @@ class InstanceRows:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.flush()
+        try:
+            # what is left unwritten after that (the database is gone) its next start sweeps
+            await asyncio.wait_for(self.flush(), CLOSE_WAIT)
+        except TimeoutError:
+            _LOGGER.warning("%d instance rows left unwritten at shutdown", len(self._dirty))
         if self._unlisten is not None:
             self._unlisten()
         if self._task is not None:
@@ -181,10 +190,17 @@ class InstanceRows:
                 instance, live = self._dirty.pop(instance_id)
                 try:
                     await self._write(instance, live)
-                except SQLAlchemyError as err:
+                except Exception as err:  # noqa: BLE001 - the writer outlives a lost link
                     _LOGGER.warning(
-                        "%s %s: its row was not written: %s", instance.app_id, instance.id, err
+                        "%s %s: its row was not written (tried again in %.0f s): %s",
+                        instance.app_id,
+                        instance.id,
+                        RETRY_SECONDS,
+                        err,
                     )
+                    # unless a newer change of it came meanwhile, the same again after a pause
+                    self._dirty.setdefault(instance_id, (instance, live))
+                    await asyncio.sleep(RETRY_SECONDS)
             self._idle.set()
 
     async def _write(self, instance: Instance, live: bool) -> None:
