@@ -275,8 +275,10 @@ class InstanceRows:
         ttl: float,
     ) -> None:
         """A view of this shell's instance and its ticket, with the instance's row as it is
-        now, in one transaction: another shell may redeem the ticket at once."""
+        now (and its `instance:routed`), in one transaction: another shell may redeem the
+        ticket at once."""
         mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
+        routed = InstanceRouted(instance.id, instance.app_id, instance.slug, owner=instance.owner)
         async with self._db.transaction() as tx:
             await tx.execute(sa.delete(instances).where(mine))
             try:
@@ -306,6 +308,8 @@ class InstanceRows:
             )
             # expired tickets nobody redeemed
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.expires_at < time.time()))
+            stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        self._committed(stored, routed)
 
     async def drop_view(self, view_id: str) -> None:
         async with self._db.transaction() as tx:

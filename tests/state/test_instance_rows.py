@@ -152,3 +152,15 @@ async def test_an_instance_id_another_shell_has_stays_that_shells(
     await b.flush()
     assert await b.by_slug(first.slug) is not None
     assert await a.by_slug(second.slug) is None
+
+
+async def test_a_new_view_writes_the_row_and_tells_shells_that_found_none(
+    shells: tuple[InstanceRows, InstanceRows],
+) -> None:
+    """A shell asked for the origin before its row was written remembers 'none'; the view's
+    write (which writes the row as it is) tells it to read again."""
+    a, b = shells
+    one = Record("notes-1", "aaaaaaaaaaaa")
+    assert await b.by_slug(one.slug) is None
+    await a.add_view(instance(one), "v1", cookie_of("t"), "/", "alice", "t", 60)
+    assert await b.by_slug(one.slug) is not None
