@@ -11,7 +11,7 @@ import json
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -37,10 +37,15 @@ def free_port() -> int:
         return port
 
 
+StartShell = Callable[[str], RunningShell]
+
+
 @pytest.fixture
-def two_kube_shells(
+def kube_shells(
     tmp_path: Path, kube_settings: FakeCluster, postgres_server: str
-) -> Iterator[tuple[RunningShell, RunningShell]]:
+) -> Iterator[StartShell]:
+    """Start (and restart) shells, each on the home named, on one PostgreSQL database and one
+    namespace of the fake cluster."""
     namespace = f"t-{uuid.uuid4().hex[:8]}"
     cluster = kube_settings
     cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": namespace}})
@@ -50,29 +55,37 @@ def two_kube_shells(
     system_apps.mkdir()
     shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
     shells: list[RunningShell] = []
+
+    def start(name: str) -> RunningShell:
+        port = free_port()
+        shell = launch_shell(
+            tmp_path / name,
+            system_apps,
+            database_url=url,
+            host="0.0.0.0",  # noqa: S104
+            port=port,
+            runner="kubernetes",
+            kube_config=cluster.kubeconfig,
+            kube_namespace=namespace,
+            kube_shell_url=f"http://{cluster.host_address}:{port}",
+            kube_start_timeout_seconds=30.0,
+        )
+        shells.append(shell)
+        return shell
+
     try:
-        for name in ("one", "two"):
-            port = free_port()
-            shells.append(
-                launch_shell(
-                    tmp_path / name,
-                    system_apps,
-                    database_url=url,
-                    host="0.0.0.0",  # noqa: S104
-                    port=port,
-                    runner="kubernetes",
-                    kube_config=cluster.kubeconfig,
-                    kube_namespace=namespace,
-                    kube_shell_url=f"http://{cluster.host_address}:{port}",
-                    kube_start_timeout_seconds=30.0,
-                )
-            )
-        yield shells[0], shells[1]
+        yield start
     finally:
         for shell in shells:
-            shell.stop()
+            if shell.thread.is_alive():
+                shell.stop()
         # the shells leave their pods running (they outlive a shell): the namespace takes them
         cluster.call(cluster.api.remove, "v1/namespaces", "", namespace)
+
+
+@pytest.fixture
+def two_kube_shells(kube_shells: StartShell) -> tuple[RunningShell, RunningShell]:
+    return kube_shells("one"), kube_shells("two")
 
 
 def on_origin(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:
@@ -191,3 +204,32 @@ def test_a_view_made_on_one_shell_is_served_by_the_other_from_the_pod_until_ende
                 "the removed instance's view refused on two",
                 SLOW,
             )
+
+
+def test_a_stopped_shells_pod_is_served_by_the_other_until_it_is_back_and_adopts_it(
+    kube_shells: StartShell,
+) -> None:
+    """A shell that stops leaves its pods and their rows: the other shell keeps serving a view
+    of one. Back, the shell adopts the pod under a new origin and sweeps the old views (they
+    ended with the shell that held them, as with one shell)."""
+    one, two = kube_shells("one"), kube_shells("two")
+    with one.client(timeout=SLOW) as api:
+        launched = api.post("/api/instances", json={"appId": PROBE})
+        assert launched.status_code == 200, launched.text
+        iid = launched.json()["instanceId"]
+        boot = api.get(f"/api/proxy/{iid}/boot").json()["boot"]
+        _, url = new_view(api, iid)
+    with closing(enter(two, url)) as on_two:
+        assert on_two.get("/boot").json()["boot"] == boot
+        one.stop()
+        kept = on_two.get("/boot")
+        assert kept.status_code == 200, kept.text
+        assert kept.json()["boot"] == boot
+        again = kube_shells("one")
+        assert again.shell.lifecycle.get(iid).slug != urlsplit(url).hostname.split(".")[0]  # type: ignore[union-attr]
+        ended = on_two.get("/boot")
+        assert ended.status_code in (401, 404), ended.text
+    with again.client(timeout=SLOW) as api:
+        _, url = new_view(api, iid)
+    with closing(enter(two, url)) as on_two:
+        assert on_two.get("/boot").json()["boot"] == boot  # the same pod, never restarted
