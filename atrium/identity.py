@@ -58,27 +58,52 @@ Caller = UserCaller | AppCaller | Anonymous
 
 
 class UserAuth:
-    """The bootstrap admin's token (``run/token``). Its ``link_key`` marks the sessions the login
-    link made with it, so a new token ends the old link's sign-ins."""
+    """The bootstrap admin's token (``run/token``): its sha256, its ``link_key`` (which marks the
+    sessions the login link made with it, so a new token ends the old link's sign-ins) and the
+    token itself when this shell knows it. A shell that took the token another shell of its
+    database keeps there knows only the hash and the link key (`known_only`): it accepts the
+    token and its login link, and cannot print them (`atrium.users.bootstrap`)."""
 
     def __init__(self, token: str) -> None:
         if len(token) < MIN_TOKEN_LENGTH:
             raise ValueError(f"the user token must be at least {MIN_TOKEN_LENGTH} characters")
-        self._token = token
+        self._token: str | None = token
+        self._hash = token_hash(token)
         self._link_key = hmac.new(
             token.encode(), b"atrium host-page session", hashlib.sha256
         ).hexdigest()
 
+    @classmethod
+    def known_only(cls, hashed: str, link_key: str) -> UserAuth:
+        auth = cls.__new__(cls)
+        auth._token, auth._hash, auth._link_key = None, hashed, link_key
+        return auth
+
     @property
-    def token(self) -> str:
+    def token(self) -> str | None:
+        """The token, when this shell knows it (see the class)."""
         return self._token
+
+    @property
+    def hash(self) -> str:
+        return self._hash
 
     @property
     def link_key(self) -> str:
         return self._link_key
 
     def is_token(self, candidate: str) -> bool:
-        return hmac.compare_digest(candidate.encode(), self._token.encode())
+        return hmac.compare_digest(token_hash(candidate).encode(), self._hash.encode())
+
+    def become(self, other: UserAuth) -> None:
+        """Take ``other``'s token (another shell replaced the shared one): the old one is
+        refused from the next request on."""
+        self._token, self._hash, self._link_key = other._token, other._hash, other._link_key
+
+
+def token_hash(token: str) -> str:
+    """The sha256 a bootstrap token is kept as in the database (hex)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def new_token() -> str:

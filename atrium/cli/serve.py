@@ -79,11 +79,25 @@ def serve(
     url_path = server.settings.url_path
 
     def ready() -> None:
-        """The shell is open: only now the token and URL are written and the login printed."""
-        write_atomic(server.settings.token_path, token + "\n")
+        """The shell is open: only now the token and URL are written and the login printed.
+        A shell that took the bootstrap token another shell of its database keeps there knows
+        only its hash (`atrium.users.bootstrap`): it prints no link, and this home's own token
+        file, no longer the token, goes."""
+        known: str | None = server.app.state.shell.user_auth.token
+        if known is not None:
+            write_atomic(server.settings.token_path, known + "\n")
+        else:
+            server.settings.token_path.unlink(missing_ok=True)
         write_atomic(url_path, server.url + "\n")
         typer.echo(f"Atrium {server.url} (home {settings.home})")
-        typer.echo(f"Open the host page: {server.url}/login?token={token}")
+        if known is not None:
+            typer.echo(f"Open the host page: {server.url}/login?token={known}")
+        else:
+            typer.echo(
+                "Open the host page: with the login link of the shell that set the bootstrap "
+                "token these shells share (its home's run/token holds the token; ATRIUM_TOKEN "
+                "given alike to every shell prints it on each)"
+            )
         settle_heap()
 
     try:
@@ -118,7 +132,9 @@ def _user_token(settings: Settings) -> str:
     """ATRIUM_TOKEN (already checked by Settings), else the one the last start wrote to
     ``run/token``, else a new random one. Kept across restarts so that a bookmarked login link and
     the sign-ins it made keep working; setting ``ATRIUM_TOKEN`` (or deleting the file) replaces
-    it, and a new token ends the link sign-ins of the old one."""
+    it, and a new token ends the link sign-ins of the old one. On PostgreSQL this is only the
+    shell's candidate: the shells of the database share the one stored there, which only
+    ``ATRIUM_TOKEN`` replaces (`atrium.users.bootstrap`)."""
     if settings.token:
         return settings.token.get_secret_value()
     try:

@@ -119,6 +119,17 @@ grants = sa.Table(
     sa.UniqueConstraint("owner", "instance_id", "user_id"),
 )
 
+#: the bootstrap admin's token shared by every shell of a PostgreSQL database
+#: (`atrium.users.bootstrap`): its sha256 and its link key, never the token
+bootstrap_tokens = sa.Table(
+    "bootstrap_tokens",
+    metadata,
+    sa.Column("user_id", sa.Text, primary_key=True),
+    sa.Column("hash", sa.Text, nullable=False),
+    sa.Column("link_key", sa.Text, nullable=False),
+    sa.Column("set_at", sa.Text, nullable=False),
+)
+
 #: the audit log (append-only: a trigger refuses UPDATE; pruning deletes)
 audit = sa.Table(
     "audit",

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import pytest
 import uvloop
+from sqlalchemy.engine import make_url
 
 from atrium.api.server import ShellServer
 from atrium.identity import new_token
@@ -132,6 +133,10 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+#: the bootstrap token of each PostgreSQL database a test started a shell on, by its name
+_TOKENS: dict[str, str] = {}
+
+
 def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShell:
     """Start a shell on ``home`` with ``system_apps`` in a background thread (stop it yourself)."""
     options: dict[str, Any] = {
@@ -143,7 +148,15 @@ def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShel
         "app_network": own_range(),
     }
     options.update(overrides)
-    token = new_token()
+    # the shells of one PostgreSQL database share one bootstrap token (atrium.users.bootstrap):
+    # a test's later shell on it starts with the first one's, which it then knows
+    url = overrides.get("database_url")
+    if "token" in overrides:  # as ATRIUM_TOKEN
+        token = str(overrides["token"])
+    elif url:
+        token = _TOKENS.setdefault(str(make_url(url).database), new_token())
+    else:
+        token = new_token()
     server = ShellServer(Settings(**options), token)
     errors: list[BaseException] = []
     loops: list[asyncio.AbstractEventLoop] = []
@@ -269,14 +282,16 @@ def running(
     try:
         lines: list[str] = []
         deadline = time.monotonic() + 30
-        while not any("login?token=" in line for line in lines):
+        while not any("Open the host page:" in line for line in lines):
             assert time.monotonic() < deadline, f"serve printed no login URL: {lines}"
             line = proc.stdout.readline()
             assert line or proc.poll() is None, f"serve ended: {lines}"
             lines.append(line)
-        match = re.search(r"(http://\S+)/login\?token=(\S+)", "".join(lines))
-        assert match is not None
-        yield ServeProcess(proc, home, match.group(1), match.group(2))
+        url = re.search(r"Atrium (http://\S+) ", "".join(lines))
+        assert url is not None
+        # none from a shell that took the bootstrap token of another shell of its database
+        login = re.search(r"/login\?token=(\S+)", "".join(lines))
+        yield ServeProcess(proc, home, url.group(1), login.group(1) if login else "")
     finally:
         if proc.poll() is None:
             proc.send_signal(stop)

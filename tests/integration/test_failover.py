@@ -24,6 +24,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -344,12 +345,16 @@ def serve_in(namespace: str, home: Path, log: Path, **extra: str) -> Iterator[Re
     try:
 
         def login() -> tuple[str, str] | None:
+            """The shell's URL and the token of its login link, once printed: none from the
+            shell that took the bootstrap token the other keeps in the database."""
             assert proc.poll() is None, f"serve ended: {log.read_text()}"
-            for line in log.read_text().splitlines():
-                if "/login?token=" in line:
-                    url, token = line.split("/login?token=", 1)
-                    return url[url.index("http://") :], token.split()[0]
-            return None
+            text = log.read_text()
+            if "Open the host page:" not in text:
+                return None
+            url = re.search(r"Atrium (http://\S+) ", text)
+            assert url is not None
+            token = re.search(r"/login\?token=(\S+)", text)
+            return url.group(1), token.group(1) if token else ""
 
         url, token = wait_for(login, f"{namespace}: serve's login URL", timeout=60)
         yield Replica(proc, url, token)
@@ -561,7 +566,8 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
         ]
         with ThreadPoolExecutor(2) as pool:
             starting = [pool.submit(stack.enter_context, shell) for shell in shells]
-            r1, _ = [s.result() for s in starting]
+            r1, r2 = [s.result() for s in starting]
+        bootstrap = r1.token or r2.token  # one shell printed the token both share
         balancer = stack.enter_context(haproxy_in(net.ns("lb"), tmp_path))
         wait_for(
             lambda: [balancer.status(s) for s in ("shell1", "shell2")] == ["UP", "UP"],
@@ -572,10 +578,10 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
         def new_token() -> str:
             with httpx.Client(
                 base_url=f"http://{addr('lb')}",
-                headers={"Host": DOMAIN, "Authorization": f"Bearer {r1.token}"},
+                headers={"Host": DOMAIN, "Authorization": f"Bearer {bootstrap}"},
                 timeout=10,
             ) as client:
-                # the bootstrap token is replica 1's own: ask it directly
+                # ask replica 1 directly
                 made = client.post(
                     f"http://{addr('r1')}:7070/api/tokens", json={"name": "failover"}
                 )

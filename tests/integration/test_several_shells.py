@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from atrium.identity import SESSION_COOKIE
 from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, ServeProcess, serving, wait_for
@@ -141,6 +142,14 @@ class Client:
         return [(at, status) for at, status in self.answers if at >= moment]
 
 
+def me(shell: ServeProcess, cookie: str) -> int:
+    """The status of ``GET /api/me`` on ``shell`` with the session cookie ``cookie``."""
+    with httpx.Client(
+        base_url=shell.url, headers={"Cookie": f"{SESSION_COOKIE}={cookie}"}, timeout=10
+    ) as browser:
+        return browser.get("/api/me").status_code
+
+
 def serve_together(
     stack: ExitStack, *shells: AbstractContextManager[ServeProcess]
 ) -> list[ServeProcess]:
@@ -195,6 +204,22 @@ def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg
                 for i, url in ((1, via_relay), (2, pg_url))
             ),
         )
+        # one bootstrap token for both, though neither was given one: the first to start kept
+        # its own in the database (hashed), the other took it, printed no login link and let
+        # its home's own token go
+        assert sorted(bool(r.token) for r in replicas) == [False, True]
+        token = next(r.token for r in replicas if r.token)
+        assert not any((r.home / "run" / "token").exists() for r in replicas if not r.token)
+        for replica in replicas:
+            replica.token = token
+        # the login link signs in on either shell, and its sign-in holds on the other
+        link_cookies = []
+        for made_on, used_on in ((0, 1), (1, 0)):
+            with httpx.Client(base_url=replicas[made_on].url) as browser:
+                answer = browser.get(f"/login?token={token}", follow_redirects=False)
+                assert answer.status_code == 303, answer.text
+                link_cookies.append(answer.cookies[SESSION_COOKIE])
+            assert me(replicas[used_on], link_cookies[-1]) == 200
         balancer = stack.enter_context(haproxy(tmp_path, replicas))
         lb = f"http://127.0.0.1:{balancer.port}"
         wait_for(

@@ -43,6 +43,7 @@ class Shared:
             database_url=self.url,
             scopes_dir=self.scopes,
             runner="process",
+            token=Served.TOKEN,  # the served shells' ATRIUM_TOKEN: one bootstrap token for all
         )
         self.running.append(shell)
         return shell
