@@ -29,6 +29,11 @@ pytestmark = pytest.mark.integration
 APP = "com.example.kept"
 BOB = "bob"
 ROOT = "atrium-export"
+#: the app's start and hook deadlines. An update brings the member's instance back; when that
+#: relaunch misses the fixtures' 5 s (a loaded machine), the instance is left in `error`, the update
+#: still answers ok, and the rollback, which lists only instances not in `error`, answers
+#: `stopped: []`. What these tests wait for is the relaunch itself: generous deadlines, not sleeps
+DEADLINES = {"startTimeoutMs": 60_000, "hookTimeoutMs": 60_000}
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +50,7 @@ def served(
     git_repo: Callable[..., GitRepo],  # noqa: F811
 ) -> tuple[GitRepo, str]:
     """The app's source in git, and its `git://` URL (a member may not name a local path)."""
-    repo = git_repo(make_app(APP), base=git_daemon.base / "s")
+    repo = git_repo(make_app(APP, **DEADLINES), base=git_daemon.base / "s")
     return repo, git_daemon.url(f"s/{repo.bare.name}")
 
 
@@ -81,12 +86,14 @@ def test_a_members_rollback_brings_their_data_of_that_version_back(
     assert instance == f"{APP}~{BOB}-1"
     notes = runtime(home) / instance / "notes.txt"
     notes.write_text("written with 1.0.0")
-    write_manifest(repo.work, version="2.0.0")
+    write_manifest(repo.work, version="2.0.0", **DEADLINES)
     repo.commit_and_tag(message="2.0.0")
     updated = bob.post(f"/api/dist/update/{APP}", json={"autoApprove": True})
     assert updated.status_code == 200, updated.text
     assert updated.json()["ok"] is True, updated.text
     assert updated.json()["backup"] is not None, updated.text  # their data, kept
+    relaunched = bob.get(f"/api/instances/{instance}").json()
+    assert relaunched["state"] == "started", relaunched  # else the rollback has none to stop
     notes.write_text("written with 2.0.0")
 
     rolled = bob.post(f"/api/dist/rollback/{APP}", json={})
@@ -117,7 +124,7 @@ def test_a_rollback_leaves_no_instance_folder_of_the_newer_version_behind(
     installed_ok(bob, url, scope="user")
     first = launched(bob)
     (runtime(home) / first / "notes.txt").write_text("one")
-    write_manifest(repo.work, version="2.0.0")
+    write_manifest(repo.work, version="2.0.0", **DEADLINES)
     repo.commit_and_tag(message="2.0.0")
     assert bob.post(f"/api/dist/update/{APP}", json={"autoApprove": True}).json()["ok"] is True
     second = launched(bob)
