@@ -285,6 +285,17 @@ async def sweep_rows(rows: InstanceRows | None, adopted: set[str]) -> None:
         _LOGGER.info("%d instance rows of this shell's last run removed", swept)
 
 
+def _follow_removals(users: UserStore, revokes: EgressRevokes) -> None:
+    """A removed user's egress revokes leave memory when the removal is heard (their rows went
+    in the removal's transaction)."""
+
+    def forget(user_id: str) -> None:
+        if users.get(user_id) is None:  # removed, not only disabled
+            revokes.forget_holder(user_id)
+
+    users.on_change.append(forget)
+
+
 @asynccontextmanager
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
@@ -398,7 +409,10 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # the one door to the instances' addresses: only the shell's marked connections pass
         upstream.mark = 0 if network is None else SHELL_MARK
         # before any instance starts: a revoked app's first instance gets no egress
-        egress = EgressGrants(await EgressRevokes.open(db), registry, bus, network)
+        revokes = await EgressRevokes.open(db)
+        await revokes.forget_missing()
+        _follow_removals(users, revokes)
+        egress = EgressGrants(revokes, registry, bus, network)
         stack.callback(bus.listen((APP_EGRESS,), egress.heard, others=True))
         # apps run with PYTHONDONTWRITEBYTECODE (their directories are read-only in the sandbox):
         # compile the SDK once here so every cold start loads its bytecode

@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.egress import Ask, ask_of, ask_wire
 from atrium.state.schema import egress_revokes
+from atrium.state.schema import users as user_rows
 
 if TYPE_CHECKING:
     from atrium.state.database import Database
@@ -76,6 +77,26 @@ class EgressRevokes:
             )
         if done.rowcount:
             self._revoked[(app_id, holder)] = ask
+
+    def forget_holder(self, user_id: str) -> None:
+        """A removed user's revokes, gone from memory. Their rows went in the removal's own
+        transaction (`UserStore.remove`), on whichever shell made it."""
+        for key in [k for k in self._revoked if k[1] == user_id]:
+            del self._revoked[key]
+
+    async def forget_missing(self) -> None:
+        """At start: the rows of users no longer there (left by an older shell, which kept a
+        removed user's revokes), judged by the users table itself in one statement; then the
+        revokes read again."""
+        known = sa.select(user_rows.c.id)
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.delete(egress_revokes).where(
+                    (egress_revokes.c.holder != "") & egress_revokes.c.holder.not_in(known)
+                )
+            )
+            rows = (await tx.execute(sa.select(egress_revokes))).all()
+        self._revoked = {(row.app_id, row.holder): ask_of(row.asked) for row in rows}
 
     async def reload(self, app_id: str, holder: str) -> None:
         """That row read again (another shell changed it)."""

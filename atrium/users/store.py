@@ -42,8 +42,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from atrium.errors import IdentityLinked, InvalidRequest, LastAdmin, NotFound, UserExists
 from atrium.events import GRANT_ADDED, GRANT_REVOKED, USER_CHANGED, Payload, UserChanged
 from atrium.state import events
+from atrium.state.schema import egress_revokes, grants, identities, sessions, tokens, users
 from atrium.state.schema import events as event_rows
-from atrium.state.schema import grants, identities, sessions, tokens, users
 from atrium.users.model import (
     MAX_NAME,
     USER_ID_RULE,
@@ -472,6 +472,9 @@ class UserStore:
                     sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
                 )
             )
+            # and their revokes of their own copies' egress, for the same reason: an account
+            # given the id since would stay revoked after approving its own install
+            await tx.execute(sa.delete(egress_revokes).where(egress_revokes.c.holder == user_id))
             await _end_all(tx, user_id)
         del self._users[user_id]
         self._passwords.pop(user_id, None)

@@ -311,3 +311,22 @@ def test_a_deleted_users_scope_is_no_longer_watched(
     assert (aside / "com.example.later").is_dir()  # nothing of the old bob's was touched
     problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not problems, caplog.text
+
+
+def test_a_removed_users_egress_revoke_goes_with_them(shell: RunningShell, tmp_path: Path) -> None:
+    """A user's revoke of their own copy's egress is theirs alone: once the account is removed
+    it goes too, so an account given the same id later is granted what it approves (the new
+    bob's approved copy stayed revoked, by the removed bob's revoke)."""
+    app = "com.example.reaching"
+    source = make_app(tmp_path / "b", app, network={"egress": True})
+    with shell.client() as alice:
+        for first in (True, False):
+            with shell.client(shell.add_user("bob")) as bob:
+                answer = install(bob, source, "user")
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["ok"] is True, answer.text
+                egress = bob.get(f"/api/apps/{app}").json()["network"]["egress"]
+                assert (egress["granted"], egress["revoked"]) == (True, False), (first, egress)
+                if first:
+                    assert bob.delete(f"/api/apps/{app}/egress").status_code == 200
+            assert alice.delete("/api/users/bob").status_code == 200

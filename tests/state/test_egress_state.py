@@ -32,3 +32,16 @@ async def test_a_widened_revoke_is_kept_with_its_new_ask_and_nothing_is_made_rev
     assert again.get("com.example.web", "") is True
     assert again.get("com.example.other", "") is None
     assert store.get("com.example.other", "") is None
+
+
+async def test_a_start_drops_the_revokes_of_users_no_longer_there(db: Database) -> None:
+    """Rows an older shell kept after removing their user go at the next start; a shared copy's
+    (holder "") stays."""
+    store = await EgressRevokes.open(db)
+    await store.revoke("com.example.web", "", True, "admin")
+    await store.revoke("com.example.web", "gone", True, "gone")
+    await store.forget_missing()
+    assert store.get("com.example.web", "gone") is None
+    assert store.get("com.example.web", "") is True
+    again = await EgressRevokes.open(db)
+    assert (again.get("com.example.web", "gone"), again.get("com.example.web", "")) == (None, True)
