@@ -7,24 +7,25 @@ looks at a path and then acts on the same path can be pointed elsewhere in betwe
 checked as regular and then opened, chmod-ed or chown-ed by name may meanwhile be a link to any
 host file. So nothing here acts on a path it checked before:
 
-- a folder is opened with ``O_DIRECTORY|O_NOFOLLOW`` relative to its parent's descriptor and
-  listed through its own descriptor (``os.scandir(fd)``), so a folder swapped for a link is never
-  entered (the open fails) and its entries are the ones of the folder opened;
-- a file the listing calls regular is opened with ``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` relative to
-  its folder and judged again on the opened descriptor (``fstat``): it is read only when that
-  says regular, so a link is never followed, and a FIFO or a device put there is closed unread
-  (``O_NONBLOCK``: opening a FIFO does not wait; an app cannot make a device node); its bytes
-  are copied up to the length that ``fstat`` gave, the regions holding data only (a hole stays a
-  hole: a long empty file costs the copy no disk, a file lengthened meanwhile no endless copy);
-- a link is read with ``readlink`` relative to its folder and written as a link, never followed;
-  sockets, FIFOs and devices are skipped (or refused, by the caller's rules);
+- each entry is looked up once, ``O_PATH|O_NOFOLLOW`` relative to its folder's descriptor: that
+  descriptor is the entry (a link is the link itself, a FIFO or a device is not opened), and
+  ``fstat`` on it says what it is; whatever the entry is then is what is copied, through that
+  descriptor alone, so a name swapped meanwhile changes nothing;
+- a folder is reopened from it (``/proc/self/fd``) to be listed (``os.scandir(fd)``), so a folder
+  swapped for a link is never entered and its entries are the ones of the folder looked up;
+- a regular file is reopened from it (``O_NONBLOCK|O_NOCTTY``) and read; its bytes are copied up
+  to the length that ``fstat`` gave, the regions holding data only (a hole stays a hole: a long
+  empty file costs the copy no disk, a file lengthened meanwhile no endless copy);
+- a link is read from it (``readlinkat`` with an empty name) and written as a link, never
+  followed; sockets, FIFOs and devices are skipped (or refused, by the caller's rules);
 - every target is created relative to its parent's descriptor (``O_EXCL|O_NOFOLLOW``), and mode,
   owner and times are set on the target's own descriptor (``fchown`` before ``fchmod``: a chown
   clears set-user-ID and set-group-ID bits, so the source's bits, and only those, are kept).
 
-When an entry changes kind between the listing and the open (a file is a link now), it is
-looked at again (ATTEMPTS times) and copied as what it then is; one that keeps changing ends the
-copy with TreeChanged, an OSError. Blocking file-system work: callers run it in a thread.
+There is no gap between looking at an entry and acting on it, so nothing is retried and a tree
+that keeps changing cannot fail the copy (an app racing it once did, whenever the shell was the
+slower: docs/decisions.md "Backups: one look per entry"). Blocking file-system work: callers run
+it in a thread.
 """
 
 from __future__ import annotations
@@ -48,24 +49,18 @@ NO_RANGE: Final = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPN
 CHUNK: Final = 1 << 20
 #: bytes asked of one `copy_file_range` (the kernel copies at most ~2 GiB per call)
 RANGE: Final = 1 << 30
-#: looks at one entry that changed kind between the listing and the open, before giving up
-ATTEMPTS: Final = 4
 #: folders below the root (each level holds two descriptors open while it is copied)
 MAX_DEPTH: Final = 256
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+#: the one lookup of an entry: the entry itself, whatever it is, opened for nothing
+LOOKUP: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+#: an entry's folder or file opened from its lookup (``/proc/self/fd/<n>`` is a link to exactly
+#: that entry: O_NOFOLLOW would refuse the link itself)
+REOPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+REOPEN_FILE: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-#: open errors that mean "not what the listing said any more" (a link, another kind, gone)
-_CHANGED: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENOENT, errno.ENXIO})
-
 _DIR, _FILE, _LINK, _SPECIAL = "d", "f", "l", "s"
-
-
-class TreeChanged(OSError):
-    """An entry kept changing kind while it was being copied (someone is rewriting the tree)."""
-
-    def __init__(self, rel: str) -> None:
-        super().__init__(errno.EAGAIN, f"{rel} kept changing while it was being copied")
 
 
 @dataclass(slots=True)
@@ -149,42 +144,46 @@ class _Walk:
         if depth > MAX_DEPTH:
             raise OSError(errno.ELOOP, f"{rel} is more than {MAX_DEPTH} folders deep")
         with os.scandir(src) as listing:
-            entries = sorted((entry.name, _listed_kind(entry)) for entry in listing)
-        for name, kind in entries:
+            names = sorted(entry.name for entry in listing)
+        for name in names:
             here = f"{rel}/{name}" if rel else name
-            if self.rules.skip(here) or (
-                self.rules.leave_out is not None and self.rules.leave_out(here, kind == _DIR)
-            ):
-                continue
-            self.entry(src, dst, name, kind, prefix, here, depth)
+            if not self.rules.skip(here):
+                self.entry(src, dst, name, prefix, here, depth)
 
-    def entry(
-        self, src: int, dst: int, name: str, kind: str | None, prefix: str, rel: str, depth: int
+    def entry(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> None:
+        """Look ``name`` up once and copy what it is then, through that lookup alone."""
+        try:
+            found = os.open(name, LOOKUP, dir_fd=src)
+        except FileNotFoundError:
+            return  # gone since the listing
+        try:
+            info = os.fstat(found)
+            kind = _kind(info.st_mode)
+            if self.rules.leave_out is not None and self.rules.leave_out(rel, kind == _DIR):
+                return
+            if kind == _DIR:
+                self.subfolder(found, info, dst, name, prefix, rel, depth)
+            elif kind == _FILE:
+                self.file(found, info, dst, name, prefix, rel)
+            elif kind == _LINK:
+                self.link(found, info, dst, name, rel)
+            elif self.rules.special is not None:
+                self.rules.special(rel)
+        finally:
+            os.close(found)
+
+    def subfolder(
+        self,
+        found: int,
+        info: os.stat_result,
+        dst: int,
+        name: str,
+        prefix: str,
+        rel: str,
+        depth: int,
     ) -> None:
-        for _ in range(ATTEMPTS):
-            if kind is None:
-                return  # gone since the listing
-            if kind == _SPECIAL:
-                if self.rules.special is not None:
-                    self.rules.special(rel)
-                return
-            done = {_DIR: self.subfolder, _FILE: self.file, _LINK: self.link}[kind](
-                src, dst, name, prefix, rel, depth
-            )
-            if done:
-                return
-            kind = _kind_at(src, name)
-        raise TreeChanged(rel)
-
-    def subfolder(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
+        child = _reopen(found, REOPEN_DIR, info)
         try:
-            child = os.open(name, DIR_FLAGS, dir_fd=src)
-        except OSError as err:
-            if err.errno in _CHANGED:
-                return False
-            raise
-        try:
-            info = os.fstat(child)
             os.mkdir(name, 0o700, dir_fd=dst)
             made = os.open(name, DIR_FLAGS, dir_fd=dst)
             try:
@@ -194,19 +193,13 @@ class _Walk:
                 os.close(made)
         finally:
             os.close(child)
-        return True
 
-    def file(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
-        try:
-            fd = os.open(name, FILE_FLAGS, dir_fd=src)
-        except OSError as err:
-            if err.errno in _CHANGED:
-                return False
-            raise
+    def file(
+        self, found: int, info: os.stat_result, dst: int, name: str, prefix: str, rel: str
+    ) -> None:
+        fd = _reopen(found, REOPEN_FILE, info)
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                return False  # a FIFO (or anything else) put there since the listing: unread
             out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
             try:
                 self.data(fd, out, info.st_size)
@@ -219,23 +212,15 @@ class _Walk:
         self.copied.files += 1
         self.copied.bytes += size
         self.copied.sizes[f"{prefix}/{rel}" if prefix else rel] = size
-        return True
 
-    def link(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> bool:
-        try:
-            info = os.stat(name, dir_fd=src, follow_symlinks=False)
-            target = os.readlink(name, dir_fd=src)
-        except OSError as err:
-            if err.errno in _CHANGED or err.errno == errno.EINVAL:  # EINVAL: no link now
-                return False
-            raise
+    def link(self, found: int, info: os.stat_result, dst: int, name: str, rel: str) -> None:
+        target = os.readlink("", dir_fd=found)  # the link looked up, whatever the name is now
         if self.rules.check_link is not None:
             self.rules.check_link(rel, target)
         os.symlink(target, name, dir_fd=dst)
         if self.rules.owners and os.geteuid() == 0:
             # the new link in the shell's own folder, never what it points at
             os.chown(name, info.st_uid, info.st_gid, dir_fd=dst, follow_symlinks=False)
-        return True
 
     def data(self, src: int, dst: int, size: int) -> None:
         """The bytes of ``src`` (``size`` long when opened) into the empty ``dst``: cloned while
@@ -312,26 +297,7 @@ def _own(fd: int, info: os.stat_result, rules: Rules, mode: int | None) -> None:
     os.utime(fd, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
-def _listed_kind(entry: os.DirEntry[str]) -> str | None:
-    """The kind the listing gives (``d_type``, an ``lstat`` relative to the folder without it)."""
-    try:
-        if entry.is_symlink():
-            return _LINK
-        if entry.is_dir(follow_symlinks=False):
-            return _DIR
-        if entry.is_file(follow_symlinks=False):
-            return _FILE
-        entry.stat(follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    return _SPECIAL
-
-
-def _kind_at(folder: int, name: str) -> str | None:
-    try:
-        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return None
+def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return _LINK
     if stat.S_ISDIR(mode):
@@ -339,6 +305,20 @@ def _kind_at(folder: int, name: str) -> str | None:
     if stat.S_ISREG(mode):
         return _FILE
     return _SPECIAL
+
+
+def _reopen(found: int, flags: int, info: os.stat_result) -> int:
+    """The entry looked up as ``found`` (an ``O_PATH`` descriptor), opened with ``flags``: the
+    same inode, never a path looked up again."""
+    fd = os.open(f"/proc/self/fd/{found}", flags)
+    try:
+        again = os.fstat(fd)
+        if (again.st_dev, again.st_ino) != (info.st_dev, info.st_ino):  # pragma: no cover
+            raise OSError(errno.EIO, "a reopened descriptor is another file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_regular(path: Path) -> int:

@@ -12,8 +12,9 @@ to a root-owned 0600 file (and its folder) outside the app's data, each swap one
 
 A copier that checks a path and then acts on it by path copies the host file's bytes into the
 backup, or sets the host file's mode to the app file's (6777) through the link it has just
-copied. The copier must do neither, and each backup either completes or fails with the error
-shape.
+copied. The copier must do neither, and every backup completes: it looks each entry up once and
+copies what it found, so a racing app has no gap to win (when the copier looked again at an entry
+that had changed, a few times, a shell slower than the racer under load failed all five).
 """
 
 from __future__ import annotations
@@ -146,10 +147,8 @@ def test_a_racing_app_cannot_make_a_backup_act_through_a_link(
             finally:
                 racer.kill()
         answers.append(answer.status_code)
-        if answer.status_code != 200:  # a clean failure: the error shape, a server-side status
-            assert answer.status_code in {503, 507}, answer.text
-            assert {"code", "message"} <= set(answer.json()["error"]), answer.text
+        assert answer.status_code == 200, answer.text
         assert {path: _state(path) for path in before} == before, answers
         assert _leaks(home / "backups") == [], answers
         assert _leaks(home / "scopes") == [], answers
-    assert 200 in answers, answers
+    assert answers == [200] * RUNS

@@ -5,6 +5,7 @@ that gap) is copied as what it is then, never through the link."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -303,3 +304,49 @@ def test_bytes_are_copied_hole_for_hole_up_to_the_length_seen_at_the_open(tmp_pa
     assert copied[8 << 20 : (8 << 20) + 6] == b"middle"
     assert copied.count(0) == len(copied) - 6
     assert target.stat().st_blocks * 512 < 1 << 20
+
+
+def _exchange(one: Path, other: Path) -> None:
+    """`renameat2(RENAME_EXCHANGE)`: both names always exist, each now naming the other's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(one), -100, bytes(other), 2) != 0:  # AT_FDCWD, RENAME_EXCHANGE
+        raise OSError(ctypes.get_errno(), f"renameat2 {one} {other}")
+
+
+def test_an_app_that_swaps_an_entry_before_every_look_cannot_fail_the_copy(
+    data: Path, host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A racing app of the data's uid wins each race when the copier is slow beside it (a shell
+    under load, a thread waiting for the GIL): each name is swapped with a link to a host file
+    (its folder) just before every call that names it. Real files, real exchanges; only the
+    timing is forced, which a racing process gives only now and then. The copy is made whatever
+    the order, never through a link (the racer is beaten by looking once, not by retrying)."""
+    (data / "notes.l").symlink_to(host / "f")
+    (data / "sub.l").symlink_to(host)
+    pairs = {"notes.txt": "notes.l", "sub": "sub.l"}
+    pairs |= {link: name for name, link in pairs.items()}
+    swaps = 0
+
+    def racing(call: Callable[..., object]) -> Callable[..., object]:
+        def named(path: object, *args: object, **kwargs: object) -> object:
+            nonlocal swaps
+            if isinstance(path, str) and path in pairs and kwargs.get("dir_fd") is not None:
+                _exchange(data / path, data / pairs[path])
+                swaps += 1
+            return call(path, *args, **kwargs)
+
+        return named
+
+    for name in ("open", "stat", "lstat", "readlink"):
+        monkeypatch.setattr(os, name, racing(getattr(os, name)))
+    copied = copy_tree(data, tmp_path / "copy")
+    monkeypatch.undo()
+    assert swaps >= 4
+    tree = _tree(tmp_path / "copy")
+    for name in ("notes.txt", "notes.l"):
+        assert tree[name] in {("f", 0o644, b"one"), ("l", 0, str(host / "f"))}, tree
+    for name in ("sub", "sub.l"):
+        assert tree[name] in {("d", 0o755, ""), ("l", 0, str(host))}, tree
+    assert not _holds_secret(tmp_path / "copy")
+    assert stat.S_IMODE((host / "f").stat().st_mode) == 0o600
+    assert copied.files == sum(1 for kind, _, _ in tree.values() if kind == "f")
