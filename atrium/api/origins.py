@@ -33,7 +33,6 @@ from atrium.identity import CALLER_SCOPE_KEY, AppCaller
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING, InstanceState
-from atrium.lifecycle.views import cookie_of
 from atrium.manifest import Manifest
 from atrium.shell import Shell
 from atrium.state.instances import SHARED_NETWORK, InstanceRow
@@ -356,7 +355,9 @@ class AppOrigins:
         if not cookie:
             return None
         if isinstance(instance, Instance):
-            return shell.lifecycle.views.for_cookie(instance, cookie)
+            views = shell.lifecycle.views
+            # a cookie another shell made (it redeemed the ticket) is read from the database once
+            return views.for_cookie(instance, cookie) or await views.learn(instance, cookie)
         rows = shell.lifecycle.rows
         found = None if rows is None else await rows.view_of(slug, cookie)
         return None if found is None else View(found.id, cookie, found.path, user=found.user)
@@ -419,8 +420,8 @@ class AppOrigins:
             view = await shell.lifecycle.views.redeem(slug, ticket) if ticket else None
         elif ticket:
             found = await rows.redeem(slug, ticket)
-            if found is not None:
-                view = View(found.id, cookie_of(ticket), found.path, user=found.user)
+            if found is not None and found.cookie:
+                view = View(found.id, found.cookie, found.path, user=found.user)
         if view is None:
             raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
         await AppOrigins._looking(shell, instance, view)  # its user may still see the instance

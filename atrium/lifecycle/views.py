@@ -3,17 +3,17 @@
 
 A view is entered through a ticket that works once and lives 60 s; entering sets the view's
 cookie on the app origin, and every later request there must carry a live view's cookie. The
-cookie is derived from the ticket (`cookie_of`), so any shell that redeems a ticket sets the
-cookie its view was made with, while the database holds only the hashes of both
-(`atrium.state.instances`: with one, tickets are redeemed there, once across every shell).
+cookie is made when the ticket is redeemed, never derived from it: a ticket travels in a URL
+(a proxy's request log, the browser's history) and must open nothing once used. With a
+database of several shells (`atrium.state.instances`) a ticket is redeemed there, once across
+every shell, and the shell that redeems it writes the hash of the cookie it made; the
+instance's own shell learns the cookie from that hash when a request first carries it.
 Releasing the last view of an instance stops it unless it is a background service; the stop is
 the manager's move, reached through the narrow `ViewHost`.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import secrets
 import time
@@ -28,13 +28,6 @@ from atrium.state.instances import InstanceRows
 
 _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
-
-
-def cookie_of(ticket: str) -> str:
-    """The view cookie a ticket enters: whoever redeems the ticket learns it, nobody else can
-    derive it (nor from the ticket's hash the database holds)."""
-    digest = hashlib.sha256(b"atrium view cookie\0" + ticket.encode()).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 class ViewHost(Protocol):
@@ -80,7 +73,7 @@ class ViewDesk:
         ticket = secrets.token_urlsafe(24)
         view = View(
             id=secrets.token_hex(6),
-            cookie=cookie_of(ticket),
+            cookie="",  # made when the ticket is redeemed
             path=path,
             client=client,
             user=user or instance.owner,
@@ -89,7 +82,6 @@ class ViewDesk:
             await self._rows.add_view(
                 instance,
                 view.id,
-                view.cookie,
                 path,
                 view.user or instance.owner,
                 ticket,
@@ -105,7 +97,10 @@ class ViewDesk:
         if self._rows is not None:
             row = await self._rows.redeem(slug, ticket)
             held = self._host.by_slug(slug)
-            return None if row is None or held is None else held.views.get(row.id)
+            view = None if row is None or held is None else held.views.get(row.id)
+            if view is not None and row is not None and row.cookie:
+                view.cookie = row.cookie
+            return view
         entry = self._tickets.pop(ticket, None)
         instance = self._host.by_slug(slug)
         if entry is None or instance is None:
@@ -113,12 +108,26 @@ class ViewDesk:
         instance_id, view_id, expires = entry
         if instance_id != instance.id or time.monotonic() > expires:
             return None
-        return instance.views.get(view_id)
+        view = instance.views.get(view_id)
+        if view is not None:
+            view.cookie = secrets.token_urlsafe(32)
+        return view
+
+    async def learn(self, instance: Instance, cookie: str) -> View | None:
+        """The view of this shell's instance whose ticket another shell redeemed, known by the
+        hash of the cookie that shell made (read once; then in memory like any)."""
+        if self._rows is None:
+            return None
+        row = await self._rows.view_of(instance.slug, cookie)
+        view = None if row is None else instance.views.get(row.id)
+        if view is not None:
+            view.cookie = cookie
+        return view
 
     @staticmethod
     def for_cookie(instance: Instance, cookie: str) -> View | None:
         for view in instance.views.values():
-            if secrets.compare_digest(view.cookie, cookie):
+            if view.cookie and secrets.compare_digest(view.cookie, cookie):
                 return view
         return None
 

@@ -10,9 +10,13 @@ them in memory as before).
   shell changes and deletes only its own, and removes those its earlier run left at start.
 - Views and tickets (``views``, ``view_tickets``) hold the sha256 of the cookie and the ticket,
   never the secrets; a ticket is redeemed by a ``DELETE … RETURNING``, so two shells cannot both
-  redeem it. A shell checks the cookie of another shell's instance against the table on every
+  redeem it, and the shell that redeems it makes the view's cookie then, writing its hash in the
+  same transaction (until then the row holds the hash of a secret nobody keeps). The cookie is
+  never a function of the ticket: a ticket travels in a URL and may be read from a log once
+  used. A shell checks the cookie of another shell's instance against the table on every
   request (a view released on any shell is refused at once); its own instances' cookies it
-  checks in memory, as with one shell (the hot path reads no row).
+  checks in memory, as with one shell (the hot path reads no row), reading the table once for
+  a cookie another shell made.
 - `by_slug` (another shell's instance) is remembered until that slug's `instance:routed`.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -78,12 +83,14 @@ class InstanceRow:
 
 @dataclass(frozen=True, slots=True)
 class ViewRow:
-    """A view as its row says (the cookie only as the request carries it)."""
+    """A view as its row says (the cookie only as the request carries it, or as its redemption
+    made it)."""
 
     id: str
     slug: str
     path: str
     user: str
+    cookie: str | None = None
 
 
 def _row_values(instance: Instance, runner: str, shell: str) -> dict[str, Any]:
@@ -268,7 +275,6 @@ class InstanceRows:
         self,
         instance: Instance,
         view_id: str,
-        cookie: str,
         path: str,
         user: str,
         ticket: str,
@@ -276,7 +282,7 @@ class InstanceRows:
     ) -> None:
         """A view of this shell's instance and its ticket, with the instance's row as it is
         now (and its `instance:routed`), in one transaction: another shell may redeem the
-        ticket at once."""
+        ticket at once. The view has no cookie until its ticket is redeemed (`redeem`)."""
         mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
         routed = InstanceRouted(instance.id, instance.app_id, instance.slug, owner=instance.owner)
         async with self._db.transaction() as tx:
@@ -292,7 +298,7 @@ class InstanceRows:
                 sa.insert(views).values(
                     id=view_id,
                     slug=instance.slug,
-                    hash=digest(cookie),
+                    hash=digest(secrets.token_urlsafe(32)),  # no cookie opens it yet
                     path=path,
                     user_id=user,
                     created_at=_now(),
@@ -317,8 +323,9 @@ class InstanceRows:
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.view_id == view_id))
 
     async def redeem(self, slug: str, ticket: str) -> ViewRow | None:
-        """The ticket's view, once across every shell; None when unknown, used, expired, for
-        another instance's origin, or its view is gone."""
+        """The ticket's view with the cookie made for it now (its hash written in the same
+        transaction), once across every shell; None when unknown, used, expired, for another
+        instance's origin, or its view is gone."""
         async with self._db.transaction() as tx:
             taken = (
                 await tx.execute(
@@ -331,12 +338,16 @@ class InstanceRows:
             ).first()
             if taken is None or taken.slug != slug or time.time() > taken.expires_at:
                 return None
+            cookie = secrets.token_urlsafe(32)
             row = (
                 await tx.execute(
-                    sa.select(views).where((views.c.id == taken.view_id) & (views.c.slug == slug))
+                    sa.update(views)
+                    .where((views.c.id == taken.view_id) & (views.c.slug == slug))
+                    .values(hash=digest(cookie))
+                    .returning(views.c.id, views.c.slug, views.c.path, views.c.user_id)
                 )
             ).first()
-        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id, cookie)
 
     async def view_of(self, slug: str, cookie: str) -> ViewRow | None:
         """The live view of the slug's instance whose cookie this is."""

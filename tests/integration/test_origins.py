@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -81,6 +83,31 @@ def test_a_ticket_works_once(origin_shell: RunningShell, api: httpx.Client) -> N
     with again:
         response = again.get(target, follow_redirects=False)
     assert response.status_code == 401
+
+
+def former_cookie_of(ticket: str) -> str:
+    """What the view cookie was once derived as: a hash of the ticket, which anyone who saw
+    the ticket's URL (a proxy's request log, the browser's history) could compute."""
+    digest = hashlib.sha256(b"atrium view cookie\0" + ticket.encode()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_a_used_ticket_read_from_its_url_gives_no_view_cookie(
+    origin_shell: RunningShell, api: httpx.Client
+) -> None:
+    """A ticket travels in a URL, so it may be read after its use (HAProxy's httplog writes
+    it): the view's cookie must be a secret of its own, not a function of the ticket."""
+    _, url = open_view(api, "test.sdk.echo")
+    client, _ = enter(origin_shell, url)
+    with closing(client):
+        assert client.get("/_os/client.js").status_code == 200
+        made = client.headers["Cookie"].removeprefix("atrium_view=")
+    ticket = parse_qs(urlsplit(url).query)["ticket"][0]
+    assert made != former_cookie_of(ticket)
+    reader, _ = on_origin(origin_shell, url)
+    with closing(reader):
+        reader.headers["Cookie"] = f"atrium_view={former_cookie_of(ticket)}"
+        assert reader.get("/_os/client.js").status_code == 401
 
 
 def test_an_app_origin_without_a_view_cookie_is_401(

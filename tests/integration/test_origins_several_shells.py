@@ -6,12 +6,14 @@ its own instance's origin. (Serving another shell's pod: tests/kube/test_several
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 import socket
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -90,3 +92,38 @@ def test_another_shells_local_instance_is_named_not_forwarded_and_cookies_stay_p
             other.headers["Cookie"] = cookie
             refused = other.get("/")
             assert refused.status_code == 401, refused.text
+
+
+def test_a_view_cookie_works_on_both_shells_and_a_used_ticket_gives_none(
+    two_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Whichever shell redeems a ticket, the cookie it sets is the view's on both; and the
+    ticket, which travels in a URL (a proxy's request log), gives no cookie once used: the
+    cookie was once a hash of it, which any reader of the log could compute."""
+    one, two = two_shells
+    with one.client(timeout=30) as api:
+        made = api.post("/api/instances", json={"appId": APP, "new": True})
+        assert made.status_code == 200, made.text
+        urls = []
+        for _ in range(2):
+            view = api.post(f"/api/instances/{made.json()['instanceId']}/views", json={})
+            assert view.status_code == 200, view.text
+            urls.append(view.json()["url"])
+    for url, entering, using in ((urls[0], two, one), (urls[1], one, two)):
+        client, target = on_origin(entering, url)
+        with closing(client):
+            entered = client.get(target, follow_redirects=False)
+            assert entered.status_code == 303, entered.text
+        cookie = entered.headers["set-cookie"].split(";", 1)[0]
+        ticket = parse_qs(urlsplit(url).query)["ticket"][0]
+        digest = hashlib.sha256(b"atrium view cookie\0" + ticket.encode()).digest()
+        derived = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        for shell, sent, status in ((using, cookie, 200), (one, f"atrium_view={derived}", 401)):
+            other, _ = on_origin(shell, url)
+            with closing(other):
+                other.headers["Cookie"] = sent
+                assert other.get("/_os/client.js").status_code == status
+        other, _ = on_origin(two, url)
+        with closing(other):
+            other.headers["Cookie"] = f"atrium_view={derived}"
+            assert other.get("/_os/client.js").status_code == 401

@@ -15,7 +15,6 @@ import pytest
 from atrium.bus import EventBus
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
-from atrium.lifecycle.views import cookie_of
 from atrium.state.database import Database
 from atrium.state.instances import InstanceRows, digest
 
@@ -57,17 +56,18 @@ async def test_a_ticket_is_redeemed_once_though_both_shells_try_at_once(
     a.touch(instance(one))
     await a.flush()
     ticket = "a-ticket-of-twenty-four-bytes"
-    await a.add_view(instance(one), "v1", cookie_of(ticket), "/x", "alice", ticket, 60)
+    await a.add_view(instance(one), "v1", "/x", "alice", ticket, 60)
     got = await asyncio.gather(a.redeem(one.slug, ticket), b.redeem(one.slug, ticket))
     assert sorted(v is None for v in got) == [False, True]
     (view,) = [v for v in got if v is not None]
     assert (view.id, view.path, view.user) == ("v1", "/x", "alice")
-    # the cookie the redeemer derives is the view's, and only its hash is stored
-    assert (await b.view_of(one.slug, cookie_of(ticket))) is not None
-    assert (await b.view_of("bbbbbbbbbbbb", cookie_of(ticket))) is None  # another origin
+    # the cookie the redeemer made is the view's, and only its hash is stored
+    assert view.cookie
+    assert (await b.view_of(one.slug, view.cookie)) is not None
+    assert (await b.view_of("bbbbbbbbbbbb", view.cookie)) is None  # another origin
     async with db.connect() as conn:
         stored = (await conn.exec_driver_sql("SELECT hash FROM views")).scalar_one()
-    assert stored == digest(cookie_of(ticket))
+    assert stored == digest(view.cookie)
     assert ticket not in stored
 
 
@@ -76,9 +76,9 @@ async def test_an_expired_ticket_or_one_for_another_origin_opens_nothing(
 ) -> None:
     a, b = shells
     one = Record("notes-1", "aaaaaaaaaaaa")
-    await a.add_view(instance(one), "v1", cookie_of("t1"), "/", "alice", "t1", -1)
+    await a.add_view(instance(one), "v1", "/", "alice", "t1", -1)
     assert await b.redeem(one.slug, "t1") is None
-    await a.add_view(instance(one), "v2", cookie_of("t2"), "/", "alice", "t2", 60)
+    await a.add_view(instance(one), "v2", "/", "alice", "t2", 60)
     assert await b.redeem("cccccccccccc", "t2") is None
     assert await b.redeem(one.slug, "t2") is None  # used by the wrong origin's attempt
 
@@ -126,14 +126,20 @@ async def test_a_starting_shell_sweeps_its_last_runs_rows_but_not_the_adopted_no
     theirs = Record("notes-3", "cccccccccccc")
     for record in (kept, left):
         a.touch(instance(record))
-        await a.add_view(instance(record), f"v-{record.id}", cookie_of(record.id), "/", "a", "t", 0)
+        await a.add_view(instance(record), f"v-{record.id}", "/", "a", record.id, 60)
+    cookies = {}
+    for record in (kept, left):
+        redeemed = await b.redeem(record.slug, record.id)
+        assert redeemed is not None
+        assert redeemed.cookie
+        cookies[record.id] = redeemed.cookie
     b.touch(instance(theirs))
     await asyncio.gather(a.flush(), b.flush())
     assert await a.sweep({kept.id}) == 1
     assert await b.by_slug(kept.slug) is not None
     assert await b.by_slug(left.slug) is None
-    assert await b.view_of(left.slug, cookie_of(left.id)) is None
-    assert await b.view_of(kept.slug, cookie_of(kept.id)) is not None
+    assert await b.view_of(left.slug, cookies[left.id]) is None
+    assert await b.view_of(kept.slug, cookies[kept.id]) is not None
     assert await a.by_slug(theirs.slug) is not None
 
 
@@ -162,5 +168,5 @@ async def test_a_new_view_writes_the_row_and_tells_shells_that_found_none(
     a, b = shells
     one = Record("notes-1", "aaaaaaaaaaaa")
     assert await b.by_slug(one.slug) is None
-    await a.add_view(instance(one), "v1", cookie_of("t"), "/", "alice", "t", 60)
+    await a.add_view(instance(one), "v1", "/", "alice", "t", 60)
     assert await b.by_slug(one.slug) is not None
