@@ -33,6 +33,7 @@ from atrium.errors import (
 )
 from atrium.identity import SESSION_COOKIE, AppCaller, Caller, UserCaller
 from atrium.shell import Shell
+from atrium.state.database import Database
 from atrium.users.accounts import set_aside_scope, stop_instances_of
 from atrium.users.model import USER_ID_RULE, Role, SessionKind, User, valid_user_id
 from atrium.users.passwords import MAX_LENGTH, Passwords, password_problem
@@ -51,11 +52,12 @@ MAX_IN_FLIGHT: Final = 4
 
 
 class SignIn:
-    """One shell's password checks (a bound on concurrent hashes) and failure memory."""
+    """One shell's password checks (a bound on concurrent hashes) and the sign-in limits."""
 
-    def __init__(self) -> None:
+    def __init__(self, db: Database) -> None:
         self.passwords = Passwords()
-        self.throttle = SignInThrottle()
+        #: per (account, address), in the database: shared by every shell of it
+        self.throttle = SignInThrottle(db)
         #: every sign-in of one address, whatever the name: the per-account limit alone lets
         #: one address try one password at every name (spraying)
         self.per_address = RateLimit(ADDRESS_LIMIT, ADDRESS_WINDOW)
@@ -73,18 +75,16 @@ class SignIn:
             self._dummy = asyncio.ensure_future(self.passwords.verify(None, "warm-up"))
         await asyncio.shield(self._dummy)
 
-    def check(self, account: str, address: str) -> None:
+    async def check(self, account: str, address: str) -> None:
         """429 when the address or the pair is over its limit; else count this attempt as
         failed until it succeeds, so that concurrent guesses are counted before any of them is
         verified. Every name gets the same answer: nothing here looks at who exists."""
-        now = time.monotonic()
-        wait = self.throttle.retry_after(account, address, now)
-        if wait is not None:
-            raise TooManyAttempts(wait)
-        wait = self.per_address.take(address_key(address), now)
-        if wait is not None:
-            raise TooManyAttempts(wait, limit="address")
-        self.throttle.failed(account, address, now)
+        async with self.throttle.attempt(account, address, time.time()) as wait:
+            if wait is not None:
+                raise TooManyAttempts(wait)
+            wait = self.per_address.take(address_key(address), time.monotonic())
+            if wait is not None:
+                raise TooManyAttempts(wait, limit="address")
 
     @contextmanager
     def checking(self, address: str) -> Iterator[None]:
@@ -109,7 +109,7 @@ def sign_in_of(request: Request) -> SignIn:
     state = request.app.state
     found: SignIn | None = getattr(state, "sign_in", None)
     if found is None:
-        found = SignIn()
+        found = SignIn(shell_of(request).db)
         state.sign_in = found
     return found
 
@@ -207,10 +207,10 @@ async def change_own_password(request: Request, caller: Caller) -> Response:
     if stored is not None:
         sign_in = sign_in_of(request)
         address = address_of(request)
-        sign_in.check(you.user_id, address)
+        await sign_in.check(you.user_id, address)
         if not await sign_in.passwords.verify(stored, body.current or ""):
             raise PermissionDenied("the current password is not right")
-        sign_in.throttle.succeeded(you.user_id, address)
+        await sign_in.throttle.succeeded(you.user_id, address)
     hashed = await sign_in_of(request).passwords.hash(body.password)
     await shell.users.set_password(you.user_id, hashed, end_sessions=False)
     ended = 0
@@ -345,14 +345,14 @@ async def sign_in(request: Request, caller: Caller) -> Response:
     limiter = sign_in_of(request)
     with limiter.checking(address):
         await limiter.ready()
-        limiter.check(body.user, address)
+        await limiter.check(body.user, address)
         user = shell.users.get(body.user)
         if user is not None:
             audit_subject(request, user.id)
         stored = None if user is None or user.disabled else shell.users.password_hash(user.id)
         if not await limiter.passwords.verify(stored, body.password) or user is None:
             raise BadCredentials()
-    limiter.throttle.succeeded(body.user, address)
+    await limiter.throttle.succeeded(body.user, address)
     if stored is not None and Passwords.needs_rehash(stored):
         rehashed = await limiter.passwords.hash(body.password)
         await shell.users.set_password(user.id, rehashed, end_sessions=False)

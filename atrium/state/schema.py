@@ -119,6 +119,24 @@ grants = sa.Table(
     sa.UniqueConstraint("owner", "instance_id", "user_id"),
 )
 
+#: failed (or not yet verified) password sign-ins of the last window, one row each, shared by every
+#: shell of the database (`atrium.users.throttle`); ``account`` is the sha256 of the name as typed,
+#: ``at`` the Unix time of the attempt
+sign_in_failures = sa.Table(
+    "sign_in_failures",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("account", sa.Text, nullable=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("at", sa.Float, nullable=False, index=True),
+    sa.Index("ix_sign_in_failures_pair", "account", "address", "at"),
+)
+
 #: the bootstrap admin's token shared by every shell of a PostgreSQL database
 #: (`atrium.users.bootstrap`): its sha256 and its link key, never the token
 bootstrap_tokens = sa.Table(

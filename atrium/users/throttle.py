@@ -1,5 +1,6 @@
 """How many failed password sign-ins one (account, address) pair may make (decisions.md "Users:
-accounts and sign-in"). Pure: the caller gives the time.
+accounts and sign-in"; "Several shells: the sign-in throttle in the database"). The caller gives
+the time.
 
 After `LIMIT` failures for one account from one address within `WINDOW` seconds, that pair is
 refused until the oldest of those failures leaves the window. Only the pair: the same account from
@@ -11,21 +12,45 @@ The address is counted as a network hands them out (`address_key`): an IPv4 addr
 address by its /64 prefix (one host is routinely given a whole /64, 2^64 addresses that would each
 bring five fresh guesses), and an IPv4-mapped IPv6 address as the IPv4 address it maps.
 
-The memory is bounded: at most `MAX_PAIRS` pairs are remembered, each with at most `LIMIT` times.
-When full, pairs whose failures all left the window go first, then the least recently failed. A
-client that sprays names to push its own pair out must make `MAX_PAIRS` failed sign-ins, each a full
-password verification (at most a few run at once), which takes longer than the window itself.
+The failures are rows of the state database (``sign_in_failures``: the name as its sha256, never
+as typed), so every shell of one database counts a pair's attempts together: in memory, a
+guesser spread over N shells behind a load balancer had N times the limit. A pair's check and count are one transaction under a lock of the
+pair (PostgreSQL: an advisory transaction lock; SQLite: its one writer), so attempts made at once
+on several shells are counted one after another. Times are the shells' wall clocks (Unix
+seconds): shells of one database keep their clocks in step, and a skew of a second moves a
+minute's window by a second.
+
+The table is bounded: each attempt deletes the rows that left the window (all pairs', by the
+index on ``at``), and past `MAX_ROWS` rows the oldest go first, so a client that sprays names
+grows it by at most the attempts of one window and never past `MAX_ROWS`. To push its own pair
+out it must make `MAX_ROWS` attempts, each a full password verification (at most a few run at
+once per address), which takes longer than the window itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
 from collections import OrderedDict, deque
-from typing import Final
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final
+
+import sqlalchemy as sa
+
+from atrium.state.locks import lock_key
+from atrium.state.schema import sign_in_failures as failures
+
+if TYPE_CHECKING:
+    from atrium.state.database import Database
 
 LIMIT: Final = 5
 WINDOW: Final = 60.0
+#: the most failures remembered, all pairs together (the memory bound of before: 10,000 pairs
+#: of `LIMIT` times each)
+MAX_ROWS: Final = 50_000
+#: the most keys a `RateLimit` remembers
 MAX_PAIRS: Final = 10_000
 #: the longest account name remembered (longer ones are cut: they cannot be users anyway)
 MAX_ACCOUNT: Final = 64
@@ -36,53 +61,75 @@ Pair = tuple[str, str]
 
 
 class SignInThrottle:
-    """Failed sign-ins by (account, address), newest last."""
+    """Failed sign-ins by (account, address), in the state database."""
 
     def __init__(
-        self, limit: int = LIMIT, window: float = WINDOW, max_pairs: int = MAX_PAIRS
+        self, db: Database, limit: int = LIMIT, window: float = WINDOW, max_rows: int = MAX_ROWS
     ) -> None:
+        self._db = db
         self._limit = limit
         self._window = window
-        self._max_pairs = max_pairs
-        self._failures: OrderedDict[Pair, deque[float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._failures)
+        self._max_rows = max_rows
 
     @staticmethod
     def pair(account: str, address: str) -> Pair:
-        return account[:MAX_ACCOUNT], address_key(address)
+        """The pair as kept: the name as typed (cut to `MAX_ACCOUNT`) by its sha256, since a
+        name field sometimes receives its password, and the address by `address_key`."""
+        name = hashlib.sha256(f"atrium sign-in:{account[:MAX_ACCOUNT]}".encode()).hexdigest()
+        return name, address_key(address)
 
-    def retry_after(self, account: str, address: str, now: float) -> int | None:
-        """Whole seconds until the pair may try again, or None when it may now."""
-        times = self._failures.get(self.pair(account, address))
-        if times is None or len(times) < self._limit:
-            return None
-        left = times[0] + self._window - now
-        if left <= 0:
-            return None
-        return max(1, math.ceil(left))
-
-    def failed(self, account: str, address: str, now: float) -> None:
+    @asynccontextmanager
+    async def attempt(self, account: str, address: str, now: float) -> AsyncIterator[int | None]:
+        """One attempt of the pair at ``now`` (Unix seconds). Yields the whole seconds until the
+        pair may try again, or None when it may now; then the attempt is counted as failed
+        (until `succeeded`) when the block ends, unless the block raises. Counted before the
+        password is verified, so that attempts made at once are all counted."""
         key = self.pair(account, address)
-        times = self._failures.pop(key, None)
-        if times is None:
-            times = deque(maxlen=self._limit)
-            self._make_room(now)
-        times.append(now)
-        self._failures[key] = times  # the most recently failed pair is last
+        of_pair = sa.and_(failures.c.account == key[0], failures.c.address == key[1])
+        async with self._db.transaction() as tx:
+            if self._db.dialect == "postgresql":
+                lock = lock_key("sign-in", "\0".join(key))
+                await tx.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
+            await tx.execute(sa.delete(failures).where(failures.c.at <= now - self._window))
+            times = (
+                await tx.execute(
+                    sa.select(failures.c.at)
+                    .where(of_pair)
+                    .order_by(failures.c.at.desc())
+                    .limit(self._limit)
+                )
+            ).scalars()
+            wait = _retry_after(list(times), self._limit, self._window, now)
+            yield wait
+            if wait is not None:
+                return
+            newest = (
+                await tx.execute(
+                    sa.insert(failures)
+                    .values(account=key[0], address=key[1], at=now)
+                    .returning(failures.c.id)
+                )
+            ).scalar_one()
+            await tx.execute(sa.delete(failures).where(failures.c.id <= newest - self._max_rows))
 
-    def succeeded(self, account: str, address: str) -> None:
-        self._failures.pop(self.pair(account, address), None)
+    async def succeeded(self, account: str, address: str) -> None:
+        name, key = self.pair(account, address)
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.delete(failures).where(
+                    sa.and_(failures.c.account == name, failures.c.address == key)
+                )
+            )
 
-    def _make_room(self, now: float) -> None:
-        if len(self._failures) < self._max_pairs:
-            return
-        stale = [k for k, t in self._failures.items() if t[-1] + self._window <= now]
-        for key in stale:
-            del self._failures[key]
-        while len(self._failures) >= self._max_pairs:
-            self._failures.popitem(last=False)
+
+def _retry_after(times: list[float], limit: int, window: float, now: float) -> int | None:
+    """Whole seconds until a pair whose newest failures are ``times`` may try again, or None."""
+    if len(times) < limit:
+        return None
+    left = min(times) + window - now
+    if left <= 0:
+        return None
+    return max(1, math.ceil(left))
 
 
 class RateLimit:

@@ -26,6 +26,7 @@ import pytest
 
 from atrium.identity import SESSION_COOKIE
 from atrium.state.migrate import upgrade_now
+from atrium.users.throttle import LIMIT
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, ServeProcess, serving, wait_for
 from tests.postgres import new_database
@@ -37,6 +38,7 @@ DOMAIN = "atrium.test"
 #: the client's pace (requests per second) and how long a gap in its answers may last
 RATE = 50
 BACK_WITHIN = 3.0
+PASSWORD = "correct horse battery"
 
 
 def free_port() -> int:
@@ -249,6 +251,26 @@ def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg
 
         wait_for(lambda: len(failed_link_addresses()) >= 2, "the failed sign-ins audited")
         assert set(failed_link_addresses()) == {"127.0.0.9"}
+
+        # the sign-in limit is kept in the database: five failed sign-ins through shell 1, and
+        # the sixth attempt, through shell 2, is refused (in memory it had five more there)
+        with replicas[0].client() as admin:
+            made = admin.post("/api/users", json={"id": "bob", "password": PASSWORD})
+            assert made.status_code == 201, made.text
+
+        def sign_in(replica: ServeProcess, password: str) -> httpx.Response:
+            with httpx.Client(
+                base_url=replica.url,
+                transport=httpx.HTTPTransport(local_address="127.0.0.7"),
+                timeout=30,
+            ) as guesser:
+                return guesser.post("/api/session", json={"user": "bob", "password": password})
+
+        for _ in range(LIMIT):
+            assert sign_in(replicas[0], "not the password").status_code == 401
+        refused = sign_in(replicas[1], PASSWORD)
+        assert refused.status_code == 429, refused.text
+        assert 0 < int(refused.headers["retry-after"]) <= 60
 
         # replica 1 loses its database: its /api/ready says so, and HAProxy stops sending to it
         relay.cut()
