@@ -305,4 +305,14 @@ def test_two_shells_behind_haproxy_lose_nothing_when_one_dies(tmp_path: Path, pg
         times = [killed_at] + [at for at, _ in client.since(killed_at)]
         longest = max(b - a for a, b in pairwise(times))
         assert longest < BACK_WITHIN, f"no answer for {longest:.2f} s after the kill"
+
+        # a shell started again, with a new token of its own in mind (its home may hold none),
+        # takes the shared one: it ends none of the sign-ins the login link made
+        with serving(
+            tmp_path / "home1", ATRIUM_DATABASE_URL=pg_url, ATRIUM_APP_DOMAIN=DOMAIN
+        ) as again:
+            assert again.token in ("", token)
+            for cookie in link_cookies:
+                assert me(replicas[1], cookie) == 200
+                assert me(again, cookie) == 200
         wait_for(lambda: balancer.status("shell1").startswith("DOWN"), "shell1 DOWN")
