@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from atrium.state.migrate import upgrade_now
 from tests.conftest import TESTS_DIR
@@ -85,6 +87,28 @@ def test_another_shells_local_instance_is_named_not_forwarded_and_cookies_stay_p
         # nothing of where it runs reaches the caller
         address = one.shell.lifecycle.get(first_id).address
         assert f":{address.port}" not in page.text
+    # on the shell that runs it, the page needs no row: the instance and its views are in
+    # its memory (the hot path reads nothing of the database)
+    read: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if re.search(r"\b(instances|views|view_tickets)\b", statement):
+            read.append(statement)
+
+    engine = one.shell.db.engine.sync_engine
+    local, target = on_origin(one, second_url)
+    with closing(local):
+        entered = local.get(target, follow_redirects=False)
+        assert entered.status_code == 303, entered.text
+        local.headers["Cookie"] = entered.headers["set-cookie"].split(";", 1)[0]
+        sa.event.listen(engine, "before_cursor_execute", seen)
+        try:
+            for _ in range(5):
+                # the app's own answer (it has no page at /): the request reached it
+                assert local.get("/").headers.get("x-os-app-id") == APP
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", seen)
+    assert read == []
     # the first view's cookie is nothing on the second instance's origin, on either shell
     for shell in (one, two):
         other, _ = on_origin(shell, second_url)
