@@ -47,16 +47,21 @@ async def pin_image(
     *,
     docker_config: Path | None,
     reach: Reach | None,
+    held: str | None = None,
 ) -> PinnedImage:
     """Resolve ``runtime.image`` to a digest (a tag asks the registry once), pull it into the
     store (or load it from the layout the app carries, which then leaves ``app_dir``) and write
     the pinned reference into the staged manifest in ``app_dir``: what the user reviews is what
-    runs. FetchFailed when the registry, the layout or the image says no."""
+    runs. FetchFailed when the registry, the layout or the image says no. ``held``: the digest
+    the copy this one replaces (same app, same scope) is pinned to, the only carried image a
+    tree without its layout may take from the store."""
     runtime = manifest.runtime
     if runtime is None:  # pragma: no cover - called for image apps only
         raise ValueError(f"{manifest.id} is not an image app")
     if runtime.layout is not None:
-        stored, pin = await _carried(runtime.image, runtime.layout, runtime.digest, app_dir, store)
+        stored, pin = await _carried(
+            runtime.image, runtime.layout, runtime.digest, app_dir, store, held
+        )
         return await _pinned(manifest, app_dir, stored, pin, carried=True)
     registry, repository, tag, digest = runtime.parts()
     try:
@@ -74,15 +79,29 @@ async def pin_image(
 
 
 async def _carried(
-    image: str, folder: str, pin: str | None, app_dir: Path, store: ImageStore
+    image: str,
+    folder: str,
+    pin: str | None,
+    app_dir: Path,
+    store: ImageStore,
+    held: str | None = None,
 ) -> tuple[StoredImage, str]:
     """The image of the layout at ``folder``, loaded into the store and verified blob by blob
     (pinned: it must be ``pin``), then the layout removed from the staged tree. A tree without
-    the layout (an export of an installed copy, which never keeps it) may still name a pinned
-    image the store holds."""
+    the layout (an installed copy's, which never keeps it) takes its pinned image from the store
+    only when it is ``held``, the image the copy it replaces runs: a digest is no proof of
+    holding an image, and the store holds other apps' and other users' images, some pulled with
+    the shell's registry logins."""
     source = LayoutSource(app_dir, folder)
     try:
         if pin is not None and not await asyncio.to_thread(_carries, app_dir / folder):
+            if pin != held:
+                raise ImageError(
+                    f"the app carries no image layout at {folder}/ for the {pin} its manifest "
+                    "pins: only a copy of this app already running that image here may take it "
+                    "from the image store (a digest is no proof of holding the image); install "
+                    "from the source that carries it"
+                )
             stored = await asyncio.to_thread(store.get, pin)
             if stored is None:
                 raise ImageError(

@@ -286,7 +286,7 @@ class Distribution:
                     yield item
             verdict = await self._verify(resolved, scope)
             manifest, diff = await self._check(resolved, path, scope)
-            pinned = await self._image(manifest, path / resolved.dir_name)
+            pinned = await self._image(manifest, path / resolved.dir_name, scope)
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
             note = self.data_note(manifest.id, scope)
             labels = self._registry.permission_labels()
@@ -420,7 +420,7 @@ class Distribution:
             manifest, diff = await self._check(resolved, path, scope)
             if expected_id is not None:
                 same_app(expected_id, ref_text, manifest.id)
-            pinned = await self._image(manifest, path / resolved.dir_name)
+            pinned = await self._image(manifest, path / resolved.dir_name, scope)
             if pinned is not None:
                 manifest = pinned.manifest
             yield event(VALIDATE_DONE, appId=manifest.id, version=manifest.version)
@@ -490,16 +490,27 @@ class Distribution:
                 extra["note"] = note
             yield event(RESULT, ok=True, record=record.wire(), **extra, **signed)
 
-    async def _image(self, manifest: Manifest, app_dir: Path) -> PinnedImage | None:
+    async def _image(self, manifest: Manifest, app_dir: Path, scope: Scope) -> PinnedImage | None:
         """An image app's image pulled and pinned in the staged manifest (`pin_image`)."""
         if manifest.runtime is None:
             return None
+        # the image the copy being replaced runs: the one carried image a tree without its
+        # layout may take from the store
+        held = next(
+            (
+                c.manifest.runtime.digest
+                for c in self._registry.copies(manifest.id)
+                if c.scope == scope and c.manifest is not None and c.manifest.runtime is not None
+            ),
+            None,
+        )
         return await pin_image(
             manifest,
             app_dir,
             ImageStore(self._layout.home / "images", docker_config=self._docker_config),
             docker_config=self._docker_config,
             reach=self._reach,
+            held=held,
         )
 
     def _new_image(self, pinned: PinnedImage | None, scope: Scope) -> bool:

@@ -39,6 +39,7 @@ pytestmark = [
 ]
 
 APP: Final = "test.image.carried"
+BORROWER: Final = "test.image.borrower"
 DOCKER_MANIFEST: Final = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LAYER: Final = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
@@ -199,6 +200,18 @@ def test_an_app_carrying_its_image_installs_with_no_registry_and_serves_its_page
         done = api.post("/api/dist/install", json={"ref": f"local:{bare}", "autoApprove": True})
         assert done.status_code == 200, done.text
         assert done.json()["ok"] is True
+        # but another app naming that digest without carrying it gets nothing from the store:
+        # a digest is no proof of holding the image (another user's, another publisher's own)
+        borrower = tmp_path / "borrower" / BORROWER
+        borrower.mkdir(parents=True)
+        manifest = {**app_manifest(f"oci:image@{digest}"), "id": BORROWER}
+        (borrower / "app.manifest.json").write_text(json.dumps(manifest))
+        refused = api.post(
+            "/api/dist/install", json={"ref": f"local:{borrower}", "autoApprove": True}
+        )
+        assert refused.status_code == 502, refused.text
+        assert "carries no image layout" in refused.json()["error"]["message"]
+        assert api.get(f"/api/apps/{BORROWER}").status_code == 404
         # the store holds the digest, and a damaged copy of the layout is refused all the same
         damaged = app_folder(tmp_path / "damaged", app_manifest(), None)
         shutil.copytree(source / "image", damaged / "image")
@@ -274,7 +287,11 @@ DAMAGED: Final[list[tuple[Any, str, str]]] = [
     (lambda p: (p / "oci-layout").unlink(), "oci:image", "has no oci-layout"),
     (lambda p: shutil.rmtree(p), "oci:image", "carries no image layout at image/"),
     (lambda p: None, f"oci:image@sha256:{'0' * 64}", f"not the sha256:{'0' * 64} the manifest"),
-    (shutil.rmtree, f"oci:image@sha256:{'0' * 64}", f"the image store has no sha256:{'0' * 64}"),
+    (
+        shutil.rmtree,
+        f"oci:image@sha256:{'0' * 64}",
+        f"carries no image layout at image/ for the sha256:{'0' * 64}",
+    ),
 ]
 
 
