@@ -267,6 +267,25 @@ def shell_name(settings: Settings) -> str:
     return f"{socket.gethostname()}:{settings.home}"
 
 
+def take_over_pods(
+    stack: AsyncExitStack,
+    lifecycle: LifecycleManager,
+    runner: Runner,
+    db: Database,
+    rows: InstanceRows | None,
+    coordination: Coordination,
+) -> None:
+    """On PostgreSQL with the Kubernetes runner: a gone shell's pods, taken over by the leader
+    (`atrium.lifecycle.takeover`), until the shell closes."""
+    if rows is None or runner.name != "kubernetes":
+        return
+    from atrium.lifecycle.takeover import Takeover
+
+    takeover = Takeover(lifecycle, runner, db, rows, coordination)  # type: ignore[arg-type]
+    takeover.start()
+    stack.push_async_callback(takeover.close)
+
+
 async def open_rows(
     stack: AsyncExitStack, db: Database, bus: EventBus, settings: Settings, runner: str
 ) -> InstanceRows | None:
@@ -306,6 +325,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         db = await stack.enter_async_context(open_checked(settings.state_url))
         # on PostgreSQL: whether this shell leads, decided before anything once-only runs
         coordination = await stack.enter_async_context(Coordination.open(db))
+        coordination.hold_shell(shell_name(settings))  # the others take over its pods once gone
         await coordination.start()
         # on PostgreSQL, every write of a scope repository holds the scope's writer lock among
         # shells and announces `scope:changed` (a shared scope folder's readers read it again)
@@ -498,6 +518,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         adopted = await lifecycle.adopt_survivors()
         # what this shell's last run left in the instances' table and did not come back
         await sweep_rows(rows, {instance.id for instance in adopted})
+        take_over_pods(stack, lifecycle, runner, db, rows, coordination)
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",

@@ -99,6 +99,7 @@ class InstanceIndex:
         wanted: str | None = None,
         data_of: str | None = None,
         owner: str | None = None,
+        slug: str | None = None,
     ) -> Instance:
         """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
         instance id whose runtime data folder it uses (a headless provider's; default its own).
@@ -126,7 +127,7 @@ class InstanceIndex:
             if data_of is None
             else self._layout.runtime_dir(copy.scope, app_id, instance_id, owner),
             manifest=copy.manifest,
-            slug=new_slug(),
+            slug=slug or new_slug(),  # given: another shell's instance taken over keeps its origin
             bus=self._bus,
             owner=owner,
             lock=self.coordination.instance(instance_id),

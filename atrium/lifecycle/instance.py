@@ -51,6 +51,9 @@ class View:
     client: str | None = None
     #: the user who opened it: the one looking, named to the app on every page request
     user: str | None = None
+    #: the sha256 of the cookie, for a view taken over from another shell (``cookie`` is then
+    #: empty until a request carries the cookie)
+    digest: str | None = None
 
 
 @dataclass(eq=False, slots=True)

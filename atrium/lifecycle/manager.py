@@ -42,7 +42,7 @@ from atrium.lifecycle.index import InstanceIndex, new_slug
 from atrium.lifecycle.instance import Activity, Instance
 from atrium.lifecycle.limits import Limits
 from atrium.lifecycle.ports import PortAllocator
-from atrium.lifecycle.runners import LogChunk, Runner
+from atrium.lifecycle.runners import LogChunk, Runner, Survivor
 from atrium.lifecycle.runners.process import read_log_file
 from atrium.lifecycle.states import HOOK_BEFORE, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.trials import Trials
@@ -506,14 +506,25 @@ class LifecycleManager(InstanceIndex):
                 await survivor.app.stop(STOP_GRACE)
                 continue
             async with instance.lock:
-                self._booter.adopt(instance, survivor)
-                for state in (S.CREATING, S.CREATED, S.STARTING, S.STARTED):
-                    instance.enter(state)
+                holder = None if self.rows is None else await self.rows.shell_of(instance.id)
+                if holder is not None and holder != self.rows.shell:  # type: ignore[union-attr]
+                    # taken over by another shell while this one was gone (its relabel not
+                    # yet seen): that shell's now
+                    self.drop(instance, keep_row=True)
+                    continue
+                self.adopt_one(instance, survivor)
             _LOGGER.info(
                 "%s %s adopted from the last shell: %s", instance.app_id, instance.id, survivor.ref
             )
             adopted.append(instance)
         return adopted
+
+    def adopt_one(self, instance: Instance, survivor: Survivor) -> None:
+        """``instance`` (new, in `installed`; the caller holds its lock) takes the server
+        ``survivor`` over and is `started` without a hook (they ran when the server started)."""
+        self._booter.adopt(instance, survivor)
+        for state in (S.CREATING, S.CREATED, S.STARTING, S.STARTED):
+            instance.enter(state)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

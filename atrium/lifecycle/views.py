@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from atrium.errors import AtriumError, InvalidRequest, NotFound, NotServing
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
-from atrium.state.instances import InstanceRows
+from atrium.state.instances import InstanceRows, digest
 
 _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
@@ -128,6 +128,9 @@ class ViewDesk:
     def for_cookie(instance: Instance, cookie: str) -> View | None:
         for view in instance.views.values():
             if view.cookie and secrets.compare_digest(view.cookie, cookie):
+                return view
+            if view.digest is not None and secrets.compare_digest(view.digest, digest(cookie)):
+                view.cookie = cookie  # a view taken over from another shell, known by its hash
                 return view
         return None
 

@@ -269,6 +269,16 @@ class InstanceRows:
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.slug.not_in(live)))
         return len(left)
 
+    async def shell_of(self, instance_id: str) -> str | None:
+        """The shell whose row the instance has (None: no row)."""
+        async with self._db.connect() as conn:
+            found: str | None = (
+                await conn.execute(
+                    sa.select(instances.c.shell).where(instances.c.id == instance_id)
+                )
+            ).scalar_one_or_none()
+        return found
+
     # -- views ------------------------------------------------------------------------------------
 
     async def add_view(

@@ -142,6 +142,9 @@ class Coordination:
         self._on_unlead: list[Callable[[], None]] = []
         self._beacon: AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
+        #: the key of this shell's own lock, held by the beacon's session while it lives
+        self._shell_key: int | None = None
+        self._shell_held = False
 
     @classmethod
     @asynccontextmanager
@@ -188,6 +191,35 @@ class Coordination:
         if lost is not None:
             self._on_unlead.append(lost)
 
+    def hold_shell(self, name: str) -> None:
+        """Hold ``name``'s shell lock on the beacon's session (from `start`, taken again after
+        a reconnection): the other shells read whether this shell lives from it
+        (`shells_alive`), since its instances are theirs to take over once it is gone."""
+        self._shell_key = lock_key("shell", name)
+
+    async def shells_alive(self, names: set[str]) -> set[str]:
+        """Those of ``names`` whose shell lock is held (their shell's session lives)."""
+        if not names or self._engine is None:
+            return set(names)
+        from sqlalchemy import text
+
+        wanted = {name: lock_key("shell", name) for name in names}
+        async with self._engine.connect() as conn:
+            held = {
+                (int(row[0]), int(row[1]))
+                for row in await conn.execute(
+                    text(
+                        "SELECT classid::bigint, objid::bigint FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+                    )
+                )
+            }
+        return {
+            name
+            for name, key in wanted.items()
+            if ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF) in held
+        }
+
     def check(self) -> None:
         """DatabaseLost when this shell is cut off from the database."""
         if self._lost is not None:
@@ -224,6 +256,13 @@ class Coordination:
             except Exception:
                 _LOGGER.exception("a leader callback failed")
 
+    async def _hold_shell(self, beacon: AsyncConnection) -> None:
+        if self._shell_key is not None and not self._shell_held:
+            # its last run's session may linger a moment: asked again each turn
+            self._shell_held = bool(
+                await _scalar(beacon, "SELECT pg_try_advisory_lock(:k)", k=self._shell_key)
+            )
+
     async def _beacon_loop(self, first: asyncio.Future[None]) -> None:
         engine = self._engine
         if engine is None:  # pragma: no cover - started only when shared
@@ -233,7 +272,9 @@ class Coordination:
                 async with asyncio.timeout(PING_TIMEOUT * 2):
                     self._beacon = await engine.connect()
                 self._lost = None
+                self._shell_held = False
                 while True:
+                    await self._hold_shell(self._beacon)
                     if self.is_leader:
                         await _scalar(self._beacon, "SELECT 1")
                     elif await _scalar(

@@ -16,8 +16,20 @@ MIB = 1 << 20
 EXIT_DELAY_SECONDS = 0.05  # lets the answer reach the caller first
 BOOT = secrets.token_hex(8)
 HELD: list[bytes] = []
+#: the lifecycle hooks this process was called with, in order
+HOOKS: list[str] = []
 
 app = App()
+
+
+def _hook(name: str) -> None:
+    @app.hook(name)
+    def called(body: dict[str, object]) -> None:
+        HOOKS.append(name)
+
+
+for _name in ("onCreate", "onStart"):
+    _hook(_name)
 
 
 def number(request: Request, name: str, default: int, top: int) -> int:
@@ -29,7 +41,7 @@ def number(request: Request, name: str, default: int, top: int) -> int:
 
 @app.route("GET", "/boot")
 def boot(request: Request) -> dict[str, object]:
-    return {"boot": BOOT, "pid": os.getpid()}
+    return {"boot": BOOT, "pid": os.getpid(), "hooks": HOOKS}
 
 
 @app.route("POST", "/log")

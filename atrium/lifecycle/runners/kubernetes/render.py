@@ -474,7 +474,7 @@ SHELL_RULES: Final = (
     {
         "apiGroups": [""],
         "resources": ["pods"],
-        "verbs": ["get", "list", "watch", "create", "delete"],
+        "verbs": ["get", "list", "watch", "create", "delete", "patch"],
     },
     {
         "apiGroups": [""],
@@ -484,7 +484,7 @@ SHELL_RULES: Final = (
     {
         "apiGroups": [""],
         "resources": ["secrets", "persistentvolumeclaims"],
-        "verbs": ["get", "list", "create", "delete"],
+        "verbs": ["get", "list", "create", "delete", "patch"],
     },
     {
         "apiGroups": ["networking.k8s.io"],

@@ -806,6 +806,63 @@ class KubernetesRunner:
         self._handles[name] = app
         return app
 
+    async def take_over(self, ref: dict[str, Any]) -> Survivor:
+        """Another shell's running pod ``ref`` (that shell is gone, and this one holds the
+        instance's lock and row): relabelled as this shell's, so that its watch, its survivors
+        at a restart and its NetworkPolicy are this shell's and never the old one's, then
+        adopted with its secrets as a survivor is. SpawnFailed when it is gone, another pod has
+        its name, or it no longer runs (then it is deleted, its claim kept)."""
+        name, uid = str(ref.get("pod", "")), str(ref.get("uid", ""))
+        pod = await self.read_pod(name)
+        there = str(((pod or {}).get("metadata") or {}).get("uid") or "")
+        if pod is None or not uid or there != uid:
+            raise SpawnFailed(f"pod {name!r} (uid {uid}) is gone", app_id="", cause="exited")
+        app_id = _annotation(pod, render.ANNOTATION_APP)
+        await self._ensure_policy(app_id)
+        mine = {
+            "metadata": {"labels": {render.LABEL_SHELL: render.label_value(self.settings.shell)}}
+        }
+        patched = await self._call(
+            lambda c: c.patch_namespaced_pod(
+                name, self.namespace, _any(mine), _request_timeout=REQUEST_TIMEOUT
+            ),
+            verb="patch",
+            resource="pods",
+            app_id=app_id,
+        )
+        instance_id = _annotation(pod, render.ANNOTATION_INSTANCE)
+        owner = _annotation(pod, render.ANNOTATION_OWNER)
+        if instance_id:  # its Secret and claim follow (a later spawn of it reuses the claim)
+            for resource, patch in (
+                (
+                    "secrets",
+                    lambda c: c.patch_namespaced_secret(
+                        render.secret_name(instance_id),
+                        self.namespace,
+                        _any(mine),
+                        _request_timeout=REQUEST_TIMEOUT,
+                    ),
+                ),
+                (
+                    "persistentvolumeclaims",
+                    lambda c: c.patch_namespaced_persistent_volume_claim(
+                        render.claim_name(owner, instance_id),
+                        self.namespace,
+                        _any(mine),
+                        _request_timeout=REQUEST_TIMEOUT,
+                    ),
+                ),
+            ):
+                try:
+                    await self._call(patch, verb="patch", resource=resource, app_id=app_id)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise self._refused(err, "patch", resource, app_id) from err
+        survivor = await self._survivor(self._plain(patched))
+        if survivor is None:
+            raise SpawnFailed(f"pod {name!r} no longer runs", app_id=app_id, cause="exited")
+        return survivor
+
     async def survivors(self) -> list[Survivor]:
         """The running pods an earlier shell (same label) left, each adopted, with the secrets
         read back from its Secret. A pod that no longer runs, or whose Secret is gone, is

@@ -1,0 +1,163 @@
+"""A gone shell's pods taken over by another (docs/decisions.md "Several shells: pods taken
+over"; PostgreSQL and the Kubernetes runner only).
+
+Each shell holds a lock of its own on its beacon's session while it lives
+(`Coordination.hold_shell`). Every `EVERY` s the leader reads the rows of other shells' pods
+(runner ``kubernetes``, this namespace) and asks which of their shells still hold their lock;
+each instance of a gone shell is taken over under that instance's advisory lock: the row moves
+to this shell by a compare-and-set on its ``shell`` (a shell that came back, or another taker,
+wins or loses there, never both), the pod is relabelled as this shell's and adopted with the
+secrets of its Secret (the same pod, no hook runs again), the instance keeps its id and slug
+(its app origin goes on working) and its views are read back from ``views`` (known by their
+cookies' hashes). A pod that ended meanwhile gives one `app:crashed`, by the shell that won the
+row, and the instance stays here in `error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Final
+
+import sqlalchemy as sa
+
+from atrium.errors import AtriumError, SpawnFailed
+from atrium.lifecycle.instance import View
+from atrium.state.schema import instances, views
+
+if TYPE_CHECKING:
+    from atrium.lifecycle.manager import LifecycleManager
+    from atrium.lifecycle.runners.kubernetes.runner import KubernetesRunner
+    from atrium.state.database import Database
+    from atrium.state.instances import InstanceRows
+    from atrium.state.locks import Coordination
+
+_LOGGER = logging.getLogger(__name__)
+#: seconds between two looks for a gone shell's instances (on the leader)
+EVERY: Final = 1.0
+
+
+class Takeover:
+    """The leader's look for a gone shell's pods, every `EVERY` s (the module docstring)."""
+
+    def __init__(
+        self,
+        manager: LifecycleManager,
+        runner: KubernetesRunner,
+        db: Database,
+        rows: InstanceRows,
+        coordination: Coordination,
+    ) -> None:
+        self._manager = manager
+        self._runner = runner
+        self._db = db
+        self._rows = rows
+        self._coordination = coordination
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="pod takeover")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(EVERY)
+            if not self._coordination.is_leader or self._coordination.lost is not None:
+                continue
+            try:
+                await self.once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the next turn tries again
+                _LOGGER.exception("taking over a gone shell's pods failed")
+
+    async def once(self) -> list[str]:
+        """Take over every instance whose shell is gone; the ids taken."""
+        async with self._db.connect() as conn:
+            found = (
+                await conn.execute(
+                    sa.select(
+                        instances.c.id,
+                        instances.c.app_id,
+                        instances.c.owner,
+                        instances.c.slug,
+                        instances.c.shell,
+                        instances.c.ref,
+                    ).where(
+                        (instances.c.shell != self._rows.shell)
+                        & (instances.c.runner == self._runner.name)
+                    )
+                )
+            ).all()
+        candidates = [
+            row
+            for row in found
+            if isinstance(row.ref, dict) and row.ref.get("namespace") == self._runner.namespace
+        ]
+        alive = await self._coordination.shells_alive({row.shell for row in candidates})
+        taken = []
+        for row in candidates:
+            if row.shell not in alive and await self._take(row):
+                taken.append(row.id)
+        return taken
+
+    async def _take(self, row: Any) -> bool:
+        manager = self._manager
+        if manager.find(row.id) is not None:
+            _LOGGER.warning(
+                "%s: a gone shell's instance has the id of one of this shell's: not taken over",
+                row.id,
+            )
+            return False
+        try:
+            instance = manager.new_instance(row.app_id, row.id, owner=row.owner, slug=row.slug)
+        except AtriumError as err:
+            _LOGGER.warning("%s cannot be taken over here: %s", row.id, err.message)
+            return False
+        won = False
+        try:
+            async with instance.lock:
+                if await self._coordination.shells_alive({row.shell}):
+                    return False  # back meanwhile: still its own
+                async with instance.lock.transaction() as tx:
+                    moved = await tx.execute(
+                        sa.update(instances)
+                        .where((instances.c.id == row.id) & (instances.c.shell == row.shell))
+                        .values(shell=self._rows.shell)
+                    )
+                    if moved.rowcount != 1:
+                        return False
+                    opened = (
+                        await tx.execute(sa.select(views).where(views.c.slug == row.slug))
+                    ).all()
+                won = True
+                try:
+                    survivor = await self._runner.take_over(row.ref)
+                except SpawnFailed as err:
+                    _LOGGER.warning("%s %s: %s", row.app_id, row.id, err.message)
+                    instance.mark_crashed(-1, "exited")
+                    instance.error = f"its pod ended while no shell held it: {err.message}"
+                    return True
+                for view in opened:
+                    instance.views[view.id] = View(
+                        view.id, "", view.path, user=view.user_id, digest=view.hash
+                    )
+                manager.adopt_one(instance, survivor)
+            _LOGGER.warning(
+                "%s %s taken over from the gone shell %s: %s",
+                row.app_id,
+                row.id,
+                row.shell,
+                survivor.ref,
+            )
+            return True
+        finally:
+            if not won:
+                manager.drop(instance, keep_row=True)

@@ -1,0 +1,190 @@
+"""Pods among several shells (docs/decisions.md "Several shells: pods taken over"): two real
+shells (two homes) on one PostgreSQL database and one namespace of the fake cluster
+(tests/kube/conftest.py says why a fake). A pod's crash is one `app:crashed` in the shared event
+log whichever shells run; a shell killed with SIGKILL leaves its pods running, and the other
+takes its instances over within seconds: the same pods, no hook called again, the views going
+on through it."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from atrium.identity import new_token
+from atrium.lifecycle.runners.kubernetes import render
+from atrium.lifecycle.states import InstanceState
+from atrium.state.migrate import upgrade_now
+from atrium.state.schema import events, instances
+from tests.integration.conftest import RunningShell, launch_shell, serving, wait_for
+from tests.kube.cluster import FakeCluster
+from tests.kube.test_several_shells_origins import (
+    PROBE,
+    SLOW,
+    StartShell,
+    enter,
+    free_port,
+    kube_shells,
+    new_view,
+)
+from tests.postgres import new_database
+
+__all__ = ["kube_shells"]  # the fixture, shared with the origins' tests
+
+
+def crashes(url: str, iid: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(events.c.data).where(events.c.topic == "app:crashed"))
+            return sum(1 for (data,) in rows if data.get("instanceId") == iid)
+    finally:
+        engine.dispose()
+
+
+def row_of(url: str, iid: str) -> Any:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(instances).where(instances.c.id == iid)).first()
+    finally:
+        engine.dispose()
+
+
+def test_a_pods_crash_is_one_app_crashed_and_its_row_says_error(
+    kube_shells: StartShell,
+) -> None:
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        api.post(f"/api/proxy/{iid}/exit?code=3")
+        wait_for(
+            lambda: (row := row_of(url, iid)) is not None and row.state == "error",
+            "the crashed instance's row says error",
+            SLOW,
+        )
+        wait_for(lambda: crashes(url, iid) == 1, "app:crashed in the shared log", SLOW)
+        # the pod's later events (its deletion by the reset) are no crash again, on either shell
+        assert api.post(f"/api/instances/{iid}/reset").status_code == 200
+        assert two.shell.lifecycle.find(iid) is None
+    assert crashes(url, iid) == 1
+
+
+@dataclass
+class Site:
+    url: str
+    namespace: str
+    cluster: FakeCluster
+    system_apps: Path
+    token: str
+
+
+@pytest.fixture
+def site(tmp_path: Path, kube_settings: FakeCluster, postgres_server: str) -> Iterator[Site]:
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    cluster = kube_settings
+    cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": namespace}})
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    system_apps = tmp_path / "system-apps"
+    system_apps.mkdir()
+    import shutil
+
+    from tests.conftest import TESTS_DIR
+
+    shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
+    try:
+        yield Site(url, namespace, cluster, system_apps, new_token())
+    finally:
+        cluster.call(cluster.api.remove, "v1/namespaces", "", namespace)
+
+
+def in_process(site: Site, home: Path) -> RunningShell:
+    port = free_port()
+    return launch_shell(
+        home,
+        site.system_apps,
+        database_url=site.url,
+        token=site.token,
+        host="0.0.0.0",  # noqa: S104 - pods reach the shell on the bridge
+        port=port,
+        runner="kubernetes",
+        kube_config=site.cluster.kubeconfig,
+        kube_namespace=site.namespace,
+        kube_shell_url=f"http://{site.cluster.host_address}:{port}",
+        kube_start_timeout_seconds=30.0,
+    )
+
+
+def test_a_killed_shells_instance_is_taken_over_with_its_pod_and_its_views(
+    site: Site, tmp_path: Path
+) -> None:
+    port = free_port()
+    two: RunningShell | None = None
+    try:
+        with serving(
+            tmp_path / "one",
+            stop=signal.SIGKILL,
+            ATRIUM_DATABASE_URL=site.url,
+            ATRIUM_TOKEN=site.token,
+            ATRIUM_SYSTEM_APPS=str(site.system_apps),
+            ATRIUM_HOST="0.0.0.0",  # noqa: S104
+            ATRIUM_PORT=str(port),
+            ATRIUM_RUNNER="kubernetes",
+            ATRIUM_KUBE_CONFIG=str(site.cluster.kubeconfig),
+            ATRIUM_KUBE_NAMESPACE=site.namespace,
+            ATRIUM_KUBE_SHELL_URL=f"http://{site.cluster.host_address}:{port}",
+            ATRIUM_KUBE_START_TIMEOUT_SECONDS="30",
+        ) as one:
+            two = in_process(site, tmp_path / "two")
+            with one.client(timeout=SLOW) as api:
+                api.headers["Authorization"] = f"Bearer {site.token}"
+                launched = api.post("/api/instances", json={"appId": PROBE})
+                assert launched.status_code == 200, launched.text
+                iid = launched.json()["instanceId"]
+                boot = api.get(f"/api/proxy/{iid}/boot").json()
+                assert boot["hooks"] == ["onCreate", "onStart"]
+                _, view_url = new_view(api, iid)
+            pod = site.cluster.pod(site.namespace, render.pod_name(iid))
+            assert pod is not None
+            uid = pod["metadata"]["uid"]
+            on_two = enter(two, view_url)  # two serves one's pod from its row
+            assert on_two.get("/boot").json()["boot"] == boot["boot"]
+            assert row_of(site.url, iid).shell != two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+            one.proc.kill()
+            one.proc.wait()
+
+        def taken() -> bool:
+            instance = two.shell.lifecycle.find(iid)
+            return instance is not None and instance.state is InstanceState.STARTED
+
+        wait_for(taken, "two takes the killed shell's instance over", 15)
+        with closing(on_two):
+            page = on_two.get("/boot")
+            assert page.status_code == 200, page.text
+            # the same process in the same pod: no respawn, no hook called again
+            assert page.json() == boot
+        after = site.cluster.pod(site.namespace, render.pod_name(iid))
+        assert after is not None
+        assert after["metadata"]["uid"] == uid
+        # relabelled: two's watch and its next start's survivors, never one's
+        assert after["metadata"]["labels"][render.LABEL_SHELL] == render.label_value(
+            render.shell_key(str(tmp_path / "two"), site.namespace)
+        )
+        assert row_of(site.url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+        with two.client(timeout=SLOW) as api:
+            shown = api.get(f"/api/instances/{iid}")
+            assert shown.status_code == 200, shown.text
+            assert shown.json()["state"] == "started"
+            assert shown.json()["views"] == 1
+    finally:
+        if two is not None and two.thread.is_alive():
+            two.stop()
