@@ -136,9 +136,14 @@ class WarmPool:
                 self._host.spawn_task(self.refill(copy.id), f"warm-pool fill {copy.id}")
 
     async def drain(self, app_id: str) -> None:
-        """Destroy the app's pooled instances (uninstall)."""
+        """Destroy the app's pooled instances (an operation's stop, an uninstall), each under its
+        lock: one still booting is waited for. Ended inside the runner's spawn, before it had a
+        child, its child started after its end, outside the index, on its data folder, through
+        the operation that drained it and after."""
         for instance in [i for i in self._host.of_app(app_id) if self.holds(i)]:
-            await self._host.force(instance)
+            async with instance.lock:
+                if self.holds(instance):  # (not claimed meanwhile: then the stop removes it)
+                    await self._host.force(instance)
 
     def follow_registry(self) -> Callable[[], None]:
         """Keep the pools in step with the visible apps; returns the remover."""

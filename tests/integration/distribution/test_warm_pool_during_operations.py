@@ -7,12 +7,15 @@ file, which holds the update inside its restart of `<appId>-1`."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
 from atrium.lifecycle.instance import Instance
+from atrium.lifecycle.runners import RunningApp, SpawnSpec
 from tests.integration.conftest import RunningShell, wait_for
 from tests.integration.distribution.conftest import MakeApp, installed_ok, write_manifest
 from tests.integration.distribution.test_wake_during_operations import BLOCKING, in_background
@@ -71,3 +74,45 @@ def test_the_pool_refills_only_after_an_update_ends(
     [again] = wait_for(lambda: pooled_resumed(dist_shell), "the pool to refill after the update")
     assert again.manifest.version == "2.0.0"
     assert APP not in dist_shell.shell.lifecycle.pool.held
+
+
+def test_an_operation_waits_for_a_pooled_instance_still_spawning_before_it_copies(
+    api: httpx.Client, make_app: MakeApp, dist_shell: RunningShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operation's stop drains the pool. A pooled instance whose boot is inside the runner's
+    spawn has no child yet: ended then without its lock, its child was started after its end,
+    outside the index, and ran on its data folder through the operation and after it (the next
+    refill started another on the same folder). The drain now waits for the boot under the
+    instance's lock. The spawn is held by wrapping the shell's runner (it is over in tens of ms,
+    too short to meet by chance); the child, the processes and the data are real."""
+    installed_ok(api, f"local:{make_app(APP, warmPool=1)}")
+    wait_for(lambda: pooled_resumed(dist_shell), "the warm pool to fill")
+    runner = dist_shell.shell.lifecycle._booter.runner
+    spawn = runner.spawn
+    held, go = threading.Event(), threading.Event()
+    children: list[RunningApp] = []
+
+    async def holding(spec: SpawnSpec) -> RunningApp:
+        if not held.is_set():
+            held.set()
+            await asyncio.to_thread(go.wait, 60)
+            children.append(await spawn(spec))
+            return children[-1]
+        return await spawn(spec)
+
+    monkeypatch.setattr(runner, "spawn", holding)
+    api.post("/api/instances", json={"appId": APP})  # takes the pooled one: a refill boots
+    wait_for(held.is_set, "the refill's spawn")
+    [spawning] = pooled(dist_shell)
+    with dist_shell.client(timeout=60) as client:
+        backup, answers = in_background(lambda: client.post(f"/api/dist/backups/{APP}"))
+        wait_for(lambda: dist_shell.shell.dist.locks.operation(APP) == "backup", "the backup")
+        go.set()
+        backup.join(60)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    [child] = children
+    # ended with its instance, which left the index (the refill after the backup may take its
+    # id again, with a child of its own): nothing of the app runs outside the index
+    wait_for(lambda: child.status is not None, "the drained instance's child to end")
+    assert dist_shell.shell.lifecycle.find(spawning.id) is not spawning
