@@ -493,6 +493,25 @@ class HeadersTooLarge(AtriumError):
         super().__init__(message, limit=limit)
 
 
+class ImageNotKept(Conflict):
+    """An export of an app that carried its image, whose layout the image store does not keep
+    (the image was loaded before the store kept carried layouts): the archive would install
+    nowhere else, so it is not made."""
+
+    code = "image_not_kept"
+
+    def __init__(self, app_id: str, digest: str, folder: str) -> None:
+        super().__init__(
+            f"{app_id} cannot be exported: it carried its image ({digest}) as a layout at "
+            f"{folder}/, the installed copy keeps none of its blobs and the image store keeps "
+            "only the unpacked image, so another machine could not install it; install the app "
+            "again from the source that carries its image, then export it",
+            appId=app_id,
+            digest=digest,
+            folder=folder,
+        )
+
+
 class ExportTooLarge(AtriumError):
     """An export whose archive would hold more than an import takes (its files' apparent sizes:
     a sparse file counts its whole length, every zero of which would be packed), or more

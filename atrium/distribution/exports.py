@@ -116,12 +116,23 @@ def _member(name: str, info: os.stat_result) -> tarfile.TarInfo:
     return member
 
 
-def _members(app_dir: Path, data_dirs: list[Path], app_id: str) -> list[tuple[str, Path]]:
+#: an image layout the archive carries in the app tree: its folder there, and where it is read
+#: from (the image store's copy, `ImageStore.keep_layout`)
+CarriedImage = tuple[str, Path]
+
+
+def _members(
+    app_dir: Path, data_dirs: list[Path], app_id: str, image: CarriedImage | None = None
+) -> list[tuple[str, Path]]:
     """The archive's file members (``app/…``, ``data/<folder>/…``) and where each is read from."""
     runtime = re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
     members: list[tuple[str, Path]] = []
     for path in _files(app_dir, leave_out=runtime):
         members.append((f"app/{path.relative_to(app_dir).as_posix()}", path))
+    if image is not None:
+        where, layout = image
+        for path in _files(layout):
+            members.append((f"app/{where}/{path.relative_to(layout).as_posix()}", path))
     for folder in data_dirs:
         # whoever's instance it was (`<appId>~<user>-<n>`): `<appId>-<n>`, for any user to import
         name = owned_name(folder.name, app_id, None)
@@ -130,11 +141,13 @@ def _members(app_dir: Path, data_dirs: list[Path], app_id: str) -> list[tuple[st
     return members
 
 
-def check_size(app_dir: Path, data_dirs: list[Path], app_id: str) -> None:
+def check_size(
+    app_dir: Path, data_dirs: list[Path], app_id: str, image: CarriedImage | None = None
+) -> None:
     """ExportTooLarge when the archive of ``app_dir`` and ``data_dirs`` would expand to more
     than an import takes (MAX_EXPANDED bytes, MAX_MEMBERS members): found from the files'
     lengths before a byte is read. Blocking (one ``lstat`` per file)."""
-    _within_bounds(_members(app_dir, data_dirs, app_id), app_id)
+    _within_bounds(_members(app_dir, data_dirs, app_id, image), app_id)
 
 
 def _within_bounds(members: list[tuple[str, Path]], app_id: str) -> None:
@@ -158,13 +171,19 @@ def _within_bounds(members: list[tuple[str, Path]], app_id: str) -> None:
 
 
 def pack(
-    target: Path, app_dir: Path, data_dirs: list[Path], record: InstallRecord, app_id: str
+    target: Path,
+    app_dir: Path,
+    data_dirs: list[Path],
+    record: InstallRecord,
+    app_id: str,
+    image: CarriedImage | None = None,
 ) -> None:
     """Write the archive of ``app_dir`` (without its runtime folders, which are not even
-    entered: the app's uid writes them) and ``data_dirs``. Each member is read through a
+    entered: the app's uid writes them), ``image`` (the layout of the image the app carried,
+    put back in its folder of the tree) and ``data_dirs``. Each member is read through a
     descriptor opened without following a link (fdcopy.open_regular), its header taken from
     that descriptor."""
-    members = _members(app_dir, data_dirs, app_id)
+    members = _members(app_dir, data_dirs, app_id, image)
     _within_bounds(members, app_id)
     files = {name: _digest(path) for name, path in members}
     manifest = {

@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atrium.distribution.exports import CarriedImage
 from atrium.distribution.ociclient import RegistryClient, RegistryError, size_text
 from atrium.distribution.reach import Reach
 from atrium.egress import ask_wire, asked, words
-from atrium.errors import FetchFailed, ManifestInvalid
+from atrium.errors import FetchFailed, ImageNotKept, ManifestInvalid
 from atrium.files import write_atomic
 from atrium.images.config import ConfigInvalid, image_port
 from atrium.images.layout import INDEX_FILE, LAYOUT_FILE, LayoutSource
-from atrium.images.store import ImageError, ImageStore, StoredImage
-from atrium.manifest import MANIFEST_FILE, Manifest
+from atrium.images.store import LAYOUT, ImageError, ImageStore, StoredImage
+from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +116,33 @@ async def _carried(
                 f"the image layout {folder}/ holds {digest}, not the {pin} the manifest pins"
             )
         stored = await store.load(source, digest, f"the app's image layout {folder}/")
+        await store.keep_layout(source, digest)
     except ImageError as err:
         raise FetchFailed(image, err.reason) from err
     await asyncio.to_thread(_drop_layout, app_dir, folder)
     return stored, digest
+
+
+def export_layout(app_dir: Path, store: ImageStore) -> CarriedImage | None:
+    """What an export of the installed copy at ``app_dir`` carries of its image: for an app that
+    carried its image as a layout (which the installed copy no longer holds), that folder and the
+    store's copy of the layout (`ImageStore.keep_layout`), so that an import anywhere installs
+    it; None for any other app (a pulled image is pulled again by digest where it is missing).
+    ImageNotKept when the store has no copy to give: such an archive would install nowhere
+    else (blocking)."""
+    try:
+        manifest = parse_manifest(json.loads((app_dir / MANIFEST_FILE).read_bytes()), None)
+    except (OSError, ValueError, ManifestInvalid):
+        return None  # not an image app the install would take: the import says why
+    runtime = manifest.runtime
+    if runtime is None or runtime.layout is None or runtime.digest is None:
+        return None
+    if _carries(app_dir / runtime.layout):
+        return None
+    kept = store.entry(runtime.digest) / LAYOUT
+    if not (kept / INDEX_FILE).is_file():
+        raise ImageNotKept(manifest.id, runtime.digest, runtime.layout)
+    return runtime.layout, kept
 
 
 def _carries(layout: Path) -> bool:

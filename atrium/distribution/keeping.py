@@ -27,6 +27,7 @@ from atrium.distribution.backups import (
     swap_data,
 )
 from atrium.distribution.exports import check_size, pack
+from atrium.distribution.images import export_layout
 from atrium.distribution.journal import JournalStore, faultpoint
 from atrium.distribution.operations import AppLocks, in_thread, mutable, staging
 from atrium.distribution.records import RecordStore
@@ -34,6 +35,7 @@ from atrium.distribution.stops import InstanceStops
 from atrium.distribution.validate import runtime_folders
 from atrium.errors import BackupDamaged, ExportTooLarge, NotFound, StorageFailed, StorageFull
 from atrium.events import BackupFailed
+from atrium.images.store import ImageStore
 from atrium.scopes import Scope, ScopeLayout
 
 _LOGGER = logging.getLogger(__name__)
@@ -279,12 +281,16 @@ class DataKeeping:
             # an archive no import takes is refused before anything stops or is copied
             # (ExportTooLarge); pack checks the backup's copy again
             live = self.own_data(scope, app_id)
-            await asyncio.to_thread(check_size, app_dir, live, app_id)
+            # the image the app carried goes with it (ImageNotKept when it cannot)
+            image = await asyncio.to_thread(
+                export_layout, app_dir, ImageStore(self._layout.home / "images")
+            )
+            await asyncio.to_thread(check_size, app_dir, live, app_id, image)
             async with self._stops.stopped(app_id, scope, self._user):
                 taken = await self.snapshot(scope, app_id, "export", own=True)
             data = taken.data_dirs if taken else []
             try:
-                await in_thread(pack, target, app_dir, data, record, app_id)
+                await in_thread(pack, target, app_dir, data, record, app_id, image)
             except ExportTooLarge:  # grown since the check: its backup goes with it
                 if taken is not None:
                     await in_thread(remove, taken.path)

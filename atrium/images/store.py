@@ -3,7 +3,9 @@
 ``$ATRIUM_HOME/images/sha256-<hex>/`` holds one image by the digest it is pinned to (an image
 manifest's, or an index's: the entry then holds the platform this machine runs): ``rootfs/`` (the
 layers applied in order by the rules of `atrium.images.layers`), ``config.json`` (the image config
-as served), ``manifest.json`` and ``image.json`` (what the store learnt: digests, sizes, counts).
+as served), ``manifest.json`` and ``image.json`` (what the store learnt: digests, sizes, counts);
+an image an app carried also ``layout/``, the blobs it uses as an OCI image layout, which an
+export of the app carries (`ImageStore.keep_layout`).
 
 An entry appears whole or not at all: a pull stages in ``images/.staging/<hex>-<pid>-<token>/``
 and renames it into place; a staging folder whose process is gone (a killed pull) is swept at the
@@ -60,6 +62,8 @@ from atrium.images.layers import (
 DIGEST_RE: Final = re.compile(r"sha256:[0-9a-f]{64}\Z")
 STAGING: Final = ".staging"
 META: Final = "image.json"
+#: an entry's copy of the blobs of an image an app carried (`ImageStore.keep_layout`)
+LAYOUT: Final = "layout"
 CONFIG_TYPES: Final = frozenset(
     {"application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"}
 )
@@ -562,6 +566,57 @@ class ImageStore:
 
         return await self._stored(digest, fetch, verify)
 
+    async def keep_layout(self, source: BlobSource, digest: str) -> None:
+        """Keep the blobs of the stored image ``digest`` an app carried (its top manifest, the
+        platform's manifest, config and layers, each verified as it is read from ``source``) as
+        an OCI image layout in the entry's ``layout/``: the installed copy keeps no blobs, and an
+        export carries them from here so that another machine's import can verify and load the
+        image (docs/decisions.md "Images: an export carries the image its app carried"). An entry
+        that has them already is left as it is."""
+        target = self.entry(digest) / LAYOUT
+        async with self._locks.setdefault(digest, asyncio.Lock()):
+            if await asyncio.to_thread((target / "index.json").is_file):
+                return
+            staging = self.root / STAGING / f"{digest[7:]}-{os.getpid()}-{secrets.token_hex(4)}"
+            _PULLING.add(staging)
+            try:
+                await asyncio.to_thread(_make_staging, staging)
+                await self._refusals(digest, self._copy_layout(source, digest, staging))
+                await asyncio.to_thread(_place_layout, staging, target)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+                _PULLING.discard(staging)
+
+    async def _copy_layout(self, source: BlobSource, digest: str, staging: Path) -> None:
+        blobs = staging / "blobs" / "sha256"
+        await asyncio.to_thread(blobs.mkdir, parents=True)
+        top = await source.manifest(digest)
+        named = json.loads(top.body)
+        top_type = (
+            top.media_type
+            or named.get("mediaType")
+            or (artifact.OCI_INDEX if "manifests" in named else artifact.OCI_MANIFEST)
+        )
+        pulled, document = await self._image_manifest(source, digest, LAYOUT_TYPES)
+        config_digest, config_size, described = self._check_manifest(document, digest, LAYOUT_TYPES)
+        for manifest in {top.digest: top.body, pulled.digest: pulled.body}.items():
+            await asyncio.to_thread((blobs / manifest[0][7:]).write_bytes, manifest[1])
+        for blob_digest, size in [(config_digest, config_size), *described]:
+            with (blobs / blob_digest[7:]).open("wb") as out:
+                async for chunk in source.blob(blob_digest, size):
+                    await asyncio.to_thread(out.write, chunk)
+        index = {
+            "schemaVersion": 2,
+            "mediaType": artifact.OCI_INDEX,
+            "manifests": [{"mediaType": top_type, "digest": digest, "size": len(top.body)}],
+        }
+        await asyncio.to_thread(
+            (staging / "index.json").write_text, json.dumps(index, indent=1) + "\n"
+        )
+        await asyncio.to_thread(
+            (staging / "oci-layout").write_text, json.dumps({"imageLayoutVersion": "1.0.0"})
+        )
+
     async def _stored(
         self,
         digest: str,
@@ -730,6 +785,18 @@ def _make_staging(staging: Path) -> None:
     staging.parent.parent.chmod(FOLDER_MODE)
     staging.mkdir(FOLDER_MODE)
     (staging / "rootfs").mkdir(FOLDER_MODE)
+
+
+def _place_layout(staging: Path, target: Path) -> None:
+    """The kept layout renamed into its entry, read-only like the rest of it."""
+    for path in staging.rglob("*"):
+        if path.is_file():
+            path.chmod(0o444)
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / "index.json").is_file():  # another shell's copy won: keep it
+            raise
 
 
 def _seal(staging: Path, entry: Path, manifest: bytes, config: bytes, meta: dict[str, Any]) -> None:

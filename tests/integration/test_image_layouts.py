@@ -14,7 +14,8 @@ import os
 import shutil
 import subprocess
 import tarfile
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,7 +28,7 @@ from atrium.distribution.publish import Publisher
 from atrium.errors import InvalidRequest
 from atrium.images.layout import LayoutSource
 from atrium.images.store import STAGING, ImageError, ImageStore, machine_arch
-from tests.integration.conftest import StartShell
+from tests.integration.conftest import RunningShell, StartShell, launch_shell
 from tests.integration.registry import running_registry
 from tests.integration.test_image_apps import CONFIG, httpd_layers
 from tests.integration.test_image_store import CONFIG_TYPE, Layer, digest_of
@@ -464,3 +465,63 @@ def test_the_cli_review_says_it_is_a_container_image_before_asking(
     assert declined.output.index(said[0]) < declined.output.index("Grant these permissions")
     with shell.client() as api:
         assert api.get(f"/api/apps/{APP}").status_code == 404
+
+
+@contextmanager
+def closing_shell(shell: RunningShell) -> Iterator[RunningShell]:
+    try:
+        yield shell
+    finally:
+        shell.stop()
+
+
+def test_an_export_carries_the_image_its_app_carried_to_another_machine(
+    start_shell: StartShell, home: Path, system_apps: Path, tmp_path: Path, built: Path
+) -> None:
+    """The installed copy keeps none of the layout's blobs, so the export carries the store's
+    copy of them back in its folder: another home, its image store empty, imports it, verifies
+    the blobs and runs the image (the import was refused, 'the image store has no sha256:…').
+    An entry with no copy (loaded before the store kept one) is not exported at all: an archive
+    that installs nowhere else is a trap."""
+    source = app_folder(tmp_path / "source", app_manifest(), built)
+    (source / "image" / "NOTES").write_text("the author's\n")
+    elsewhere = tmp_path / "elsewhere"
+    with start_shell().client(timeout=60) as api:
+        done = api.post("/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True})
+        assert done.status_code == 200, done.text
+        listed = api.get(f"/api/apps/{APP}").json()
+        digest = listed["manifest"]["runtime"]["image"].split("@")[1]
+        assert sorted(p.name for p in (Path(listed["path"]) / "image").iterdir()) == ["NOTES"]
+        archive = api.get(f"/api/dist/export/{APP}")
+        assert archive.status_code == 200, archive.text
+
+        shell = launch_shell(elsewhere, system_apps)  # another machine's home
+        with closing_shell(shell), shell.client(timeout=60) as other:
+            answer = other.post(
+                "/api/dist/import", params={"autoApprove": "1"}, content=archive.content
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["ok"] is True, answer.text
+            assert store_entries(elsewhere) == [digest.replace(":", "-")]
+            listed = other.get(f"/api/apps/{APP}").json()
+            assert listed["manifest"]["runtime"]["image"] == f"oci:image@{digest}"
+            assert sorted(p.name for p in (Path(listed["path"]) / "image").iterdir()) == ["NOTES"]
+            instance, url = open_view(other, APP)
+            assert instance["state"] in ("started", "resumed"), instance
+            client, location = enter(shell, url)
+            with closing(client):
+                assert client.get(location).text == "hello from the image\n"
+            # and its export carries the image on again
+            again = other.get(f"/api/dist/export/{APP}")
+            assert again.status_code == 200, again.text
+
+        # the store's copy gone (an entry from before it was kept): refused, naming why
+        shutil.rmtree(home / "images" / digest.replace(":", "-") / "layout")
+        refused = api.get(f"/api/dist/export/{APP}")
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["digest"], error["folder"]) == (
+            "image_not_kept",
+            digest,
+            "image",
+        )

@@ -278,6 +278,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ManifestInvalid: lambda: errors.ManifestInvalid(
         "com.example.a", [{"field": "version", "message": "not semver"}]
     ),
+    errors.ImageNotKept: lambda: errors.ImageNotKept(
+        "com.example.a", f"sha256:{'a' * 64}", "image"
+    ),
     errors.ExportTooLarge: lambda: errors.ExportTooLarge(
         "com.example.a", "data/com.example.a-1/big", 2**40, 2**40, 2**36, "too big"
     ),
