@@ -20,10 +20,16 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from atrium.images.store import ImageStore
+from atrium.images.store import ImageStore, entry_name
 from atrium.lifecycle.runners.image import image_ids
 from atrium.lifecycle.runners.process import descendants
-from tests.integration.conftest import RunningShell, StartShell, serving, wait_for
+from tests.integration.conftest import (
+    RunningShell,
+    StartShell,
+    launch_shell,
+    serving,
+    wait_for,
+)
 from tests.integration.registry import Registry, running_registry
 from tests.integration.test_image_store import Layer, busybox_layers, push_image
 from tests.integration.test_origins import enter, open_view
@@ -455,3 +461,30 @@ def test_an_image_app_described_by_its_index_entry_installs_reviewed_and_updates
         taken = api.post(f"/api/dist/update/{APP}", json={"approve": True})
         assert taken.status_code == 200, taken.text
         assert api.get(f"/api/apps/{APP}").json()["manifest"]["version"] == "1.1.0"
+
+
+def test_an_exported_image_app_is_pulled_again_where_the_store_lacks_it(
+    start_shell: StartShell, system_apps: Path, tmp_path: Path, registry: Registry, httpd: str
+) -> None:
+    """A pulled image is not in the export: another home, its image store empty, pulls the
+    pinned digest from the registry the manifest names when it imports the app."""
+    source = tmp_path / "source" / APP
+    source.mkdir(parents=True)
+    (source / "app.manifest.json").write_text(json.dumps(manifest(registry, httpd)))
+    with start_shell().client(timeout=60) as api:
+        done = api.post("/api/dist/install", json={"ref": f"local:{source}", "autoApprove": True})
+        assert done.status_code == 200, done.text
+        archive = api.get(f"/api/dist/export/{APP}")
+        assert archive.status_code == 200, archive.text
+    elsewhere = tmp_path / "elsewhere"
+    shell = launch_shell(elsewhere, system_apps)  # another machine's home
+    try:
+        with shell.client(timeout=60) as other:
+            answer = other.post(
+                "/api/dist/import", params={"autoApprove": "1"}, content=archive.content
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["ok"] is True, answer.text
+            assert (elsewhere / "images" / entry_name(httpd) / "rootfs").is_dir()
+    finally:
+        shell.stop()
