@@ -28,7 +28,7 @@ from atrium.files import write_atomic
 from atrium.images.config import ConfigInvalid, image_port
 from atrium.images.layout import INDEX_FILE, LAYOUT_FILE, LayoutSource
 from atrium.images.store import LAYOUT, ImageError, ImageStore, StoredImage
-from atrium.manifest import MANIFEST_FILE, Manifest, parse_manifest
+from atrium.manifest import MANIFEST_FILE, Manifest, Runtime, parse_manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +48,26 @@ async def pin_image(
     *,
     docker_config: Path | None,
     reach: Reach | None,
-    held: str | None = None,
+    held: Runtime | None = None,
 ) -> PinnedImage:
     """Resolve ``runtime.image`` to a digest (a tag asks the registry once), pull it into the
     store (or load it from the layout the app carries, which then leaves ``app_dir``) and write
     the pinned reference into the staged manifest in ``app_dir``: what the user reviews is what
-    runs. FetchFailed when the registry, the layout or the image says no. ``held``: the digest
-    the copy this one replaces (same app, same scope) is pinned to, the only carried image a
-    tree without its layout may take from the store."""
+    runs. FetchFailed when the registry, the layout or the image says no. ``held``: the runtime
+    of the copy this one replaces (same app, same scope): the one image the store gives without
+    proof, to a tree without its layout or naming the same registry image (any other digest the
+    store holds is asked of its registry, as this pipeline's caller, before it is used)."""
     runtime = manifest.runtime
     if runtime is None:  # pragma: no cover - called for image apps only
         raise ValueError(f"{manifest.id} is not an image app")
     if runtime.layout is not None:
         stored, pin = await _carried(
-            runtime.image, runtime.layout, runtime.digest, app_dir, store, held
+            runtime.image,
+            runtime.layout,
+            runtime.digest,
+            app_dir,
+            store,
+            None if held is None else held.digest,
         )
         return await _pinned(manifest, app_dir, stored, pin, carried=True)
     registry, repository, tag, digest = runtime.parts()
@@ -71,7 +77,8 @@ async def pin_image(
                 registry, repository, docker_config=docker_config, reach=reach
             ) as client:
                 digest = (await client.manifest(tag or "latest")).digest
-        image = await store.pull(registry, repository, digest, reach=reach)
+        known = held is not None and held.image == f"{registry}/{repository}@{digest}"
+        image = await store.pull(registry, repository, digest, reach=reach, known=known)
     except RegistryError as err:
         raise FetchFailed(runtime.image, err.reason) from err
     except ImageError as err:

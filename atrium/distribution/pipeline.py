@@ -494,11 +494,10 @@ class Distribution:
         """An image app's image pulled and pinned in the staged manifest (`pin_image`)."""
         if manifest.runtime is None:
             return None
-        # the image the copy being replaced runs: the one carried image a tree without its
-        # layout may take from the store
+        # the image the copy being replaced runs: the one the store gives without proof
         held = next(
             (
-                c.manifest.runtime.digest
+                c.manifest.runtime
                 for c in self._registry.copies(manifest.id)
                 if c.scope == scope and c.manifest is not None and c.manifest.runtime is not None
             ),

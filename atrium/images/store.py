@@ -528,12 +528,22 @@ class ImageStore:
         return swept
 
     async def pull(
-        self, registry: str, repository: str, digest: str, *, reach: Reach | None = None
+        self,
+        registry: str,
+        repository: str,
+        digest: str,
+        *,
+        reach: Reach | None = None,
+        known: bool = False,
     ) -> StoredImage:
         """The image ``registry/repository@digest``, from the store or pulled into it.
 
         ``reach``: whose pull this is (a member's connects only where a member's fetch may, without
-        the shell's registry logins: `atrium.distribution.reach`); None is the shell's own."""
+        the shell's registry logins: `atrium.distribution.reach`); None is the shell's own. An
+        entry the store holds is used once that registry gives this caller the manifest by its
+        digest: the store holds every app's and user's images (some pulled with the shell's
+        logins), and a digest is no proof of access. ``known``: the caller already runs this
+        very image (the copy it replaces pins it), so the store's entry is used as it is."""
 
         async def fetch(staging: Path) -> StoredImage:
             async with RegistryClient(
@@ -543,7 +553,15 @@ class ImageStore:
                     client, digest, staging, f"{registry}/{repository}", REGISTRY_TYPES
                 )
 
-        return await self._stored(digest, fetch, None)
+        async def verify() -> None:
+            async with RegistryClient(
+                registry, repository, docker_config=self.docker_config, reach=reach
+            ) as client:
+                served = await client.manifest(digest)
+            if served.digest != digest:
+                raise ImageError(f"{registry}/{repository} serves {served.digest}, not {digest}")
+
+        return await self._stored(digest, fetch, None if known else verify)
 
     async def load(self, source: BlobSource, digest: str, origin: str) -> StoredImage:
         """The image ``digest`` from an OCI image layout an app carries

@@ -216,6 +216,20 @@ def test_an_image_app_installs_pinned_after_a_plain_review_and_a_killed_shell_le
         assert done.json()["ok"] is True
         listed = api.get(f"/api/apps/{APP}").json()
         assert listed["manifest"]["runtime"]["image"] == f"{registry.host}/apps/httpd@{httpd}"
+        # another app naming that digest at a repository that does not serve it gets nothing
+        # from the store: a digest is no proof that the registry gives it to this caller
+        borrower = tmp_path / "borrower" / "test.image.borrower"
+        borrower.mkdir(parents=True)
+        runtime["image"] = f"{registry.host}/apps/elsewhere@{httpd}"
+        (borrower / "app.manifest.json").write_text(
+            json.dumps({**described, "id": "test.image.borrower"})
+        )
+        refused = api.post(
+            "/api/dist/install", json={"ref": f"local:{borrower}", "autoApprove": True}
+        )
+        assert refused.status_code == 502, refused.text
+        assert refused.json()["error"]["code"] == "fetch_failed"
+        assert api.get("/api/apps/test.image.borrower").status_code == 404
         instance = api.post("/api/instances", json={"appId": APP}).json()
         assert instance["state"] == "started", instance
         iid = instance["instanceId"]

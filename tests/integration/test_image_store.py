@@ -277,14 +277,23 @@ async def test_busybox_is_pulled_verified_and_unpacked_with_whiteouts(
     assert again.files == image.files
 
 
-async def test_a_second_pull_needs_no_registry(
+async def test_a_second_pull_asks_the_registry_unless_its_copy_already_runs_it(
     registry: Registry, busybox: str, tmp_path: Path
 ) -> None:
     store = ImageStore(tmp_path / "images")
     first = await store.pull(registry.host, "apps/busybox", busybox)
     inode = first.rootfs.stat().st_ino
-    # an address where nothing listens: the stored entry is used without asking
-    again = await store.pull(f"127.0.0.1:{free_port()}", "apps/busybox", busybox)
+    # an address where nothing listens: the stored entry is used without asking by the copy
+    # that already runs it, and refused to anyone else (a digest is no proof of access)
+    again = await store.pull(f"127.0.0.1:{free_port()}", "apps/busybox", busybox, known=True)
+    assert again.reused
+    assert again.rootfs.stat().st_ino == inode
+    with pytest.raises(ImageError, match="cannot reach the registry"):
+        await store.pull(f"127.0.0.1:{free_port()}", "apps/busybox", busybox)
+    # a repository that does not serve the digest gives nothing, though the store holds it
+    with pytest.raises(ImageError):
+        await store.pull(registry.host, "apps/elsewhere", busybox)
+    again = await store.pull(registry.host, "apps/busybox", busybox)
     assert again.reused
     assert again.rootfs.stat().st_ino == inode
 
