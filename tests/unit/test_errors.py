@@ -297,6 +297,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ShuttingDown: errors.ShuttingDown,
     errors.DatabaseUnavailable: lambda: errors.DatabaseUnavailable("postgresql"),
     errors.DatabaseLost: lambda: errors.DatabaseLost("no answer within 1.5 s"),
+    errors.InstanceElsewhere: lambda: errors.InstanceElsewhere(
+        "runs on another shell", instanceId="com.example.a-1", shell="node2"
+    ),
     errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
     errors.StorageFailed: lambda: errors.StorageFailed("I/O error", path="/h/kv.sqlite3"),
     errors.StorageDamaged: lambda: errors.StorageDamaged("damaged", path="/h/kv.sqlite3"),
