@@ -284,6 +284,7 @@ def take_over_pods(
     takeover = Takeover(lifecycle, runner, db, rows, coordination)  # type: ignore[arg-type]
     takeover.start()
     stack.push_async_callback(takeover.close)
+    coordination.on_regain(lifecycle.let_go_of_taken)
 
 
 async def open_rows(

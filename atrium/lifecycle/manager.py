@@ -519,6 +519,38 @@ class LifecycleManager(InstanceIndex):
             adopted.append(instance)
         return adopted
 
+    async def let_go_of_taken(self) -> None:
+        """After a loss of the database: the instances whose rows another shell holds now (it
+        took them over while this one was cut off) leave this shell without a hook and with
+        their servers left running (atrium.lifecycle.takeover)."""
+        rows = self.rows
+        if rows is None:
+            return
+        holders = await rows.shells_of([instance.id for instance in self.all()])
+        for instance in self.all():
+            holder = holders.get(instance.id)
+            if holder is None or holder == rows.shell:
+                continue
+            _LOGGER.warning(
+                "%s %s: taken over by %s while this shell was cut off: let go",
+                instance.app_id,
+                instance.id,
+                holder,
+            )
+            rows.discard(instance.id)
+            child = instance.child
+            self._booter.detach(instance)
+            forget = getattr(self._booter.runner, "forget", None)
+            if child is not None and forget is not None:
+                forget(child)
+            self._forget_kept(instance)
+
+    def _forget_kept(self, instance: Instance) -> None:
+        instance.views.clear()
+        self.pool.forget(instance)
+        self.headless.forget(instance)
+        self.drop(instance, keep_row=True)
+
     def adopt_one(self, instance: Instance, survivor: Survivor) -> None:
         """``instance`` (new, in `installed`; the caller holds its lock) takes the server
         ``survivor`` over and is `started` without a hook (they ran when the server started)."""

@@ -269,6 +269,20 @@ class InstanceRows:
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.slug.not_in(live)))
         return len(left)
 
+    async def shells_of(self, ids: list[str]) -> dict[str, str]:
+        """The shell whose row each of ``ids`` has (those with a row)."""
+        if not ids:
+            return {}
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(instances.c.id, instances.c.shell).where(instances.c.id.in_(ids))
+            )
+            return {row.id: row.shell for row in found}
+
+    def discard(self, instance_id: str) -> None:
+        """Write nothing more of the instance (another shell holds its row now)."""
+        self._dirty.pop(instance_id, None)
+
     async def shell_of(self, instance_id: str) -> str | None:
         """The shell whose row the instance has (None: no row)."""
         async with self._db.connect() as conn:

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -140,6 +140,7 @@ class Coordination:
         self._lost: str | None = None
         self._on_lead: list[Callable[[], None]] = []
         self._on_unlead: list[Callable[[], None]] = []
+        self._on_regain: list[Callable[[], Awaitable[None]]] = []
         self._beacon: AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
         #: the key of this shell's own lock, held by the beacon's session while it lives
@@ -256,6 +257,35 @@ class Coordination:
             except Exception:
                 _LOGGER.exception("a leader callback failed")
 
+    def on_regain(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await ``callback`` when this shell reaches the database again after a loss, before
+        it acts again (it holds its shell lock by then: see `_regain`)."""
+        self._on_regain.append(callback)
+
+    async def _connect(self) -> AsyncConnection:
+        engine = self._engine
+        if engine is None:  # pragma: no cover - started only when shared
+            raise RuntimeError("no lock engine")
+        async with asyncio.timeout(PING_TIMEOUT * 2):
+            self._beacon = beacon = await engine.connect()
+        self._shell_held = False
+        if self._lost is not None:
+            await self._regain(beacon)
+        self._lost = None
+        return beacon
+
+    async def _regain(self, beacon: AsyncConnection) -> None:
+        """Back after a loss: the shell lock first (while it was free, another shell may have
+        taken this one's instances over, and must not start to while this one acts again),
+        then the callbacks (the instances taken over are let go); `lost` stays set meanwhile,
+        so nothing acts."""
+        while self._shell_key is not None and not self._shell_held:
+            await self._hold_shell(beacon)
+            if not self._shell_held:
+                await asyncio.sleep(LEADER_RETRY)
+        for callback in self._on_regain:
+            await callback()
+
     async def _hold_shell(self, beacon: AsyncConnection) -> None:
         if self._shell_key is not None and not self._shell_held:
             # its last run's session may linger a moment: asked again each turn
@@ -264,15 +294,9 @@ class Coordination:
             )
 
     async def _beacon_loop(self, first: asyncio.Future[None]) -> None:
-        engine = self._engine
-        if engine is None:  # pragma: no cover - started only when shared
-            return
         while True:
             try:
-                async with asyncio.timeout(PING_TIMEOUT * 2):
-                    self._beacon = await engine.connect()
-                self._lost = None
-                self._shell_held = False
+                self._beacon = await self._connect()
                 while True:
                     await self._hold_shell(self._beacon)
                     if self.is_leader:

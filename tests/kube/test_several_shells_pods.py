@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from atrium.identity import new_token
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.states import InstanceState
+from atrium.state.locks import lock_key
 from atrium.state.migrate import upgrade_now
 from atrium.state.schema import events, instances
 from tests.integration.conftest import RunningShell, launch_shell, serving, wait_for
@@ -76,6 +77,9 @@ def test_a_pods_crash_is_one_app_crashed_and_its_row_says_error(
         assert api.post(f"/api/instances/{iid}/reset").status_code == 200
         assert two.shell.lifecycle.find(iid) is None
     assert crashes(url, iid) == 1
+    # one lives: two sees its shell lock held, and takes nothing over
+    name = one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    assert two.on_loop(two.shell.coordination.shells_alive({name, "gone"})) == {name}
 
 
 @dataclass
@@ -188,3 +192,84 @@ def test_a_killed_shells_instance_is_taken_over_with_its_pod_and_its_views(
     finally:
         if two is not None and two.thread.is_alive():
             two.stop()
+
+
+def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_calls_no_hook(
+    kube_shells: StartShell,
+) -> None:
+    """Shell 1's beacon session ended and its shell lock held by someone else (as when its link
+    is cut until the server ends its sessions): shell 2 takes its instance over; shell 1, back,
+    lets the instance go before it acts again, without a hook, a row or a crash of its own."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        boot = api.get(f"/api/proxy/{iid}/boot").json()
+        _, view_url = new_view(api, iid)
+    uid = site_pod_uid(one, iid)
+    key = lock_key("shell", one.shell.lifecycle.rows.shell)  # type: ignore[union-attr]
+    coordination = one.shell.coordination
+    cut = Cut(coordination._engine)
+    engine = sa.create_engine(url)
+    try:
+        # one's link cut: its sessions end at the server (its shell lock with them) and it
+        # cannot connect again until the cut ends (the network namespaces of the failover test
+        # cut a real link; here the lock sessions' engine refuses)
+        coordination._engine = cut  # type: ignore[assignment]
+        with engine.connect() as conn:
+            hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1"
+                ),
+                {"hi": hi, "lo": lo},
+            )
+            conn.commit()
+
+        def taken() -> bool:
+            instance = two.shell.lifecycle.find(iid)
+            return instance is not None and instance.state is InstanceState.STARTED
+
+        wait_for(taken, "two takes the cut-off shell's instance over", 15)
+        assert coordination.lost is not None  # one acts on nothing meanwhile
+        cut.over = True
+        wait_for(lambda: one.shell.lifecycle.find(iid) is None, "one lets the instance go", 15)
+        wait_for(lambda: coordination.lost is None, "one back", 15)
+    finally:
+        cut.over = True
+        engine.dispose()
+    with closing(enter(two, view_url)) as on_two:
+        assert on_two.get("/boot").json() == boot  # the same process: no hook called again
+    assert site_pod_uid(one, iid) == uid
+    assert row_of(url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    assert crashes(url, iid) == 0
+    with one.client(timeout=SLOW) as api:
+        assert api.post(f"/api/instances/{iid}/stop").status_code == 404
+    assert two.shell.lifecycle.get(iid).state is InstanceState.STARTED
+
+
+class Cut:
+    """An engine whose new connections are refused until ``over``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.over = False
+
+    async def connect(self) -> Any:
+        if not self.over:
+            raise ConnectionRefusedError("the link is cut")
+        return await self.engine.connect()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def site_pod_uid(shell: RunningShell, iid: str) -> str:
+    async def read() -> str:
+        runner: Any = shell.shell.lifecycle._booter.runner
+        pod = await runner.read_pod(render.pod_name(iid))
+        return str(pod["metadata"]["uid"])
+
+    uid: str = shell.on_loop(read())
+    return uid
