@@ -279,10 +279,23 @@ class Coordination:
         taken this one's instances over, and must not start to while this one acts again),
         then the callbacks (the instances taken over are let go); `lost` stays set meanwhile,
         so nothing acts."""
-        while self._shell_key is not None and not self._shell_held:
+        key = self._shell_key
+        while key is not None and not self._shell_held:
             await self._hold_shell(beacon)
             if not self._shell_held:
-                await asyncio.sleep(LEADER_RETRY)
+                # held by this shell's own last session, which the server has not ended yet
+                # (a short cut): ended now rather than after its keepalives (no other shell
+                # holds this name: one shell per home)
+                await _scalar(
+                    beacon,
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+                    " WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+                    " AND classid::bigint = :hi AND objid::bigint = :lo"
+                    " AND pid <> pg_backend_pid()",
+                    hi=(key >> 32) & 0xFFFFFFFF,
+                    lo=key & 0xFFFFFFFF,
+                )
+                await asyncio.sleep(0.1)
         for callback in self._on_regain:
             await callback()
 

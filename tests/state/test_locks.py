@@ -259,3 +259,34 @@ async def test_a_shell_whose_link_goes_silent_stops_within_5_s(pg_url: str) -> N
                 pass
             await lock_a.__aexit__(None, None, None)
     assert took < STOPS_WITHIN
+
+
+async def test_a_shells_own_lock_says_it_lives_and_is_taken_back_before_it_acts_again(
+    pg_url: str,
+) -> None:
+    """The shell lock (`hold_shell`) tells the others a shell lives; back after a loss, a
+    shell holds it again, ending a session of its own that still held it (a short cut the
+    server had not noticed yet), and runs its regain callbacks, before it counts as back."""
+    regained: list[bool] = []
+    async with shell(pg_url, "a", start=False) as a, shell(pg_url, "b") as b:
+        a.hold_shell("home-a")
+        await a.start()
+        assert await b.shells_alive({"home-a", "home-b"}) == {"home-a"}
+
+        async def back() -> None:
+            regained.append(a.lost is not None)  # still lost while the callbacks run
+
+        a.on_regain(back)
+        key = lock_key("shell", "home-a")
+        terminate(pg_url, "a")
+        # a session that holds a's name, as its last beacon's would if the server had not
+        # ended it yet
+        with psycopg.connect(conninfo(pg_url), autocommit=True) as lingering:
+            lingering.execute("SELECT pg_advisory_lock(%s)", (key,))
+            await until(lambda: a.lost is not None)
+            await until(lambda: a.lost is None)
+            assert regained == [True]
+            assert [g for _, g, n in holders(pg_url, key)] == [True]
+            with pytest.raises(psycopg.OperationalError):
+                lingering.execute("SELECT 1")
+        assert await b.shells_alive({"home-a"}) == {"home-a"}
