@@ -7,16 +7,20 @@ looks at a path and then acts on the same path can be pointed elsewhere in betwe
 checked as regular and then opened, chmod-ed or chown-ed by name may meanwhile be a link to any
 host file. So nothing here acts on a path it checked before:
 
-- each entry is looked up once, ``O_PATH|O_NOFOLLOW`` relative to its folder's descriptor: that
-  descriptor is the entry (a link is the link itself, a FIFO or a device is not opened), and
-  ``fstat`` on it says what it is; whatever the entry is then is what is copied, through that
-  descriptor alone, so a name swapped meanwhile changes nothing;
-- a folder is reopened from it (``/proc/self/fd``) to be listed (``os.scandir(fd)``), so a folder
-  swapped for a link is never entered and its entries are the ones of the folder looked up;
-- a regular file is reopened from it (``O_NONBLOCK|O_NOCTTY``) and read; its bytes are copied up
-  to the length that ``fstat`` gave, the regions holding data only (a hole stays a hole: a long
-  empty file costs the copy no disk, a file lengthened meanwhile no endless copy);
-- a link is read from it (``readlinkat`` with an empty name) and written as a link, never
+- each entry is copied as what ``fstat`` on one descriptor of it says it is, through that
+  descriptor alone, so a name swapped meanwhile changes nothing: a name the listing calls a
+  folder or a regular file is opened to be read, ``O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` relative to
+  its folder's descriptor (a FIFO swapped in is closed unread; an app cannot make a device
+  node); a name the listing calls anything else, or whose open found a link (``ELOOP``) or a
+  socket, is looked up as the entry itself, ``O_PATH|O_NOFOLLOW`` (a link is the link itself,
+  nothing is opened), and that lookup is final: a folder or file it found is reopened from it
+  (``/proc/self/fd``, the same inode);
+- a folder is listed through its own descriptor (``os.scandir(fd)``), so a folder swapped for a
+  link is never entered and its entries are the ones of the folder opened;
+- a regular file's bytes are copied up to the length that ``fstat`` gave, the regions holding
+  data only (a hole stays a hole: a long empty file costs the copy no disk, a file lengthened
+  meanwhile no endless copy);
+- a link is read from its lookup (``readlinkat`` with an empty name) and written as a link, never
   followed; sockets, FIFOs and devices are skipped (or refused, by the caller's rules);
 - every target is created relative to its parent's descriptor (``O_EXCL|O_NOFOLLOW``), and mode,
   owner and times are set on the target's own descriptor (``fchown`` before ``fchmod``: a chown
@@ -144,16 +148,20 @@ class _Walk:
         if depth > MAX_DEPTH:
             raise OSError(errno.ELOOP, f"{rel} is more than {MAX_DEPTH} folders deep")
         with os.scandir(src) as listing:
-            names = sorted(entry.name for entry in listing)
-        for name in names:
+            entries = sorted((entry.name, _listed_kind(entry)) for entry in listing)
+        for name, listed in entries:
             here = f"{rel}/{name}" if rel else name
             if not self.rules.skip(here):
-                self.entry(src, dst, name, prefix, here, depth)
+                self.entry(src, dst, name, listed, prefix, here, depth)
 
-    def entry(self, src: int, dst: int, name: str, prefix: str, rel: str, depth: int) -> None:
-        """Look ``name`` up once and copy what it is then, through that lookup alone."""
+    def entry(
+        self, src: int, dst: int, name: str, listed: str, prefix: str, rel: str, depth: int
+    ) -> None:
+        """Open ``name`` and copy what the descriptor is. A folder or file the listing named is
+        opened to be read (``O_NOFOLLOW``: one that is a link now fails); anything else, and
+        such a failure, is looked up as the entry itself (``O_PATH``), and that is final."""
         try:
-            found = os.open(name, LOOKUP, dir_fd=src)
+            found, opened = _open_entry(src, name, listed)
         except FileNotFoundError:
             return  # gone since the listing
         try:
@@ -161,20 +169,27 @@ class _Walk:
             kind = _kind(info.st_mode)
             if self.rules.leave_out is not None and self.rules.leave_out(rel, kind == _DIR):
                 return
-            if kind == _DIR:
-                self.subfolder(found, info, dst, name, prefix, rel, depth)
-            elif kind == _FILE:
-                self.file(found, info, dst, name, prefix, rel)
-            elif kind == _LINK:
+            if kind == _LINK:  # (only a lookup gives a link)
                 self.link(found, info, dst, name, rel)
+            elif kind in (_DIR, _FILE):
+                flags = REOPEN_DIR if kind == _DIR else REOPEN_FILE
+                fd = found if opened else _reopen(found, flags, info)
+                try:
+                    if kind == _DIR:
+                        self.subfolder(fd, info, dst, name, prefix, rel, depth)
+                    else:
+                        self.file(fd, info, dst, name, prefix, rel)
+                finally:
+                    if fd != found:
+                        os.close(fd)
             elif self.rules.special is not None:
-                self.rules.special(rel)
+                self.rules.special(rel)  # (a FIFO opened since the listing: closed unread)
         finally:
             os.close(found)
 
     def subfolder(
         self,
-        found: int,
+        child: int,
         info: os.stat_result,
         dst: int,
         name: str,
@@ -182,33 +197,25 @@ class _Walk:
         rel: str,
         depth: int,
     ) -> None:
-        child = _reopen(found, REOPEN_DIR, info)
+        os.mkdir(name, 0o700, dir_fd=dst)
+        made = os.open(name, DIR_FLAGS, dir_fd=dst)
         try:
-            os.mkdir(name, 0o700, dir_fd=dst)
-            made = os.open(name, DIR_FLAGS, dir_fd=dst)
-            try:
-                self.folder(child, made, prefix, rel, depth + 1)
-                _own(made, info, self.rules, None)
-            finally:
-                os.close(made)
+            self.folder(child, made, prefix, rel, depth + 1)
+            _own(made, info, self.rules, None)
         finally:
-            os.close(child)
+            os.close(made)
 
     def file(
-        self, found: int, info: os.stat_result, dst: int, name: str, prefix: str, rel: str
+        self, fd: int, info: os.stat_result, dst: int, name: str, prefix: str, rel: str
     ) -> None:
-        fd = _reopen(found, REOPEN_FILE, info)
+        info = os.fstat(fd)
+        out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
         try:
-            info = os.fstat(fd)
-            out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
-            try:
-                self.data(fd, out, info.st_size)
-                _own(out, info, self.rules, None)
-                size = os.fstat(out).st_size
-            finally:
-                os.close(out)
+            self.data(fd, out, info.st_size)
+            _own(out, info, self.rules, None)
+            size = os.fstat(out).st_size
         finally:
-            os.close(fd)
+            os.close(out)
         self.copied.files += 1
         self.copied.bytes += size
         self.copied.sizes[f"{prefix}/{rel}" if prefix else rel] = size
@@ -295,6 +302,34 @@ def _own(fd: int, info: os.stat_result, rules: Rules, mode: int | None) -> None:
             mode |= rules.folder_bits
     os.fchmod(fd, mode)
     os.utime(fd, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def _open_entry(folder: int, name: str, listed: str) -> tuple[int, bool]:
+    """A descriptor of the entry ``name`` of ``folder`` and whether it is open to be read (else
+    an ``O_PATH`` lookup of the entry itself: a link, a special file, or what a name the listing
+    called a folder or a file is since)."""
+    if listed in (_DIR, _FILE):
+        try:
+            return os.open(name, FILE_FLAGS, dir_fd=folder), True
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.ENXIO):  # a link, a socket now
+                raise
+    return os.open(name, LOOKUP, dir_fd=folder), False
+
+
+def _listed_kind(entry: os.DirEntry[str]) -> str:
+    """The kind the listing gives (``d_type``; an ``lstat`` relative to the folder without it):
+    a hint of how to open the entry, never trusted for what it is."""
+    try:
+        if entry.is_symlink():
+            return _LINK
+        if entry.is_dir(follow_symlinks=False):
+            return _DIR
+        if entry.is_file(follow_symlinks=False):
+            return _FILE
+    except OSError:
+        pass  # gone or unreadable: the lookup says
+    return _SPECIAL
 
 
 def _kind(mode: int) -> str:
