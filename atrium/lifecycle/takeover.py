@@ -141,10 +141,32 @@ class Takeover:
                 try:
                     survivor = await self._runner.take_over(row.ref)
                 except SpawnFailed as err:
+                    if err.fields.get("cause") != "exited":
+                        raise
                     _LOGGER.warning("%s %s: %s", row.app_id, row.id, err.message)
                     instance.mark_crashed(-1, "exited")
                     instance.error = f"its pod ended while no shell held it: {err.message}"
                     return True
+                except Exception as err:  # noqa: BLE001 - any failure: tried again later
+                    # the API refused or failed (a Role without 'patch', an outage): the row
+                    # goes back to the gone shell and the next look tries again; the pod runs on
+                    won = False
+                    async with instance.lock.transaction() as tx:
+                        await tx.execute(
+                            sa.update(instances)
+                            .where(
+                                (instances.c.id == row.id) & (instances.c.shell == self._rows.shell)
+                            )
+                            .values(shell=row.shell)
+                        )
+                    _LOGGER.warning(
+                        "%s %s: not taken over this time (%s: %s)",
+                        row.app_id,
+                        row.id,
+                        type(err).__name__,
+                        getattr(err, "message", err),
+                    )
+                    return False
                 for view in opened:
                     instance.views[view.id] = View(
                         view.id, "", view.path, user=view.user_id, digest=view.hash

@@ -163,6 +163,8 @@ def test_a_killed_shells_instance_is_taken_over_with_its_pod_and_its_views(
             on_two = enter(two, view_url)  # two serves one's pod from its row
             assert on_two.get("/boot").json()["boot"] == boot["boot"]
             assert row_of(site.url, iid).shell != two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+            # the first try is refused (as by a Role without 'patch'): no crash, tried again
+            site.cluster.fail_next("PATCH", rf"/pods/{render.pod_name(iid)}$", 403)
             one.proc.kill()
             one.proc.wait()
 
@@ -184,6 +186,8 @@ def test_a_killed_shells_instance_is_taken_over_with_its_pod_and_its_views(
             render.shell_key(str(tmp_path / "two"), site.namespace)
         )
         assert row_of(site.url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+        assert crashes(site.url, iid) == 0
+        assert not site.cluster.api.faults  # the refusal was met
         with two.client(timeout=SLOW) as api:
             shown = api.get(f"/api/instances/{iid}")
             assert shown.status_code == 200, shown.text
