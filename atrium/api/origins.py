@@ -33,6 +33,7 @@ from atrium.identity import CALLER_SCOPE_KEY, AppCaller
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING, InstanceState
+from atrium.lifecycle.views import is_local_path
 from atrium.manifest import Manifest
 from atrium.shell import Shell
 from atrium.state.instances import SHARED_NETWORK, InstanceRow
@@ -426,7 +427,7 @@ class AppOrigins:
             raise Unauthenticated("the view ticket is unknown, used or expired; ask for a new view")
         await AppOrigins._looking(shell, instance, view)  # its user may still see the instance
         path = request.query_params.get("path") or view.path
-        if not path.startswith("/") or path.startswith("//"):
+        if not is_local_path(path):
             path = "/"
         response = RedirectResponse(path, status_code=303)
         # SameSite=None + Secure: the app origin is another site than the host page, and its

@@ -30,6 +30,15 @@ _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
 
 
+def is_local_path(path: str) -> bool:
+    """A path the app origin may redirect a view to: one a browser cannot read as another
+    site's address (``//host``, ``/\\host`` which browsers read alike, or either with tabs,
+    newlines or other control characters between, which browsers drop from a URL)."""
+    if not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return False
+    return not any(ord(char) < 0x20 or ord(char) == 0x7F for char in path)
+
+
 class ViewHost(Protocol):
     """What views need of the lifecycle manager."""
 
@@ -61,8 +70,11 @@ class ViewDesk:
         """A view and its one-time ticket; the instance must be serving. ``user`` is who opens
         it (the instance's owner when None)."""
         instance = self._host.get(instance_id)
-        if not path.startswith("/") or path.startswith("//"):
-            raise InvalidRequest(f"view path {path!r} must start with a single '/'")
+        if not is_local_path(path):
+            raise InvalidRequest(
+                f"view path {path[:200]!r} must start with a single '/' and hold no '\\' "
+                "or control character (a browser would read it as another site's address)"
+            )
         if instance.state not in SERVING:
             raise NotServing(
                 instance.id,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import pytest
@@ -384,6 +384,36 @@ def test_the_app_origin_page_reflects_nothing_and_links_only_to_the_shells_own_n
         answer = httpx.get(shell.url + "/", headers={"Host": host, "Accept": HTML}, timeout=30)
         assert answer.status_code in (400, 421), (host, answer.text)
         assert not answer.headers.get("content-type", "").startswith("text/html"), answer.text
+
+
+def test_a_view_path_a_browser_reads_as_another_site_is_never_a_redirect(
+    start_shell: StartShell, system_apps: Path
+) -> None:
+    """Browsers read ``/\\host`` as ``//host``, and drop tabs and newlines from a URL: a view's
+    path (given when the view is made, or in ``/_os/enter?path=``) of that kind would send the
+    user's frame off to another site through the app origin's redirect."""
+    add_test_apps(system_apps, ECHO)
+    shell = start_shell()
+    evil = ["/\\evil.example/", "/\t/evil.example/", "/\n/evil.example/", "/\x7f/x"]
+    with shell.client(timeout=30) as api:
+        instance = api.post("/api/instances", json={"appId": ECHO, "new": True}).json()
+        views = f"/api/instances/{instance['instanceId']}/views"
+        for path in evil:
+            refused = api.post(views, json={"path": path})
+            assert refused.status_code == 400, (path, refused.text)
+            assert "path" in refused.json()["error"]["message"], refused.text
+        for path in evil:
+            view = api.post(views, json={"path": "/"}).json()
+            url = urlsplit(view["url"])
+            ticket = parse_qs(url.query)["ticket"][0]
+            entered = httpx.get(
+                shell.url + url.path,
+                params={"ticket": ticket, "path": path},
+                headers={"Host": url.netloc},
+                timeout=30,
+            )
+            assert entered.status_code == 303, entered.text
+            assert entered.headers["location"] == "/", (path, entered.headers["location"])
 
 
 # ---- 4. the dev problems alert ------------------------------------------------------------------
