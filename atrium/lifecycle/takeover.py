@@ -55,6 +55,8 @@ class Takeover:
         self._rows = rows
         self._coordination = coordination
         self._task: asyncio.Task[None] | None = None
+        #: the instances said to be impossible to take over here (said once each, not each second)
+        self._told: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="pod takeover")
@@ -108,18 +110,22 @@ class Takeover:
                 taken.append(row.id)
         return taken
 
+    def _tell(self, instance_id: str, why: str) -> None:
+        if instance_id not in self._told:
+            self._told.add(instance_id)
+            _LOGGER.warning(
+                "%s cannot be taken over here (tried again each second): %s", instance_id, why
+            )
+
     async def _take(self, row: Any) -> bool:
         manager = self._manager
         if manager.find(row.id) is not None:
-            _LOGGER.warning(
-                "%s: a gone shell's instance has the id of one of this shell's: not taken over",
-                row.id,
-            )
+            self._tell(row.id, "a gone shell's instance has the id of one of this shell's")
             return False
         try:
             instance = manager.new_instance(row.app_id, row.id, owner=row.owner, slug=row.slug)
         except AtriumError as err:
-            _LOGGER.warning("%s cannot be taken over here: %s", row.id, err.message)
+            self._tell(row.id, err.message)
             return False
         won = False
         try:
