@@ -40,8 +40,10 @@ from atrium.api.server import ShellServer
 from atrium.identity import new_token
 from atrium.settings import Settings
 from atrium.shell import Shell
+from atrium.state.migrate import upgrade_now
 from atrium.users.model import Role
 from tests.conftest import REPO_DIR, TESTS_DIR
+from tests.postgres import new_database
 
 DEADLINE = 15.0
 MIB = 1024 * 1024
@@ -181,6 +183,26 @@ def launch_shell(home: Path, system_apps: Path, **overrides: Any) -> RunningShel
             raise TimeoutError("the shell did not start in time")
         time.sleep(0.01)
     return RunningShell(server, token, thread, errors, loops[0])
+
+
+@contextmanager
+def shells_on_one_database(
+    postgres_server: str, root: Path, system_apps: Path, count: int = 2
+) -> Iterator[list[RunningShell]]:
+    """``count`` shells, each with its own home under ``root``, on one new PostgreSQL database
+    (several shells behind a balancer); stopped at the end."""
+    url = new_database(postgres_server)
+    upgrade_now(url)
+    shells: list[RunningShell] = []
+    try:
+        for n in range(count):
+            home = root / f"shell{n + 1}"
+            home.mkdir(mode=0o700)
+            shells.append(launch_shell(home, system_apps, database_url=url))
+        yield shells
+    finally:
+        for shell in shells:
+            shell.stop()
 
 
 @pytest.fixture

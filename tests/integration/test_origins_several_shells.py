@@ -20,10 +20,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from atrium.state.migrate import upgrade_now
 from tests.conftest import TESTS_DIR
-from tests.integration.conftest import RunningShell, launch_shell
-from tests.postgres import new_database
+from tests.integration.conftest import RunningShell, shells_on_one_database
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +33,8 @@ def two_shells(
     postgres_server: str, tmp_path: Path, system_apps: Path
 ) -> Iterator[tuple[RunningShell, RunningShell]]:
     shutil.copytree(TESTS_DIR / "apps" / APP, system_apps / APP)
-    url = new_database(postgres_server)
-    upgrade_now(url)
-    shells: list[RunningShell] = []
-    try:
-        for name in ("one", "two"):
-            home = tmp_path / name
-            home.mkdir(mode=0o700)
-            shells.append(launch_shell(home, system_apps, database_url=url))
-        yield shells[0], shells[1]
-    finally:
-        for shell in shells:
-            shell.stop()
+    with shells_on_one_database(postgres_server, tmp_path, system_apps) as (one, two):
+        yield one, two
 
 
 def on_origin(shell: RunningShell, url: str) -> tuple[httpx.Client, str]:

@@ -11,9 +11,12 @@ import httpx
 import pytest
 
 from atrium.identity import SESSION_COOKIE
-from atrium.state.migrate import upgrade_now
-from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
-from tests.postgres import new_database
+from tests.integration.conftest import (
+    RunningShell,
+    SseReader,
+    shells_on_one_database,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,18 +27,8 @@ PASSWORD = "a long enough password"
 def two_shells(
     postgres_server: str, tmp_path: Path, system_apps: Path
 ) -> Iterator[tuple[RunningShell, RunningShell]]:
-    url = new_database(postgres_server)
-    upgrade_now(url)
-    shells: list[RunningShell] = []
-    try:
-        for name in ("one", "two"):
-            home = tmp_path / name
-            home.mkdir(mode=0o700)
-            shells.append(launch_shell(home, system_apps, database_url=url))
-        yield shells[0], shells[1]
-    finally:
-        for shell in shells:
-            shell.stop()
+    with shells_on_one_database(postgres_server, tmp_path, system_apps) as (one, two):
+        yield one, two
 
 
 def signed_in(shell: RunningShell, cookie: str) -> httpx.Client:
