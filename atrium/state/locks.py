@@ -48,6 +48,9 @@ PING_EVERY: Final = 1.0
 PING_TIMEOUT: Final = 1.5
 #: seconds between two attempts at the leader lock (and at reconnecting after a loss)
 LEADER_RETRY: Final = 1.0
+#: seconds a starting shell waits for its shell lock: its last run's session, cut off, holds it
+#: until the server ends it (its keepalives: about 5 s); held longer, a living shell has its name
+SHELL_WAIT: Final = 15.0
 
 
 def lock_key(kind: str, name: str) -> int:
@@ -145,7 +148,9 @@ class Coordination:
         self._task: asyncio.Task[None] | None = None
         #: the key of this shell's own lock, held by the beacon's session while it lives
         self._shell_key: int | None = None
+        self._shell_name = ""
         self._shell_held = False
+        self._held = asyncio.Event()
 
     @classmethod
     @asynccontextmanager
@@ -197,6 +202,7 @@ class Coordination:
         a reconnection): the other shells read whether this shell lives from it
         (`shells_alive`), since its instances are theirs to take over once it is gone."""
         self._shell_key = lock_key("shell", name)
+        self._shell_name = name
 
     async def shells_alive(self, names: set[str]) -> set[str]:
         """Those of ``names`` whose shell lock is held (their shell's session lives)."""
@@ -228,12 +234,30 @@ class Coordination:
 
     async def start(self) -> None:
         """PostgreSQL: one attempt at the leader lock now (a lone shell leads from its start),
-        then the beacon goes on in the background. Nothing on SQLite."""
+        then the beacon goes on in the background; with `hold_shell`, until the shell lock is
+        held. Nothing on SQLite.
+
+        A shell that went on without its shell lock (its last run's session still held it)
+        adopted its pods while the others could see it dead a moment later, and take the same
+        pods over. ConfigError when another session holds it past `SHELL_WAIT` s: a living shell
+        of the same name (host name and home)."""
         if not self.shared or self._task is not None:
             return
         first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._beacon_loop(first), name="coordination beacon")
         await asyncio.shield(first)
+        if self._shell_key is None or self._lost is not None:
+            return  # cut off from its start: the lock is taken before it counts as back
+        try:
+            await asyncio.wait_for(self._held.wait(), SHELL_WAIT)
+        except TimeoutError:
+            from atrium.settings import ConfigError
+
+            raise ConfigError(
+                f"another shell holds this shell's name {self._shell_name!r} (its host name and "
+                f"home) in the database for more than {SHELL_WAIT:.0f} s: each shell on one "
+                "database needs its own host name or home"
+            ) from None
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -269,6 +293,7 @@ class Coordination:
         async with asyncio.timeout(PING_TIMEOUT * 2):
             self._beacon = beacon = await engine.connect()
         self._shell_held = False
+        self._held.clear()
         if self._lost is not None:
             await self._regain(beacon)
         self._lost = None
@@ -305,6 +330,8 @@ class Coordination:
             self._shell_held = bool(
                 await _scalar(beacon, "SELECT pg_try_advisory_lock(:k)", k=self._shell_key)
             )
+            if self._shell_held:
+                self._held.set()
 
     async def _beacon_loop(self, first: asyncio.Future[None]) -> None:
         while True:

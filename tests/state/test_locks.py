@@ -16,6 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 from atrium.errors import DatabaseLost
+from atrium.settings import ConfigError
+from atrium.state import locks
 from atrium.state.database import Database
 from atrium.state.locks import LEADER_KEY, Coordination, instance_key, lock_key
 from tests.postgres import new_database
@@ -290,3 +292,34 @@ async def test_a_shells_own_lock_says_it_lives_and_is_taken_back_before_it_acts_
             with pytest.raises(psycopg.OperationalError):
                 lingering.execute("SELECT 1")
         assert await b.shells_alive({"home-a"}) == {"home-a"}
+
+
+async def test_a_shell_starts_only_once_it_holds_its_shell_lock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell that started while its shell lock was still held (its last run's session, cut
+    off and not yet ended by the server) went on to adopt its pods without it: the lock freed a
+    moment later, the leader saw the shell dead and took over the pods it had just adopted (two
+    holders of one pod). `start` returns only once the lock is held, and a shell whose name a
+    living shell holds past `SHELL_WAIT` (two shells of one host name and home) does not start."""
+    key = lock_key("shell", "home-a")
+    monkeypatch.setattr(locks, "SHELL_WAIT", 1.0)
+    with psycopg.connect(conninfo(pg_url), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (key,))
+        async with shell(pg_url, "a", start=False) as a:
+            a.hold_shell("home-a")
+            with pytest.raises(ConfigError, match="home-a"):
+                await a.start()
+    # its last run's session ends while it waits: it starts, holding its lock
+    with psycopg.connect(conninfo(pg_url), autocommit=True) as lingering:
+        lingering.execute("SELECT pg_advisory_lock(%s)", (key,))
+        async with shell(pg_url, "a", start=False) as a:
+            a.hold_shell("home-a")
+            started = asyncio.ensure_future(a.start())
+            await until(
+                lambda: any(n == "atrium lock a" for _, _, n in holders(pg_url, LEADER_KEY))
+            )
+            assert not started.done()
+            lingering.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            await started
+            assert [(g, n) for _, g, n in holders(pg_url, key)] == [(True, "atrium lock a")]
