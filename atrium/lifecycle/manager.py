@@ -522,20 +522,25 @@ class LifecycleManager(InstanceIndex):
     async def let_go_of_taken(self) -> None:
         """After a loss of the database: the instances whose rows another shell holds now (it
         took them over while this one was cut off) leave this shell without a hook and with
-        their servers left running (atrium.lifecycle.takeover)."""
+        their servers left running (atrium.lifecycle.takeover). So do those running whose rows
+        are gone though this shell had nothing left to write of them: a running instance's row
+        was written when it started, and only the shell that took it over (then removed it)
+        deletes it; kept, it was a ghost whose server was gone."""
         rows = self.rows
         if rows is None:
             return
         holders = await rows.shells_of([instance.id for instance in self.all()])
         for instance in self.all():
             holder = holders.get(instance.id)
-            if holder is None or holder == rows.shell:
+            if holder == rows.shell or (
+                holder is None and (rows.pending(instance.id) or instance.child is None)
+            ):
                 continue
             _LOGGER.warning(
                 "%s %s: taken over by %s while this shell was cut off: let go",
                 instance.app_id,
                 instance.id,
-                holder,
+                holder or "another shell (and removed there)",
             )
             rows.discard(instance.id)
             child = instance.child

@@ -283,6 +283,10 @@ class InstanceRows:
         """Write nothing more of the instance (another shell holds its row now)."""
         self._dirty.pop(instance_id, None)
 
+    def pending(self, instance_id: str) -> bool:
+        """Whether a change of the instance is still to be written (its row may not exist yet)."""
+        return instance_id in self._dirty
+
     async def shell_of(self, instance_id: str) -> str | None:
         """The shell whose row the instance has (None: no row)."""
         async with self._db.connect() as conn:

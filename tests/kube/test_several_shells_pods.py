@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,14 +211,32 @@ def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_calls_no_hook(
         boot = api.get(f"/api/proxy/{iid}/boot").json()
         _, view_url = new_view(api, iid)
     uid = site_pod_uid(one, iid)
+    coordination = one.shell.coordination
+    with cut_until_taken(one, two, iid):
+        pass
+    wait_for(lambda: one.shell.lifecycle.find(iid) is None, "one lets the instance go", 15)
+    wait_for(lambda: coordination.lost is None, "one back", 15)
+    with closing(enter(two, view_url)) as on_two:
+        assert on_two.get("/boot").json() == boot  # the same process: no hook called again
+    assert site_pod_uid(one, iid) == uid
+    assert row_of(url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    assert crashes(url, iid) == 0
+    with one.client(timeout=SLOW) as api:
+        assert api.post(f"/api/instances/{iid}/stop").status_code == 404
+    assert two.shell.lifecycle.get(iid).state is InstanceState.STARTED
+
+
+@contextmanager
+def cut_until_taken(one: RunningShell, two: RunningShell, iid: str) -> Iterator[None]:
+    """One's link cut: its sessions end at the server (its shell lock with them) and it cannot
+    connect again until the cut ends (the network namespaces of the failover test cut a real
+    link; here the lock sessions' engine refuses), until two has taken ``iid`` over; the body
+    runs then, one still cut off."""
     key = lock_key("shell", one.shell.lifecycle.rows.shell)  # type: ignore[union-attr]
     coordination = one.shell.coordination
     cut = Cut(coordination._engine)
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(one.shell.settings.state_url)
     try:
-        # one's link cut: its sessions end at the server (its shell lock with them) and it
-        # cannot connect again until the cut ends (the network namespaces of the failover test
-        # cut a real link; here the lock sessions' engine refuses)
         coordination._engine = cut  # type: ignore[assignment]
         with engine.connect() as conn:
             hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
@@ -237,20 +255,29 @@ def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_calls_no_hook(
 
         wait_for(taken, "two takes the cut-off shell's instance over", 15)
         assert coordination.lost is not None  # one acts on nothing meanwhile
-        cut.over = True
-        wait_for(lambda: one.shell.lifecycle.find(iid) is None, "one lets the instance go", 15)
-        wait_for(lambda: coordination.lost is None, "one back", 15)
+        yield
     finally:
         cut.over = True
         engine.dispose()
-    with closing(enter(two, view_url)) as on_two:
-        assert on_two.get("/boot").json() == boot  # the same process: no hook called again
-    assert site_pod_uid(one, iid) == uid
-    assert row_of(url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
-    assert crashes(url, iid) == 0
+
+
+def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_removed(
+    kube_shells: StartShell,
+) -> None:
+    """Taken over while shell 1 was cut off, the instance is removed on shell 2 (its row and pod
+    gone): back, shell 1 let go only of instances whose rows name another shell, and kept this
+    one, started, its pod gone (a ghost whose watch would one day say it crashed)."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
     with one.client(timeout=SLOW) as api:
-        assert api.post(f"/api/instances/{iid}/stop").status_code == 404
-    assert two.shell.lifecycle.get(iid).state is InstanceState.STARTED
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+    with cut_until_taken(one, two, iid), two.client(timeout=SLOW) as api:
+        assert api.delete(f"/api/instances/{iid}").status_code == 200
+        wait_for(lambda: row_of(url, iid) is None, "the removed instance's row gone", SLOW)
+    wait_for(lambda: one.shell.coordination.lost is None, "one back", 15)
+    wait_for(lambda: one.shell.lifecycle.find(iid) is None, "one lets the instance go", 15)
+    assert row_of(url, iid) is None
+    assert crashes(url, iid) == 0
 
 
 class Cut:
