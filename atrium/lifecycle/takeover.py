@@ -146,16 +146,15 @@ class Takeover:
                 won = True
                 try:
                     survivor = await self._runner.take_over(row.ref)
-                except SpawnFailed as err:
-                    if err.fields.get("cause") != "exited":
-                        raise
-                    _LOGGER.warning("%s %s: %s", row.app_id, row.id, err.message)
-                    instance.mark_crashed(-1, "exited")
-                    instance.error = f"its pod ended while no shell held it: {err.message}"
-                    return True
                 except Exception as err:  # noqa: BLE001 - any failure: tried again later
-                    # the API refused or failed (a Role without 'patch', an outage): the row
-                    # goes back to the gone shell and the next look tries again; the pod runs on
+                    if isinstance(err, SpawnFailed) and err.fields.get("cause") == "exited":
+                        _LOGGER.warning("%s %s: %s", row.app_id, row.id, err.message)
+                        instance.mark_crashed(-1, "exited")
+                        instance.error = f"its pod ended while no shell held it: {err.message}"
+                        return True
+                    # the API refused or failed (a Role without 'patch', an outage: the
+                    # runner's SpawnFailed cause 'api' too): the row goes back to the gone
+                    # shell and the next look tries again; the pod runs on
                     won = False
                     async with instance.lock.transaction() as tx:
                         await tx.execute(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +232,15 @@ def cut_until_taken(one: RunningShell, two: RunningShell, iid: str) -> Iterator[
     connect again until the cut ends (the network namespaces of the failover test cut a real
     link; here the lock sessions' engine refuses), until two has taken ``iid`` over; the body
     runs then, one still cut off."""
+    with cut_off(one):
+        wait_for(taken_by(two, iid), "two takes the cut-off shell's instance over", 15)
+        assert one.shell.coordination.lost is not None  # one acts on nothing meanwhile
+        yield
+
+
+@contextmanager
+def cut_off(one: RunningShell) -> Iterator[None]:
+    """One's link cut while the body runs (`cut_until_taken`)."""
     key = lock_key("shell", one.shell.lifecycle.rows.shell)  # type: ignore[union-attr]
     coordination = one.shell.coordination
     cut = Cut(coordination._engine)
@@ -248,17 +257,61 @@ def cut_until_taken(one: RunningShell, two: RunningShell, iid: str) -> Iterator[
                 {"hi": hi, "lo": lo},
             )
             conn.commit()
-
-        def taken() -> bool:
-            instance = two.shell.lifecycle.find(iid)
-            return instance is not None and instance.state is InstanceState.STARTED
-
-        wait_for(taken, "two takes the cut-off shell's instance over", 15)
-        assert coordination.lost is not None  # one acts on nothing meanwhile
         yield
     finally:
         cut.over = True
         engine.dispose()
+
+
+def taken_by(two: RunningShell, iid: str) -> Callable[[], bool]:
+    def taken() -> bool:
+        instance = two.shell.lifecycle.find(iid)
+        return instance is not None and instance.state is InstanceState.STARTED
+
+    return taken
+
+
+def test_a_takeover_refused_midway_leaves_the_pod_labelled_as_its_row_says(
+    kube_shells: StartShell, kube_settings: FakeCluster
+) -> None:
+    """A takeover whose relabelling is refused midway (its claim's patch, here) gives the row
+    back to the gone shell and the next look tries again. It was a SpawnFailed the takeover let
+    through: the row stayed the taker's, the instance `installed` in its index, never tried
+    again; and the pod, relabelled first, was left the taker's (a shell started again on the
+    gone one's home found no survivor for its row, swept it, and the pod ran on unheld). The pod
+    is relabelled last, and what was relabelled before a refusal is put back."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+    ones = pod_label(one, iid)
+    faults = kube_settings.api
+    faults.fail_next("PATCH", r"/persistentvolumeclaims/", 403, count=1000)
+    refusal = faults.faults[-1]
+    with cut_off(one):
+        wait_for(lambda: refusal.count < 999, "two tries twice to take the instance over", 15)
+        name = one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+        wait_for(lambda: row_of(url, iid).shell == name, "the row given back", 5)
+        with faults._fault_lock:
+            faults.faults.remove(refusal)
+        wait_for(taken_by(two, iid), "two takes the instance over once allowed", 15)
+    assert pod_label(two, iid) != ones
+    assert crashes(url, iid) == 0
+
+
+def namespace_of(shell: RunningShell) -> str:
+    runner: Any = shell.shell.lifecycle._booter.runner
+    return str(runner.namespace)
+
+
+def pod_label(shell: RunningShell, iid: str) -> str:
+    async def read() -> str:
+        runner: Any = shell.shell.lifecycle._booter.runner
+        pod = await runner.read_pod(render.pod_name(iid))
+        return str(pod["metadata"]["labels"][render.LABEL_SHELL])
+
+    label: str = shell.on_loop(read())
+    return label
 
 
 def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_removed(
