@@ -378,8 +378,8 @@ class ScopeChanged(Payload):
 
 @dataclass(frozen=True, slots=True)
 class InstanceRouted(Payload):
-    """With a PostgreSQL database only: an instance's row (where it runs, its state) was
-    written or deleted, in the transaction of that write: every shell forgets what it
+    """With a PostgreSQL database only: an instance's row (where it runs, its state) or a view
+    another shell made of it was written or deleted, in the transaction of that write: every shell forgets what it
     remembered of the slug's app origin and reads the row again at its next request. No
     stream hears it (the shells' own)."""
 
@@ -387,6 +387,10 @@ class InstanceRouted(Payload):
     instance_id: str
     app_id: str
     slug: str
+    #: a view another shell made (or, ``view_gone``, released) of the instance: its own shell
+    #: learns it (or drops it) in memory, where its views drive stop-when-unviewed
+    view_id: str | None = None
+    view_gone: bool = False
 
 
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")

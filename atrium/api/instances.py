@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any, Final
 
 from pydantic import Field
@@ -12,13 +13,15 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, audit_target, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
-from atrium.api.origins import Looking, proxy_page
-from atrium.errors import InvalidRequest, NotFound, PermissionDenied
+from atrium.api.origins import Elsewhere, Looking, proxy_page
+from atrium.errors import InstanceElsewhere, InvalidRequest, NotFound, NotServing, PermissionDenied
 from atrium.identity import AppCaller, Caller, UserCaller
 from atrium.lifecycle.instance import Instance
-from atrium.lifecycle.states import InstanceState
+from atrium.lifecycle.states import SERVING, InstanceState
+from atrium.lifecycle.views import TICKET_TTL, is_local_path
 from atrium.manifest import APP_ID_RE
 from atrium.shell import Shell
+from atrium.state.instances import SHARED_NETWORK
 from atrium.theme.prefs import html_transform_for
 from atrium.users.grants import OWNER, access_to
 from atrium.wire import WireModel
@@ -132,8 +135,76 @@ def viewable(shell: Shell, caller: Caller, instance_id: str) -> tuple[Instance, 
     return instance, access
 
 
+async def held_elsewhere(shell: Shell, caller: Caller, instance_id: str) -> tuple[Elsewhere, str]:
+    """With several shells: the instance another shell runs in a pod (its row says so) that
+    ``caller`` may see, and their role on it. Not found as with one shell when no other
+    shell's row names it or the caller may not see it; `instance_elsewhere` when it runs on
+    an address only its shell reaches."""
+    rows = shell.lifecycle.rows
+    row = None if rows is None else await rows.by_id(instance_id)
+    copy = None if row is None else shell.registry.get(row.app_id, row.owner)
+    if row is None or copy is None or copy.manifest is None:
+        raise NotFound("instance", instance_id)
+    held = Elsewhere(row, copy.manifest)
+    access = access_to(caller, held, shell.grants)
+    if access is None:
+        raise NotFound("instance", instance_id)
+    if row.network is not None and row.network != SHARED_NETWORK:
+        # a server only its shell reaches (no server now: no view to make anyway)
+        held.address  # noqa: B018 - raises InstanceElsewhere, naming its shell
+    return held, access
+
+
+async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance:
+    """`owned`, and with several shells, for an instance of the caller's that another shell
+    runs, `instance_elsewhere` naming that shell instead of not found: only that shell acts
+    on it."""
+    try:
+        return owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held, access = await held_elsewhere(shell, caller, instance_id)
+        if access != OWNER:
+            raise
+        machine = held.row.shell.partition(":")[0]
+        raise InstanceElsewhere(
+            f"{held.app_id}'s instance {held.id} runs on another shell (on {machine}), which "
+            "alone acts on it: ask that shell (only its views and its record are answered on "
+            "every shell)",
+            instanceId=held.id,
+            shell=machine,
+        ) from None
+
+
+def elsewhere_wire(held: Elsewhere) -> dict[str, Any]:
+    """Another shell's instance as its row tells it: never its address, port, pid or secret."""
+    return {
+        "instanceId": held.id,
+        "appId": held.app_id,
+        "owner": held.owner,
+        "name": held.manifest.name,
+        "state": held.row.state,
+        "port": None,
+        "pid": None,
+        "network": held.row.network,
+        "backgroundService": held.manifest.background_service,
+        "elsewhere": held.row.shell.partition(":")[0],
+    }
+
+
 async def get_instance(request: Request, caller: Caller) -> Response:
-    instance = owned(shell_of(request), caller, request.path_params["instance_id"])
+    shell = shell_of(request)
+    instance_id = request.path_params["instance_id"]
+    try:
+        instance = owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held, access = await held_elsewhere(shell, caller, instance_id)
+        if access != OWNER:
+            raise
+        return JSONResponse(elsewhere_wire(held))
     return JSONResponse(_wire(request, instance, caller))
 
 
@@ -152,7 +223,7 @@ async def create_instance(request: Request, caller: Caller) -> Response:
 
 async def instance_action(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    owned(shell, caller, request.path_params["instance_id"])
+    await owned_here(shell, caller, request.path_params["instance_id"])
     instance = await shell.lifecycle.act(
         request.path_params["instance_id"], request.path_params["action"]
     )
@@ -163,7 +234,7 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
     force = request.query_params.get("force", "") in {"1", "true", "yes"}
     instance_id = request.path_params["instance_id"]
     shell = shell_of(request)
-    owned(shell, caller, instance_id)
+    await owned_here(shell, caller, instance_id)
     problem = await shell.lifecycle.remove(instance_id, force=force)
     answer: dict[str, object] = {"ok": True, "instanceId": instance_id, "state": "installed"}
     if problem is not None:
@@ -175,7 +246,7 @@ async def instance_logs(request: Request, caller: Caller) -> Response:
     """The last ``lines`` of the log; with ``after=<cursor>``, what was written since
     (``X-Log-End`` is the cursor to ask after next: how ``atrium dev`` follows a log). The
     runner reads it: a local log file, or a pod's log."""
-    instance = owned(shell_of(request), caller, request.path_params["instance_id"])
+    instance = await owned_here(shell_of(request), caller, request.path_params["instance_id"])
     raw = request.query_params.get("lines", "200")
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
@@ -193,7 +264,7 @@ async def create_activity(request: Request, caller: Caller) -> Response:
     body = (
         await read_model(request, ActivityBody) if await bounded_body(request) else ActivityBody()
     )
-    instance = owned(shell, caller, request.path_params["instance_id"])
+    instance = await owned_here(shell, caller, request.path_params["instance_id"])
     activity = await shell.lifecycle.create_activity(instance.id, body.extras)
     return JSONResponse(
         {
@@ -210,7 +281,7 @@ async def create_activity(request: Request, caller: Caller) -> Response:
 async def delete_activity(request: Request, caller: Caller) -> Response:
     params = request.path_params
     shell = shell_of(request)
-    owned(shell, caller, params["instance_id"])
+    await owned_here(shell, caller, params["instance_id"])
     await shell.lifecycle.destroy_activity(params["instance_id"], params["activity_id"])
     return JSONResponse({"ok": True, "activityId": params["activity_id"]})
 
@@ -218,7 +289,12 @@ async def delete_activity(request: Request, caller: Caller) -> Response:
 async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await bounded_body(request) else ViewBody()
-    instance, access = viewable(shell, caller, request.path_params["instance_id"])
+    try:
+        instance, access = viewable(shell, caller, request.path_params["instance_id"])
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        return await create_view_elsewhere(shell, caller, request.path_params["instance_id"], body)
     if access != OWNER and instance.state is InstanceState.STOPPED:
         # a grantee cannot start it, and the owner closing their last view stopped it
         instance = await shell.lifecycle.act(instance.id, "start")
@@ -231,15 +307,69 @@ async def create_view(request: Request, caller: Caller) -> Response:
     )
 
 
+async def create_view_elsewhere(
+    shell: Shell, caller: Caller, instance_id: str, body: ViewBody
+) -> Response:
+    """A view of another shell's pod, written to the database as its shell writes one; that
+    shell hears of it and holds it in memory as its own (docs/deploying.md "Several shells").
+    The view has no host-page client here: the host page releases it, or its instance's end."""
+    held, _ = await held_elsewhere(shell, caller, instance_id)
+    if not is_local_path(body.path):
+        raise InvalidRequest(
+            f"view path {body.path[:200]!r} must start with a single '/' and hold no '\\' "
+            "or control character (a browser would read it as another site's address)"
+        )
+    if held.state not in SERVING:
+        raise NotServing(
+            held.id,
+            held.app_id,
+            held.state,
+            "a view needs an instance in started, resuming, resumed, pausing or paused "
+            "(it runs on another shell, which alone starts it)",
+        )
+    rows = shell.lifecycle.rows
+    assert rows is not None  # noqa: S101 - held_elsewhere found its row
+    view_id, ticket = secrets.token_hex(6), secrets.token_urlsafe(24)
+    user = caller.user_id if isinstance(caller, UserCaller) else held.owner
+    if not await rows.add_view_elsewhere(held.row, view_id, body.path, user, ticket, TICKET_TTL):
+        raise InstanceElsewhere(
+            f"instance {held.id} moved or ended while its view was made: ask again",
+            instanceId=held.id,
+        )
+    url = f"http://{held.row.slug}.{shell.settings.app_domain}:{shell.settings.port}/_os/enter"
+    return JSONResponse({"viewId": view_id, "instanceId": held.id, "url": f"{url}?ticket={ticket}"})
+
+
 async def delete_view(request: Request, caller: Caller) -> Response:
     params = request.path_params
     shell = shell_of(request)
-    instance, access = viewable(shell, caller, params["instance_id"])
+    try:
+        instance, access = viewable(shell, caller, params["instance_id"])
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        return await delete_view_elsewhere(shell, caller, params["instance_id"], params["view_id"])
     view = instance.views.get(params["view_id"])
     if access != OWNER and (view is None or view.user != getattr(caller, "user_id", None)):
         raise NotFound("view", params["view_id"])  # a grantee closes their own views only
     instance = await shell.lifecycle.views.release(instance.id, params["view_id"])
     return JSONResponse(_wire(request, instance, caller))
+
+
+async def delete_view_elsewhere(
+    shell: Shell, caller: Caller, instance_id: str, view_id: str
+) -> Response:
+    """Release a view of another shell's pod (made on any shell): refused on every shell at
+    once; its own shell drops it and stops the instance if it was its last view."""
+    held, access = await held_elsewhere(shell, caller, instance_id)
+    rows = shell.lifecycle.rows
+    assert rows is not None  # noqa: S101 - held_elsewhere found its row
+    view = await rows.view_by_id(held.row.slug, view_id)
+    if view is None or (access != OWNER and view.user != getattr(caller, "user_id", None)):
+        raise NotFound("view", view_id)  # a grantee closes their own views only
+    if not await rows.drop_view_elsewhere(held.row, view_id):
+        raise NotFound("view", view_id)
+    return JSONResponse(elsewhere_wire(held))
 
 
 async def proxy(request: Request, caller: Caller) -> Response:

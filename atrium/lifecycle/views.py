@@ -14,20 +14,24 @@ the manager's move, reached through the narrow `ViewHost`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
-from typing import Final, Protocol
+from collections.abc import Coroutine
+from typing import Any, Final, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.errors import AtriumError, InvalidRequest, NotFound, NotServing
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
-from atrium.state.instances import InstanceRows, digest
+from atrium.state.instances import InstanceRows, ViewRow, digest
 
 _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
+#: how many released views' ids a shell of several remembers (`ViewDesk._admit`)
+DROPPED_KEPT: Final = 4096
 
 
 def is_local_path(path: str) -> bool:
@@ -46,6 +50,8 @@ class ViewHost(Protocol):
 
     def all(self) -> list[Instance]: ...
 
+    def find(self, instance_id: str) -> Instance | None: ...
+
     def by_slug(self, slug: str) -> Instance | None: ...
 
     async def stop_unviewed(self, instance: Instance) -> None:
@@ -59,6 +65,13 @@ class ViewDesk:
         self._host = host
         self._rows = rows
         self._tickets: dict[str, tuple[str, str, float]] = {}
+        #: the views released lately (their ids): a read of the table begun before the release
+        #: must not bring one back into memory
+        self._dropped: dict[str, None] = {}
+        #: the reads and stops that another shell's view made or released set going here
+        self._tasks: set[asyncio.Task[None]] = set()
+        if rows is not None:
+            rows.on_view.append(self._heard_view)
 
     async def create(
         self,
@@ -109,8 +122,11 @@ class ViewDesk:
         if self._rows is not None:
             row = await self._rows.redeem(slug, ticket)
             held = self._host.by_slug(slug)
-            view = None if row is None or held is None else held.views.get(row.id)
-            if view is not None and row is not None and row.cookie:
+            if row is None or held is None or not row.cookie:
+                return None
+            # made on another shell, its announcement not heard here yet: it is known now
+            view = self._admit(held, row)
+            if view is not None:
                 view.cookie = row.cookie
             return view
         entry = self._tickets.pop(ticket, None)
@@ -131,10 +147,70 @@ class ViewDesk:
         if self._rows is None:
             return None
         row = await self._rows.view_of(instance.slug, cookie)
-        view = None if row is None else instance.views.get(row.id)
+        if row is None:
+            return None
+        # a view made on another shell, its announcement not heard here yet, is learnt too
+        view = self._admit(instance, row)
         if view is not None:
             view.cookie = cookie
         return view
+
+    def _admit(self, instance: Instance, row: ViewRow) -> View | None:
+        """The instance's view as its row says: the one in memory, or a new one unless it was
+        released since the row was read."""
+        view = instance.views.get(row.id)
+        if view is None and row.id not in self._dropped:
+            view = instance.views[row.id] = View(row.id, "", row.path, user=row.user)
+        return view
+
+    def _drop(self, view_id: str) -> None:
+        self._dropped[view_id] = None
+        if len(self._dropped) > DROPPED_KEPT:
+            del self._dropped[next(iter(self._dropped))]
+
+    def _heard_view(self, instance_id: str, view_id: str, gone: bool) -> None:
+        """Another shell made (or released) a view of an instance: if it is this shell's, the
+        view is learnt (or dropped, and the instance stopped when that was its last view, as a
+        release here does). Only this shell acts on its instance."""
+        instance = self._host.find(instance_id)
+        if instance is None:
+            return
+        if gone:
+            self._drop(view_id)
+            instance.views.pop(view_id, None)
+            if not instance.views and not instance.manifest.background_service:
+                self._spawn(self._stop_unviewed(instance))
+        elif view_id not in instance.views:
+            self._spawn(self._adopt(instance, view_id))
+
+    async def _stop_unviewed(self, instance: Instance) -> None:
+        try:
+            await self._host.stop_unviewed(instance)
+        except AtriumError as err:
+            _LOGGER.warning(
+                "%s %s: its last view released on another shell; the stop failed: %s",
+                instance.app_id,
+                instance.id,
+                err.message,
+            )
+
+    async def _adopt(self, instance: Instance, view_id: str) -> None:
+        if self._rows is None:
+            return
+        try:
+            row = await self._rows.view_by_id(instance.slug, view_id)
+        except SQLAlchemyError as err:
+            _LOGGER.warning(
+                "view %s of %s is learnt at its first request: %s", view_id, instance.id, err
+            )
+            return
+        if row is not None and self._host.find(instance.id) is instance:
+            self._admit(instance, row)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work, name="another shell's view")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @staticmethod
     def for_cookie(instance: Instance, cookie: str) -> View | None:
@@ -161,6 +237,7 @@ class ViewDesk:
         """A view dropped from memory goes from the database too: every shell refuses it."""
         if self._rows is None:
             return
+        self._drop(view_id)
         try:
             await self._rows.drop_view(view_id)
         except SQLAlchemyError as err:

@@ -18,6 +18,9 @@ them in memory as before).
   checks in memory, as with one shell (the hot path reads no row), reading the table once for
   a cookie another shell made.
 - `by_slug` (another shell's instance) is remembered until that slug's `instance:routed`.
+- A view of another shell's pod may be written and deleted here (`add_view_elsewhere`,
+  `drop_view_elsewhere`): its `instance:routed` names the view, and that shell, which alone acts
+  on the instance, learns or drops it (`on_view`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -121,6 +125,22 @@ def _split_address(address: str | None) -> tuple[str | None, int | None]:
     return (host.strip("[]"), int(port)) if host and port.isdigit() else (None, None)
 
 
+def _instance_row(row: Any) -> InstanceRow:
+    host, port = _split_address(row.address)
+    return InstanceRow(
+        row.id,
+        row.app_id,
+        row.owner,
+        row.slug,
+        row.state,
+        row.network,
+        host,
+        port,
+        row.secret,
+        row.shell,
+    )
+
+
 class InstanceRows:
     """This shell's instances written to the database, and the other shells' read from it."""
 
@@ -141,6 +161,8 @@ class InstanceRows:
         #: counts the events heard: a read that one overtook is not remembered
         self._heard_count = 0
         self._unlisten: Any = None
+        #: told (instance id, view id, gone) of a view another shell made or released
+        self.on_view: list[Callable[[str, str, bool], None]] = []
 
     async def __aenter__(self) -> Self:
         self._task = asyncio.get_running_loop().create_task(
@@ -391,6 +413,89 @@ class InstanceRows:
 
     # -- other shells' instances ------------------------------------------------------------------
 
+    async def by_id(self, instance_id: str) -> InstanceRow | None:
+        """Another shell's instance with this id (None: none, or it is this shell's)."""
+        async with self._db.connect() as conn:
+            row = (
+                await conn.execute(sa.select(instances).where(instances.c.id == instance_id))
+            ).first()
+        return None if row is None or row.shell == self.shell else _instance_row(row)
+
+    async def add_view_elsewhere(
+        self, held: InstanceRow, view_id: str, path: str, user: str, ticket: str, ttl: float
+    ) -> bool:
+        """A view of another shell's instance and its ticket, written as its own shell writes
+        them (`add_view`), with an `instance:routed` naming the view in the same transaction:
+        its shell learns it. False when the row no longer says that shell runs it."""
+        routed = InstanceRouted(held.id, held.app_id, held.slug, owner=held.owner, view_id=view_id)
+        async with self._db.transaction() as tx:
+            still = (
+                await tx.execute(
+                    sa.select(instances.c.id)
+                    .where(
+                        (instances.c.id == held.id)
+                        & (instances.c.shell == held.shell)
+                        & (instances.c.slug == held.slug)
+                    )
+                    .with_for_update()
+                )
+            ).first()
+            if still is None:
+                return False
+            await tx.execute(
+                sa.insert(views).values(
+                    id=view_id,
+                    slug=held.slug,
+                    hash=digest(secrets.token_urlsafe(32)),  # no cookie opens it yet
+                    path=path,
+                    user_id=user,
+                    created_at=_now(),
+                )
+            )
+            await tx.execute(
+                sa.insert(view_tickets).values(
+                    hash=digest(ticket),
+                    slug=held.slug,
+                    view_id=view_id,
+                    expires_at=time.time() + ttl,
+                )
+            )
+            stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        self._committed(stored, routed)
+        return True
+
+    async def view_by_id(self, slug: str, view_id: str) -> ViewRow | None:
+        """The live view of the slug's instance with this id (no cookie: only its hash is kept)."""
+        async with self._db.connect() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(views).where((views.c.id == view_id) & (views.c.slug == slug))
+                )
+            ).first()
+        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+
+    async def drop_view_elsewhere(self, held: InstanceRow, view_id: str) -> bool:
+        """Release a view of another shell's instance: its row and tickets go, and an
+        `instance:routed` naming it gone tells its shell, which drops it and does what a
+        release does there (stop-when-unviewed). False when there was no such view."""
+        routed = InstanceRouted(
+            held.id, held.app_id, held.slug, owner=held.owner, view_id=view_id, view_gone=True
+        )
+        async with self._db.transaction() as tx:
+            gone = (
+                await tx.execute(
+                    sa.delete(views)
+                    .where((views.c.id == view_id) & (views.c.slug == held.slug))
+                    .returning(views.c.id)
+                )
+            ).first()
+            if gone is None:
+                return False
+            await tx.execute(sa.delete(view_tickets).where(view_tickets.c.view_id == view_id))
+            stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        self._committed(stored, routed)
+        return True
+
     async def by_slug(self, slug: str) -> InstanceRow | None:
         """Another shell's instance on this origin (remembered until its `instance:routed`)."""
         if slug in self._cache:
@@ -400,19 +505,7 @@ class InstanceRows:
             row = (await conn.execute(sa.select(instances).where(instances.c.slug == slug))).first()
         found = None
         if row is not None and row.shell != self.shell:
-            host, port = _split_address(row.address)
-            found = InstanceRow(
-                row.id,
-                row.app_id,
-                row.owner,
-                row.slug,
-                row.state,
-                row.network,
-                host,
-                port,
-                row.secret,
-                row.shell,
-            )
+            found = _instance_row(row)
         if heard == self._heard_count:
             if len(self._cache) >= CACHE_LIMIT:
                 self._cache.clear()
@@ -428,6 +521,10 @@ class InstanceRows:
         slug = event.payload.get("slug")
         if isinstance(slug, str):
             self._cache.pop(slug, None)
+        instance_id, view_id = event.payload.get("instanceId"), event.payload.get("viewId")
+        if isinstance(instance_id, str) and isinstance(view_id, str):
+            for told in self.on_view:
+                told(instance_id, view_id, event.payload.get("viewGone") is True)
 
 
 __all__ = ["InstanceRow", "InstanceRows", "ViewRow", "digest"]

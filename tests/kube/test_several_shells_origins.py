@@ -230,3 +230,93 @@ def test_a_stopped_shells_pod_is_taken_over_by_the_other_and_stays_there(
         again = kube_shells("one")
         assert again.shell.lifecycle.find(iid) is None
         assert on_two.get("/boot").json()["boot"] == boot  # the same pod, never restarted
+
+
+def test_a_view_of_one_shells_pod_is_made_and_released_on_the_other(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """The host page's calls reach any shell behind the balancer: a view of shell 1's pod made
+    on shell 2 is entered and paged on either shell and held in shell 1's memory (where views
+    drive stop-when-unviewed); released on shell 2, it is refused on both and shell 1 forgets
+    it, and stops the instance when that was its last view. Shell 2 answers
+    `GET /api/instances/{id}` from the row, refuses a user without a grant as shell 1 does, and
+    anything else with `instance_elsewhere`."""
+    one, two = two_kube_shells
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        launched = api.post("/api/instances", json={"appId": PROBE})
+        assert launched.status_code == 200, launched.text
+        iid = launched.json()["instanceId"]
+        boot = api.get(f"/api/proxy/{iid}/boot").json()["boot"]
+        held = one.shell.lifecycle.get(iid)
+        view_kept, _ = new_view(api, iid)  # keeps the instance running through the release
+
+        seen = api_two.get(f"/api/instances/{iid}")
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["state"] == "started"
+        assert seen.json()["port"] is None
+        assert seen.json()["pid"] is None
+        assert "secret" not in seen.text
+
+        view_a, url_a = new_view(api_two, iid)
+        assert two.shell.lifecycle.find(iid) is None
+        wait_for(lambda: view_a in held.views, "one learns the view made on two", SLOW)
+        with closing(enter(one, url_a)) as on_one:
+            assert on_one.get("/boot").json()["boot"] == boot
+            at_two, _ = on_origin(two, url_a)
+            with closing(at_two):
+                at_two.headers["Cookie"] = on_one.headers["Cookie"]
+                assert at_two.get("/boot").json()["boot"] == boot
+
+                released = api_two.delete(f"/api/instances/{iid}/views/{view_a}")
+                assert released.status_code == 200, released.text
+                assert at_two.get("/boot").status_code == 401
+                assert on_one.get("/boot").status_code == 401
+                wait_for(lambda: view_a not in held.views, "one forgets the released view", SLOW)
+                again = api_two.delete(f"/api/instances/{iid}/views/{view_a}")
+                assert again.status_code == 404, again.text
+        assert held.state.value == "started"  # the view made on one still holds it
+
+        # anything else of one's instance is one's to do: two names where it runs
+        for refused in (
+            api_two.post(f"/api/instances/{iid}/stop"),
+            api_two.delete(f"/api/instances/{iid}"),
+            api_two.get(f"/api/instances/{iid}/logs"),
+        ):
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "instance_elsewhere"
+        assert held.state.value == "started"
+
+        # a grantee makes and closes their own view on two; a user without a grant is refused
+        # there as on one
+        bob = one.add_user("bob")
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        eve = one.add_user("eve")
+        with two.client(bob, timeout=SLOW) as bob_on_two:
+            view_b, url_b = new_view(bob_on_two, iid)
+            with closing(enter(one, url_b)) as bob_on_one:
+                assert bob_on_one.get("/boot").json()["boot"] == boot
+            assert bob_on_two.get(f"/api/instances/{iid}").status_code == 404  # the owner's
+            for shell in (one, two):
+                with shell.client(eve, timeout=SLOW) as as_eve:
+                    refused = as_eve.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+                    assert refused.status_code == 404, refused.text
+                    assert as_eve.get(f"/api/instances/{iid}").status_code == 404
+                    closed = as_eve.delete(f"/api/instances/{iid}/views/{view_b}")
+                    assert closed.status_code == 404, closed.text
+            closed = bob_on_two.delete(f"/api/instances/{iid}/views/{view_b}")
+            assert closed.status_code == 200, closed.text
+        wait_for(lambda: view_b not in held.views, "one forgets bob's released view", SLOW)
+
+        # its last view released on two: one stops it, as a release on one does
+        last = api_two.delete(f"/api/instances/{iid}/views/{view_kept}")
+        assert last.status_code == 200, last.text
+        wait_for(lambda: held.state.value == "stopped", "one stops its unviewed instance", SLOW)
+        wait_for(
+            lambda: api_two.get(f"/api/instances/{iid}").json()["state"] == "stopped",
+            "two reads the stopped state from the row",
+            SLOW,
+        )
+        stopped = api_two.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+        assert stopped.status_code == 409, stopped.text  # one alone starts it
+        assert stopped.json()["error"]["code"] == "not_serving"
