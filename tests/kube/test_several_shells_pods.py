@@ -292,6 +292,12 @@ def test_a_takeover_refused_midway_leaves_the_pod_labelled_as_its_row_says(
         wait_for(lambda: refusal.count < 999, "two tries twice to take the instance over", 15)
         name = one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
         wait_for(lambda: row_of(url, iid).shell == name, "the row given back", 5)
+        assert pod_label(two, iid) == ones
+        secret = kube_settings.call(
+            faults.get, "v1/secrets", namespace_of(one), render.secret_name(iid)
+        )
+        assert secret is not None
+        assert secret["metadata"]["labels"][render.LABEL_SHELL] == ones
         with faults._fault_lock:
             faults.faults.remove(refusal)
         wait_for(taken_by(two, iid), "two takes the instance over once allowed", 15)

@@ -819,49 +819,66 @@ class KubernetesRunner:
             raise SpawnFailed(f"pod {name!r} (uid {uid}) is gone", app_id="", cause="exited")
         app_id = _annotation(pod, render.ANNOTATION_APP)
         await self._ensure_policy(app_id)
-        mine = {
-            "metadata": {"labels": {render.LABEL_SHELL: render.label_value(self.settings.shell)}}
-        }
-        patched = await self._call(
-            lambda c: c.patch_namespaced_pod(
-                name, self.namespace, _any(mine), _request_timeout=REQUEST_TIMEOUT
-            ),
-            verb="patch",
-            resource="pods",
-            app_id=app_id,
-        )
+        theirs = ((pod.get("metadata") or {}).get("labels") or {}).get(render.LABEL_SHELL)
         instance_id = _annotation(pod, render.ANNOTATION_INSTANCE)
         owner = _annotation(pod, render.ANNOTATION_OWNER)
-        if instance_id:  # its Secret and claim follow (a later spawn of it reuses the claim)
-            for resource, patch in (
-                (
-                    "secrets",
-                    lambda c: c.patch_namespaced_secret(
-                        render.secret_name(instance_id),
-                        self.namespace,
-                        _any(mine),
-                        _request_timeout=REQUEST_TIMEOUT,
-                    ),
-                ),
-                (
-                    "persistentvolumeclaims",
-                    lambda c: c.patch_namespaced_persistent_volume_claim(
-                        render.claim_name(owner, instance_id),
-                        self.namespace,
-                        _any(mine),
-                        _request_timeout=REQUEST_TIMEOUT,
-                    ),
-                ),
-            ):
-                try:
-                    await self._call(patch, verb="patch", resource=resource, app_id=app_id)
-                except ApiException as err:
-                    if err.status != 404:
-                        raise self._refused(err, "patch", resource, app_id) from err
-        survivor = await self._survivor(self._plain(patched))
+        # its Secret and claim first (a later spawn of it reuses the claim), the pod last; a
+        # refusal midway puts back what it relabelled: the row goes back to the gone shell,
+        # whose pod, Secret and claim they must all still be (a claim left labelled as this
+        # shell's would be refused to that shell's next spawn of the instance)
+        objects = [("pods", name)]
+        if instance_id:
+            objects[:0] = [
+                ("secrets", render.secret_name(instance_id)),
+                ("persistentvolumeclaims", render.claim_name(owner, instance_id)),
+            ]
+        done: list[tuple[str, str]] = []
+        patched: dict[str, Any] | None = None
+        try:
+            for resource, object_name in objects:
+                patched = await self._relabel(
+                    resource, object_name, render.label_value(self.settings.shell), app_id
+                )
+                done.append((resource, object_name))
+        except Exception:
+            if isinstance(theirs, str):
+                for resource, object_name in done:
+                    with contextlib.suppress(Exception):
+                        await self._relabel(resource, object_name, theirs, app_id)
+            raise
+        if patched is None:  # pragma: no cover - the pod's patch answers the pod or raises
+            raise SpawnFailed(f"pod {name!r} is gone", app_id=app_id, cause="exited")
+        survivor = await self._survivor(patched)
         if survivor is None:
             raise SpawnFailed(f"pod {name!r} no longer runs", app_id=app_id, cause="exited")
         return survivor
+
+    async def _relabel(
+        self, resource: str, object_name: str, value: str, app_id: str
+    ) -> dict[str, Any] | None:
+        """``object_name``'s shell label set to ``value``; the object as patched (None: a Secret
+        or claim that is gone). SpawnFailed cause ``api`` when refused."""
+        body = _any({"metadata": {"labels": {render.LABEL_SHELL: value}}})
+        patchers: dict[str, Callable[[client.CoreV1Api], Awaitable[Any]]] = {
+            "pods": lambda c: c.patch_namespaced_pod(
+                object_name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            ),
+            "secrets": lambda c: c.patch_namespaced_secret(
+                object_name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            ),
+            "persistentvolumeclaims": lambda c: c.patch_namespaced_persistent_volume_claim(
+                object_name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            ),
+        }
+        try:
+            done = await self._call(
+                patchers[resource], verb="patch", resource=resource, app_id=app_id
+            )
+        except ApiException as err:
+            if err.status == 404 and resource != "pods":
+                return None
+            raise self._refused(err, "patch", resource, app_id) from err
+        return self._plain(done)
 
     async def survivors(self) -> list[Survivor]:
         """The running pods an earlier shell (same label) left, each adopted, with the secrets
