@@ -509,7 +509,10 @@ class LifecycleManager(InstanceIndex):
                 holder = None if self.rows is None else await self.rows.shell_of(instance.id)
                 if holder is not None and holder != self.rows.shell:  # type: ignore[union-attr]
                     # taken over by another shell while this one was gone (its relabel not
-                    # yet seen): that shell's now
+                    # yet seen): that shell's now, its handle forgotten here
+                    forget = getattr(self._booter.runner, "forget", None)
+                    if forget is not None:
+                        forget(survivor.app)
                     self.drop(instance, keep_row=True)
                     continue
                 self.adopt_one(instance, survivor)

@@ -569,3 +569,31 @@ def test_a_pod_naming_an_instance_id_the_shell_would_not_make_is_not_adopted(
         "the forged pod to go",
         SLOW,
     )
+
+
+def test_a_handle_whose_pod_left_this_shell_is_not_handed_out_again(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """A pod's handle stays in the runner after its instance lets it go (a restart's survivor
+    whose row another shell had taken over was dropped without forgetting it), and the watch
+    ends it once the pod is relabelled away. `adopt` handed that ended handle out again when the
+    same pod came back to this shell (taken over from that other shell once it died): the new
+    instance's crash watch saw it ended at once, a false `app:crashed` for a running pod."""
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+    lifecycle = shell.shell.lifecycle
+    instance = lifecycle.get(iid)
+    runner: Any = lifecycle._booter.runner
+    ended = instance.child
+    ref = dict(ended.ref)  # type: ignore[union-attr]
+
+    async def let_go_and_come_back() -> Any:
+        lifecycle._booter.detach(instance)  # the instance lets the pod go, as a drop does
+        ended.observe(None)  # type: ignore[union-attr]  # what the watch says of a pod relabelled away
+        return await runner.adopt(ref)
+
+    again = shell.on_loop(let_go_and_come_back())
+    assert ended.status is not None  # type: ignore[union-attr]
+    assert again.status is None  # the pod runs
+    assert again.uid == ref["uid"]

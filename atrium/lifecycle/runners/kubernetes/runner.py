@@ -800,8 +800,8 @@ class KubernetesRunner:
         if exit_of(pod) is not None or not runs(pod):
             raise SpawnFailed(f"pod {name!r} no longer runs", app_id="", cause="exited")
         known = self._handles.get(name)
-        if known is not None and known.uid == there:
-            return known
+        if known is not None and known.uid == there and known.status is None:
+            return known  # an ended handle (its pod once relabelled away) is never handed out
         app = PodApp(self, name, pod)
         self._handles[name] = app
         return app
