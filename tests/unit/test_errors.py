@@ -297,7 +297,8 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.ShuttingDown: errors.ShuttingDown,
     errors.DatabaseUnavailable: lambda: errors.DatabaseUnavailable("postgresql"),
     errors.DatabaseLost: lambda: errors.DatabaseLost("no answer within 1.5 s"),
-    errors.InstanceElsewhere: lambda: errors.InstanceElsewhere(
+    # ``shell`` is the machine the instance runs on, not subprocess's (ruff's S604)
+    errors.InstanceElsewhere: lambda: errors.InstanceElsewhere(  # noqa: S604
         "runs on another shell", instanceId="com.example.a-1", shell="node2"
     ),
     errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
