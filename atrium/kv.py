@@ -124,6 +124,9 @@ class KvDamaged(ConfigError):
 
 
 def damaged_message(path: Path | str, detail: str) -> str:
+    """One line: SQLite's own report may span several (``*** in database main ***`` then the
+    page), and `atrium serve` says a start-up error in one line."""
+    detail = " ".join(detail.split())
     return (
         f"the KV store {path} is damaged ({detail}); stop the shell and run `atrium doctor "
         f"--repair` (it rebuilds the file from the rows still readable and keeps the original), "

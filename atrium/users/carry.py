@@ -89,7 +89,8 @@ def _read(path: Path, tables: Sequence[sa.Table]) -> Rows:
     try:
         problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
         if problems != ["ok"]:
-            raise ConfigError(f"{path} is damaged: {'; '.join(problems)}")
+            said = " ".join("; ".join(problems).split())  # one line, as SQLite's spans several
+            raise ConfigError(f"{path} is damaged: {said}")
         found: Rows = {}
         for table in tables:
             have = {row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")}
