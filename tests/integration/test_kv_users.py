@@ -290,7 +290,7 @@ def test_a_move_that_meets_a_full_disk_changes_nothing_and_runs_again(home: Path
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
-        filler = fill_disk(disk, leave=256 * 1024)  # enough to open, not to copy the rows
+        filler = fill_disk(disk, leave=512 * 1024)  # enough to open, not to copy the rows
         with pytest.raises(
             ConfigError, match=f"the KV store {path} cannot be moved into .*: the disk holding"
         ):
