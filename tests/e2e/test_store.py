@@ -377,7 +377,8 @@ def test_a_shell_without_a_catalogue_offers_to_add_one(
         status.locator(".refused").wait_for()
         assert "every one was refused" in status.inner_text()
         assert "no.sources" in status.inner_text()
-        assert "sources: Field required" in status.inner_text()  # why, per entry
+        # why, per entry
+        assert "sources: an entry needs sources (git or oci) or a runtime" in status.inner_text()
         assert axe_serious(page) == [], "all refused"
         shot(page, f"{size}-all-refused")
         # the admin changes it to a good one: its cards show, and it is remembered
