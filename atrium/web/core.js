@@ -12,6 +12,15 @@ export const shared = {
   me: null,                  // {id, name, role} of the signed-in user
 };
 
+/** Who follows `shared.instances`: each is called after the list is read again. */
+const instanceFollowers = [];
+export function onInstances(fn) { instanceFollowers.push(fn); }
+export function instancesRead() {
+  for (const fn of instanceFollowers) {
+    try { fn(); } catch (err) { console.error(err); }
+  }
+}
+
 // ---------------------------------------------------------------- the event stream's topics
 const handlers = new Map();  // topic → [fn(data)]
 let stream = null;

@@ -4,7 +4,8 @@
 // with a confirmation that says what happens to the data. docs/api.md "Distribution".
 
 import {
-  $, ApiError, VERBS, api, confirmRequest, el, errorNote, onEvent, quietly, shared, skeletons,
+  $, ApiError, VERBS, api, confirmRequest, el, errorNote, onEvent, onInstances, quietly, shared,
+  skeletons,
 } from "./core.js";
 
 let launchApp = async () => {};
@@ -22,6 +23,11 @@ export function startDetail({ launch }) {
   $("versions-app").onchange = () => quietly(loadHistory());
   // a revoke or grant (here, in another tab, by another admin): the open detail says it
   onEvent("app:egress", (e) => { if ($("detail").open && current?.id === e.appId) quietly(showDetail(e.appId)); });
+  // an instance started or stopped while the detail is open: its network row follows
+  onInstances(() => {
+    const cell = document.querySelector('#detail-facts tr[data-fact="Network"] td');
+    if (cell && $("detail").open && current) cell.textContent = networkWords(current.id);
+  });
 }
 
 // ---------------------------------------------------------------- words

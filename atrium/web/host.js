@@ -2,7 +2,7 @@
 // intent chooser, install dialog, and the postMessage bridge. No build step: a plain ES module.
 
 import {
-  $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, loudly, quietly,
+  $, CHIPS, VERBS, api, appIcon, banner, confirmRequest, el, instancesRead, loudly, quietly,
   shared, showError, skeletons, toast, useEventSource,
 } from "./core.js";
 import { markRunning, renderApps, showingHome, startHome } from "./home.js";
@@ -214,6 +214,7 @@ async function closeTab(key) {
 async function loadInstances() {
   for (const instance of await api("GET", "/api/instances")) instances.set(instance.instanceId, instance);
   renderProcs();
+  instancesRead();
 }
 
 let procsTimer = null;
@@ -227,6 +228,7 @@ async function refreshProcs() {
   instances.clear();
   for (const instance of listed) instances.set(instance.instanceId, instance);
   renderProcs();
+  instancesRead();
   await loadShared();
 }
 

@@ -82,10 +82,12 @@ def test_the_detail_backs_up_restores_exports_and_imports_an_apps_data(
             client.post("/api/dist/install", json=body).raise_for_status()
         data.mkdir()
         notes.write_text("a" * 1500)
+        open_detail(page, "Kept")
+        page.locator("#detail-facts tr", has_text="Network").filter(has_text="—").wait_for()
         with api(served) as client:
             running = client.post("/api/instances", json={"appId": app_id}).json()
-        open_detail(page, "Kept")
-        # the network its instance has, in words (its own as root with bubblewrap)
+        # the network its instance has, in words (its own as root with bubblewrap), as soon as
+        # it runs: the open detail follows its instances
         words = NETWORK_WORDS[running["network"]]
         page.locator("#detail-facts tr", has_text="Network").filter(has_text=words).wait_for()
         with api(served) as client:
