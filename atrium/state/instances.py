@@ -45,6 +45,8 @@ from atrium.state.schema import instances, view_tickets, views
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from atrium.bus import Event, EventBus
     from atrium.lifecycle.instance import Instance
     from atrium.state.database import Database
@@ -67,6 +69,28 @@ def digest(secret: str) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _write_view(
+    tx: AsyncConnection, slug: str, view_id: str, path: str, user: str, ticket: str, ttl: float
+) -> None:
+    """A view's row and its ticket's, as every shell writes them: hashes only, and no cookie
+    opens the view until its ticket is redeemed (`InstanceRows.redeem`)."""
+    await tx.execute(
+        sa.insert(views).values(
+            id=view_id,
+            slug=slug,
+            hash=digest(secrets.token_urlsafe(32)),  # no cookie opens it yet
+            path=path,
+            user_id=user,
+            created_at=_now(),
+        )
+    )
+    await tx.execute(
+        sa.insert(view_tickets).values(
+            hash=digest(ticket), slug=slug, view_id=view_id, expires_at=time.time() + ttl
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,24 +368,7 @@ class InstanceRows:
                     )
             except IntegrityError:
                 pass  # another shell's instance has its id: the view works on this shell only
-            await tx.execute(
-                sa.insert(views).values(
-                    id=view_id,
-                    slug=instance.slug,
-                    hash=digest(secrets.token_urlsafe(32)),  # no cookie opens it yet
-                    path=path,
-                    user_id=user,
-                    created_at=_now(),
-                )
-            )
-            await tx.execute(
-                sa.insert(view_tickets).values(
-                    hash=digest(ticket),
-                    slug=instance.slug,
-                    view_id=view_id,
-                    expires_at=time.time() + ttl,
-                )
-            )
+            await _write_view(tx, instance.slug, view_id, path, user, ticket, ttl)
             # expired tickets nobody redeemed
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.expires_at < time.time()))
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
@@ -442,24 +449,7 @@ class InstanceRows:
             ).first()
             if still is None:
                 return False
-            await tx.execute(
-                sa.insert(views).values(
-                    id=view_id,
-                    slug=held.slug,
-                    hash=digest(secrets.token_urlsafe(32)),  # no cookie opens it yet
-                    path=path,
-                    user_id=user,
-                    created_at=_now(),
-                )
-            )
-            await tx.execute(
-                sa.insert(view_tickets).values(
-                    hash=digest(ticket),
-                    slug=held.slug,
-                    view_id=view_id,
-                    expires_at=time.time() + ttl,
-                )
-            )
+            await _write_view(tx, held.slug, view_id, path, user, ticket, ttl)
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         self._committed(stored, routed)
         return True
