@@ -40,20 +40,27 @@ def free_port() -> int:
 StartShell = Callable[[str], RunningShell]
 
 
-@pytest.fixture
-def kube_shells(
-    tmp_path: Path, kube_settings: FakeCluster, postgres_server: str
-) -> Iterator[StartShell]:
-    """Start (and restart) shells, each on the home named, on one PostgreSQL database and one
-    namespace of the fake cluster."""
+def probe_site(tmp_path: Path, cluster: FakeCluster, postgres_server: str) -> tuple[str, str, Path]:
+    """A namespace of its own in the fake cluster, a new migrated database and a system apps
+    folder holding the probe app: ``(namespace, database url, system apps)``."""
     namespace = f"t-{uuid.uuid4().hex[:8]}"
-    cluster = kube_settings
     cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": namespace}})
     url = new_database(postgres_server)
     upgrade_now(url)
     system_apps = tmp_path / "system-apps"
     system_apps.mkdir()
     shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
+    return namespace, url, system_apps
+
+
+@pytest.fixture
+def kube_shells(
+    tmp_path: Path, kube_settings: FakeCluster, postgres_server: str
+) -> Iterator[StartShell]:
+    """Start (and restart) shells, each on the home named, on one PostgreSQL database and one
+    namespace of the fake cluster."""
+    cluster = kube_settings
+    namespace, url, system_apps = probe_site(tmp_path, cluster, postgres_server)
     shells: list[RunningShell] = []
 
     def start(name: str) -> RunningShell:

@@ -8,7 +8,6 @@ on through it."""
 from __future__ import annotations
 
 import signal
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from atrium.identity import new_token
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.states import InstanceState
 from atrium.state.locks import lock_key
-from atrium.state.migrate import upgrade_now
 from atrium.state.schema import events, instances
 from tests.integration.conftest import RunningShell, launch_shell, serving, wait_for
 from tests.kube.cluster import FakeCluster
@@ -34,8 +32,8 @@ from tests.kube.test_several_shells_origins import (
     free_port,
     kube_shells,
     new_view,
+    probe_site,
 )
-from tests.postgres import new_database
 
 __all__ = ["kube_shells"]  # the fixture, shared with the origins' tests
 
@@ -93,18 +91,8 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path: Path, kube_settings: FakeCluster, postgres_server: str) -> Iterator[Site]:
-    namespace = f"t-{uuid.uuid4().hex[:8]}"
     cluster = kube_settings
-    cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": namespace}})
-    url = new_database(postgres_server)
-    upgrade_now(url)
-    system_apps = tmp_path / "system-apps"
-    system_apps.mkdir()
-    import shutil
-
-    from tests.conftest import TESTS_DIR
-
-    shutil.copytree(TESTS_DIR / "apps" / PROBE, system_apps / PROBE)
+    namespace, url, system_apps = probe_site(tmp_path, cluster, postgres_server)
     try:
         yield Site(url, namespace, cluster, system_apps, new_token())
     finally:
