@@ -168,12 +168,13 @@ class ViewDesk:
         if len(self._dropped) > DROPPED_KEPT:
             del self._dropped[next(iter(self._dropped))]
 
-    def _heard_view(self, instance_id: str, view_id: str, gone: bool) -> None:
+    def _heard_view(self, instance_id: str, slug: str, view_id: str, gone: bool) -> None:
         """Another shell made (or released) a view of an instance: if it is this shell's, the
         view is learnt (or dropped, and the instance stopped when that was its last view, as a
-        release here does). Only this shell acts on its instance."""
+        release here does). Only this shell acts on its instance. The slug tells it apart from
+        an instance another shell numbered alike (ids are each shell's own)."""
         instance = self._host.find(instance_id)
-        if instance is None:
+        if instance is None or instance.slug != slug:
             return
         if gone:
             self._drop(view_id)

@@ -186,7 +186,7 @@ class InstanceRows:
         self._heard_count = 0
         self._unlisten: Any = None
         #: told (instance id, view id, gone) of a view another shell made or released
-        self.on_view: list[Callable[[str, str, bool], None]] = []
+        self.on_view: list[Callable[[str, str, str, bool], None]] = []
 
     async def __aenter__(self) -> Self:
         self._task = asyncio.get_running_loop().create_task(
@@ -512,9 +512,9 @@ class InstanceRows:
         if isinstance(slug, str):
             self._cache.pop(slug, None)
         instance_id, view_id = event.payload.get("instanceId"), event.payload.get("viewId")
-        if isinstance(instance_id, str) and isinstance(view_id, str):
+        if isinstance(instance_id, str) and isinstance(slug, str) and isinstance(view_id, str):
             for told in self.on_view:
-                told(instance_id, view_id, event.payload.get("viewGone") is True)
+                told(instance_id, slug, view_id, event.payload.get("viewGone") is True)
 
 
 __all__ = ["InstanceRow", "InstanceRows", "ViewRow", "digest"]
