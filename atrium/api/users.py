@@ -37,16 +37,13 @@ from atrium.state.database import Database
 from atrium.users.accounts import set_aside_scope, stop_instances_of
 from atrium.users.model import USER_ID_RULE, Role, SessionKind, User, valid_user_id
 from atrium.users.passwords import MAX_LENGTH, Passwords, password_problem
-from atrium.users.throttle import RateLimit, SignInThrottle, address_key
+from atrium.users.throttle import SignInThrottle, address_key
 from atrium.wire import WireModel
 
 #: the longest personal token lifetime one may ask for
 MAX_TOKEN_DAYS: Final = 3650
 #: the most personal tokens one user holds: each is a row and a lookup entry kept in memory
 MAX_TOKENS: Final = 100
-#: password sign-ins one client address may make per `ADDRESS_WINDOW` seconds, whatever the names
-ADDRESS_LIMIT: Final = 30
-ADDRESS_WINDOW: Final = 60.0
 #: password sign-ins of one client address being checked at once
 MAX_IN_FLIGHT: Final = 4
 
@@ -56,11 +53,8 @@ class SignIn:
 
     def __init__(self, db: Database) -> None:
         self.passwords = Passwords()
-        #: per (account, address), in the database: shared by every shell of it
+        #: per (account, address) and per address, in the database: shared by every shell
         self.throttle = SignInThrottle(db)
-        #: every sign-in of one address, whatever the name: the per-account limit alone lets
-        #: one address try one password at every name (spraying)
-        self.per_address = RateLimit(ADDRESS_LIMIT, ADDRESS_WINDOW)
         self._in_flight: dict[str, int] = {}
         self._dummy: asyncio.Future[bool] | None = None
         #: one account added or deleted at a time: each moves a scope folder aside, and an add
@@ -79,12 +73,9 @@ class SignIn:
         """429 when the address or the pair is over its limit; else count this attempt as
         failed until it succeeds, so that concurrent guesses are counted before any of them is
         verified. Every name gets the same answer: nothing here looks at who exists."""
-        async with self.throttle.attempt(account, address, time.time()) as wait:
-            if wait is not None:
-                raise TooManyAttempts(wait)
-            wait = self.per_address.take(address_key(address), time.monotonic())
-            if wait is not None:
-                raise TooManyAttempts(wait, limit="address")
+        async with self.throttle.attempt(account, address, time.time()) as refused:
+            if refused is not None:
+                raise TooManyAttempts(refused.seconds, limit=refused.limit)
 
     @contextmanager
     def checking(self, address: str) -> Iterator[None]:

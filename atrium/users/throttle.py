@@ -12,11 +12,16 @@ The address is counted as a network hands them out (`address_key`): an IPv4 addr
 address by its /64 prefix (one host is routinely given a whole /64, 2^64 addresses that would each
 bring five fresh guesses), and an IPv4-mapped IPv6 address as the IPv4 address it maps.
 
+Every address also has `ADDRESS_LIMIT` sign-ins per `WINDOW`, whatever the names and whether
+they succeed: the pair's limit alone lets one address try one password at every name (spraying).
+
 The failures are rows of the state database (``sign_in_failures``: the name as its sha256, never
 as typed), so every shell of one database counts a pair's attempts together: in memory, a
-guesser spread over N shells behind a load balancer had N times the limit. A pair's check and count are one transaction under a lock of the
-pair (PostgreSQL: an advisory transaction lock; SQLite: its one writer), so attempts made at once
-on several shells are counted one after another. Times are the shells' wall clocks (Unix
+guesser spread over N shells behind a load balancer had N times the limit. The address's own
+count is rows of the same table whose account is `ANY_ACCOUNT` (no sha256 is), kept on success.
+An attempt's checks and counts are one transaction under a lock of its address (PostgreSQL: an
+advisory transaction lock; SQLite: its one writer), so attempts made at once on several shells
+are counted one after another. Times are the shells' wall clocks (Unix
 seconds): shells of one database keep their clocks in step, and a skew of a second moves a
 minute's window by a second.
 
@@ -35,6 +40,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
@@ -47,6 +53,10 @@ if TYPE_CHECKING:
 
 LIMIT: Final = 5
 WINDOW: Final = 60.0
+#: sign-ins one address may make per `WINDOW`, whatever the names
+ADDRESS_LIMIT: Final = 30
+#: the account of the rows that count an address's sign-ins (a name is kept as its sha256)
+ANY_ACCOUNT: Final = "*"
 #: the most failures remembered, all pairs together (the memory bound of before: 10,000 pairs
 #: of `LIMIT` times each)
 MAX_ROWS: Final = 50_000
@@ -60,16 +70,32 @@ IPV6_PREFIX: Final = 64
 Pair = tuple[str, str]
 
 
+@dataclass(frozen=True)
+class Refused:
+    """An attempt refused: the whole seconds until it may be made, and which limit refused it
+    (`TooManyAttempts`'s ``limit``: ``account`` for the pair, ``address`` for the address)."""
+
+    seconds: int
+    limit: str
+
+
 class SignInThrottle:
-    """Failed sign-ins by (account, address), in the state database."""
+    """Failed sign-ins by (account, address), and every sign-in by address, in the state
+    database."""
 
     def __init__(
-        self, db: Database, limit: int = LIMIT, window: float = WINDOW, max_rows: int = MAX_ROWS
+        self,
+        db: Database,
+        limit: int = LIMIT,
+        window: float = WINDOW,
+        max_rows: int = MAX_ROWS,
+        address_limit: int = ADDRESS_LIMIT,
     ) -> None:
         self._db = db
         self._limit = limit
         self._window = window
         self._max_rows = max_rows
+        self._address_limit = address_limit
 
     @staticmethod
     def pair(account: str, address: str) -> Pair:
@@ -79,38 +105,55 @@ class SignInThrottle:
         return name, address_key(address)
 
     @asynccontextmanager
-    async def attempt(self, account: str, address: str, now: float) -> AsyncIterator[int | None]:
-        """One attempt of the pair at ``now`` (Unix seconds). Yields the whole seconds until the
-        pair may try again, or None when it may now; then the attempt is counted as failed
-        (until `succeeded`) when the block ends, unless the block raises. Counted before the
-        password is verified, so that attempts made at once are all counted."""
+    async def attempt(
+        self, account: str, address: str, now: float
+    ) -> AsyncIterator[Refused | None]:
+        """One attempt of the pair at ``now`` (Unix seconds). Yields why it must wait (the pair's
+        limit first, then the address's), or None when it may go on; then the attempt is
+        counted, as failed for the pair (until `succeeded`) and as one of the address's, when
+        the block ends, unless the block raises. Counted before the password is verified, so
+        that attempts made at once are all counted. A refused attempt is not counted."""
         key = self.pair(account, address)
-        of_pair = sa.and_(failures.c.account == key[0], failures.c.address == key[1])
         async with self._db.transaction() as tx:
             if self._db.dialect == "postgresql":
-                lock = lock_key("sign-in", "\0".join(key))
+                # the address's lock covers its pairs too (a pair holds its address)
+                lock = lock_key("sign-in", key[1])
                 await tx.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock})
             await tx.execute(sa.delete(failures).where(failures.c.at <= now - self._window))
-            times = (
-                await tx.execute(
-                    sa.select(failures.c.at)
-                    .where(of_pair)
-                    .order_by(failures.c.at.desc())
-                    .limit(self._limit)
-                )
-            ).scalars()
-            wait = _retry_after(list(times), self._limit, self._window, now)
-            yield wait
-            if wait is not None:
+            refused = None
+            for name, limit, what in (
+                (key[0], self._limit, "account"),
+                (ANY_ACCOUNT, self._address_limit, "address"),
+            ):
+                times = (
+                    await tx.execute(
+                        sa.select(failures.c.at)
+                        .where(failures.c.account == name, failures.c.address == key[1])
+                        .order_by(failures.c.at.desc())
+                        .limit(limit)
+                    )
+                ).scalars()
+                wait = _retry_after(list(times), limit, self._window, now)
+                if wait is not None:
+                    refused = Refused(wait, what)
+                    break
+            yield refused
+            if refused is not None:
                 return
             newest = (
                 await tx.execute(
                     sa.insert(failures)
-                    .values(account=key[0], address=key[1], at=now)
+                    .values(
+                        [
+                            {"account": key[0], "address": key[1], "at": now},
+                            {"account": ANY_ACCOUNT, "address": key[1], "at": now},
+                        ]
+                    )
                     .returning(failures.c.id)
                 )
-            ).scalar_one()
-            await tx.execute(sa.delete(failures).where(failures.c.id <= newest - self._max_rows))
+            ).scalars()
+            top = max(newest)
+            await tx.execute(sa.delete(failures).where(failures.c.id <= top - self._max_rows))
 
     async def succeeded(self, account: str, address: str) -> None:
         name, key = self.pair(account, address)

@@ -12,9 +12,10 @@ import httpx
 import pytest
 from argon2 import PasswordHasher
 
-from atrium.api.users import ADDRESS_LIMIT, MAX_IN_FLIGHT
+from atrium.api.users import MAX_IN_FLIGHT
 from atrium.identity import SESSION_COOKIE
 from atrium.users.passwords import Passwords
+from atrium.users.throttle import ADDRESS_LIMIT
 from tests.integration.conftest import RunningShell, StartShell
 
 pytestmark = pytest.mark.integration
