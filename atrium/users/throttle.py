@@ -1,5 +1,5 @@
 """How many failed password sign-ins one (account, address) pair may make (decisions.md "Users:
-accounts and sign-in"; "Several shells: the sign-in throttle in the database"). The caller gives
+accounts and sign-in"; "Several shells: the sign-in limit in the database"). The caller gives
 the time.
 
 After `LIMIT` failures for one account from one address within `WINDOW` seconds, that pair is
