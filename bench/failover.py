@@ -8,8 +8,9 @@ shell 1 is hit (c) with 5 % packet loss and 100 ms delay each way on its link fo
 its link is cut while it stays alive, then (a) it is killed (`kill -9`). For each: the longest
 time without a successful data answer from the fault on (the time until traffic is back, on
 shell 2 for (a) and (b)), and the same for acknowledged KV writes; for (b) also when the server
-had ended shell 1's sessions (its locks free for shell 2). One run: minutes, and it needs root,
-ip, iptables and Debian's haproxy.
+had ended shell 1's sessions (its locks free for shell 2), and for (b) and (a) when shell 2 had
+taken over shell 1's instances (their pods in the fake cluster of tests/kube). One run: about
+half a minute, and it needs root, ip, iptables, bwrap and Debian's haproxy.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ CASES = {
 
 
 def main_sync() -> None:
-    if os.geteuid() != 0 or not all(map(shutil.which, ("haproxy", "iptables", "ip"))):
-        print("failover skipped: needs root, ip, iptables and Debian's haproxy")
+    if os.geteuid() != 0 or not all(map(shutil.which, ("haproxy", "iptables", "ip", "bwrap"))):
+        print("failover skipped: needs root, ip, iptables, bwrap and Debian's haproxy")
         return
     from tests.integration.test_failover import failover
 
@@ -44,6 +45,9 @@ def main_sync() -> None:
     print(
         f"(b): the server ended shell 1's sessions {figures['sessions gone']:.2f} s after the cut"
     )
+    for key, moment in (("b", "cut"), ("a", "kill")):
+        taken = figures[f"{key} takeover"]
+        print(f"({key}): shell 2 held shell 1's instances {taken:.2f} s after the {moment}")
 
 
 async def main() -> None:

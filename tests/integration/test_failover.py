@@ -16,6 +16,15 @@ same scenario (`failover`) and prints them as a table.
 
 Which shell wrote a row is told by a trigger the test adds to every table: it notes the writer's
 address (`inet_client_addr()`), backend pid and the time of every insert, update and delete.
+
+Both replicas run their instances in pods, with the Kubernetes runner against the fake API and
+kubelet of tests/kube (tests/kube/conftest.py says why a fake) in a namespace of their own too.
+Before the faults the client opens three instances through HAProxy (on both replicas) and holds
+each with a view, as a host page does; before (a) one more, on replica 1. After each fault every
+instance's page is served through HAProxy by the process that served it first, in the same pod
+(its uid in the fake API): no respawn, no hook called again. Replica 2 takes replica 1's
+instances over once its shell lock is free (its sessions ended at (b), its process gone at (a));
+back after (b), replica 1 writes no row of them.
 """
 
 from __future__ import annotations
@@ -40,23 +49,27 @@ from dataclasses import dataclass, field
 from itertools import count, pairwise
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from atrium.lifecycle.runners.kubernetes import render
 from atrium.state.migrate import upgrade_now
-from tests.conftest import REPO_DIR
+from tests.conftest import REPO_DIR, TESTS_DIR
 from tests.integration.conftest import serve_env, wait_for
 from tests.integration.test_several_shells import BACK_WITHIN, DOMAIN, HAPROXY_CFG, RATE, Balancer
+from tests.kube.cluster import FakeCluster
+from tests.kube.test_several_shells_origins import PROBE
 from tests.postgres import _as_postgres, _pg_bin, _reachable, _template
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(map(shutil.which, ("haproxy", "iptables", "ip"))),
-    reason="needs root, ip, iptables and Debian's haproxy (make test installs haproxy)",
+    os.geteuid() != 0 or not all(map(shutil.which, ("haproxy", "iptables", "ip", "bwrap"))),
+    reason="needs root, ip, iptables, bwrap and Debian's haproxy (make test installs haproxy)",
 )
 
 SUBNET = "10.231.0"
-HOSTS = {"db": 1, "lb": 4, "client": 5, "r1": 11, "r2": 12}
+HOSTS = {"db": 1, "lb": 4, "client": 5, "kube": 6, "r1": 11, "r2": 12}
 #: KV writes the client makes, and how many at a time
 WRITES = 2000
 WRITERS = 4
@@ -65,6 +78,12 @@ SENDERS = 8
 #: the delay case's extra latency, each way
 DELAY = 0.1
 LOSS = "0.05"
+#: the instances the client keeps open through the faults, and their namespace in the fake cluster
+INSTANCES = 3
+KUBE_NS = "failover"
+#: the probe app under one id per instance: two shells number their instances of one app alike
+#: (`<appId>-1` on each), and in one namespace the second's pod names are the first's
+APPS = [f"test.failover.probe{n}" for n in range(1, INSTANCES + 2)]
 T = TypeVar("T")
 _CLONE_NEWNET = 0x40000000
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -392,6 +411,181 @@ def haproxy_in(namespace: str, tmp: Path) -> Iterator[Balancer]:
         proc.wait(timeout=10)
 
 
+@contextmanager
+def cluster_in(net: Net, tmp: Path) -> Iterator[FakeCluster]:
+    """The fake Kubernetes API and kubelet (tests/kube/conftest.py says why a fake) in the
+    ``kube`` namespace: the API on its address, the pods' bridge there, forwarding on, and the
+    replicas routed to the pods through it (the pods reach the replicas the same way back).
+    The namespace ``KUBE_NS`` in it holds the pods, and ``tmp``/system-apps the probe app."""
+    cluster = FakeCluster("fo", addr("kube"), lambda: enter(net.ns("kube")))
+    try:
+        cluster.start()
+        subprocess.run(
+            ["ip", "netns", "exec", net.ns("kube"), "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+            check=True,
+            capture_output=True,
+        )
+        for role in ("r1", "r2"):
+            ip("-n", net.ns(role), "route", "add", str(cluster.kubelet.network.subnet), "via",
+               addr("kube"))  # fmt: skip
+        cluster.call(cluster.api.create, "v1/namespaces", "", {"metadata": {"name": KUBE_NS}})
+        for app in APPS:
+            folder = tmp / "system-apps" / app
+            shutil.copytree(TESTS_DIR / "apps" / PROBE, folder)
+            manifest = json.loads((folder / "app.manifest.json").read_text())
+            (folder / "app.manifest.json").write_text(json.dumps({**manifest, "id": app}))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def kube_env(cluster: FakeCluster, tmp: Path, role: str) -> dict[str, str]:
+    """A replica's settings for the Kubernetes runner on ``cluster`` (`cluster_in`)."""
+    return {
+        "ATRIUM_SYSTEM_APPS": str(tmp / "system-apps"),
+        "ATRIUM_RUNNER": "kubernetes",
+        "ATRIUM_KUBE_CONFIG": str(cluster.kubeconfig),
+        "ATRIUM_KUBE_NAMESPACE": KUBE_NS,
+        "ATRIUM_KUBE_SHELL_URL": f"http://{addr(role)}:7070",
+        "ATRIUM_KUBE_START_TIMEOUT_SECONDS": "30",
+    }
+
+
+def api_client(token: str, base: str = f"http://{addr('lb')}", **kwargs: Any) -> httpx.Client:
+    return httpx.Client(
+        base_url=base,
+        headers={"Host": DOMAIN, "Authorization": f"Bearer {token}"},
+        **kwargs,
+    )
+
+
+@dataclass
+class Opened:
+    """An instance the client keeps open with a view, as a host page does: its app origin (the
+    `Host` of its pages through HAProxy), the view's cookie, and its page and pod when opened."""
+
+    iid: str
+    view: str
+    host: str
+    cookie: str
+    boot: dict[str, Any]
+    uid: str = ""
+
+    def page(self) -> dict[str, Any] | None:
+        """Its page through HAProxy now (in the client's namespace); None without one."""
+        with httpx.Client(
+            base_url=f"http://{addr('lb')}",
+            headers={"Host": self.host, "Cookie": self.cookie},
+            timeout=5,
+        ) as origin:
+            try:
+                answer = origin.get("/boot")
+            except httpx.HTTPError:
+                return None
+        return answer.json() if answer.status_code == 200 else None
+
+
+def launch(token: str, apps: list[str], base: str = f"http://{addr('lb')}") -> list[str] | None:
+    """An instance of each of ``apps`` launched at once (through HAProxy: its round robin puts
+    them on both replicas), their ids; None if one was refused (a replica not serving yet)."""
+
+    def one(app: str) -> str | None:
+        with api_client(token, base, timeout=60) as api:
+            launched = api.post("/api/instances", json={"appId": app})
+        return str(launched.json()["instanceId"]) if launched.status_code == 200 else None
+
+    with ThreadPoolExecutor(len(apps)) as pool:
+        ids = list(pool.map(one, apps))
+    return [i for i in ids if i] if all(ids) else None
+
+
+def hold(token: str, iid: str) -> Opened:
+    """A view of ``iid`` made and entered through HAProxy, its first page read."""
+    with api_client(token, timeout=30) as api:
+        made = api.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+    assert made.status_code == 200, made.text
+    ticket = urlsplit(made.json()["url"])
+    assert ticket.hostname is not None
+    with httpx.Client(
+        base_url=f"http://{addr('lb')}", headers={"Host": ticket.hostname}, timeout=30
+    ) as origin:
+        entered = origin.get(f"{ticket.path}?{ticket.query}", follow_redirects=False)
+    assert entered.status_code == 303, entered.text
+    opened = Opened(
+        iid, made.json()["viewId"], ticket.hostname, entered.headers["set-cookie"].split(";")[0], {}
+    )
+    page = opened.page()
+    assert page is not None
+    assert page["hooks"] == ["onCreate", "onStart"], page
+    opened.boot = page
+    return opened
+
+
+@dataclass
+class Pods:
+    """The client's instances in the fake cluster's pods, looked at from the client's namespace,
+    the database and the fake API."""
+
+    client_ns: str
+    url: str
+    token: str
+    cluster: FakeCluster
+
+    def open(self, apps: list[str], base: str = f"http://{addr('lb')}") -> list[Opened]:
+        """An instance of each of ``apps`` launched at ``base``, held open with a view each."""
+        ids = wait_for(
+            lambda: inside(self.client_ns, launch, self.token, apps, base), "instances launched"
+        )
+        # the launch answers before its shell has written the row `started`: a view asked of
+        # the other shell meanwhile is refused (409 not_serving, "creating")
+        wait_for(lambda: self.started(ids), "the instances' rows say started")
+        opened = [inside(self.client_ns, hold, self.token, iid) for iid in ids]
+        for each in opened:
+            each.uid = self.uid(each)
+        return opened
+
+    def holders(self) -> dict[str, str]:
+        """Which replica (``r1``, ``r2``) each instance's row names."""
+        rows = inside(self.client_ns, query, self.url, "SELECT id, shell FROM instances")
+        return {iid: "r1" if shell.endswith("/home1") else "r2" for iid, shell in rows}
+
+    def started(self, ids: list[str]) -> bool:
+        rows = inside(
+            self.client_ns, query, self.url, "SELECT state FROM instances WHERE id = ANY(%s)", ids
+        )
+        if len(rows) < len(ids) or any(state != "started" for (state,) in rows):
+            time.sleep(0.05)
+            return False
+        return True
+
+    def moved(self, which: list[Opened]) -> bool:
+        """Whether replica 2 holds every one of ``which`` (pauses a little if not)."""
+        now = self.holders()
+        if any(now.get(o.iid) != "r2" for o in which):
+            time.sleep(0.1)
+            return False
+        return True
+
+    def uid(self, opened: Opened) -> str:
+        pod = self.cluster.pod(KUBE_NS, render.pod_name(opened.iid))
+        return str(pod["metadata"]["uid"]) if pod else ""
+
+    def kept(self, stage: str, which: list[Opened]) -> None:
+        """Each instance's page served through HAProxy by the process that served it first
+        (its boot token, and the hooks it was called with: none since), in the same pod."""
+
+        def pages() -> list[dict[str, Any] | None] | None:
+            got = inside(self.client_ns, lambda: [o.page() for o in which])
+            if None in got:
+                time.sleep(0.1)
+                return None
+            return got
+
+        got = wait_for(pages, f"the instances served through HAProxy after ({stage})", 20)
+        assert got == [o.boot for o in which], f"({stage}) respawned or hooks called: {got}"
+        assert [self.uid(o) for o in which] == [o.uid for o in which], f"({stage}) respawned"
+
+
 @dataclass
 class Load:
     """The client: data requests, KV writes and one event stream, all through HAProxy from the
@@ -518,6 +712,10 @@ class Failover:
     gone_at: Any
     cut_at: float
     mended_at: float
+    #: the instances the client held open through the faults (the last opened on replica 1
+    #: before (a)), and those replica 2 took over from replica 1 at (b)
+    opened: list[Opened]
+    taken: list[Opened]
 
 
 @contextmanager
@@ -532,6 +730,7 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
         client_ns = net.ns("client")
         server = stack.enter_context(postgres_in(net.ns("db"), addr("db")))
         url = inside(client_ns, prepare, server)
+        cluster = stack.enter_context(cluster_in(net, tmp_path))
 
         # replica 1 serves behind one relay and reaches the database through another, both in
         # its namespace (the delay case slows them); its connections come from its address
@@ -553,6 +752,7 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
                 ATRIUM_PORT="7071",
                 ATRIUM_DATABASE_URL=url.replace(f"{addr('db')}:5432", "127.0.0.1:5433"),
                 **common,
+                **kube_env(cluster, tmp_path, "r1"),
             ),
             serve_in(
                 net.ns("r2"),
@@ -562,6 +762,7 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
                 ATRIUM_PORT="7070",
                 ATRIUM_DATABASE_URL=url,
                 **common,
+                **kube_env(cluster, tmp_path, "r2"),
             ),
         ]
         with ThreadPoolExecutor(2) as pool:
@@ -590,6 +791,15 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
 
         token = inside(client_ns, new_token)
         figures["setup"] = time.monotonic() - t0
+
+        pods = Pods(client_ns, url, token, cluster)
+        # three instances opened through HAProxy at once: on both replicas (round robin)
+        opening = time.monotonic()
+        opened = pods.open(APPS[:INSTANCES])
+        figures["instances open"] = time.monotonic() - opening
+        held = pods.holders()
+        taken = [o for o in opened if held[o.iid] == "r1"]
+        assert 0 < len(taken) < INSTANCES, f"not on both replicas: {held}"
         load = Load(client_ns, token)
         r1_addr = addr("r1")
         with load.running():
@@ -611,6 +821,7 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
             net.iptables("r1", "-F")
             http_relay.delay = db_relay.delay = 0.0
             time.sleep(1)
+            pods.kept("c", opened)
 
             # (b) replica 1's link cut; it stays alive
             r1_pids = {
@@ -654,23 +865,36 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
                 ) from None
             figures["sessions gone"] = time.monotonic() - cut_at
             wait_for(lambda: balancer.status("shell1").startswith("DOWN"), "shell1 DOWN")
+            wait_for(lambda: pods.moved(taken), "replica 2 takes replica 1's instances over", 15)
+            figures["b takeover"] = time.monotonic() - cut_at
             time.sleep(max(0.0, cut_at + 6 - time.monotonic()))
             figures["b"] = load.longest_gap(cut_at, time.monotonic())
             figures["b writes"] = load.longest_write_gap(cut_at, time.monotonic())
             mended_at = time.monotonic()
             net.link("r1", up=True)
             wait_for(lambda: balancer.status("shell1") == "UP", "shell1 UP again", timeout=30)
-            time.sleep(1)
+            up_at = time.monotonic()
+            # replica 1, back, let go of what replica 2 took: both serve every instance from
+            # the same pods, and no hook was called again
+            pods.kept("b", opened)
+            # one more instance, opened on replica 1 for (a) to take over
+            last = pods.open(APPS[INSTANCES:], f"http://{addr('r1')}:7070")
+            assert pods.holders()[last[0].iid] == "r1"
+            opened += last
+            time.sleep(max(0.0, up_at + 1 - time.monotonic()))
 
             # (a) kill -9 of replica 1 (its relays go with it: nothing listens at its address)
             killed_at = time.monotonic()
             r1.proc.kill()
             http_relay.close()
             db_relay.close()
-            time.sleep(3)
+            wait_for(lambda: pods.moved(last), "replica 2 takes the killed one's instance over", 15)
+            figures["a takeover"] = time.monotonic() - killed_at
+            time.sleep(max(0.0, killed_at + 3 - time.monotonic()))
             figures["a"] = load.longest_gap(killed_at, time.monotonic())
             figures["a writes"] = load.longest_write_gap(killed_at, time.monotonic())
             wait_for(lambda: balancer.status("shell1").startswith("DOWN"), "shell1 DOWN")
+            pods.kept("a", opened)
 
             figures["faults done"] = time.monotonic() - began
             if settle:
@@ -681,7 +905,19 @@ def failover(tmp_path: Path, *, settle: bool = True) -> Iterator[Failover]:
                 )[0][0]
                 wait_for(lambda: load.seen and load.seen[-1] >= newest, "the stream caught up")
 
-        yield Failover(figures, load, url, client_ns, r1_addr, r1_pids, gone_at, cut_at, mended_at)
+        yield Failover(
+            figures,
+            load,
+            url,
+            client_ns,
+            r1_addr,
+            r1_pids,
+            gone_at,
+            cut_at,
+            mended_at,
+            opened,
+            taken,
+        )
 
 
 def test_failover_of_a_replica_loses_no_write_and_no_event(tmp_path: Path) -> None:
@@ -749,5 +985,9 @@ def test_failover_of_a_replica_loses_no_write_and_no_event(tmp_path: Path) -> No
         )
         old_sessions = [row for row in late if row[1] in r1_pids]
         assert not old_sessions, old_sessions[:10]
+        # nor, back, of the instances replica 2 had taken over (their rows and views)
+        taken = {o.iid for o in run.taken} | {o.view for o in run.taken}
+        theirs = [row for row in late if row[2] in ("instances", "views") and row[4] in taken]
+        assert not theirs, f"replica 1 wrote the rows of instances taken from it: {theirs}"
         for case in ("a", "b", "c"):
             assert figures[case] < BACK_WITHIN, f"({case}): no answer for {figures[case]:.2f} s"

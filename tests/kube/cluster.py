@@ -106,29 +106,40 @@ def free_subnet() -> ipaddress.IPv4Network:
 
 
 class FakeCluster:
-    """A started fake cluster. `url` (the API, on 127.0.0.1), `kubeconfig` (a file naming it),
+    """A started fake cluster. `url` (the API, on `host`), `kubeconfig` (a file naming it),
     `host_address` (where pods reach the host: the bridge's address in the root namespace),
     `api` (the `FakeApi`: state and faults) and `kubelet` (the `Kubelet`: images, ceilings,
     claim folders). Call into either from a test with `call` (a function run on the cluster's
     loop) or `run` (a coroutine); the fault helpers below are safe from any thread."""
 
-    def __init__(self) -> None:
-        self.prefix = f"{PREFIX}{os.getpid()}"
-        self.root = TMP / f"atrium-kube-{os.getpid()}"
+    def __init__(
+        self, name: str = "", host: str = "127.0.0.1", setup: Callable[[], None] | None = None
+    ) -> None:
+        """``name``: told apart from the session's cluster (its links, namespaces, cgroups and
+        folder carry it too); ``host``: where the API listens; ``setup``: run first on the
+        cluster's thread (the failover test moves it into a network namespace: the bridge, the
+        pods' links and the API's socket are then made there)."""
+        self.prefix = f"{PREFIX}{os.getpid()}{name}"
+        self.root = TMP / f"atrium-kube-{name}{'-' if name else ''}{os.getpid()}"
+        self.host = host
         self.api = FakeApi()
         self.kubelet = Kubelet(self.api, self.prefix, self.root, free_subnet())
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="fake-cluster", daemon=True
-        )
+        self._setup = setup
+        self.thread = threading.Thread(target=self._serve, name="fake-cluster", daemon=True)
         self.port = 0
         self._runner: aiohttp.web.ServerRunner | None = None
         self._site: aiohttp.web.TCPSite | None = None
         self._reopen: asyncio.Task[None] | None = None
 
+    def _serve(self) -> None:
+        if self._setup is not None:
+            self._setup()
+        self.loop.run_forever()
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def host_address(self) -> str:
@@ -166,7 +177,7 @@ class FakeCluster:
             aiohttp.web.Server(self.api), handle_signals=False, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        self._site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port)
+        self._site = aiohttp.web.TCPSite(self._runner, self.host, self.port)
         await self._site.start()
         server = self._site._server
         assert server is not None
@@ -248,7 +259,7 @@ class FakeCluster:
         async def reopen() -> None:
             await asyncio.sleep(seconds)
             assert self._runner is not None
-            self._site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", self.port)
+            self._site = aiohttp.web.TCPSite(self._runner, self.host, self.port)
             await self._site.start()
 
         self._reopen = asyncio.get_running_loop().create_task(reopen())
