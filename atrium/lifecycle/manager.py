@@ -526,9 +526,11 @@ class LifecycleManager(InstanceIndex):
         """After a loss of the database: the instances whose rows another shell holds now (it
         took them over while this one was cut off) leave this shell without a hook and with
         their servers left running (atrium.lifecycle.takeover). So do those running whose rows
-        are gone though this shell had nothing left to write of them: a running instance's row
-        was written when it started, and only the shell that took it over (then removed it)
-        deletes it; kept, it was a ghost whose server was gone."""
+        are gone though this shell had written them: only the shell that took one over (then
+        removed it) deletes it; kept, it was a ghost whose server was gone. A change of it still
+        queued does not keep it (the writer only updates a row it wrote, and only while the row
+        names this shell: `InstanceRows.written`); only an instance whose first row is still to
+        be written is kept, since no other shell can have taken a row that never was."""
         rows = self.rows
         if rows is None:
             return
@@ -536,7 +538,7 @@ class LifecycleManager(InstanceIndex):
         for instance in self.all():
             holder = holders.get(instance.id)
             if holder == rows.shell or (
-                holder is None and (rows.pending(instance.id) or instance.child is None)
+                holder is None and (not rows.written(instance) or instance.child is None)
             ):
                 continue
             _LOGGER.warning(

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from atrium.errors import DatabaseLost
 from atrium.events import InstanceRouted
 from atrium.state.events import StoredEvent, append
 from atrium.state.schema import instances, view_tickets, views
@@ -175,6 +176,9 @@ class InstanceRows:
         self._runner = runner
         #: instance id → (the instance, whether it is still live): written by the writer task
         self._dirty: dict[str, tuple[Instance, bool]] = {}
+        #: instance id → the instance whose row this shell inserted: later writes of it only
+        #: update that row, and only while it names this shell (`_write`)
+        self._written: dict[str, Instance] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -257,18 +261,32 @@ class InstanceRows:
             self._idle.set()
 
     async def _write(self, instance: Instance, live: bool) -> None:
+        """The instance's row as it is now (``live``), or its row and views deleted.
+
+        Inserted once; after that only updated where it still names this shell. A write
+        queued while the link was cut may run once it is back, after another shell took the
+        instance over (the row names that shell) and perhaps removed it (no row): inserted
+        again, it was a ghost naming this shell, for a pod gone or another's, which kept this
+        shell from letting the instance go (`LifecycleManager.let_go_of_taken`)."""
         mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
         routed = InstanceRouted(instance.id, instance.app_id, instance.slug, owner=instance.owner)
+        values = _row_values(instance, self._runner, self.shell)
         try:
             async with self._db.transaction() as tx:
-                await tx.execute(sa.delete(instances).where(mine))
-                if live:
-                    await tx.execute(
-                        sa.insert(instances).values(_row_values(instance, self._runner, self.shell))
-                    )
+                if live and self.written(instance):
+                    if (await tx.execute(sa.update(instances).where(mine).values(values))).rowcount:
+                        stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+                    else:
+                        stored = None
+                elif live:
+                    await tx.execute(sa.delete(instances).where(mine))
+                    await tx.execute(sa.insert(instances).values(values))
+                    stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
                 else:
-                    await self._drop_views(tx, instance.slug)
-                stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+                    gone = await tx.execute(sa.delete(instances).where(mine))
+                    if gone.rowcount or not await self._held_elsewhere(tx, instance.slug):
+                        await self._drop_views(tx, instance.slug)
+                    stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         except IntegrityError:
             # another shell's instance has this id (each numbers its own): this one is served
             # by its own shell only
@@ -278,7 +296,31 @@ class InstanceRows:
                 instance.id,
             )
             return
+        if stored is None:
+            _LOGGER.warning(
+                "%s %s: its row no longer names this shell (taken over while it was cut off):"
+                " not written again",
+                instance.app_id,
+                instance.id,
+            )
+            return
+        if live:
+            self._written[instance.id] = instance
+        elif self._written.get(instance.id) is instance:
+            del self._written[instance.id]
         self._committed(stored, routed)
+
+    def written(self, instance: Instance) -> bool:
+        """Whether this shell inserted ``instance``'s row (no row now: another shell removed
+        it, having taken it over)."""
+        return self._written.get(instance.id) is instance
+
+    @staticmethod
+    async def _held_elsewhere(tx: AsyncConnection, slug: str) -> bool:
+        """Whether another shell's row has this slug (an instance taken over keeps its slug,
+        and its views are that shell's now)."""
+        found = await tx.execute(sa.select(instances.c.id).where(instances.c.slug == slug))
+        return found.first() is not None
 
     def _committed(self, stored: StoredEvent, routed: InstanceRouted) -> None:
         self._bus.committed([(stored, routed)])
@@ -359,19 +401,29 @@ class InstanceRows:
         ticket at once. The view has no cookie until its ticket is redeemed (`redeem`)."""
         mine = (instances.c.id == instance.id) & (instances.c.shell == self.shell)
         routed = InstanceRouted(instance.id, instance.app_id, instance.slug, owner=instance.owner)
+        values = _row_values(instance, self._runner, self.shell)
+        inserted = False
         async with self._db.transaction() as tx:
-            await tx.execute(sa.delete(instances).where(mine))
-            try:
-                async with tx.begin_nested():
-                    await tx.execute(
-                        sa.insert(instances).values(_row_values(instance, self._runner, self.shell))
+            if self.written(instance):
+                # as the writer does (`_write`): a row taken over is not this shell's to write
+                if not (await tx.execute(sa.update(instances).where(mine).values(values))).rowcount:
+                    raise DatabaseLost(
+                        "the instance was taken over by another shell while this one was cut off"
                     )
-            except IntegrityError:
-                pass  # another shell's instance has its id: the view works on this shell only
+            else:
+                await tx.execute(sa.delete(instances).where(mine))
+                try:
+                    async with tx.begin_nested():
+                        await tx.execute(sa.insert(instances).values(values))
+                    inserted = True
+                except IntegrityError:
+                    pass  # another shell's instance has its id: the view works on this shell only
             await _write_view(tx, instance.slug, view_id, path, user, ticket, ttl)
             # expired tickets nobody redeemed
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.expires_at < time.time()))
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        if inserted:
+            self._written[instance.id] = instance
         self._committed(stored, routed)
 
     async def drop_view(self, view_id: str) -> None:

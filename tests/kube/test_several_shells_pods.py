@@ -356,3 +356,60 @@ def site_pod_uid(shell: RunningShell, iid: str) -> str:
 
     uid: str = shell.on_loop(read())
     return uid
+
+
+class CutWrites:
+    """The instance rows' writer's database, whose write transactions fail until ``over`` (its
+    reads go on): the writer keeps what it could not write and tries again each second."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.over = False
+
+    def transaction(self) -> Any:
+        if not self.over:
+            raise ConnectionRefusedError("the link is cut")
+        return self.db.transaction()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def test_a_row_write_queued_during_a_cut_writes_no_ghost_of_an_instance_taken_and_removed(
+    kube_shells: StartShell,
+) -> None:
+    """A change of shell 1's instance is noted while its row writer cannot reach the database
+    (as a state change made just before a cut is), and stays queued through the cut. Shell 2
+    takes the instance over and removes it meanwhile. Back, the queued write inserted the row
+    again, naming shell 1 (a ghost for a pod gone), and shell 1 kept the instance since a write
+    of it was pending; now the writer only updates a row it wrote where it still names shell 1,
+    writes nothing, and shell 1 lets the instance go."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+    rows = one.shell.lifecycle.rows
+    assert rows is not None
+    wait_for(lambda: row_of(url, iid).state == "started", "the started row written", SLOW)
+    writes = CutWrites(rows._db)
+    rows._db = writes  # type: ignore[assignment]
+
+    async def noted() -> None:
+        rows.touch(one.shell.lifecycle.get(iid))
+
+    try:
+        one.on_loop(noted())
+        with cut_until_taken(one, two, iid), two.client(timeout=SLOW) as api:
+            assert rows.pending(iid)
+            assert api.delete(f"/api/instances/{iid}").status_code == 200
+            wait_for(lambda: row_of(url, iid) is None, "the removed instance's row gone", SLOW)
+            writes.over = True
+        wait_for(lambda: one.shell.coordination.lost is None, "one back", 15)
+        wait_for(lambda: one.shell.lifecycle.find(iid) is None, "one lets the instance go", 15)
+        wait_for(lambda: not rows.pending(iid), "the queued write tried", 5)
+        one.on_loop(rows.flush())
+        assert row_of(url, iid) is None
+    finally:
+        writes.over = True
+        rows._db = writes.db
+    assert crashes(url, iid) == 0
