@@ -55,7 +55,7 @@ from atrium.usage import Running
 from atrium.users import bootstrap
 from atrium.users.audit import AuditLog
 from atrium.users.carry import carry_over
-from atrium.users.grants import GrantStore
+from atrium.users.grants import GrantStore, access_to
 from atrium.users.model import Role
 from atrium.users.store import UserStore
 from atrium.userscopes import UserScopes
@@ -465,6 +465,12 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
                 coordination=coordination,
                 rows=rows,
             )
+        )
+        # a view another shell made is learnt here only while its user may see the instance
+        lifecycle.views.may_view = lambda instance, user_id: (
+            (user := users.get(user_id)) is not None
+            and not user.disabled
+            and access_to(user_id, instance, grants) is not None
         )
         stack.callback(lifecycle.pool.follow_registry())
         presence = Presence(settings.view_grace_seconds, lifecycle.views.release_client)

@@ -331,10 +331,19 @@ async def create_view_elsewhere(
     assert rows is not None  # noqa: S101 - held_elsewhere found its row
     view_id, ticket = secrets.token_hex(6), secrets.token_urlsafe(24)
     user = caller.user_id if isinstance(caller, UserCaller) else held.owner
-    if not await rows.add_view_elsewhere(held.row, view_id, body.path, user, ticket, TICKET_TTL):
+    state = await rows.add_view_elsewhere(held.row, view_id, body.path, user, ticket, TICKET_TTL)
+    if state is None:
         raise InstanceElsewhere(
             f"instance {held.id} moved or ended while its view was made: ask again",
             instanceId=held.id,
+        )
+    if state not in SERVING:  # it stopped since its row was read
+        raise NotServing(
+            held.id,
+            held.app_id,
+            state,
+            "a view needs an instance in started, resuming, resumed, pausing or paused "
+            "(it runs on another shell, which alone starts it)",
         )
     url = f"http://{held.row.slug}.{shell.settings.app_domain}:{shell.settings.port}/_os/enter"
     return JSONResponse({"viewId": view_id, "instanceId": held.id, "url": f"{url}?ticket={ticket}"})

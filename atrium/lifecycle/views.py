@@ -18,7 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -70,6 +70,9 @@ class ViewDesk:
         self._dropped: dict[str, None] = {}
         #: the reads and stops that another shell's view made or released set going here
         self._tasks: set[asyncio.Task[None]] = set()
+        #: whether a user may still see an instance (its owner, or a grantee, enabled): set by
+        #: the shell, which holds the users and grants
+        self.may_view: Callable[[Instance, str], bool] = lambda _instance, _user: True
         if rows is not None:
             rows.on_view.append(self._heard_view)
 
@@ -157,10 +160,28 @@ class ViewDesk:
 
     def _admit(self, instance: Instance, row: ViewRow) -> View | None:
         """The instance's view as its row says: the one in memory, or a new one unless it was
-        released since the row was read."""
+        released since the row was read. A new one is dropped, its row deleted, when the
+        instance no longer serves or its user may no longer see it: another shell checked
+        both before it wrote the row, and the instance may have stopped (or the grant been
+        revoked here) since; held, the view would keep the instance from its
+        stop-when-unviewed, with no page to release it."""
         view = instance.views.get(row.id)
-        if view is None and row.id not in self._dropped:
-            view = instance.views[row.id] = View(row.id, "", row.path, user=row.user)
+        if view is not None or row.id in self._dropped:
+            return view
+        if instance.state not in SERVING or not self.may_view(instance, row.user):
+            _LOGGER.info(
+                "%s %s: view %s made on another shell dropped (%s)",
+                instance.app_id,
+                instance.id,
+                row.id,
+                instance.state
+                if instance.state not in SERVING
+                else f"{row.user} may no longer see it",
+            )
+            self._drop(row.id)
+            self._spawn(self.forget(row.id))
+            return None
+        view = instance.views[row.id] = View(row.id, "", row.path, user=row.user)
         return view
 
     def _drop(self, view_id: str) -> None:
@@ -205,8 +226,18 @@ class ViewDesk:
                 "view %s of %s is learnt at its first request: %s", view_id, instance.id, err
             )
             return
-        if row is not None and self._host.find(instance.id) is instance:
-            self._admit(instance, row)
+        if row is None:
+            return
+        try:
+            # its state is settled under the lock: a stop under way (its last view released)
+            # is over, and the view is not admitted to the stopped instance
+            async with instance.lock:
+                if self._host.find(instance.id) is instance:
+                    self._admit(instance, row)
+        except AtriumError as err:
+            _LOGGER.warning(
+                "view %s of %s is learnt at its first request: %s", view_id, instance.id, err
+            )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work, name="another shell's view")

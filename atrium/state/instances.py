@@ -40,6 +40,7 @@ from sqlalchemy.exc import IntegrityError
 
 from atrium.errors import DatabaseLost
 from atrium.events import InstanceRouted
+from atrium.lifecycle.states import SERVING
 from atrium.state.events import StoredEvent, append
 from atrium.state.schema import instances, view_tickets, views
 
@@ -482,15 +483,17 @@ class InstanceRows:
 
     async def add_view_elsewhere(
         self, held: InstanceRow, view_id: str, path: str, user: str, ticket: str, ttl: float
-    ) -> bool:
+    ) -> str | None:
         """A view of another shell's instance and its ticket, written as its own shell writes
         them (`add_view`), with an `instance:routed` naming the view in the same transaction:
-        its shell learns it. False when the row no longer says that shell runs it."""
+        its shell learns it. The state the locked row says (the view is written only when it
+        serves: ``held`` was read before the lock, and the instance may have stopped since);
+        None when the row no longer says that shell runs it."""
         routed = InstanceRouted(held.id, held.app_id, held.slug, owner=held.owner, view_id=view_id)
         async with self._db.transaction() as tx:
-            still = (
+            state: str | None = (
                 await tx.execute(
-                    sa.select(instances.c.id)
+                    sa.select(instances.c.state)
                     .where(
                         (instances.c.id == held.id)
                         & (instances.c.shell == held.shell)
@@ -498,13 +501,13 @@ class InstanceRows:
                     )
                     .with_for_update()
                 )
-            ).first()
-            if still is None:
-                return False
+            ).scalar_one_or_none()
+            if state is None or state not in SERVING:
+                return state
             await _write_view(tx, held.slug, view_id, path, user, ticket, ttl)
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         self._committed(stored, routed)
-        return True
+        return state
 
     async def view_by_id(self, slug: str, view_id: str) -> ViewRow | None:
         """The live view of the slug's instance with this id (no cookie: only its hash is kept)."""

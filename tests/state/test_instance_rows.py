@@ -170,3 +170,29 @@ async def test_a_new_view_writes_the_row_and_tells_shells_that_found_none(
     assert await b.by_slug(one.slug) is None
     await a.add_view(instance(one), "v1", "/", "alice", "t", 60)
     assert await b.by_slug(one.slug) is not None
+
+
+async def test_a_view_elsewhere_is_written_only_while_the_locked_row_says_it_serves(
+    shells: tuple[InstanceRows, InstanceRows],
+) -> None:
+    """Another shell reads the row, then the instance stops, then that shell writes the view:
+    the state is checked under the row's lock, not as it was read (a view written for a
+    stopped instance kept it from its stop-when-unviewed after its next start)."""
+    a, b = shells
+    one = Record("notes-1", "aaaaaaaaaaaa")
+    a.touch(instance(one))
+    await a.flush()
+    read = await b.by_id(one.id)
+    assert read is not None
+    assert read.state == "started"
+    one.state = InstanceState.STOPPED
+    a.touch(instance(one))
+    await a.flush()
+    assert await b.add_view_elsewhere(read, "v1", "/", "alice", "t1", 60) == "stopped"
+    assert await b.view_by_id(one.slug, "v1") is None
+    assert await b.redeem(one.slug, "t1") is None
+    one.state = InstanceState.STARTED
+    a.touch(instance(one))
+    await a.flush()
+    assert await b.add_view_elsewhere(read, "v2", "/", "alice", "t2", 60) == "started"
+    assert await b.view_by_id(one.slug, "v2") is not None

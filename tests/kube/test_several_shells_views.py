@@ -1,0 +1,144 @@
+"""A pod's views made and released on any shell (docs/decisions.md "Several shells: a pod's
+views made and released on any shell"), where the shell that made a view and the shell that
+runs the instance race: two or three real shells (homes) on one PostgreSQL database and one
+namespace of the fake cluster (tests/kube/conftest.py says why a fake). A view reaches the
+instance's own shell only as a row and its `instance:routed`, and that shell alone holds it in
+memory, where views drive stop-when-unviewed: a view it holds for an instance that stopped, or
+for a user who lost it, keeps the instance from ever stopping unviewed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from atrium.lifecycle.states import InstanceState
+from atrium.state.schema import instances, views
+from tests.integration.conftest import RunningShell, wait_for
+from tests.kube.test_several_shells_origins import (
+    PROBE,
+    SLOW,
+    kube_shells,
+    new_view,
+    two_kube_shells,
+)
+
+__all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
+
+
+def view_row(url: str, view_id: str) -> Any:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(views).where(views.c.id == view_id)).first()
+    finally:
+        engine.dispose()
+
+
+def row_state(url: str, iid: str) -> str | None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            state: str | None = conn.execute(
+                sa.select(instances.c.state).where(instances.c.id == iid)
+            ).scalar_one_or_none()
+            return state
+    finally:
+        engine.dispose()
+
+
+def write_state(url: str, iid: str, state: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.update(instances).where(instances.c.id == iid).values(state=state))
+    finally:
+        engine.dispose()
+
+
+def launch(api: Any) -> str:
+    launched = api.post("/api/instances", json={"appId": PROBE})
+    assert launched.status_code == 200, launched.text
+    iid: str = launched.json()["instanceId"]
+    return iid
+
+
+def heard_one(shell: RunningShell, iid: str, view_id: str, held: Any) -> None:
+    """Until ``shell``, which runs ``iid``, has learnt the view or dropped it and its row."""
+    url = shell.shell.settings.state_url
+    wait_for(
+        lambda: view_id in held.views or view_row(url, view_id) is None,
+        f"{iid}'s shell hears of view {view_id}",
+        SLOW,
+    )
+
+
+def test_a_view_made_elsewhere_as_the_instance_stops_is_dropped_there(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Shell 2 checks the instance's state in its row, then writes the view; shell 1 may stop
+    the instance between (and writes its row only a moment after the move). Shell 1 held the
+    view made for its stopped instance, with no page to release it, and after the next start
+    the instance never stopped when unviewed. Here the row still says `started` after shell 1
+    stopped the instance (written back so by the test: its own write of the stop not yet
+    made), and the view goes through every check of shell 2: shell 1 drops what it learns for
+    an instance that no longer serves, its row with it. (The row's own check, under its lock:
+    tests/state/test_instance_rows.py.)"""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        stopped = api.post(f"/api/instances/{iid}/stop")
+        assert stopped.status_code == 200, stopped.text
+        wait_for(lambda: row_state(url, iid) == "stopped", "one writes the stop", SLOW)
+        write_state(url, iid, "started")  # the row as it was before that write
+        made = api_two.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+        assert made.status_code == 200, made.text
+        phantom = made.json()["viewId"]
+        heard_one(one, iid, phantom, held)
+        assert phantom not in held.views
+        assert view_row(url, phantom) is None
+
+        # started again, its one view released: it stops, nothing else holds it
+        started = api.post(f"/api/instances/{iid}/start")
+        assert started.status_code == 200, started.text
+        own, _ = new_view(api, iid)
+        released = api.delete(f"/api/instances/{iid}/views/{own}")
+        assert released.status_code == 200, released.text
+        assert held.state is InstanceState.STOPPED
+
+
+def test_a_grantees_view_made_elsewhere_as_the_grant_is_revoked_is_dropped_there(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A grant revoked on shell 1 (which drops the grantee's views it holds) while shell 2
+    makes the grantee a view: shell 2's checks (the row, the grant) pass before the revoke,
+    its write comes after (made here in that order, on shell 2, with the call that follows
+    those checks). Shell 1 held the view of a user who may no longer see the instance: it
+    opened nothing (every request of it is refused) but kept the instance from stopping when
+    its owner's last view went. Shell 1 now checks the view's user when it learns it."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        own, _ = new_view(api, iid)
+        one.add_user("bob")
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        rows = two.shell.lifecycle.rows
+        assert rows is not None
+        row = two.on_loop(rows.by_id(iid))  # two's read, as bob asks for a view there
+        assert row is not None
+        revoked = api.delete(f"/api/instances/{iid}/grants/{granted.json()['grantId']}")
+        assert revoked.status_code == 200, revoked.text
+        written = two.on_loop(rows.add_view_elsewhere(row, "b0b5v1ew", "/boot", "bob", "t", 60))
+        assert written == "started"
+        heard_one(one, iid, "b0b5v1ew", held)
+        assert "b0b5v1ew" not in held.views
+        assert view_row(url, "b0b5v1ew") is None
+
+        released = api.delete(f"/api/instances/{iid}/views/{own}")
+        assert released.status_code == 200, released.text
+        assert held.state is InstanceState.STOPPED
