@@ -138,8 +138,9 @@ def viewable(shell: Shell, caller: Caller, instance_id: str) -> tuple[Instance, 
 async def held_elsewhere(shell: Shell, caller: Caller, instance_id: str) -> tuple[Elsewhere, str]:
     """With several shells: the instance another shell runs in a pod (its row says so) that
     ``caller`` may see, and their role on it. Not found as with one shell when no other
-    shell's row names it or the caller may not see it; `instance_elsewhere` when it runs on
-    an address only its shell reaches."""
+    shell's row names it or the caller may not see it; for its owner, `instance_elsewhere`
+    naming its shell when it runs on an address only that shell reaches (a grantee learns no
+    more than with one shell: `grantee_reaches`)."""
     rows = shell.lifecycle.rows
     row = None if rows is None else await rows.by_id(instance_id)
     copy = None if row is None else shell.registry.get(row.app_id, row.owner)
@@ -149,10 +150,18 @@ async def held_elsewhere(shell: Shell, caller: Caller, instance_id: str) -> tupl
     access = access_to(caller, held, shell.grants)
     if access is None:
         raise NotFound("instance", instance_id)
-    if row.network is not None and row.network != SHARED_NETWORK:
+    if access == OWNER and row.network is not None and row.network != SHARED_NETWORK:
         # a server only its shell reaches (no server now: no view to make anyway)
-        held.address  # noqa: B018 - raises InstanceElsewhere, naming its shell
+        raise held.refusal()
     return held, access
+
+
+def grantee_reaches(held: Elsewhere, access: str) -> None:
+    """A grantee's view of another shell's instance that only that shell reaches:
+    `instance_elsewhere` naming no machine (with one shell they would not learn it; a route
+    only the owner may use answers them not found, as with one shell)."""
+    if access != OWNER and held.row.network is not None and held.row.network != SHARED_NETWORK:
+        raise held.refusal(named=False)
 
 
 async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance:
@@ -313,7 +322,8 @@ async def create_view_elsewhere(
     """A view of another shell's pod, written to the database as its shell writes one; that
     shell hears of it and holds it in memory as its own (docs/deploying.md "Several shells").
     The view has no host-page client here: the host page releases it, or its instance's end."""
-    held, _ = await held_elsewhere(shell, caller, instance_id)
+    held, access = await held_elsewhere(shell, caller, instance_id)
+    grantee_reaches(held, access)
     if not is_local_path(body.path):
         raise InvalidRequest(
             f"view path {body.path[:200]!r} must start with a single '/' and hold no '\\' "
@@ -371,6 +381,7 @@ async def delete_view_elsewhere(
     """Release a view of another shell's pod (made on any shell): refused on every shell at
     once; its own shell drops it and stops the instance if it was its last view."""
     held, access = await held_elsewhere(shell, caller, instance_id)
+    grantee_reaches(held, access)
     rows = shell.lifecycle.rows
     assert rows is not None  # noqa: S101 - held_elsewhere found its row
     view = await rows.view_by_id(held.row.slug, view_id)

@@ -39,7 +39,7 @@ from atrium.shell import Shell
 from atrium.state.instances import SHARED_NETWORK, InstanceRow
 from atrium.theme.inject import HtmlTransform, transform_html
 from atrium.theme.prefs import VIEWER_SCOPE_KEY
-from atrium.users.grants import GrantRole, access_to
+from atrium.users.grants import OWNER, GrantRole, access_to
 from atrium.users.model import User
 
 _LOGGER = logging.getLogger(__name__)
@@ -102,25 +102,45 @@ class Elsewhere:
         return InstanceState(self.row.state)
 
     @property
+    def reachable(self) -> bool:
+        """Whether every shell reaches its server (a pod's address in the cluster)."""
+        row = self.row
+        return (
+            row.network == SHARED_NETWORK
+            and row.host is not None
+            and row.port is not None
+            and row.secret is not None
+        )
+
+    def refusal(self, *, named: bool = True) -> InstanceElsewhere:
+        """Why this shell does not serve it: only its own shell reaches it (shells do not
+        forward to each other). ``named``: the machine it runs on is named, to its owner only;
+        a grantee learns no more of where it runs than with one shell."""
+        row = self.row
+        if not named:
+            return InstanceElsewhere(
+                f"instance {row.id} runs on another shell, on an address only that shell "
+                "reaches: open it again from the host page (its owner may run it on a cluster "
+                "for any shell to serve it)",
+                instanceId=row.id,
+            )
+        machine = row.shell.partition(":")[0]  # its home's path is the operator's to know
+        return InstanceElsewhere(
+            f"{row.app_id}'s instance {row.id} runs on another shell (on {machine}), on an "
+            f"address only that shell reaches ({row.network or 'no'} network): open it "
+            "again from the host page, or run instances on a cluster (the kubernetes "
+            "runner) for any shell to serve them",
+            instanceId=row.id,
+            shell=machine,
+        )
+
+    @property
     def address(self) -> AppAddress:
         """Where every shell reaches it; InstanceElsewhere when only its own shell does (a
         local runner's child on another machine: shells do not forward to each other)."""
         row = self.row
-        if (
-            row.network != SHARED_NETWORK
-            or row.host is None
-            or row.port is None
-            or row.secret is None
-        ):
-            machine = row.shell.partition(":")[0]  # its home's path is the operator's to know
-            raise InstanceElsewhere(
-                f"{row.app_id}'s instance {row.id} runs on another shell (on {machine}), on an "
-                f"address only that shell reaches ({row.network or 'no'} network): open it "
-                "again from the host page, or run instances on a cluster (the kubernetes "
-                "runner) for any shell to serve them",
-                instanceId=row.id,
-                shell=machine,
-            )
+        if not self.reachable or row.host is None or row.port is None or row.secret is None:
+            raise self.refusal()
         return AppAddress(row.app_id, row.id, row.host, row.port, row.secret)
 
 
@@ -453,6 +473,8 @@ class AppOrigins:
                 status_code=503,
                 headers={"Retry-After": "1"},
             )
+        if isinstance(instance, Elsewhere) and not instance.reachable and looking.role != OWNER:
+            raise instance.refusal(named=False)  # its owner alone learns the machine
         themed = self._transform_html(instance, looking.user.id) if self._transform_html else None
         return await proxy_page(
             shell, instance, request, request.url.path, with_xhr_auth(themed), looking=looking

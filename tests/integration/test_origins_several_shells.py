@@ -75,6 +75,21 @@ def test_another_shells_local_instance_is_named_not_forwarded_and_cookies_stay_p
         # nothing of where it runs reaches the caller
         address = one.shell.lifecycle.get(first_id).address
         assert f":{address.port}" not in page.text
+    with two.client(one.token, timeout=30) as api_two:
+        # listed on two, named as one's; only one acts on it (a server on one's machine)
+        listed = api_two.get("/api/instances")
+        assert listed.status_code == 200, listed.text
+        mine = [i for i in listed.json() if i["instanceId"] == first_id]
+        assert [i["elsewhere"] for i in mine] == [socket.gethostname()]
+        assert f":{address.port}" not in listed.text
+        for refused in (
+            api_two.post(f"/api/instances/{first_id}/stop"),
+            api_two.delete(f"/api/instances/{first_id}"),
+            api_two.get(f"/api/instances/{first_id}/logs"),
+        ):
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "instance_elsewhere"
+    assert one.shell.lifecycle.get(first_id).state.value == "started"
     # on the shell that runs it, the page needs no row: the instance and its views are in
     # its memory (the hot path reads nothing of the database)
     read: list[str] = []
@@ -139,3 +154,64 @@ def test_a_view_cookie_works_on_both_shells_and_a_used_ticket_gives_none(
         with closing(other):
             other.headers["Cookie"] = f"atrium_view={derived}"
             assert other.get("/_os/client.js").status_code == 401
+
+
+def test_a_grantee_learns_no_more_of_another_shells_local_instance_than_with_one_shell(
+    two_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A user the instance is shared with was told, by the shell that does not run it, the
+    machine it runs on (`instance_elsewhere` with its `shell`), even for the owner's record and
+    actions, which with one shell answer them as a missing instance. Now: not found for those,
+    as with one shell; a view (made, deleted, or its pages) `instance_elsewhere` naming no
+    machine. Its owner is still told the machine; anyone else gets the 404 of no instance."""
+    one, two = two_shells
+    machine = socket.gethostname()
+    bob, eve = one.add_user("bob"), one.add_user("eve")
+    with one.client(timeout=30) as api:
+        made = api.post("/api/instances", json={"appId": APP})
+        assert made.status_code == 200, made.text
+        iid = made.json()["instanceId"]
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+    with one.client(bob, timeout=30) as bob_on_one:
+        view = bob_on_one.post(f"/api/instances/{iid}/views", json={})
+        assert view.status_code == 200, view.text
+        record_on_one = bob_on_one.get(f"/api/instances/{iid}")
+        assert record_on_one.status_code == 404, record_on_one.text
+    view_id, view_url = view.json()["viewId"], view.json()["url"]
+
+    def unnamed(answer: httpx.Response) -> None:
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "instance_elsewhere"
+        assert error["instanceId"] == iid
+        assert "shell" not in error
+        assert f"on {machine}" not in error["message"]
+        assert str(one.shell.settings.home) not in answer.text
+
+    with two.client(bob, timeout=30) as bob_on_two, two.client(eve, timeout=30) as eve_on_two:
+        unnamed(bob_on_two.post(f"/api/instances/{iid}/views", json={}))
+        unnamed(bob_on_two.delete(f"/api/instances/{iid}/views/{view_id}"))
+        for caller in (bob_on_two, eve_on_two):
+            for answer in (
+                caller.get(f"/api/instances/{iid}"),
+                caller.post(f"/api/instances/{iid}/stop"),
+                caller.get(f"/api/instances/{iid}/logs"),
+            ):
+                assert answer.status_code == 404, answer.text
+                assert answer.json() == record_on_one.json()
+        refused = eve_on_two.post(f"/api/instances/{iid}/views", json={})
+        assert refused.status_code == 404, refused.text
+        assert refused.json() == record_on_one.json()
+    # bob's view's pages, entered on two
+    client, target = on_origin(two, view_url)
+    with closing(client):
+        entered = client.get(target, follow_redirects=False)
+        assert entered.status_code == 303, entered.text
+        client.headers["Cookie"] = entered.headers["set-cookie"].split(";", 1)[0]
+        unnamed(client.get("/"))
+    # its owner is told where it runs
+    with two.client(one.token, timeout=30) as owner_on_two:
+        named = owner_on_two.post(f"/api/instances/{iid}/views", json={})
+        assert named.status_code == 503, named.text
+        assert named.json()["error"]["shell"] == machine
