@@ -37,7 +37,7 @@ def free_port() -> int:
         return port
 
 
-StartShell = Callable[[str], RunningShell]
+StartShell = Callable[..., RunningShell]
 
 
 def probe_site(tmp_path: Path, cluster: FakeCluster, postgres_server: str) -> tuple[str, str, Path]:
@@ -58,12 +58,13 @@ def kube_shells(
     tmp_path: Path, kube_settings: FakeCluster, postgres_server: str
 ) -> Iterator[StartShell]:
     """Start (and restart) shells, each on the home named, on one PostgreSQL database and one
-    namespace of the fake cluster."""
+    namespace of the fake cluster (``runner`` another than `kubernetes`: a shell of local
+    instances on that database)."""
     cluster = kube_settings
     namespace, url, system_apps = probe_site(tmp_path, cluster, postgres_server)
     shells: list[RunningShell] = []
 
-    def start(name: str) -> RunningShell:
+    def start(name: str, runner: str = "kubernetes") -> RunningShell:
         port = free_port()
         shell = launch_shell(
             tmp_path / name,
@@ -71,7 +72,7 @@ def kube_shells(
             database_url=url,
             host="0.0.0.0",  # noqa: S104
             port=port,
-            runner="kubernetes",
+            runner=runner,
             kube_config=cluster.kubeconfig,
             kube_namespace=namespace,
             kube_shell_url=f"http://{cluster.host_address}:{port}",

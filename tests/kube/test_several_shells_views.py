@@ -8,16 +8,22 @@ for a user who lost it, keeps the instance from ever stopping unviewed."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
+from atrium.bus import Event
+from atrium.events import InstanceRouted
 from atrium.lifecycle.states import InstanceState
+from atrium.lifecycle.views import ViewDesk
 from atrium.state.schema import instances, views
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.test_several_shells_origins import (
     PROBE,
     SLOW,
+    StartShell,
     kube_shells,
     new_view,
     two_kube_shells,
@@ -142,3 +148,66 @@ def test_a_grantees_view_made_elsewhere_as_the_grant_is_revoked_is_dropped_there
         released = api.delete(f"/api/instances/{iid}/views/{own}")
         assert released.status_code == 200, released.text
         assert held.state is InstanceState.STOPPED
+
+
+def listening(shell: RunningShell, heard: list[Event]) -> Callable[[], None]:
+    """Every `instance:routed` ``shell`` hears, after its own listeners (registered at start)
+    have acted on it."""
+
+    async def listen() -> Callable[[], None]:
+        return shell.shell.bus.listen((InstanceRouted.TOPIC,), heard.append, others=True)
+
+    remove: Callable[[], None] = shell.on_loop(listen())
+    return remove
+
+
+async def settled(desk: ViewDesk) -> None:
+    """Until what the view desk set going on hearing a view (a read, a stop) is over."""
+    await asyncio.gather(*list(desk._tasks), return_exceptions=True)
+
+
+def test_a_view_released_on_a_third_shell_leaves_an_instance_numbered_alike_alone(
+    kube_shells: StartShell,
+) -> None:
+    """Instance ids are each shell's own: shell 2 numbers its instance of the probe app as
+    shell 1 numbers its own (shell 2 runs local instances: two shells' pods of one id would
+    share a pod name in one namespace). A view of shell 1's instance released on shell 3 is
+    announced by id and slug; shell 2 once matched it by id alone, found its own instance
+    unviewed, and stopped it."""
+    one, two, three = kube_shells("one"), kube_shells("two", runner="auto"), kube_shells("three")
+    heard: list[Event] = []
+    with (
+        one.client(timeout=SLOW) as api,
+        two.client(one.token, timeout=SLOW) as api_two,
+        three.client(one.token, timeout=SLOW) as api_three,
+    ):
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        assert launch(api_two) == iid
+        alike = two.shell.lifecycle.get(iid)
+        assert alike.slug != held.slug
+        assert alike.state is InstanceState.STARTED
+        assert not alike.views
+        stop_listening = listening(two, heard)
+        try:
+            view, _ = new_view(api_three, iid)
+            wait_for(lambda: view in held.views, "one learns the view made on three", SLOW)
+            released = api_three.delete(f"/api/instances/{iid}/views/{view}")
+            assert released.status_code == 200, released.text
+            wait_for(
+                lambda: any(
+                    e.payload.get("viewId") == view and e.payload.get("viewGone") for e in heard
+                ),
+                "two hears of the release",
+                SLOW,
+            )
+            two.on_loop(settled(two.shell.lifecycle.views))
+        finally:
+            assert two.loop is not None
+            two.loop.call_soon_threadsafe(stop_listening)
+        assert alike.state is InstanceState.STARTED
+        assert two.shell.lifecycle.get(iid) is alike
+        # one stops its own: that was its last view
+        wait_for(
+            lambda: held.state is InstanceState.STOPPED, "one stops its unviewed instance", SLOW
+        )
