@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -59,6 +59,8 @@ _LOGGER = logging.getLogger(__name__)
 S = InstanceState
 #: states a view release stops the instance from (when it was the last view)
 STOPPABLE: Final = frozenset({S.STARTED, S.RESUMED, S.PAUSING, S.PAUSED})
+#: seconds a launch waits for its row to be written before it answers (several shells)
+ROW_WAIT: Final = 5.0
 
 
 class LifecycleManager(InstanceIndex):
@@ -170,7 +172,11 @@ class LifecycleManager(InstanceIndex):
 
         No new instance is spawned while an operation holds the app (409 busy): it has the app's
         instances stopped so that what it copies or swaps is one state (the instances it brings
-        back itself, with their ``instance_id``, are its own)."""
+        back itself, with their ``instance_id``, are its own).
+
+        On several shells it answers once the instance's row is written as it is then: the
+        caller's next call (a view, through the balancer) may reach another shell, which reads
+        the row, and refused the view while the row still said `creating`."""
         if owner is None:
             owner = self.owner_of(app_id, instance_id) if instance_id else self._layout.user
         self._refuse_stopped_owner(owner)
@@ -187,9 +193,11 @@ class LifecycleManager(InstanceIndex):
                 instance = live[0]
                 if instance.state is S.STOPPED:
                     await self.act(instance.id, "start")
+                await self._row_written()
                 return instance
             pooled = self.pool.claim(app_id, owner)
             if pooled is not None:
+                await self._row_written()
                 return pooled
         operation = self._operations.operation(app_id) if instance_id is None else None
         if operation is not None:
@@ -197,7 +205,15 @@ class LifecycleManager(InstanceIndex):
         instance = self.new_instance(app_id, instance_id, owner=owner)
         async with self._unmade_if_lost(instance), instance.lock:
             await self._boot_owned(instance)
+        await self._row_written()
         return instance
+
+    async def _row_written(self) -> None:
+        """Until this shell's rows are written as its instances are now (bounded: a shell cut
+        off from the database answers anyway, its row written once the link is back)."""
+        if self.rows is not None:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.rows.flush(), ROW_WAIT)
 
     async def boot_resumed(self, instance: Instance) -> None:
         """Boot a new instance and walk it to `resumed` headless (the warm pool's)."""

@@ -536,9 +536,6 @@ class Pods:
         ids = wait_for(
             lambda: inside(self.client_ns, launch, self.token, apps, base), "instances launched"
         )
-        # the launch answers before its shell has written the row `started`: a view asked of
-        # the other shell meanwhile is refused (409 not_serving, "creating")
-        wait_for(lambda: self.started(ids), "the instances' rows say started")
         opened = [inside(self.client_ns, hold, self.token, iid) for iid in ids]
         for each in opened:
             each.uid = self.uid(each)
@@ -548,15 +545,6 @@ class Pods:
         """Which replica (``r1``, ``r2``) each instance's row names."""
         rows = inside(self.client_ns, query, self.url, "SELECT id, shell FROM instances")
         return {iid: "r1" if shell.endswith("/home1") else "r2" for iid, shell in rows}
-
-    def started(self, ids: list[str]) -> bool:
-        rows = inside(
-            self.client_ns, query, self.url, "SELECT state FROM instances WHERE id = ANY(%s)", ids
-        )
-        if len(rows) < len(ids) or any(state != "started" for (state,) in rows):
-            time.sleep(0.05)
-            return False
-        return True
 
     def moved(self, which: list[Opened]) -> bool:
         """Whether replica 2 holds every one of ``which`` (pauses a little if not)."""
