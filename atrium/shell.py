@@ -282,6 +282,7 @@ def take_over_pods(
     from atrium.lifecycle.takeover import Takeover
 
     takeover = Takeover(lifecycle, runner, db, rows, coordination)  # type: ignore[arg-type]
+    lifecycle.takeover = takeover
     takeover.start()
     stack.push_async_callback(takeover.close)
     coordination.on_regain(lifecycle.let_go_of_taken)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from atrium.bus import EventBus
 from atrium.errors import (
@@ -52,6 +52,9 @@ from atrium.registry import AppCopy, AppRegistry
 from atrium.state.instances import InstanceRows
 from atrium.state.locks import Coordination
 from atrium.upstream import UpstreamClient
+
+if TYPE_CHECKING:
+    from atrium.lifecycle.takeover import Takeover
 
 __all__ = ["STOP_GRACE", "LifecycleConfig", "LifecycleManager"]
 
@@ -102,6 +105,8 @@ class LifecycleManager(InstanceIndex):
         )
         self._activities = Activities(upstream, bus)
         self.views = ViewDesk(self, rows)
+        #: the leader's look for a gone shell's pods (PostgreSQL with the Kubernetes runner)
+        self.takeover: Takeover | None = None
         self._operations = operations or NoOperations()
         self._may_run = may_run or (lambda _owner: True)
         self.pool = WarmPool(self, registry, bus, self._operations, self.coordination)

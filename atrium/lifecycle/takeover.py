@@ -3,7 +3,9 @@ over"; PostgreSQL and the Kubernetes runner only).
 
 Each shell holds a lock of its own on its beacon's session while it lives
 (`Coordination.hold_shell`). Every `EVERY` s the leader reads the rows of other shells' pods
-(runner ``kubernetes``, this namespace) and asks which of their shells still hold their lock;
+(runner ``kubernetes``, this namespace) and asks which of their shells still hold their lock
+(once it has `settled`: a leader started or back from a loss less than `locks.SETTLE` s ago
+takes nothing, since a restart of the server frees every shell lock for a moment);
 each instance of a gone shell is taken over under that instance's advisory lock: the row moves
 to this shell by a compare-and-set on its ``shell`` (a shell that came back, or another taker,
 wins or loses there, never both), the pod is relabelled as this shell's and adopted with the
@@ -57,6 +59,9 @@ class Takeover:
         self._task: asyncio.Task[None] | None = None
         #: the instances said to be impossible to take over here (said once each, not each second)
         self._told: set[str] = set()
+        #: the turns this shell took as leader (counted at their end, each a look or, before
+        #: the coordination has `settled`, none)
+        self.turns = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="pod takeover")
@@ -73,12 +78,16 @@ class Takeover:
             await asyncio.sleep(EVERY)
             if not self._coordination.is_leader or self._coordination.lost is not None:
                 continue
-            try:
-                await self.once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the next turn tries again
-                _LOGGER.exception("taking over a gone shell's pods failed")
+            # back after a loss of its own (a restart of the server ends every shell's
+            # session), the other shells are given time to take their locks again
+            if self._coordination.settled:
+                try:
+                    await self.once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the next turn tries again
+                    _LOGGER.exception("taking over a gone shell's pods failed")
+            self.turns += 1
 
     async def once(self) -> list[str]:
         """Take over every instance whose shell is gone; the ids taken."""

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from types import TracebackType
@@ -51,6 +52,10 @@ LEADER_RETRY: Final = 1.0
 #: seconds a starting shell waits for its shell lock: its last run's session, cut off, holds it
 #: until the server ends it (its keepalives: about 5 s); held longer, a living shell has its name
 SHELL_WAIT: Final = 15.0
+#: seconds a shell reconnected after a loss of its own (or just started) counts no other shell
+#: dead (`settled`): what ended its session may have ended every shell's (a restart of the
+#: server), and the living ones take their shell locks again within a second or two of it
+SETTLE: Final = 5.0
 
 
 def lock_key(kind: str, name: str) -> int:
@@ -151,6 +156,8 @@ class Coordination:
         self._shell_name = ""
         self._shell_held = False
         self._held = asyncio.Event()
+        #: when the beacon last connected (at start, or back after a loss; monotonic)
+        self._connected_at: float | None = None
 
     @classmethod
     @asynccontextmanager
@@ -227,6 +234,20 @@ class Coordination:
             if ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF) in held
         }
 
+    @property
+    def settled(self) -> bool:
+        """Whether this shell has reached the database for `SETTLE` s since it started or last
+        came back: only then may a free shell lock mean a dead shell (`shells_alive`). A
+        restart of PostgreSQL ends every shell's session at once, and for a moment every
+        shell lock is free; the first shell back would have taken every living shell's pods
+        over. Every shell's session ended, this one's too: it is back no earlier than the
+        server, and gives the others as long again to take their locks."""
+        return (
+            self._lost is None
+            and self._connected_at is not None
+            and time.monotonic() - self._connected_at >= SETTLE
+        )
+
     def check(self) -> None:
         """DatabaseLost when this shell is cut off from the database."""
         if self._lost is not None:
@@ -297,6 +318,7 @@ class Coordination:
         if self._lost is not None:
             await self._regain(beacon)
         self._lost = None
+        self._connected_at = time.monotonic()
         return beacon
 
     async def _regain(self, beacon: AsyncConnection) -> None:

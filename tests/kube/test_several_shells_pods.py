@@ -413,3 +413,63 @@ def test_a_row_write_queued_during_a_cut_writes_no_ghost_of_an_instance_taken_an
         writes.over = True
         rows._db = writes.db
     assert crashes(url, iid) == 0
+
+
+def end_every_session(url: str) -> None:
+    """Every session of the database ended at once, as a restart of PostgreSQL ends them."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def test_a_restart_of_postgresql_takes_no_living_shells_pods_over(
+    kube_shells: StartShell,
+) -> None:
+    """Every session ends at once (a restart of the server), so every shell lock is free for a
+    moment: shell 2, back first and leading, saw shell 1's lock free and took its pods over
+    though shell 1 lived (here shell 1 comes back a little later: its lock sessions' engine
+    refuses until shell 2 has taken a turn as leader). A shell back after a loss of its own
+    counts no shell dead for `SETTLE` s, by which time shell 1 holds its lock again."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+    wait_for(lambda: row_of(url, iid).state == "started", "the started row written", SLOW)
+    name = one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    takeover = two.shell.lifecycle.takeover
+    assert takeover is not None
+    leader = two.shell.coordination
+    connected = leader._connected_at
+    coordination = one.shell.coordination
+    cut = Cut(coordination._engine)
+    coordination._engine = cut  # type: ignore[assignment]
+    try:
+        end_every_session(url)
+        wait_for(
+            lambda: leader._connected_at != connected and leader.is_leader,
+            "two back and leading",
+            15,
+        )
+        # one's lock is free now: the rule of before took its pods over at two's next turn
+        assert two.on_loop(leader.shells_alive({name})) == set()
+        turns = takeover.turns
+        wait_for(lambda: takeover.turns > turns, "a turn of two's as leader, one still away", 5)
+    finally:
+        cut.over = True
+    wait_for(lambda: coordination.lost is None, "one back", 15)
+    wait_for(lambda: leader.settled, "two settled", 15)
+    turns = takeover.turns
+    wait_for(lambda: takeover.turns > turns + 1, "two's looks once settled", 5)
+    assert two.shell.lifecycle.find(iid) is None
+    assert row_of(url, iid).shell == name
+    assert one.shell.lifecycle.get(iid).state is InstanceState.STARTED
+    assert crashes(url, iid) == 0
