@@ -44,6 +44,7 @@ unit test keeps the two together::
     │   └── FetchFailed                 502 fetch_failed           (ref, reason)
     ├── ProviderUnavailable             503 provider_unavailable   (authority, state; Retry-After)
     ├── UpstreamTimeout                 504 upstream_timeout
+    ├── ShellTimeout                    504 shell_timeout          (instanceId, shell, taken)
     ├── ShuttingDown                    503 shutting_down
     ├── DatabaseUnavailable             503 database_unavailable   (database)
     ├── DatabaseLost                    503 database_lost
@@ -648,6 +649,15 @@ class InstanceElsewhere(AtriumError):
 
     code = "instance_elsewhere"
     http_status = 503
+
+
+class ShellTimeout(AtriumError):
+    """An action asked of another shell's instance (its pod) got no answer in time: with
+    ``taken`` false that shell never took it and it is withdrawn (nothing was done); with
+    ``taken`` true that shell is doing it still (the instance's state tells the outcome)."""
+
+    code = "shell_timeout"
+    http_status = 504
 
 
 class DatabaseUnavailable(AtriumError):

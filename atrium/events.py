@@ -391,6 +391,10 @@ class InstanceRouted(Payload):
     #: learns it (or drops it) in memory, where its views drive stop-when-unviewed
     view_id: str | None = None
     view_gone: bool = False
+    #: an action asked of the instance's shell (`atrium.lifecycle.asked`); ``answered``: that
+    #: shell's answer is in the request's row
+    request_id: str | None = None
+    answered: bool = False
 
 
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")

@@ -16,6 +16,7 @@ from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import Elsewhere, Looking, proxy_page
 from atrium.errors import InstanceElsewhere, InvalidRequest, NotFound, NotServing, PermissionDenied
 from atrium.identity import AppCaller, Caller, UserCaller
+from atrium.lifecycle.asked import DELETE, DELETE_FORCE
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING, InstanceState
 from atrium.lifecycle.views import TICKET_TTL, is_local_path
@@ -27,6 +28,8 @@ from atrium.users.grants import OWNER, access_to
 from atrium.wire import WireModel
 
 MAX_LOG_LINES: Final = 5000
+#: the runner whose instances (pods) any shell acts on, by asking the shell that runs them
+POD_RUNNER: Final = "kubernetes"
 #: a log cursor: a local log's byte offset, a cluster log's RFC 3339 time
 LOG_CURSOR: Final = re.compile(
     r"[0-9]{1,18}|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
@@ -76,18 +79,45 @@ def _wire(request: Request, instance: Instance, caller: Caller) -> dict[str, Any
 
 async def list_instances(request: Request, caller: Caller) -> Response:
     """The caller's own instances (an app's: its owner's); `?all=1` every user's, for an admin
-    only (anyone else: 403); `?shared=1` those shared with the caller."""
+    only (anyone else: 403); `?shared=1` those shared with the caller. With several shells,
+    those other shells run too, from their rows (`elsewhere_wire`)."""
     shell = shell_of(request)
     if request.query_params.get("shared", "") in {"1", "true", "yes"}:
-        return JSONResponse(shared_with(request, caller))
+        return JSONResponse(shared_with(request, caller) + await listed_elsewhere(shell, caller))
     if request.query_params.get("all", "") in {"1", "true", "yes"}:
         if not (isinstance(caller, UserCaller) and caller.is_admin):
             raise PermissionDenied("?all=1 lists every user's instances: admins only")
-        return JSONResponse([_wire(request, i, caller) for i in shell.lifecycle.all()])
+        here = [_wire(request, i, caller) for i in shell.lifecycle.all()]
+        return JSONResponse(here + await listed_elsewhere(shell, caller, every=True))
     mine = owner_of_caller(shell, caller)
-    return JSONResponse(
-        [_wire(request, i, caller) for i in shell.lifecycle.all() if i.owner == mine]
-    )
+    here = [_wire(request, i, caller) for i in shell.lifecycle.all() if i.owner == mine]
+    return JSONResponse(here + await listed_elsewhere(shell, caller, own=True))
+
+
+async def listed_elsewhere(
+    shell: Shell, caller: Caller, *, own: bool = False, every: bool = False
+) -> list[dict[str, Any]]:
+    """Other shells' instances as their rows say: the caller's own (``own``), every one
+    (``every``, an admin's), else those shared with the calling user (with ``owner`` and
+    ``access``, as `shared_with`)."""
+    rows = shell.lifecycle.rows
+    if rows is None:
+        return []
+    found = []
+    for row in await rows.others():
+        copy = shell.registry.get(row.app_id, row.owner)
+        if copy is None or copy.manifest is None:
+            continue
+        held = Elsewhere(row, copy.manifest)
+        if every:
+            found.append(elsewhere_wire(held))
+            continue
+        access = access_to(caller, held, shell.grants)
+        if own and access == OWNER:
+            found.append(elsewhere_wire(held))
+        elif not own and isinstance(caller, UserCaller) and access not in {None, OWNER}:
+            found.append({**elsewhere_wire(held), "access": access})
+    return found
 
 
 def owner_of_caller(shell: Shell, caller: Caller) -> str:
@@ -186,6 +216,37 @@ async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance
         ) from None
 
 
+async def owned_pod_elsewhere(shell: Shell, caller: Caller, instance_id: str) -> Elsewhere:
+    """With several shells: the caller's own instance that another shell runs in a pod (the
+    kubernetes runner's), whose actions that shell does when asked (`atrium.lifecycle.asked`).
+    Not found as with one shell for anyone else; `instance_elsewhere` for a local runner's."""
+    held, access = await held_elsewhere(shell, caller, instance_id)
+    if access != OWNER:
+        raise NotFound("instance", instance_id)
+    if held.row.runner != POD_RUNNER:
+        machine = held.row.shell.partition(":")[0]
+        raise InstanceElsewhere(
+            f"{held.app_id}'s instance {held.id} runs on another shell (on {machine}), on its "
+            "machine: only that shell acts on it (a pod's instance is acted on from any shell)",
+            instanceId=held.id,
+            shell=machine,
+        )
+    return held
+
+
+async def ask_elsewhere(shell: Shell, held: Elsewhere, action: str) -> tuple[int, dict[str, Any]]:
+    """The answer of the shell that runs ``held`` to ``action`` (`atrium.lifecycle.asked`)."""
+    asked = shell.lifecycle.asked
+    assert asked is not None  # noqa: S101 - held_elsewhere found its row
+    answer = await asked.ask(held.row, action)
+    if answer is None:
+        raise InstanceElsewhere(
+            f"instance {held.id} moved to another shell or ended while it was asked: ask again",
+            instanceId=held.id,
+        )
+    return answer
+
+
 def elsewhere_wire(held: Elsewhere) -> dict[str, Any]:
     """Another shell's instance as its row tells it: never its address, port, pid or secret."""
     return {
@@ -232,10 +293,20 @@ async def create_instance(request: Request, caller: Caller) -> Response:
 
 async def instance_action(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    await owned_here(shell, caller, request.path_params["instance_id"])
-    instance = await shell.lifecycle.act(
-        request.path_params["instance_id"], request.path_params["action"]
-    )
+    instance_id, action = request.path_params["instance_id"], request.path_params["action"]
+    try:
+        owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held = await owned_pod_elsewhere(shell, caller, instance_id)
+        if not shell.lifecycle.is_action(action):
+            await shell.lifecycle.act(instance_id, action)  # raises its 400, naming them
+        status, body = await ask_elsewhere(shell, held, action)
+        if status != 200:
+            return JSONResponse(body, status_code=status)
+        return JSONResponse({**elsewhere_wire(held), "state": body.get("state", held.row.state)})
+    instance = await shell.lifecycle.act(instance_id, action)
     return JSONResponse(_wire(request, instance, caller))
 
 
@@ -243,7 +314,14 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
     force = request.query_params.get("force", "") in {"1", "true", "yes"}
     instance_id = request.path_params["instance_id"]
     shell = shell_of(request)
-    await owned_here(shell, caller, instance_id)
+    try:
+        owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held = await owned_pod_elsewhere(shell, caller, instance_id)
+        status, body = await ask_elsewhere(shell, held, DELETE_FORCE if force else DELETE)
+        return JSONResponse(body, status_code=status)
     problem = await shell.lifecycle.remove(instance_id, force=force)
     answer: dict[str, object] = {"ok": True, "instanceId": instance_id, "state": "installed"}
     if problem is not None:
@@ -254,8 +332,17 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
 async def instance_logs(request: Request, caller: Caller) -> Response:
     """The last ``lines`` of the log; with ``after=<cursor>``, what was written since
     (``X-Log-End`` is the cursor to ask after next: how ``atrium dev`` follows a log). The
-    runner reads it: a local log file, or a pod's log."""
-    instance = await owned_here(shell_of(request), caller, request.path_params["instance_id"])
+    runner reads it: a local log file, or a pod's log (any shell of the pod's namespace reads
+    it from the cluster's API)."""
+    shell = shell_of(request)
+    instance_id = request.path_params["instance_id"]
+    instance: Instance | Elsewhere
+    try:
+        instance = owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        instance = await owned_pod_elsewhere(shell, caller, instance_id)
     raw = request.query_params.get("lines", "200")
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_LOG_LINES:
         raise InvalidRequest(f"lines must be a whole number from 1 to {MAX_LOG_LINES}")
@@ -264,7 +351,14 @@ async def instance_logs(request: Request, caller: Caller) -> Response:
         raise InvalidRequest(
             "after must be the X-Log-End of an earlier answer (a byte offset, or a time)"
         )
-    chunk = await shell_of(request).lifecycle.logs(instance, int(raw), after)
+    if isinstance(instance, Elsewhere):
+        found = await shell.lifecycle.logs_elsewhere(instance.row, int(raw), after)
+        if found is None:
+            await owned_here(shell, caller, instance_id)  # raises instance_elsewhere
+            raise NotFound("instance", instance_id)  # pragma: no cover - owned_here raised
+        chunk = found
+    else:
+        chunk = await shell.lifecycle.logs(instance, int(raw), after)
     return PlainTextResponse(chunk.text, headers={"X-Log-End": chunk.cursor})
 
 

@@ -35,6 +35,7 @@ from atrium.errors import (
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
+from atrium.lifecycle.asked import DELETE, DELETE_FORCE, AskedActions
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
 from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
@@ -49,7 +50,7 @@ from atrium.lifecycle.trials import Trials
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
 from atrium.registry import AppCopy, AppRegistry
-from atrium.state.instances import InstanceRows
+from atrium.state.instances import InstanceRow, InstanceRows
 from atrium.state.locks import Coordination
 from atrium.upstream import UpstreamClient
 
@@ -107,6 +108,8 @@ class LifecycleManager(InstanceIndex):
         self.views = ViewDesk(self, rows)
         #: the leader's look for a gone shell's pods (PostgreSQL with the Kubernetes runner)
         self.takeover: Takeover | None = None
+        #: actions asked of other shells' pods, and done here for theirs (several shells only)
+        self.asked = AskedActions(self, rows) if rows is not None else None
         self._operations = operations or NoOperations()
         self._may_run = may_run or (lambda _owner: True)
         self.pool = WarmPool(self, registry, bus, self._operations, self.coordination)
@@ -149,6 +152,21 @@ class LifecycleManager(InstanceIndex):
         if instance.child is not None:
             return await instance.child.logs(lines, after)
         return read_log_file(instance.log_path, lines, after)
+
+    async def logs_elsewhere(
+        self, row: InstanceRow, lines: int, after: str | None = None
+    ) -> LogChunk | None:
+        """Another shell's pod's log, read from the cluster's API as its own shell reads it
+        (a pod in this shell's namespace); None when this shell's runner cannot."""
+        read = getattr(self._booter.runner, "pod_logs", None)
+        ref = row.ref or {}
+        pod, namespace = ref.get("pod"), ref.get("namespace")
+        if read is None or not isinstance(pod, str) or not pod:
+            return None
+        if namespace != getattr(self._booter.runner, "namespace", None):
+            return None
+        chunk: LogChunk = await read(pod, lines, after)
+        return chunk
 
     def ports_in_use(self) -> int:
         return self._booter.ports_in_use()
@@ -417,6 +435,9 @@ class LifecycleManager(InstanceIndex):
         "reset": _reset,
     }
 
+    def is_action(self, action: str) -> bool:
+        return action in self._ACTIONS
+
     async def remove(self, instance_id: str, *, force: bool = False) -> str | None:
         """`DELETE /api/instances/{id}`: walk whatever is left to `installed`; ``force`` kills
         without hooks and without waiting for a running action.
@@ -440,6 +461,19 @@ class LifecycleManager(InstanceIndex):
                 await self.force(instance)
                 return err.message
         return None
+
+    async def do_asked(self, instance_id: str, action: str) -> dict[str, Any]:
+        """An action another shell asked of this shell's instance (`asked`), done as this
+        shell's API does it: what the answer says (the instance's state after the move; for a
+        DELETE, its answer)."""
+        if action in {DELETE, DELETE_FORCE}:
+            problem = await self.remove(instance_id, force=action == DELETE_FORCE)
+            answer: dict[str, Any] = {"ok": True, "instanceId": instance_id, "state": "installed"}
+            if problem is not None:
+                answer["problem"] = problem
+            return answer
+        instance = await self.act(instance_id, action)
+        return {"state": instance.state.value}
 
     async def force(self, instance: Instance) -> None:
         """End the instance without hooks: out of the index first (so a move waiting on a hook

@@ -21,6 +21,9 @@ them in memory as before).
 - A view of another shell's pod may be written and deleted here (`add_view_elsewhere`,
   `drop_view_elsewhere`): its `instance:routed` names the view, and that shell, which alone acts
   on the instance, learns or drops it (`on_view`).
+- An action of another shell's pod is asked of its shell through ``instance_requests`` (`ask`,
+  `take`, `answer`, `withdraw`; `atrium.lifecycle.asked`), each step with its
+  `instance:routed` in the same transaction (`on_request`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from atrium.errors import DatabaseLost
 from atrium.events import InstanceRouted
 from atrium.lifecycle.states import SERVING
 from atrium.state.events import StoredEvent, append
-from atrium.state.schema import instances, view_tickets, views
+from atrium.state.schema import instance_requests, instances, view_tickets, views
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -62,6 +65,8 @@ CACHE_LIMIT: Final = 4096
 RETRY_SECONDS: Final = 1.0
 #: seconds a closing shell waits for its last rows
 CLOSE_WAIT: Final = 5.0
+#: seconds an answered or withdrawn request of another shell's instance is kept
+REQUESTS_KEPT: Final = 3600.0
 
 
 def digest(secret: str) -> str:
@@ -109,6 +114,9 @@ class InstanceRow:
     port: int | None
     secret: str | None
     shell: str
+    #: the runner that runs it (its shell's: ``kubernetes`` for a pod) and its handle there
+    runner: str = ""
+    ref: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +172,8 @@ def _instance_row(row: Any) -> InstanceRow:
         port,
         row.secret,
         row.shell,
+        row.runner,
+        dict(row.ref) if isinstance(row.ref, dict) else None,
     )
 
 
@@ -192,6 +202,9 @@ class InstanceRows:
         self._unlisten: Any = None
         #: told (instance id, view id, gone) of a view another shell made or released
         self.on_view: list[Callable[[str, str, str, bool], None]] = []
+        #: told (instance id, slug, request id, answered) of an action another shell asked of
+        #: an instance, or answered (`atrium.lifecycle.asked`)
+        self.on_request: list[Callable[[str, str, str, bool], None]] = []
 
     async def __aenter__(self) -> Self:
         self._task = asyncio.get_running_loop().create_task(
@@ -557,6 +570,125 @@ class InstanceRows:
             self._cache[slug] = found
         return found
 
+    async def others(self) -> list[InstanceRow]:
+        """Every other shell's instance, as its row says."""
+        async with self._db.connect() as conn:
+            found = await conn.execute(sa.select(instances).where(instances.c.shell != self.shell))
+            return [_instance_row(row) for row in found]
+
+    # -- actions asked of another shell's instance (`atrium.lifecycle.asked`) -------------------
+
+    async def ask(self, held: InstanceRow, request_id: str, action: str) -> bool:
+        """Ask ``held``'s shell to do ``action``: the request's row and an `instance:routed`
+        naming it, in one transaction under a lock on the instance's row, which must still
+        name that shell. False when it no longer does (moved or ended meanwhile)."""
+        routed = InstanceRouted(
+            held.id, held.app_id, held.slug, owner=held.owner, request_id=request_id
+        )
+        now = time.time()
+        async with self._db.transaction() as tx:
+            still = (
+                await tx.execute(
+                    sa.select(instances.c.id)
+                    .where(
+                        (instances.c.id == held.id)
+                        & (instances.c.shell == held.shell)
+                        & (instances.c.slug == held.slug)
+                    )
+                    .with_for_update()
+                )
+            ).first()
+            if still is None:
+                return False
+            await tx.execute(
+                sa.delete(instance_requests).where(
+                    instance_requests.c.asked_at < now - REQUESTS_KEPT
+                )
+            )
+            await tx.execute(
+                sa.insert(instance_requests).values(
+                    id=request_id,
+                    instance_id=held.id,
+                    slug=held.slug,
+                    shell=held.shell,
+                    action=action,
+                    state="asked",
+                    answer=None,
+                    asked_at=now,
+                )
+            )
+            stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        self._committed(stored, routed)
+        return True
+
+    async def take(self, request_id: str, instance_id: str) -> str | None:
+        """The action asked of this shell's instance, taken (once; never after it was
+        withdrawn); None when there is none to take."""
+        async with self._db.transaction() as tx:
+            action: str | None = (
+                await tx.execute(
+                    sa.update(instance_requests)
+                    .where(
+                        (instance_requests.c.id == request_id)
+                        & (instance_requests.c.instance_id == instance_id)
+                        & (instance_requests.c.shell == self.shell)
+                        & (instance_requests.c.state == "asked")
+                    )
+                    .values(state="taken")
+                    .returning(instance_requests.c.action)
+                )
+            ).scalar_one_or_none()
+        return action
+
+    async def answer(
+        self, request_id: str, instance: Instance, state: str, answer: dict[str, Any]
+    ) -> None:
+        """A taken request's answer (``done`` or ``failed``), and an `instance:routed` saying
+        so, in one transaction: its asker hears it."""
+        routed = InstanceRouted(
+            instance.id,
+            instance.app_id,
+            instance.slug,
+            owner=instance.owner,
+            request_id=request_id,
+            answered=True,
+        )
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.update(instance_requests)
+                .where(instance_requests.c.id == request_id)
+                .values(state=state, answer=answer)
+            )
+            stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+        self._committed(stored, routed)
+
+    async def withdraw(self, request_id: str) -> bool:
+        """Withdraw a request nobody took: True when it was still untaken (it is never done
+        now), False when its shell took it meanwhile."""
+        async with self._db.transaction() as tx:
+            gone = await tx.execute(
+                sa.update(instance_requests)
+                .where(
+                    (instance_requests.c.id == request_id) & (instance_requests.c.state == "asked")
+                )
+                .values(state="withdrawn")
+            )
+        return bool(gone.rowcount)
+
+    async def request(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
+        """A request's state and answer."""
+        async with self._db.connect() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(instance_requests.c.state, instance_requests.c.answer).where(
+                        instance_requests.c.id == request_id
+                    )
+                )
+            ).first()
+        if row is None:
+            return "withdrawn", None
+        return str(row.state), row.answer if isinstance(row.answer, dict) else None
+
     def _forget_all(self) -> None:
         self._heard_count += 1
         self._cache.clear()
@@ -567,6 +699,10 @@ class InstanceRows:
         if isinstance(slug, str):
             self._cache.pop(slug, None)
         instance_id, view_id = event.payload.get("instanceId"), event.payload.get("viewId")
+        request_id = event.payload.get("requestId")
+        if isinstance(instance_id, str) and isinstance(slug, str) and isinstance(request_id, str):
+            for asked in self.on_request:
+                asked(instance_id, slug, request_id, event.payload.get("answered") is True)
         if isinstance(instance_id, str) and isinstance(slug, str) and isinstance(view_id, str):
             for told in self.on_view:
                 told(instance_id, slug, view_id, event.payload.get("viewGone") is True)

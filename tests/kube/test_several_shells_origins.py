@@ -248,7 +248,7 @@ def test_a_view_of_one_shells_pod_is_made_and_released_on_the_other(
     drive stop-when-unviewed); released on shell 2, it is refused on both and shell 1 forgets
     it, and stops the instance when that was its last view. Shell 2 answers
     `GET /api/instances/{id}` from the row, refuses a user without a grant as shell 1 does, and
-    anything else with `instance_elsewhere`."""
+    an activity with `instance_elsewhere`."""
     one, two = two_kube_shells
     with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
         launched = api.post("/api/instances", json={"appId": PROBE})
@@ -284,14 +284,11 @@ def test_a_view_of_one_shells_pod_is_made_and_released_on_the_other(
                 assert again.status_code == 404, again.text
         assert held.state.value == "started"  # the view made on one still holds it
 
-        # anything else of one's instance is one's to do: two names where it runs
-        for refused in (
-            api_two.post(f"/api/instances/{iid}/stop"),
-            api_two.delete(f"/api/instances/{iid}"),
-            api_two.get(f"/api/instances/{iid}/logs"),
-        ):
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "instance_elsewhere"
+        # its activities are one's alone: two names where it runs (its actions two asks of
+        # one: test_several_shells_actions.py)
+        refused = api_two.post(f"/api/instances/{iid}/activities")
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "instance_elsewhere"
         assert held.state.value == "started"
 
         # a grantee makes and closes their own view on two; a user without a grant is refused

@@ -301,6 +301,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.InstanceElsewhere: lambda: errors.InstanceElsewhere(  # noqa: S604
         "runs on another shell", instanceId="com.example.a-1", shell="node2"
     ),
+    errors.ShellTimeout: lambda: errors.ShellTimeout(  # noqa: S604
+        "not taken in 5 s", instanceId="com.example.a-1", shell="node2", taken=False
+    ),
     errors.InstallFailed: lambda: errors.InstallFailed("com.example.a", "disk full"),
     errors.StorageFailed: lambda: errors.StorageFailed("I/O error", path="/h/kv.sqlite3"),
     errors.StorageDamaged: lambda: errors.StorageDamaged("damaged", path="/h/kv.sqlite3"),

@@ -1,0 +1,135 @@
+"""Actions asked of another shell's pod (docs/decisions.md "Several shells: a pod's actions
+asked of its shell"): any shell answers `POST /api/instances/{id}/{action}` and `DELETE
+/api/instances/{id}`, but only the shell that runs the instance acts on it.
+
+The shell the request reached writes it to ``instance_requests`` with an `instance:routed`
+naming it, in one transaction (`InstanceRows.ask`). The instance's shell hears the event, takes
+the request (once: ``asked`` → ``taken``), does it at its one door under the instance's lock as
+its own API would, writes the instance's row, then the answer with another `instance:routed`.
+The asker answers from that. A request untaken after `TAKE_SECONDS` is withdrawn (``asked`` →
+``withdrawn``, which the owner can no longer take): nothing was done, `504 shell_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from typing import Any, Final, Protocol
+
+from atrium.errors import AtriumError, ShellTimeout
+from atrium.lifecycle.instance import Instance
+from atrium.state.instances import InstanceRow, InstanceRows
+
+_LOGGER = logging.getLogger(__name__)
+#: seconds a shell that runs an instance has to take an action asked of it (a living shell
+#: takes it within an event's delay); then it is withdrawn
+TAKE_SECONDS: Final = 5.0
+#: seconds the asker waits for the answer of a taken action (its hooks' time)
+ANSWER_SECONDS: Final = 120.0
+#: seconds between reads of the request's row while no event came (one missed is not waited
+#: for to the end)
+LOOK_SECONDS: Final = 0.5
+#: what ``delete`` asks: DELETE /api/instances/{id}; ``delete?force``: with ``?force=1``
+DELETE: Final = "delete"
+DELETE_FORCE: Final = "delete?force"
+
+
+class AskHost(Protocol):
+    """What asked actions need of the lifecycle manager."""
+
+    def find(self, instance_id: str) -> Instance | None: ...
+
+    async def do_asked(self, instance_id: str, action: str) -> dict[str, Any]:
+        """Do ``action`` as this shell's API would; what the answer says."""
+
+    def spawn_task(self, coro: Any, name: str) -> Any: ...
+
+
+class AskedActions:
+    """Asks other shells' instances' actions of them, and does those asked of this shell's."""
+
+    def __init__(self, host: AskHost, rows: InstanceRows) -> None:
+        self._host = host
+        self._rows = rows
+        #: request id → set when its answer's event is heard
+        self._waiting: dict[str, asyncio.Event] = {}
+        rows.on_request.append(self._heard)
+
+    def _heard(self, instance_id: str, slug: str, request_id: str, answered: bool) -> None:
+        if answered:
+            waiting = self._waiting.get(request_id)
+            if waiting is not None:
+                waiting.set()
+            return
+        instance = self._host.find(instance_id)
+        if instance is None or instance.slug != slug:
+            return  # not this shell's (another numbered one alike): its own shell takes it
+        self._host.spawn_task(self._do(instance, request_id), f"asked of {instance_id}")
+
+    async def _do(self, instance: Instance, request_id: str) -> None:
+        action = await self._rows.take(request_id, instance.id)
+        if action is None:
+            return  # withdrawn, or another look took it
+        state = "done"
+        try:
+            answer = {"status": 200, "body": await self._host.do_asked(instance.id, action)}
+        except AtriumError as err:
+            state = "failed"
+            answer = {"status": err.http_status, "body": err.to_body()}
+        except Exception:
+            _LOGGER.exception("%s asked of %s failed", action, instance.id)
+            state = "failed"
+            failed = AtriumError("internal error")
+            answer = {"status": failed.http_status, "body": failed.to_body()}
+        # the row shows the outcome before the answer does
+        await self._rows.flush()
+        await self._rows.answer(request_id, instance, state, answer)
+
+    async def ask(self, held: InstanceRow, action: str) -> tuple[int, dict[str, Any]] | None:
+        """Have ``held``'s shell do ``action``: the status and body it answered (an error's
+        as it raised it). None when its row no longer names that shell (moved or ended)."""
+        request_id = secrets.token_hex(8)
+        heard = self._waiting[request_id] = asyncio.Event()
+        machine = held.shell.partition(":")[0]
+        try:
+            if not await self._rows.ask(held, request_id, action):
+                return None
+            state, answer = await self._wait(request_id, heard, TAKE_SECONDS, {"asked"})
+            if state == "asked" and await self._rows.withdraw(request_id):
+                raise ShellTimeout(
+                    f"the shell that runs instance {held.id} (on {machine}) did not take the "
+                    f"{action} within {TAKE_SECONDS:.0f} s: nothing was done; ask again",
+                    instanceId=held.id,
+                    shell=machine,
+                    taken=False,
+                )
+            state, answer = await self._wait(request_id, heard, ANSWER_SECONDS, {"asked", "taken"})
+            if state not in {"done", "failed"} or not isinstance(answer, dict):
+                raise ShellTimeout(
+                    f"the shell that runs instance {held.id} (on {machine}) took the {action} "
+                    f"and has not finished it within {ANSWER_SECONDS:.0f} s: it goes on there "
+                    "(the instance's state tells when it ends)",
+                    instanceId=held.id,
+                    shell=machine,
+                    taken=True,
+                )
+            return int(answer.get("status", 500)), dict(answer.get("body") or {})
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def _wait(
+        self, request_id: str, heard: asyncio.Event, seconds: float, until_not: set[str]
+    ) -> tuple[str, dict[str, Any] | None]:
+        """The request's state once it is none of ``until_not``, or at the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            state, answer = await self._rows.request(request_id)
+            left = deadline - loop.time()
+            if state not in until_not or left <= 0:
+                return state, answer
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(heard.wait(), min(left, LOOK_SECONDS))
+            heard.clear()

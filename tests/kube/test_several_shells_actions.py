@@ -1,0 +1,174 @@
+"""A pod's instance listed and acted on from any shell (docs/decisions.md "Several shells: a
+pod's actions asked of its shell"): two real shells (two homes) on one PostgreSQL database and
+one namespace of the fake cluster (tests/kube/conftest.py says why a fake). Behind a balancer
+without stickiness the host page's calls reach either shell: shell 2 lists shell 1's instance
+and has shell 1 do its actions (only the shell that holds the pod acts on it), reads its pod's
+log from the cluster, and refuses a stranger as shell 1 does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from atrium.lifecycle import asked
+from atrium.lifecycle.runners.kubernetes import render
+from atrium.lifecycle.states import InstanceState
+from atrium.state.schema import events, instance_requests
+from tests.integration.conftest import RunningShell, wait_for
+from tests.kube.cluster import FakeCluster
+from tests.kube.test_several_shells_origins import PROBE, SLOW, kube_shells, two_kube_shells
+from tests.kube.test_several_shells_pods import row_of
+
+__all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
+
+
+def moves_to(url: str, iid: str, state: str) -> int:
+    """How many `app:state` events in the shared log moved ``iid`` into ``state``."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(events.c.data).where(events.c.topic == "app:state"))
+            return sum(
+                1 for (data,) in rows if data.get("instanceId") == iid and data.get("to") == state
+            )
+    finally:
+        engine.dispose()
+
+
+def requests_of(url: str, iid: str) -> list[Any]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(
+                conn.execute(
+                    sa.select(instance_requests).where(instance_requests.c.instance_id == iid)
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
+    two_kube_shells: tuple[RunningShell, RunningShell], kube_settings: FakeCluster
+) -> None:
+    """Shell 2 lists shell 1's instance from its row and has shell 1 resume, stop and delete
+    it: each move made once, on shell 1 (its state, its one `app:state`, its row written before
+    shell 2 answers); an illegal move answers shell 1's 409; a stranger gets 404 and a grantee
+    sees it shared, as on shell 1."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        launched = api.post("/api/instances", json={"appId": PROBE})
+        assert launched.status_code == 200, launched.text
+        iid = launched.json()["instanceId"]
+        held = one.shell.lifecycle.get(iid)
+        assert api.post(f"/api/proxy/{iid}/log?line=heard-on-two").status_code == 200
+        # its row is written just after the launch's answer
+        wait_for(lambda: row_of(url, iid).state == "started", "the started row", SLOW)
+
+        listed = api_two.get("/api/instances")
+        assert listed.status_code == 200, listed.text
+        [entry] = [i for i in listed.json() if i["instanceId"] == iid]
+        assert entry["state"] == "started"
+        assert entry["elsewhere"]
+        assert entry["port"] is None
+        assert "secret" not in listed.text
+        everyone = api_two.get("/api/instances?all=1")
+        assert iid in [i["instanceId"] for i in everyone.json()]
+
+        logs = api_two.get(f"/api/instances/{iid}/logs")
+        assert logs.status_code == 200, logs.text
+        assert "heard-on-two" in logs.text
+
+        for action, state in (("resume", "resuming"), ("resumed", "resumed"), ("stop", "stopped")):
+            done = api_two.post(f"/api/instances/{iid}/{action}")
+            assert done.status_code == 200, done.text
+            assert done.json()["state"] == state
+            assert done.json()["instanceId"] == iid
+            assert held.state.value == state  # shell 1 moved it
+            assert row_of(url, iid).state == state  # its row written before the answer
+        assert two.shell.lifecycle.find(iid) is None  # shell 2 never held it
+        assert moves_to(url, iid, "stopping") == 1
+        assert moves_to(url, iid, "stopped") == 1
+
+        illegal = api_two.post(f"/api/instances/{iid}/resume")
+        assert illegal.status_code == 409, illegal.text
+        assert illegal.json()["error"]["code"] == "illegal_transition"
+        unknown = api_two.post(f"/api/instances/{iid}/fly")
+        assert unknown.status_code == 400, unknown.text
+
+        eve = one.add_user("eve")
+        bob = one.add_user("bob")
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        for token in (eve, bob):
+            with two.client(token, timeout=SLOW) as other:
+                for refused in (
+                    other.post(f"/api/instances/{iid}/start"),
+                    other.delete(f"/api/instances/{iid}"),
+                    other.get(f"/api/instances/{iid}/logs"),
+                ):
+                    assert refused.status_code == 404, refused.text
+                    assert refused.json()["error"]["code"] == "not_found"
+                assert iid not in [i["instanceId"] for i in other.get("/api/instances").json()]
+        with two.client(bob, timeout=SLOW) as as_bob:
+            [shared] = [
+                i for i in as_bob.get("/api/instances?shared=1").json() if i["instanceId"] == iid
+            ]
+            assert shared["access"] == "viewer"
+            assert shared["owner"] == held.owner
+        assert held.state is InstanceState.STOPPED
+
+        removed = api_two.delete(f"/api/instances/{iid}")
+        assert removed.status_code == 200, removed.text
+        assert removed.json() == {"ok": True, "instanceId": iid, "state": "installed"}
+        assert one.shell.lifecycle.find(iid) is None
+        assert row_of(url, iid) is None
+        assert moves_to(url, iid, "destroying") == 1
+        namespace = str(one.shell.lifecycle._booter.runner.namespace)  # type: ignore[attr-defined]
+        wait_for(
+            lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
+            "the pod deleted",
+            SLOW,
+        )
+        # the three moves, the illegal resume (answered), the delete; nothing asked for the rest
+        states = sorted(r.state for r in requests_of(url, iid))
+        assert states == ["done"] * 4 + ["failed"]
+
+
+def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(
+    two_kube_shells: tuple[RunningShell, RunningShell], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell 1 hears nothing (as when its event connection is wedged): shell 2 answers `504
+    shell_timeout` once the deadline passes, and the request, withdrawn, is never done, even
+    when shell 1 comes to it later."""
+    monkeypatch.setattr(asked, "TAKE_SECONDS", 0.5)
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        held = one.shell.lifecycle.get(iid)
+        wait_for(lambda: row_of(url, iid) is not None, "the instance's row", SLOW)
+        desk = one.shell.lifecycle.asked
+        assert desk is not None
+        rows = one.shell.lifecycle.rows
+        assert rows is not None
+        heard = list(rows.on_request)
+        rows.on_request.clear()
+        try:
+            late = api_two.post(f"/api/instances/{iid}/stop")
+        finally:
+            rows.on_request.extend(heard)
+        assert late.status_code == 504, late.text
+        error = late.json()["error"]
+        assert error["code"] == "shell_timeout"
+        assert error["taken"] is False
+        assert error["instanceId"] == iid
+        [request] = requests_of(url, iid)
+        assert request.state == "withdrawn"
+        one.on_loop(desk._do(held, request.id))  # shell 1 comes to it late: nothing is done
+        assert held.state is InstanceState.STARTED
+        assert row_of(url, iid).state == "started"
+        assert moves_to(url, iid, "stopping") == 0
