@@ -90,8 +90,8 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
             assert held.state.value == state  # shell 1 moved it
             assert row_of(url, iid).state == state  # its row written before the answer
         assert two.shell.lifecycle.find(iid) is None  # shell 2 never held it
-        assert moves_to(url, iid, "stopping") == 1
-        assert moves_to(url, iid, "stopped") == 1
+        # the bus writes events to the shared log on its own, just after the move
+        wait_for(lambda: moves_to(url, iid, "stopped") == 1, "the stop's app:state", SLOW)
 
         illegal = api_two.post(f"/api/instances/{iid}/resume")
         assert illegal.status_code == 409, illegal.text
@@ -126,7 +126,10 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
         assert removed.json() == {"ok": True, "instanceId": iid, "state": "installed"}
         assert one.shell.lifecycle.find(iid) is None
         assert row_of(url, iid) is None
-        assert moves_to(url, iid, "destroying") == 1
+        wait_for(lambda: moves_to(url, iid, "installed") == 1, "the removal's app:state", SLOW)
+        # each move once, by shell 1 alone
+        for state in ("resuming", "resumed", "stopping", "stopped", "destroying", "installed"):
+            assert moves_to(url, iid, state) == 1, state
         namespace = str(one.shell.lifecycle._booter.runner.namespace)  # type: ignore[attr-defined]
         wait_for(
             lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
