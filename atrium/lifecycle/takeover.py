@@ -38,6 +38,17 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 #: seconds between two looks for a gone shell's instances (on the leader)
 EVERY: Final = 1.0
+#: what a look reads of a row and the takeover acts on: read again as the row is moved, under
+#: the instance's lock, and the same or nothing is taken
+_LISTED: Final = ("app_id", "owner", "slug", "runner", "ref", "state")
+#: states whose row may still name the pod the instance had, though its shell let it end (a
+#: stop deletes the pod and writes no row after): taken over, that pod was gone, and the taker
+#: announced a crash of an instance stopped on purpose (or crashed and announced already)
+ENDED: Final = frozenset({"installed", "stopped", "error"})
+
+
+class _Changed(Exception):
+    """The row moved was no longer the one listed: its move is rolled back."""
 
 
 class Takeover:
@@ -96,11 +107,8 @@ class Takeover:
                 await conn.execute(
                     sa.select(
                         instances.c.id,
-                        instances.c.app_id,
-                        instances.c.owner,
-                        instances.c.slug,
                         instances.c.shell,
-                        instances.c.ref,
+                        *(instances.c[name] for name in _LISTED),
                     ).where(
                         (instances.c.shell != self._rows.shell)
                         & (instances.c.runner == self._runner.name)
@@ -110,7 +118,9 @@ class Takeover:
         candidates = [
             row
             for row in found
-            if isinstance(row.ref, dict) and row.ref.get("namespace") == self._runner.namespace
+            if isinstance(row.ref, dict)
+            and row.ref.get("namespace") == self._runner.namespace
+            and row.state not in ENDED
         ]
         alive = await self._coordination.shells_alive({row.shell for row in candidates})
         taken = []
@@ -141,17 +151,30 @@ class Takeover:
             async with instance.lock:
                 if await self._coordination.shells_alive({row.shell}):
                     return False  # back meanwhile: still its own
-                async with instance.lock.transaction() as tx:
-                    moved = await tx.execute(
-                        sa.update(instances)
-                        .where((instances.c.id == row.id) & (instances.c.shell == row.shell))
-                        .values(shell=self._rows.shell)
-                    )
-                    if moved.rowcount != 1:
-                        return False
-                    opened = (
-                        await tx.execute(sa.select(views).where(views.c.slug == row.slug))
-                    ).all()
+                try:
+                    async with instance.lock.transaction() as tx:
+                        moved = (
+                            await tx.execute(
+                                sa.update(instances)
+                                .where(
+                                    (instances.c.id == row.id) & (instances.c.shell == row.shell)
+                                )
+                                .values(shell=self._rows.shell)
+                                .returning(*(instances.c[name] for name in _LISTED))
+                            )
+                        ).first()
+                        if moved is None:
+                            return False
+                        if any(getattr(moved, name) != getattr(row, name) for name in _LISTED):
+                            # the gone shell changed it after the list was read, before it went
+                            # (stopped it, a new pod, another instance of that id): the row is
+                            # put back as it is, and the next look reads it anew
+                            raise _Changed
+                        opened = (
+                            await tx.execute(sa.select(views).where(views.c.slug == row.slug))
+                        ).all()
+                except _Changed:
+                    return False
                 won = True
                 try:
                     survivor = await self._runner.take_over(row.ref)

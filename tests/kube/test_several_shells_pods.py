@@ -474,3 +474,36 @@ def test_a_restart_of_postgresql_takes_no_living_shells_pods_over(
     assert row_of(url, iid).shell == name
     assert one.shell.lifecycle.get(iid).state is InstanceState.STARTED
     assert crashes(url, iid) == 0
+
+
+def test_a_takeover_acts_only_on_the_row_as_it_is_under_the_lock(
+    kube_shells: StartShell,
+) -> None:
+    """The leader lists the rows of other shells' pods, then takes each under its instance's
+    lock. The compare-and-set of the row's shell did not cover a row that changed meanwhile
+    and still named the gone shell: shell 1 stopped its instance (its pod deleted, its row
+    `stopped`) after the list was read and before it went, and shell 2 took the pod of the list
+    over: gone, so one `app:crashed` for an instance stopped on purpose, and it was shell 2's,
+    in `error`. The list's read of the row is kept here (the race is milliseconds wide) and
+    handed to the takeover once shell 1 is gone: the row's move is rolled back, nothing taken.
+    Shell 2's own looks meanwhile leave the stopped row alone too (its `ref` still names the
+    deleted pod: they took it over the same way)."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        wait_for(lambda: row_of(url, iid).state == "started", "the started row written", SLOW)
+        listed = row_of(url, iid)
+        stopped = api.post(f"/api/instances/{iid}/stop")
+        assert stopped.status_code == 200, stopped.text
+    wait_for(lambda: row_of(url, iid).state == "stopped", "the stopped row written", SLOW)
+    takeover = two.shell.lifecycle.takeover
+    assert takeover is not None
+    name = one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    with cut_off(one):
+        wait_for(lambda: not two.on_loop(two.shell.coordination.shells_alive({name})), "one gone")
+        assert two.on_loop(takeover._take(listed)) is False
+        after = row_of(url, iid)
+        assert (after.shell, after.state) == (name, "stopped")
+        assert two.shell.lifecycle.find(iid) is None
+    assert crashes(url, iid) == 0
