@@ -91,6 +91,35 @@ class ViewDesk:
                 f"view path {path[:200]!r} must start with a single '/' and hold no '\\' "
                 "or control character (a browser would read it as another site's address)"
             )
+        viewer = user or instance.owner
+        self._may_open(instance, viewer)
+        ticket = secrets.token_urlsafe(24)
+        view = View(
+            id=secrets.token_hex(6),
+            cookie="",  # made when the ticket is redeemed
+            path=path,
+            client=client,
+            user=viewer,
+        )
+        if self._rows is not None:
+            await self._rows.add_view(instance, view.id, path, viewer, ticket, TICKET_TTL)
+            try:
+                # other requests ran while the rows were written: a stop, or a revoke of the
+                # user's grant (which dropped their views, not this one yet), would leave the
+                # view held for nothing, keeping the instance from its stop-when-unviewed
+                self._may_open(instance, viewer)
+            except AtriumError:
+                await self.forget(view.id)
+                raise
+        else:
+            self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
+        instance.views[view.id] = view
+        return view, ticket
+
+    def _may_open(self, instance: Instance, user: str) -> None:
+        """A new view needs an instance that serves and a user who may see it."""
+        if not self.may_view(instance, user):
+            raise NotFound("instance", instance.id)
         if instance.state not in SERVING:
             raise NotServing(
                 instance.id,
@@ -98,27 +127,6 @@ class ViewDesk:
                 instance.state,
                 "a view needs an instance in started, resuming, resumed, pausing or paused",
             )
-        ticket = secrets.token_urlsafe(24)
-        view = View(
-            id=secrets.token_hex(6),
-            cookie="",  # made when the ticket is redeemed
-            path=path,
-            client=client,
-            user=user or instance.owner,
-        )
-        if self._rows is not None:
-            await self._rows.add_view(
-                instance,
-                view.id,
-                path,
-                view.user or instance.owner,
-                ticket,
-                TICKET_TTL,
-            )
-        else:
-            self._tickets[ticket] = (instance.id, view.id, time.monotonic() + TICKET_TTL)
-        instance.views[view.id] = view
-        return view, ticket
 
     async def redeem(self, slug: str, ticket: str) -> View | None:
         """The ticket's view, once; None when unknown, used, expired or for another instance."""

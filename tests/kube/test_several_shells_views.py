@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import sqlalchemy as sa
 
 from atrium.bus import Event
@@ -37,6 +39,15 @@ def view_row(url: str, view_id: str) -> Any:
     try:
         with engine.connect() as conn:
             return conn.execute(sa.select(views).where(views.c.id == view_id)).first()
+    finally:
+        engine.dispose()
+
+
+def views_of(url: str, slug: str) -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.select(views.c.id).where(views.c.slug == slug)).scalars())
     finally:
         engine.dispose()
 
@@ -211,3 +222,85 @@ def test_a_view_released_on_a_third_shell_leaves_an_instance_numbered_alike_alon
         wait_for(
             lambda: held.state is InstanceState.STOPPED, "one stops its unviewed instance", SLOW
         )
+
+
+def lock_waiters(engine: sa.Engine) -> int:
+    """Sessions of the test's database waiting for a lock (a row's, here)."""
+    with engine.connect() as conn:
+        count: int = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+        return count
+
+
+def made_while_row_locked(
+    shell: RunningShell, iid: str, token: str, stop_or_revoke: Callable[[], None]
+) -> httpx.Response:
+    """A view asked of ``shell`` (as ``token``'s user) whose rows' write waits on a lock the
+    test holds on the instance's row (a slow database) while ``stop_or_revoke`` runs; its
+    answer once the lock is let go."""
+    url = shell.shell.settings.state_url
+    wait_for(lambda: row_state(url, iid) == "started", "the instance's row written", SLOW)
+    engine = sa.create_engine(url)
+    try:
+        with ThreadPoolExecutor(1) as pool, shell.client(token, timeout=SLOW) as viewer:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.select(instances.c.id).where(instances.c.id == iid).with_for_update()
+                )
+                asked = pool.submit(
+                    viewer.post, f"/api/instances/{iid}/views", json={"path": "/boot"}
+                )
+                wait_for(lambda: lock_waiters(engine) > 0, "the view's write waits", SLOW)
+                stop_or_revoke()
+            return asked.result(timeout=SLOW)
+    finally:
+        engine.dispose()
+
+
+def test_a_view_made_on_its_own_shell_as_the_instance_stops_or_the_grant_goes_is_refused(
+    kube_shells: StartShell,
+) -> None:
+    """On PostgreSQL a shell writes a view's rows before it holds the view in memory, and other
+    requests run meanwhile: a stop (the instance's last view released elsewhere, or its owner's
+    action) or a revoke of the grantee's grant, which drops only the views already held. The
+    view was then held for a stopped instance, or for a user who may no longer see it, and
+    kept the instance from its stop-when-unviewed. Now the shell checks both again once the
+    rows are written, and refuses the view (its rows deleted) as it would have before."""
+    one = kube_shells("one")
+    url = one.shell.settings.state_url
+    bob = one.add_user("bob")
+    with one.client(timeout=SLOW) as api:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+
+        def stop() -> None:
+            stopped = api.post(f"/api/instances/{iid}/stop")
+            assert stopped.status_code == 200, stopped.text
+
+        refused = made_while_row_locked(one, iid, one.token, stop)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "not_serving"
+        assert not held.views
+
+        started = api.post(f"/api/instances/{iid}/start")
+        assert started.status_code == 200, started.text
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+
+        def revoke() -> None:
+            gone = api.delete(f"/api/instances/{iid}/grants/{granted.json()['grantId']}")
+            assert gone.status_code == 200, gone.text
+
+        refused = made_while_row_locked(one, iid, bob, revoke)
+        assert refused.status_code == 404, refused.text
+        assert not held.views
+        assert views_of(url, held.slug) == []
+
+        own, _ = new_view(api, iid)
+        released = api.delete(f"/api/instances/{iid}/views/{own}")
+        assert released.status_code == 200, released.text
+        assert held.state is InstanceState.STOPPED
