@@ -73,6 +73,14 @@ def write_state(url: str, iid: str, state: str) -> None:
         engine.dispose()
 
 
+def written(shell: RunningShell) -> None:
+    """Until every change of ``shell``'s instances is in their rows (none comes after it here:
+    a row the test writes stays as written)."""
+    rows = shell.shell.lifecycle.rows
+    assert rows is not None
+    shell.on_loop(rows.flush())
+
+
 def launch(api: Any) -> str:
     launched = api.post("/api/instances", json={"appId": PROBE})
     assert launched.status_code == 200, launched.text
@@ -108,7 +116,8 @@ def test_a_view_made_elsewhere_as_the_instance_stops_is_dropped_there(
         held = one.shell.lifecycle.get(iid)
         stopped = api.post(f"/api/instances/{iid}/stop")
         assert stopped.status_code == 200, stopped.text
-        wait_for(lambda: row_state(url, iid) == "stopped", "one writes the stop", SLOW)
+        written(one)
+        assert row_state(url, iid) == "stopped"
         write_state(url, iid, "started")  # the row as it was before that write
         made = api_two.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
         assert made.status_code == 200, made.text
@@ -243,7 +252,8 @@ def made_while_row_locked(
     test holds on the instance's row (a slow database) while ``stop_or_revoke`` runs; its
     answer once the lock is let go."""
     url = shell.shell.settings.state_url
-    wait_for(lambda: row_state(url, iid) == "started", "the instance's row written", SLOW)
+    written(shell)
+    assert row_state(url, iid) == "started"
     engine = sa.create_engine(url)
     try:
         with ThreadPoolExecutor(1) as pool, shell.client(token, timeout=SLOW) as viewer:
