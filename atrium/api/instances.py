@@ -116,7 +116,8 @@ async def listed_elsewhere(
         if own and access == OWNER:
             found.append(elsewhere_wire(held))
         elif not own and isinstance(caller, UserCaller) and access not in {None, OWNER}:
-            found.append({**elsewhere_wire(held), "access": access})
+            # a grantee is told no machine, as with one shell (`grantee_reaches`)
+            found.append({**elsewhere_wire(held), "access": access, "elsewhere": None})
     return found
 
 

@@ -210,6 +210,13 @@ def test_a_grantee_learns_no_more_of_another_shells_local_instance_than_with_one
         assert entered.status_code == 303, entered.text
         client.headers["Cookie"] = entered.headers["set-cookie"].split(";", 1)[0]
         unnamed(client.get("/"))
+    # bob's list of what is shared with him names no machine either
+    with two.client(bob, timeout=30) as bob_on_two:
+        listed = bob_on_two.get("/api/instances?shared=1")
+        assert listed.status_code == 200, listed.text
+        (shared,) = [i for i in listed.json() if i["instanceId"] == iid]
+        assert shared["access"] == "viewer"
+        assert shared["elsewhere"] is None
     # its owner is told where it runs
     with two.client(one.token, timeout=30) as owner_on_two:
         named = owner_on_two.post(f"/api/instances/{iid}/views", json={})
