@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -158,6 +159,10 @@ class Coordination:
         self._held = asyncio.Event()
         #: when the beacon last connected (at start, or back after a loss; monotonic)
         self._connected_at: float | None = None
+        #: the ``application_name`` of this run's lock sessions (`open`)
+        self.session_name = ""
+        #: whether a session not of this run was said to hold this shell's name
+        self._told_foreign = False
 
     @classmethod
     @asynccontextmanager
@@ -166,22 +171,31 @@ class Coordination:
 
         On PostgreSQL the lock sessions come from an engine of their own: each held instance
         lock keeps a connection for its action, which must neither starve the stores' pool nor
-        wait behind it. ``name`` (default ``<host>:<pid>``) is their ``application_name``, so
-        ``pg_stat_activity`` and ``pg_locks`` tell which shell holds what."""
+        wait behind it. ``name`` (default ``<host>:<pid>:<run>``, ``<run>`` random for each
+        start) is their ``application_name`` after ``atrium lock``, so ``pg_stat_activity``
+        and ``pg_locks`` tell which shell holds what, and a shell back after a loss ends only
+        its own run's sessions (`_regain`): two containers of one host name both run as pid 1."""
         engine = None
+        session_name = ""
         if db.dialect == "postgresql":
             from sqlalchemy.ext.asyncio import create_async_engine
 
             from atrium.state.database import KEEPALIVES
 
-            label = name or f"{socket.gethostname()}:{os.getpid()}"
+            if name is None:
+                tail = f":{os.getpid()}:{secrets.token_hex(4)}"
+                # a long host name is cut, never the run (63 bytes: PostgreSQL's limit)
+                host = socket.gethostname().encode()[: 63 - len("atrium lock ") - len(tail)]
+                name = host.decode(errors="ignore") + tail
+            session_name = f"atrium lock {name}"[:63]
             engine = create_async_engine(
                 db.url,
-                connect_args={**KEEPALIVES, "application_name": f"atrium lock {label}"[:63]},
+                connect_args={**KEEPALIVES, "application_name": session_name},
                 pool_size=4,
                 max_overflow=-1,
             )
         coordination = cls(db, engine)
+        coordination.session_name = session_name
         try:
             yield coordination
         finally:
@@ -330,19 +344,33 @@ class Coordination:
         while key is not None and not self._shell_held:
             await self._hold_shell(beacon)
             if not self._shell_held:
-                # held by this shell's own last session, which the server has not ended yet
-                # (a short cut): ended now rather than after its keepalives (no other shell
-                # holds this name: one shell per home)
-                await _scalar(
+                # held by this run's own last session, which the server has not ended yet (a
+                # short cut): ended now rather than after its keepalives. Only a session of
+                # this run (its application_name): another holder is a second shell of this
+                # host name and home, started while this one was cut off, which is not ended
+                # for it; this one stays cut off (`lost`) and asks again each turn
+                ended = await _scalar(
                     beacon,
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
-                    " WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
-                    " AND classid::bigint = :hi AND objid::bigint = :lo"
-                    " AND pid <> pg_backend_pid()",
+                    "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l"
+                    " JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
+                    " AND l.classid::bigint = :hi AND l.objid::bigint = :lo"
+                    " AND l.pid <> pg_backend_pid() AND a.application_name = :name",
                     hi=(key >> 32) & 0xFFFFFFFF,
                     lo=key & 0xFFFFFFFF,
+                    name=self.session_name,
                 )
-                await asyncio.sleep(0.1)
+                if ended:
+                    await asyncio.sleep(0.1)
+                    continue
+                if not self._told_foreign:
+                    self._told_foreign = True
+                    _LOGGER.error(
+                        "another shell holds this shell's name %r (its host name and home) in "
+                        "the database: this one stays cut off until it is gone",
+                        self._shell_name,
+                    )
+                await asyncio.sleep(LEADER_RETRY)
         for callback in self._on_regain:
             await callback()
 

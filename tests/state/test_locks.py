@@ -281,9 +281,11 @@ async def test_a_shells_own_lock_says_it_lives_and_is_taken_back_before_it_acts_
         a.on_regain(back)
         key = lock_key("shell", "home-a")
         terminate(pg_url, "a")
-        # a session that holds a's name, as its last beacon's would if the server had not
-        # ended it yet
-        with psycopg.connect(conninfo(pg_url), autocommit=True) as lingering:
+        # a session of a's run that holds a's name, as its last beacon's would if the server
+        # had not ended it yet
+        with psycopg.connect(
+            conninfo(pg_url), autocommit=True, application_name=a.session_name
+        ) as lingering:
             lingering.execute("SELECT pg_advisory_lock(%s)", (key,))
             await until(lambda: a.lost is not None)
             await until(lambda: a.lost is None)
@@ -292,6 +294,42 @@ async def test_a_shells_own_lock_says_it_lives_and_is_taken_back_before_it_acts_
             with pytest.raises(psycopg.OperationalError):
                 lingering.execute("SELECT 1")
         assert await b.shells_alive({"home-a"}) == {"home-a"}
+
+
+async def test_a_shell_back_ends_only_its_own_runs_session_holding_its_name(
+    pg_url: str,
+) -> None:
+    """Back after a loss, a shell ended every session holding its shell lock, as its own last
+    one (the server had not ended it yet). A second shell of the same host name and home that
+    started while the first was cut off holds it too, and had its session ended: both then ran
+    on, each taking the lock from the other. Only a session of this run (its
+    ``application_name``) is ended now; held by another, the shell stays cut off and asks
+    again. The default name carries a per-start id: two containers of one host name both run
+    as pid 1."""
+    async with shell(pg_url, "a", start=False) as a:
+        a.hold_shell("home-a")
+        await a.start()
+        terminate(pg_url, "a")
+        async with shell(pg_url, "a-again", start=False) as again:
+            again.hold_shell("home-a")  # the same host name and home: its lock is free now
+            await again.start()
+            await until(lambda: a.lost is not None)
+            await until(lambda: a._told_foreign)  # a is back, found the name held, asked again
+            key = lock_key("shell", "home-a")
+            assert [(g, n) for _, g, n in holders(pg_url, key)] == [(True, "atrium lock a-again")]
+            assert again.lost is None
+            assert a.lost is not None
+        # the other gone, a holds its name again and is back
+        await until(lambda: a.lost is None)
+        assert [(g, n) for _, g, n in holders(pg_url, key)] == [(True, "atrium lock a")]
+    db_names = set()
+    for _ in range(2):
+        async with AsyncExitStack() as stack:
+            db = await stack.enter_async_context(Database.open(pg_url))
+            coordination = await stack.enter_async_context(Coordination.open(db))
+            db_names.add(coordination.session_name)
+    assert len(db_names) == 2
+    assert all(name.startswith("atrium lock ") and len(name) <= 63 for name in db_names)
 
 
 async def test_a_shell_starts_only_once_it_holds_its_shell_lock(
