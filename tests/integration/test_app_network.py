@@ -5,6 +5,7 @@ target with ``nc``), and that nothing of the network outlives an instance or a k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -13,7 +14,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-import contextlib
 from contextlib import closing
 from pathlib import Path
 from typing import Final
@@ -128,7 +128,7 @@ def open_fds() -> set[tuple[str, str]]:
     found = set()
     for fd in Path(listing).iterdir():
         with contextlib.suppress(OSError):  # the listing's own descriptor is gone already
-            if (target := os.readlink(fd)) != listing:  # the listing's own, at any number
+            if (target := str(fd.readlink())) != listing:  # the listing's own, at any number
                 found.add((fd.name, target))
     return found
 
