@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,6 +46,10 @@ _LISTED: Final = ("app_id", "owner", "slug", "runner", "ref", "state")
 #: stop deletes the pod and writes no row after): taken over, that pod was gone, and the taker
 #: announced a crash of an instance stopped on purpose (or crashed and announced already)
 ENDED: Final = frozenset({"installed", "stopped", "error"})
+#: seconds at most between two tries of an instance that cannot be taken over here (its app
+#: not installed for its owner here, its id one of this shell's): the wait doubles from
+#: `EVERY` up to this
+LATER_MAX: Final = 60.0
 
 
 class _Changed(Exception):
@@ -70,6 +75,8 @@ class Takeover:
         self._task: asyncio.Task[None] | None = None
         #: the instances said to be impossible to take over here (said once each, not each second)
         self._told: set[str] = set()
+        #: instance id → (when it is tried again, the wait after that), for those refused here
+        self._later: dict[str, tuple[float, float]] = {}
         #: the turns this shell took as leader (counted at their end, each a look or, before
         #: the coordination has `settled`, none)
         self.turns = 0
@@ -124,16 +131,33 @@ class Takeover:
         ]
         alive = await self._coordination.shells_alive({row.shell for row in candidates})
         taken = []
+        now = time.monotonic()
+        listed = {row.id for row in candidates}
+        for instance_id in [i for i in self._later if i not in listed]:  # taken or gone
+            del self._later[instance_id]
+            self._told.discard(instance_id)
         for row in candidates:
-            if row.shell not in alive and await self._take(row):
+            if row.shell in alive or self._later.get(row.id, (0.0, 0.0))[0] > now:
+                continue
+            if await self._take(row):
                 taken.append(row.id)
         return taken
 
     def _tell(self, instance_id: str, why: str) -> None:
+        """A gone shell's instance this shell cannot hold: tried again later, each time twice as
+        late (up to `LATER_MAX` s), and said once. Its pod runs on, served by every shell from
+        its row, with no shell to watch it or call its hooks, until it can be taken (its app
+        installed here) or its shell starts again on its home (which adopts it, or stops it if
+        its app is not installed there either)."""
+        wait = min(self._later.get(instance_id, (0.0, EVERY))[1] * 2, LATER_MAX)
+        self._later[instance_id] = (time.monotonic() + wait, wait)
         if instance_id not in self._told:
             self._told.add(instance_id)
             _LOGGER.warning(
-                "%s cannot be taken over here (tried again each second): %s", instance_id, why
+                "%s cannot be taken over here (tried again later, at most every %.0f s): %s",
+                instance_id,
+                LATER_MAX,
+                why,
             )
 
     async def _take(self, row: Any) -> bool:

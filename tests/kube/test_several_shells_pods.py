@@ -507,3 +507,85 @@ def test_a_takeover_acts_only_on_the_row_as_it_is_under_the_lock(
         assert (after.shell, after.state) == (name, "stopped")
         assert two.shell.lifecycle.find(iid) is None
     assert crashes(url, iid) == 0
+
+
+def test_a_gone_shells_instance_whose_app_is_not_here_is_tried_again_later_and_said_once(
+    kube_shells: StartShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An instance of a gone shell whose app the leader does not have (here its row names an
+    app nobody installed) cannot be taken over: it was tried again every second, forever. The
+    tries now come twice as late each time (up to `LATER_MAX` s), said once in the log; the
+    pod runs on meanwhile, served from its row."""
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+    wait_for(lambda: row_of(url, iid).state == "started", "the started row written", SLOW)
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(instances).where(instances.c.id == iid).values(app_id="test.not.here")
+            )
+    finally:
+        engine.dispose()
+    manager = two.shell.lifecycle
+    takeover = manager.takeover
+    assert takeover is not None
+    tries: list[str] = []
+    made = manager.new_instance
+
+    def counted(app_id: str, *args: Any, **kwargs: Any) -> Any:
+        tries.append(app_id)
+        return made(app_id, *args, **kwargs)
+
+    manager.new_instance = counted  # type: ignore[method-assign]
+    with cut_off(one):
+        wait_for(lambda: "test.not.here" in tries, "two tries to take the instance over", 15)
+        turns = takeover.turns
+        wait_for(lambda: takeover.turns >= turns + 5, "five more turns of two's", 15)
+        assert 1 <= tries.count("test.not.here") <= 3, tries
+        assert two.shell.lifecycle.find(iid) is None
+        said = [r for r in caplog.records if "cannot be taken over here" in r.getMessage()]
+        assert len(said) == 1, said
+    assert row_of(url, iid).shell == one.shell.lifecycle.rows.shell  # type: ignore[union-attr]
+    assert crashes(url, iid) == 0
+
+
+def test_a_gone_shells_row_with_no_pod_is_left_to_its_home(kube_shells: StartShell) -> None:
+    """An instance whose shell died before its spawn returned has no pod in its row: the
+    leader leaves it (docs/decisions.md "Several shells: what the leader does not take
+    over"); the shell started again on that home removes it."""
+    two = kube_shells("two")
+    url = two.shell.settings.state_url
+    gone = "elsewhere:/gone/home"
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(instances).values(
+                    id="test.contract.probe-9",
+                    app_id=PROBE,
+                    owner="default",
+                    slug="nopodyet",
+                    state="starting",
+                    runner="kubernetes",
+                    ref=None,
+                    network=None,
+                    address=None,
+                    secret=None,
+                    shell=gone,
+                    updated_at="2026-01-01T00:00:00.000Z",
+                )
+            )
+    finally:
+        engine.dispose()
+    takeover = two.shell.lifecycle.takeover
+    assert takeover is not None
+    wait_for(lambda: two.shell.coordination.settled, "two settled", 15)
+    turns = takeover.turns
+    wait_for(lambda: takeover.turns >= turns + 2, "two more looks of two's", 5)
+    row = row_of(url, "test.contract.probe-9")
+    assert (row.shell, row.state) == (gone, "starting")
+    assert two.shell.lifecycle.find("test.contract.probe-9") is None
+    assert crashes(url, "test.contract.probe-9") == 0
