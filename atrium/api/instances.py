@@ -16,7 +16,7 @@ from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import Elsewhere, Looking, proxy_page
 from atrium.errors import InstanceElsewhere, InvalidRequest, NotFound, NotServing, PermissionDenied
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.lifecycle.asked import DELETE, DELETE_FORCE
+from atrium.lifecycle.asked import ACTIVITY, ACTIVITY_END, DELETE, DELETE_FORCE
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING, InstanceState
 from atrium.lifecycle.views import TICKET_TTL, is_local_path
@@ -235,11 +235,13 @@ async def owned_pod_elsewhere(shell: Shell, caller: Caller, instance_id: str) ->
     return held
 
 
-async def ask_elsewhere(shell: Shell, held: Elsewhere, action: str) -> tuple[int, dict[str, Any]]:
+async def ask_elsewhere(
+    shell: Shell, held: Elsewhere, action: str, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
     """The answer of the shell that runs ``held`` to ``action`` (`atrium.lifecycle.asked`)."""
     asked = shell.lifecycle.asked
     assert asked is not None  # noqa: S101 - held_elsewhere found its row
-    answer = await asked.ask(held.row, action)
+    answer = await asked.ask(held.row, action, body)
     if answer is None:
         raise InstanceElsewhere(
             f"instance {held.id} moved to another shell or ended while it was asked: ask again",
@@ -368,7 +370,28 @@ async def create_activity(request: Request, caller: Caller) -> Response:
     body = (
         await read_model(request, ActivityBody) if await bounded_body(request) else ActivityBody()
     )
-    instance = await owned_here(shell, caller, request.path_params["instance_id"])
+    instance_id = request.path_params["instance_id"]
+    try:
+        instance = owned(shell, caller, instance_id)
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held = await owned_pod_elsewhere(shell, caller, instance_id)
+        status, made = await ask_elsewhere(shell, held, ACTIVITY, {"extras": body.extras})
+        if status != 200:
+            return JSONResponse(made, status_code=status)
+        path = str(made.get("path", "/"))
+        origin = f"http://{held.row.slug}.{shell.settings.app_domain}:{shell.settings.port}"
+        return JSONResponse(
+            {
+                "activityId": made.get("activityId"),
+                "instanceId": held.id,
+                "appId": held.app_id,
+                "path": path,
+                "title": made.get("title"),
+                "url": origin + path,
+            }
+        )
     activity = await shell.lifecycle.create_activity(instance.id, body.extras)
     return JSONResponse(
         {
@@ -385,7 +408,17 @@ async def create_activity(request: Request, caller: Caller) -> Response:
 async def delete_activity(request: Request, caller: Caller) -> Response:
     params = request.path_params
     shell = shell_of(request)
-    await owned_here(shell, caller, params["instance_id"])
+    try:
+        owned(shell, caller, params["instance_id"])
+    except NotFound:
+        if shell.lifecycle.rows is None:
+            raise
+        held = await owned_pod_elsewhere(shell, caller, params["instance_id"])
+        ended = {"activityId": params["activity_id"]}
+        status, answer = await ask_elsewhere(shell, held, ACTIVITY_END, ended)
+        if status != 200:
+            return JSONResponse(answer, status_code=status)
+        return JSONResponse({"ok": True, "activityId": params["activity_id"]})
     await shell.lifecycle.destroy_activity(params["instance_id"], params["activity_id"])
     return JSONResponse({"ok": True, "activityId": params["activity_id"]})
 

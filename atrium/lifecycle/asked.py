@@ -1,6 +1,7 @@
 """Actions asked of another shell's pod (docs/decisions.md "Several shells: a pod's actions
-asked of its shell"): any shell answers `POST /api/instances/{id}/{action}` and `DELETE
-/api/instances/{id}`, but only the shell that runs the instance acts on it.
+asked of its shell"): any shell answers `POST /api/instances/{id}/{action}`, `DELETE
+/api/instances/{id}` and an instance's activities, but only the shell that runs the instance
+acts on it.
 
 The shell the request reached writes it to ``instance_requests`` with an `instance:routed`
 naming it, in one transaction (`InstanceRows.ask`). The instance's shell hears the event, takes
@@ -34,6 +35,9 @@ LOOK_SECONDS: Final = 0.5
 #: what ``delete`` asks: DELETE /api/instances/{id}; ``delete?force``: with ``?force=1``
 DELETE: Final = "delete"
 DELETE_FORCE: Final = "delete?force"
+#: POST /api/instances/{id}/activities (body ``{extras}``); its DELETE (body ``{activityId}``)
+ACTIVITY: Final = "activity"
+ACTIVITY_END: Final = "activity-end"
 
 
 class AskHost(Protocol):
@@ -41,7 +45,7 @@ class AskHost(Protocol):
 
     def find(self, instance_id: str) -> Instance | None: ...
 
-    async def do_asked(self, instance_id: str, action: str) -> dict[str, Any]:
+    async def do_asked(self, instance_id: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         """Do ``action`` as this shell's API would; what the answer says."""
 
     def spawn_task(self, coro: Any, name: str) -> Any: ...
@@ -69,12 +73,14 @@ class AskedActions:
         self._host.spawn_task(self._do(instance, request_id), f"asked of {instance_id}")
 
     async def _do(self, instance: Instance, request_id: str) -> None:
-        action = await self._rows.take(request_id, instance.id)
-        if action is None:
+        taken = await self._rows.take(request_id, instance.id)
+        if taken is None:
             return  # withdrawn, or another look took it
+        action, body = taken
         state = "done"
         try:
-            answer = {"status": 200, "body": await self._host.do_asked(instance.id, action)}
+            done = await self._host.do_asked(instance.id, action, body)
+            answer = {"status": 200, "body": done}
         except AtriumError as err:
             state = "failed"
             answer = {"status": err.http_status, "body": err.to_body()}
@@ -87,14 +93,16 @@ class AskedActions:
         await self._rows.flush()
         await self._rows.answer(request_id, instance, state, answer)
 
-    async def ask(self, held: InstanceRow, action: str) -> tuple[int, dict[str, Any]] | None:
+    async def ask(
+        self, held: InstanceRow, action: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
         """Have ``held``'s shell do ``action``: the status and body it answered (an error's
         as it raised it). None when its row no longer names that shell (moved or ended)."""
         request_id = secrets.token_hex(8)
         heard = self._waiting[request_id] = asyncio.Event()
         machine = held.shell.partition(":")[0]
         try:
-            if not await self._rows.ask(held, request_id, action):
+            if not await self._rows.ask(held, request_id, action, body):
                 return None
             state, answer = await self._wait(request_id, heard, TAKE_SECONDS, {"asked"})
             if state == "asked" and await self._rows.withdraw(request_id):

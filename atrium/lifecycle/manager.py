@@ -35,7 +35,7 @@ from atrium.errors import (
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
-from atrium.lifecycle.asked import DELETE, DELETE_FORCE, AskedActions
+from atrium.lifecycle.asked import ACTIVITY, ACTIVITY_END, DELETE, DELETE_FORCE, AskedActions
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
 from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
@@ -462,10 +462,21 @@ class LifecycleManager(InstanceIndex):
                 return err.message
         return None
 
-    async def do_asked(self, instance_id: str, action: str) -> dict[str, Any]:
+    async def do_asked(
+        self, instance_id: str, action: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """An action another shell asked of this shell's instance (`asked`), done as this
         shell's API does it: what the answer says (the instance's state after the move; for a
-        DELETE, its answer)."""
+        DELETE, its answer; for an activity, its id, path and title)."""
+        if action == ACTIVITY:
+            extras = body.get("extras")
+            activity = await self.create_activity(
+                instance_id, extras if isinstance(extras, dict) else {}
+            )
+            return {"activityId": activity.id, "path": activity.path, "title": activity.title}
+        if action == ACTIVITY_END:
+            await self.destroy_activity(instance_id, str(body.get("activityId", "")))
+            return {"ok": True}
         if action in {DELETE, DELETE_FORCE}:
             problem = await self.remove(instance_id, force=action == DELETE_FORCE)
             answer: dict[str, Any] = {"ok": True, "instanceId": instance_id, "state": "installed"}

@@ -578,7 +578,9 @@ class InstanceRows:
 
     # -- actions asked of another shell's instance (`atrium.lifecycle.asked`) -------------------
 
-    async def ask(self, held: InstanceRow, request_id: str, action: str) -> bool:
+    async def ask(
+        self, held: InstanceRow, request_id: str, action: str, body: dict[str, Any] | None = None
+    ) -> bool:
         """Ask ``held``'s shell to do ``action``: the request's row and an `instance:routed`
         naming it, in one transaction under a lock on the instance's row, which must still
         name that shell. False when it no longer does (moved or ended meanwhile)."""
@@ -612,6 +614,7 @@ class InstanceRows:
                     slug=held.slug,
                     shell=held.shell,
                     action=action,
+                    body=body,
                     state="asked",
                     answer=None,
                     asked_at=now,
@@ -621,11 +624,11 @@ class InstanceRows:
         self._committed(stored, routed)
         return True
 
-    async def take(self, request_id: str, instance_id: str) -> str | None:
-        """The action asked of this shell's instance, taken (once; never after it was
-        withdrawn); None when there is none to take."""
+    async def take(self, request_id: str, instance_id: str) -> tuple[str, dict[str, Any]] | None:
+        """The action asked of this shell's instance and its body, taken (once; never after it
+        was withdrawn); None when there is none to take."""
         async with self._db.transaction() as tx:
-            action: str | None = (
+            taken = (
                 await tx.execute(
                     sa.update(instance_requests)
                     .where(
@@ -635,10 +638,12 @@ class InstanceRows:
                         & (instance_requests.c.state == "asked")
                     )
                     .values(state="taken")
-                    .returning(instance_requests.c.action)
+                    .returning(instance_requests.c.action, instance_requests.c.body)
                 )
-            ).scalar_one_or_none()
-        return action
+            ).first()
+        if taken is None:
+            return None
+        return str(taken.action), dict(taken.body) if isinstance(taken.body, dict) else {}
 
     async def answer(
         self, request_id: str, instance: Instance, state: str, answer: dict[str, Any]

@@ -236,8 +236,9 @@ view_tickets = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False),
 )
 
-#: an action (``stop``, ``destroy``, ``delete``, …) asked on one shell of an instance another
-#: shell runs in a pod (`atrium.lifecycle.asked`): ``shell`` is the one asked, ``state`` goes
+#: an action (``stop``, ``destroy``, ``delete``, ``activity``, …; ``body`` what it needs) asked
+#: on one shell of an instance another shell runs in a pod (`atrium.lifecycle.asked`): ``shell``
+#: is the one asked, ``state`` goes
 #: ``asked`` → ``taken`` → ``done`` or ``failed`` (``answer``: what the answer says), or
 #: ``asked`` → ``withdrawn`` when nobody took it in time
 instance_requests = sa.Table(
@@ -248,6 +249,7 @@ instance_requests = sa.Table(
     sa.Column("slug", sa.Text, nullable=False),
     sa.Column("shell", sa.Text, nullable=False),
     sa.Column("action", sa.Text, nullable=False),
+    sa.Column("body", sa.JSON, nullable=True),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("answer", sa.JSON, nullable=True),
     sa.Column("asked_at", sa.Float, nullable=False, index=True),

@@ -78,9 +78,14 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
         everyone = api_two.get("/api/instances?all=1")
         assert iid in [i["instanceId"] for i in everyone.json()]
 
+        # the kubelet writes the pod's output to its log on its own, just after the line
+        wait_for(
+            lambda: "heard-on-two" in api_two.get(f"/api/instances/{iid}/logs").text,
+            "the pod's log read on two",
+            SLOW,
+        )
         logs = api_two.get(f"/api/instances/{iid}/logs")
         assert logs.status_code == 200, logs.text
-        assert "heard-on-two" in logs.text
 
         for action, state in (("resume", "resuming"), ("resumed", "resumed"), ("stop", "stopped")):
             done = api_two.post(f"/api/instances/{iid}/{action}")
@@ -99,6 +104,19 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
         unknown = api_two.post(f"/api/instances/{iid}/fly")
         assert unknown.status_code == 400, unknown.text
 
+        # an activity: shell 1 starts and resumes it for one, as its own API does
+        opened = api_two.post(f"/api/instances/{iid}/activities", json={"extras": {"k": 1}})
+        assert opened.status_code == 200, opened.text
+        activity = opened.json()["activityId"]
+        assert activity in held.activities
+        assert held.state is InstanceState.RESUMED
+        assert opened.json()["url"].startswith(f"http://{held.slug}.")
+        ended = api_two.delete(f"/api/instances/{iid}/activities/{activity}")
+        assert ended.status_code == 200, ended.text
+        assert activity not in held.activities
+        gone = api_two.delete(f"/api/instances/{iid}/activities/{activity}")
+        assert gone.status_code == 404, gone.text
+
         eve = one.add_user("eve")
         bob = one.add_user("bob")
         granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
@@ -109,6 +127,7 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
                     other.post(f"/api/instances/{iid}/start"),
                     other.delete(f"/api/instances/{iid}"),
                     other.get(f"/api/instances/{iid}/logs"),
+                    other.post(f"/api/instances/{iid}/activities"),
                 ):
                     assert refused.status_code == 404, refused.text
                     assert refused.json()["error"]["code"] == "not_found"
@@ -119,7 +138,7 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
             ]
             assert shared["access"] == "viewer"
             assert shared["owner"] == held.owner
-        assert held.state is InstanceState.STOPPED
+        assert held.state is InstanceState.RESUMED
 
         removed = api_two.delete(f"/api/instances/{iid}")
         assert removed.status_code == 200, removed.text
@@ -127,18 +146,19 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
         assert one.shell.lifecycle.find(iid) is None
         assert row_of(url, iid) is None
         wait_for(lambda: moves_to(url, iid, "installed") == 1, "the removal's app:state", SLOW)
-        # each move once, by shell 1 alone
-        for state in ("resuming", "resumed", "stopping", "stopped", "destroying", "installed"):
-            assert moves_to(url, iid, state) == 1, state
+        # each move once per action, by shell 1 alone (the activity resumed it again)
+        for state, times in (("resuming", 2), ("stopping", 2), ("starting", 2), ("destroying", 1)):
+            assert moves_to(url, iid, state) == times, state
         namespace = str(one.shell.lifecycle._booter.runner.namespace)  # type: ignore[attr-defined]
         wait_for(
             lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
             "the pod deleted",
             SLOW,
         )
-        # the three moves, the illegal resume (answered), the delete; nothing asked for the rest
+        # the three moves, the illegal resume, the activity's three asks (the last answered
+        # 404), the delete; nothing asked for the rest
         states = sorted(r.state for r in requests_of(url, iid))
-        assert states == ["done"] * 4 + ["failed"]
+        assert states == ["done"] * 6 + ["failed"] * 2
 
 
 def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("slug", sa.Text, nullable=False),
         sa.Column("shell", sa.Text, nullable=False),
         sa.Column("action", sa.Text, nullable=False),
+        sa.Column("body", sa.JSON, nullable=True),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("answer", sa.JSON, nullable=True),
         sa.Column("asked_at", sa.Float, nullable=False),
