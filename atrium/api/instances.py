@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from typing import Any, Final
 
 from pydantic import Field
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
@@ -26,6 +28,8 @@ from atrium.state.instances import SHARED_NETWORK
 from atrium.theme.prefs import html_transform_for
 from atrium.users.grants import OWNER, access_to
 from atrium.wire import WireModel
+
+_LOGGER = logging.getLogger(__name__)
 
 MAX_LOG_LINES: Final = 5000
 #: the runner whose instances (pods) any shell acts on, by asking the shell that runs them
@@ -101,10 +105,15 @@ async def listed_elsewhere(
     (``every``, an admin's), else those shared with the calling user (with ``owner`` and
     ``access``, as `shared_with`)."""
     rows = shell.lifecycle.rows
-    if rows is None:
+    if rows is None or shell.coordination.lost is not None:
+        return []  # cut off, this shell lists what it knows: its own (the balancer drops it)
+    try:
+        others = await rows.others()
+    except SQLAlchemyError as err:
+        _LOGGER.warning("other shells' instances not listed: %s", err)
         return []
     found = []
-    for row in await rows.others():
+    for row in others:
         copy = shell.registry.get(row.app_id, row.owner)
         if copy is None or copy.manifest is None:
             continue
