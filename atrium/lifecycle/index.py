@@ -8,6 +8,7 @@ instance. The lifecycle manager extends this with the moves.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from typing import Final
 
 from atrium.bus import EventBus
@@ -100,17 +101,19 @@ class InstanceIndex:
         data_of: str | None = None,
         owner: str | None = None,
         slug: str | None = None,
+        taken_elsewhere: Collection[str] = (),
     ) -> Instance:
         """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
         instance id whose runtime data folder it uses (a headless provider's; default its own).
         ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``); its
-        id is the lowest free of that owner's (`id_prefix`), its data that owner's folder."""
+        id is the lowest free of that owner's (`id_prefix`), its data that owner's folder.
+        ``taken_elsewhere``: ids other shells of one database hold, taken too."""
         owner = owner or self._layout.user
         copy = self._registry.get(app_id, owner)  # the copy its owner sees (masking is per user)
         if copy is None or copy.manifest is None:
             raise NotFound("app", app_id)
         prefix = self.id_prefix(app_id, owner)
-        taken = set(self._instances)
+        taken = set(self._instances) | set(taken_elsewhere)
         if wanted is not None and (wanted in taken or not wanted.startswith(prefix)):
             raise InvalidRequest(f"instance id {wanted!r} is taken or not one of {app_id}'s")
         n = 1

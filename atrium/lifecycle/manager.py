@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from atrium.bus import EventBus
 from atrium.errors import (
     AtriumError,
@@ -65,6 +67,8 @@ S = InstanceState
 STOPPABLE: Final = frozenset({S.STARTED, S.RESUMED, S.PAUSING, S.PAUSED})
 #: seconds a launch waits for its row to be written before it answers (several shells)
 ROW_WAIT: Final = 5.0
+#: how many ids a launch tries while other shells take each at once (several shells)
+NUMBERING_TRIES: Final = 5
 
 
 class LifecycleManager(InstanceIndex):
@@ -225,11 +229,35 @@ class LifecycleManager(InstanceIndex):
         operation = self._operations.operation(app_id) if instance_id is None else None
         if operation is not None:
             raise Busy(app_id, operation)
-        instance = self.new_instance(app_id, instance_id, owner=owner)
+        instance = await self._numbered(app_id, instance_id, owner)
         async with self._unmade_if_lost(instance), instance.lock:
             await self._boot_owned(instance)
         await self._row_written()
         return instance
+
+    async def _numbered(self, app_id: str, instance_id: str | None, owner: str) -> Instance:
+        """A new instance in the index: numbered past the ids of every shell's rows, and its row
+        written before it boots. Each shell numbers its own, so two shells gave one owner's
+        instances of an app one id: its pods, Secrets and claims (named by id, in one
+        namespace) clashed, the second launch failed, and every list showed the id twice. Two
+        shells numbering at once are told apart by the row (the id is its key): the loser
+        numbers again."""
+        if self.rows is None or instance_id is not None:
+            return self.new_instance(app_id, instance_id, owner=owner)
+        prefix = self.id_prefix(app_id, owner)
+        for _ in range(NUMBERING_TRIES):
+            try:
+                taken = await self.rows.ids_taken(prefix)
+            except SQLAlchemyError:
+                taken = set()  # cut off: the boot is refused by the instance lock anyway
+            instance = self.new_instance(app_id, owner=owner, taken_elsewhere=taken)
+            try:
+                if await self.rows.claim(instance):
+                    return instance
+            except SQLAlchemyError:
+                return instance  # its row is written by the writer once the link is back
+            self._forget(instance)
+        raise Busy(app_id, "numbering a new instance (other shells took each id tried)")
 
     async def _row_written(self) -> None:
         """Until this shell's rows are written as its instances are now (bounded: a shell cut

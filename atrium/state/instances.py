@@ -302,8 +302,9 @@ class InstanceRows:
                         await self._drop_views(tx, instance.slug)
                     stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         except IntegrityError:
-            # another shell's instance has this id (each numbers its own): this one is served
-            # by its own shell only
+            # another shell's instance has this id (a launch numbers past the rows, but an
+            # update brings an id back, and a shell cut off numbers alone; `claim` numbers
+            # again): this one is served by its own shell only
             _LOGGER.warning(
                 "%s %s: another shell's instance has its id; only this shell serves it",
                 instance.app_id,
@@ -323,6 +324,21 @@ class InstanceRows:
         elif self._written.get(instance.id) is instance:
             del self._written[instance.id]
         self._committed(stored, routed)
+
+    async def ids_taken(self, prefix: str) -> set[str]:
+        """The ids starting with ``prefix`` (one owner's of one app: `InstanceIndex.id_prefix`)
+        that any shell's row holds."""
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(instances.c.id).where(instances.c.id.startswith(prefix, autoescape=True))
+            )
+            return set(found.scalars())
+
+    async def claim(self, instance: Instance) -> bool:
+        """Write a new instance's row now, not soon: False when another shell's row has its id
+        (two shells numbered one at once; the id is the table's key, so one row wins)."""
+        await self._write(instance, True)
+        return self.written(instance)
 
     def written(self, instance: Instance) -> bool:
         """Whether this shell inserted ``instance``'s row (no row now: another shell removed
@@ -649,7 +665,9 @@ class InstanceRows:
         self, request_id: str, instance: Instance, state: str, answer: dict[str, Any]
     ) -> None:
         """A taken request's answer (``done`` or ``failed``), and an `instance:routed` saying
-        so, in one transaction: its asker hears it."""
+        so, in one transaction: its asker hears it. Its body goes (an activity's extras, up to
+        a request's 2 MiB): kept the hour the row is, a caller asking in a loop filled the
+        database."""
         routed = InstanceRouted(
             instance.id,
             instance.app_id,
@@ -662,21 +680,21 @@ class InstanceRows:
             await tx.execute(
                 sa.update(instance_requests)
                 .where(instance_requests.c.id == request_id)
-                .values(state=state, answer=answer)
+                .values(state=state, answer=answer, body=None)
             )
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         self._committed(stored, routed)
 
     async def withdraw(self, request_id: str) -> bool:
-        """Withdraw a request nobody took: True when it was still untaken (it is never done
-        now), False when its shell took it meanwhile."""
+        """Withdraw a request nobody took (its body goes, as with an answer): True when it
+        was still untaken (it is never done now), False when its shell took it meanwhile."""
         async with self._db.transaction() as tx:
             gone = await tx.execute(
                 sa.update(instance_requests)
                 .where(
                     (instance_requests.c.id == request_id) & (instance_requests.c.state == "asked")
                 )
-                .values(state="withdrawn")
+                .values(state="withdrawn", body=None)
             )
         return bool(gone.rowcount)
 

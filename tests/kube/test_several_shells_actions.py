@@ -7,6 +7,7 @@ log from the cluster, and refuses a stranger as shell 1 does."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -195,3 +196,38 @@ def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(
         assert held.state is InstanceState.STARTED
         assert row_of(url, iid).state == "started"
         assert moves_to(url, iid, "stopping") == 0
+
+
+def test_one_owners_instances_are_numbered_apart_on_every_shell(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Each shell numbered its own instances: shell 2's first instance of the probe app got the
+    id of shell 1's, so its pod, Secret and claim (named by id, in one namespace) clashed with
+    shell 1's and the launch failed (`502 spawn_failed`), and a list showed the id twice. A
+    launch now numbers past every shell's rows, and launches made on both at once each get an
+    id of their own (the row, keyed by id, tells them apart)."""
+    one, two = two_kube_shells
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        first = api.post("/api/instances", json={"appId": PROBE, "new": True})
+        assert first.status_code == 200, first.text
+        second = api_two.post("/api/instances", json={"appId": PROBE, "new": True})
+        assert second.status_code == 200, second.text
+        ids = [first.json()["instanceId"], second.json()["instanceId"]]
+        assert ids[0] != ids[1]
+        assert two.shell.lifecycle.get(ids[1]).state is InstanceState.STARTED
+
+        def launch(client: Any) -> Any:
+            return client.post("/api/instances", json={"appId": PROBE, "new": True})
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(launch, [api, api_two, api, api_two]))
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        ids += [a.json()["instanceId"] for a in answers]
+        assert len(set(ids)) == 6, ids
+        for client in (api, api_two):
+            listed = [i["instanceId"] for i in client.get("/api/instances").json()]
+            assert sorted(listed) == sorted(ids)
+        for iid in ids:
+            assert (api if one.shell.lifecycle.find(iid) else api_two).delete(
+                f"/api/instances/{iid}"
+            ).status_code == 200
