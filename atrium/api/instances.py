@@ -526,6 +526,8 @@ async def delete_view_elsewhere(
         raise NotFound("view", view_id)  # a grantee closes their own views only
     if not await rows.drop_view_elsewhere(held.row, view_id):
         raise NotFound("view", view_id)
+    if access != OWNER:  # a grantee is told no machine (`grantee_reaches`)
+        return JSONResponse({**elsewhere_wire(held), "elsewhere": None})
     return JSONResponse(elsewhere_wire(held))
 
 
