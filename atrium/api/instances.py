@@ -296,11 +296,39 @@ async def create_instance(request: Request, caller: Caller) -> Response:
         raise InvalidRequest(f"{body.app_id!r} is not an app id (reverse-domain, lowercase)")
     audit_target(request, app_id=body.app_id)
     shell = shell_of(request)
-    instance = await shell.lifecycle.create(
-        body.app_id, new=body.new, owner=owner_of_caller(shell, caller)
-    )
+    owner = owner_of_caller(shell, caller)
+    if not body.new and (held := await opened_elsewhere(shell, body.app_id, owner)) is not None:
+        audit_target(request, instance_id=held.id)
+        if held.row.state != InstanceState.STOPPED.value:
+            return JSONResponse(elsewhere_wire(held))
+        status, answer = await ask_elsewhere(shell, held, "start")
+        if status != 200:
+            return JSONResponse(answer, status_code=status)
+        return JSONResponse({**elsewhere_wire(held), "state": answer.get("state", "started")})
+    instance = await shell.lifecycle.create(body.app_id, new=body.new, owner=owner)
     audit_target(request, instance_id=instance.id)
     return JSONResponse(_wire(request, instance, caller))
+
+
+async def opened_elsewhere(shell: Shell, app_id: str, owner: str) -> Elsewhere | None:
+    """With several shells, when this shell runs no instance of the app for ``owner``: the one
+    another shell runs for them in a pod that a page opened, which a launch hands out as one
+    shell hands out its own (a second instance would have a claim of its own: the owner's data
+    split between two). A local runner's is not handed out: no other shell serves it."""
+    rows = shell.lifecycle.rows
+    if rows is None or shell.lifecycle.live_of(app_id, owner) is not None:
+        return None
+    if shell.coordination.lost is not None:
+        return None
+    try:
+        row = await rows.opened_elsewhere(app_id, owner, shell.lifecycle.id_prefix(app_id, owner))
+    except SQLAlchemyError as err:  # this shell's own launch says what the database does
+        _LOGGER.warning("other shells' instances not looked at: %s", err)
+        return None
+    copy = None if row is None else shell.registry.get(row.app_id, row.owner)
+    if row is None or copy is None or copy.manifest is None:
+        return None
+    return Elsewhere(row, copy.manifest)
 
 
 async def instance_action(request: Request, caller: Caller) -> Response:

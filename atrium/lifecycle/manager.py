@@ -208,16 +208,8 @@ class LifecycleManager(InstanceIndex):
             owner = self.owner_of(app_id, instance_id) if instance_id else self._layout.user
         self._refuse_stopped_owner(owner)
         if not new:
-            live = [
-                i
-                for i in self.of_owner(app_id, owner)
-                if not self.is_pooled(i)
-                and not self.is_headless(i)
-                and not self.trials.holds(i)
-                and i.state is not S.ERROR
-            ]
-            if live:
-                instance = live[0]
+            instance = self.live_of(app_id, owner)
+            if instance is not None:
                 if instance.state is S.STOPPED:
                     await self.act(instance.id, "start")
                 await self._row_written()
@@ -258,6 +250,19 @@ class LifecycleManager(InstanceIndex):
                 return instance  # its row is written by the writer once the link is back
             self._forget(instance)
         raise Busy(app_id, "numbering a new instance (other shells took each id tried)")
+
+    def live_of(self, app_id: str, owner: str) -> Instance | None:
+        """The owner's instance of the app a launch hands out (not pooled, headless, a trial or
+        in error), if this shell runs one."""
+        live = [
+            i
+            for i in self.of_owner(app_id, owner)
+            if not self.is_pooled(i)
+            and not self.is_headless(i)
+            and not self.trials.holds(i)
+            and i.state is not S.ERROR
+        ]
+        return live[0] if live else None
 
     async def _row_written(self) -> None:
         """Until this shell's rows are written as its instances are now (bounded: a shell cut

@@ -334,6 +334,31 @@ class InstanceRows:
             )
             return set(found.scalars())
 
+    async def opened_elsewhere(self, app_id: str, owner: str, prefix: str) -> InstanceRow | None:
+        """The owner's instance of the app in a pod of another shell that a page opened: one
+        with a view now, or stopped (its page went). Its row does not say pooled or headless:
+        a pooled one has no view, a headless provider's id ends in ``provider``."""
+        viewed = sa.exists().where(views.c.slug == instances.c.slug)
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(instances)
+                .where(
+                    (instances.c.app_id == app_id)
+                    & (instances.c.owner == owner)
+                    & (instances.c.shell != self.shell)
+                    & (instances.c.runner == "kubernetes")
+                    & (
+                        (instances.c.state == "stopped")
+                        | (instances.c.state.in_(sorted(s.value for s in SERVING)) & viewed)
+                    )
+                )
+                .order_by(instances.c.id)
+            )
+            for row in found:
+                if row.id.startswith(prefix) and row.id[len(prefix) :].isdigit():
+                    return _instance_row(row)
+        return None
+
     async def claim(self, instance: Instance) -> bool:
         """Write a new instance's row now, not soon: False when another shell's row has its id
         (two shells numbered one at once; the id is the table's key, so one row wins)."""

@@ -19,7 +19,13 @@ from atrium.lifecycle.states import InstanceState
 from atrium.state.schema import events, instance_requests
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.cluster import FakeCluster
-from tests.kube.test_several_shells_origins import PROBE, SLOW, kube_shells, two_kube_shells
+from tests.kube.test_several_shells_origins import (
+    PROBE,
+    SLOW,
+    kube_shells,
+    new_view,
+    two_kube_shells,
+)
 from tests.kube.test_several_shells_pods import row_of
 
 __all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
@@ -231,3 +237,35 @@ def test_one_owners_instances_are_numbered_apart_on_every_shell(
             assert (api if one.shell.lifecycle.find(iid) else api_two).delete(
                 f"/api/instances/{iid}"
             ).status_code == 200
+
+
+def test_a_launch_on_any_shell_hands_out_the_owners_pod_a_page_opened(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A launch hands out the owner's instance of the app, as one shell does: through the
+    balancer the host page's next launch of the app may reach the other shell, which made a
+    second instance, with a claim (and so data) of its own. Now it answers shell 1's, and
+    has shell 1 start it again when its page went and it stopped."""
+    one, two = two_kube_shells
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        view, _ = new_view(api, iid)
+        again = api_two.post("/api/instances", json={"appId": PROBE})
+        assert again.status_code == 200, again.text
+        assert again.json()["instanceId"] == iid
+        assert again.json()["elsewhere"] is not None
+        assert not two.shell.lifecycle.all()  # nothing made on shell 2
+        # its page goes: unviewed, it stops; the next launch on shell 2 has shell 1 start it
+        assert api.delete(f"/api/instances/{iid}/views/{view}").status_code == 200
+        held = one.shell.lifecycle.get(iid)
+        wait_for(lambda: held.state is InstanceState.STOPPED, "shell 1 stops it", SLOW)
+        one.on_loop(one.shell.lifecycle.rows.flush())  # type: ignore[union-attr]
+        started = api_two.post("/api/instances", json={"appId": PROBE})
+        assert started.status_code == 200, started.text
+        assert (started.json()["instanceId"], started.json()["state"]) == (iid, "started")
+        assert held.state is InstanceState.STARTED
+        assert not two.shell.lifecycle.all()
+        # a new one is asked for: made on shell 2, numbered past shell 1's
+        fresh = api_two.post("/api/instances", json={"appId": PROBE, "new": True})
+        assert fresh.status_code == 200, fresh.text
+        assert fresh.json()["instanceId"] != iid
