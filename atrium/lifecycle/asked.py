@@ -8,7 +8,8 @@ naming it, in one transaction (`InstanceRows.ask`). The instance's shell hears t
 the request (once: ``asked`` → ``taken``), does it at its one door under the instance's lock as
 its own API would, writes the instance's row, then the answer with another `instance:routed`.
 The asker answers from that. A request untaken after `TAKE_SECONDS` is withdrawn (``asked`` →
-``withdrawn``, which the owner can no longer take): nothing was done, `504 shell_timeout`.
+``withdrawn``, which the owner can no longer take): nothing was done, `504 shell_timeout`. One
+its asker could not withdraw is never taken past `TAKE_WINDOW`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from typing import Any, Final, Protocol
 
 from atrium.errors import AtriumError, ShellTimeout
@@ -27,6 +29,11 @@ _LOGGER = logging.getLogger(__name__)
 #: seconds a shell that runs an instance has to take an action asked of it (a living shell
 #: takes it within an event's delay); then it is withdrawn
 TAKE_SECONDS: Final = 5.0
+#: a request older than this (the asker's wall clock against the owner's; twice the time to
+#: take, for clocks a few seconds apart) is never taken: a living asker has withdrawn it, and
+#: one that could not (it died, or every shell lost the database at once) answered its caller
+#: an error; done when a shell behind on the event log hears it, it was a stale move
+TAKE_WINDOW: Final = 2 * TAKE_SECONDS
 #: seconds the asker waits for the answer of a taken action (its hooks' time)
 ANSWER_SECONDS: Final = 120.0
 #: seconds between reads of the request's row while no event came (one missed is not waited
@@ -73,7 +80,7 @@ class AskedActions:
         self._host.spawn_task(self._do(instance, request_id), f"asked of {instance_id}")
 
     async def _do(self, instance: Instance, request_id: str) -> None:
-        taken = await self._rows.take(request_id, instance.id)
+        taken = await self._rows.take(request_id, instance.id, time.time() - TAKE_WINDOW)
         if taken is None:
             return  # withdrawn, or another look took it
         action, body = taken

@@ -665,9 +665,13 @@ class InstanceRows:
         self._committed(stored, routed)
         return True
 
-    async def take(self, request_id: str, instance_id: str) -> tuple[str, dict[str, Any]] | None:
+    async def take(
+        self, request_id: str, instance_id: str, asked_after: float
+    ) -> tuple[str, dict[str, Any]] | None:
         """The action asked of this shell's instance and its body, taken (once; never after it
-        was withdrawn); None when there is none to take."""
+        was withdrawn, nor when it was asked before ``asked_after``, Unix time: its asker, gone
+        or cut off, could not withdraw it, and this shell, behind, heard it only now); None
+        when there is none to take."""
         async with self._db.transaction() as tx:
             taken = (
                 await tx.execute(
@@ -677,6 +681,7 @@ class InstanceRows:
                         & (instance_requests.c.instance_id == instance_id)
                         & (instance_requests.c.shell == self.shell)
                         & (instance_requests.c.state == "asked")
+                        & (instance_requests.c.asked_at >= asked_after)
                     )
                     .values(state="taken")
                     .returning(instance_requests.c.action, instance_requests.c.body)

@@ -5,9 +5,14 @@ the fake cluster (tests/kube/conftest.py says why a fake)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import sqlalchemy as sa
 
 from atrium.lifecycle import asked
+from atrium.lifecycle.states import InstanceState
+from atrium.state.schema import instance_requests
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.test_several_shells_actions import requests_of
 from tests.kube.test_several_shells_origins import PROBE, SLOW, kube_shells, two_kube_shells
@@ -76,3 +81,50 @@ def test_an_asked_activitys_extras_are_not_kept_once_answered_or_withdrawn(
         assert late.status_code == 504, late.text
         withdrawn = [r for r in requests_of(url, iid) if r.state == "withdrawn"]
         assert [r.body for r in withdrawn] == [None]
+
+
+def test_an_ask_heard_late_whose_asker_could_not_withdraw_it_is_never_done(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A stop asked of shell 1 a minute ago, which its asker never withdrew (it died, or the
+    database restarted under every shell and its withdraw failed: its caller got an error),
+    heard by shell 1 only now (back on the database, it reads the events it missed): it was
+    taken and done then, stopping an instance its owner may have started again since. Shell 1
+    takes only what its asker still waits for."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        held = one.shell.lifecycle.get(iid)
+        wait_for(lambda: row_of(url, iid).state == "started", "the started row", SLOW)
+    rows_one, rows_two = one.shell.lifecycle.rows, two.shell.lifecycle.rows
+    desk = one.shell.lifecycle.asked
+    assert rows_one is not None
+    assert rows_two is not None
+    assert desk is not None
+    row = two.on_loop(rows_two.by_id(iid))
+    assert row is not None
+    heard = list(rows_one.on_request)
+    missed: list[str] = []
+    # shell 1 is behind: the ask's event passes it by, heard again only later
+    rows_one.on_request[:] = [lambda _iid, _slug, request_id, _answered: missed.append(request_id)]
+    try:
+        assert two.on_loop(rows_two.ask(row, "5ta1eask", "stop"))  # its asker then gone
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.update(instance_requests)
+                    .where(instance_requests.c.id == "5ta1eask")
+                    .values(asked_at=time.time() - 60)
+                )
+        finally:
+            engine.dispose()
+        wait_for(lambda: "5ta1eask" in missed, "the ask's event at shell 1", SLOW)
+    finally:
+        rows_one.on_request[:] = heard
+    one.on_loop(desk._do(held, "5ta1eask"))  # heard now
+    [request] = requests_of(url, iid)
+    assert request.state == "asked", request.answer
+    assert held.state is InstanceState.STARTED
+    assert row_of(url, iid).state == "started"
