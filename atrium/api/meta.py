@@ -40,8 +40,13 @@ async def ready(request: Request, caller: Caller) -> Response:
     ``database_unavailable``: what a load balancer's health check asks. Anyone may ask; the
     answer names the kind of database, never its address or the driver's message (those go to
     the log, once when the database is lost and once when it is back)."""
-    db = shell_of(request).db
+    shell = shell_of(request)
+    db = shell.db
     reason = await db.ping(READY_TIMEOUT)
+    if reason is None and shell.coordination.lost is not None:
+        # reached, yet cut off as a shell (its name held by another of the same host name and
+        # home, or its lock sessions ended a moment ago): it acts on no instance meanwhile
+        reason = f"cut off as a shell: {shell.coordination.lost}"
     if reason is not None:
         if _UNREACHABLE.get(db) is None:
             _LOGGER.warning("not ready: the database %s does not answer: %s", db.name, reason)
