@@ -1,5 +1,8 @@
 """Sharing an instance by grant (docs/api.md "Sharing"): its owner lists, grants and revokes;
-anyone else, the grantee included, finds no instance here."""
+anyone else, the grantee included, finds no instance here. With several shells, only the shell
+that runs the instance does (it closes the grantee's views it holds): another answers its owner
+`503 instance_elsewhere`, never the 404 that would tell a host page the instance is gone and
+the revoke needless."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from starlette.routing import BaseRoute
 
 from atrium.api.auth import Access, endpoint, shell_of
 from atrium.api.bodies import read_model
-from atrium.api.instances import owned
+from atrium.api.instances import owned_here
 from atrium.errors import InvalidRequest, NotFound
 from atrium.events import GrantAdded, GrantRevoked
 from atrium.identity import Caller
@@ -33,7 +36,7 @@ def _wire(shell: Shell, grant: Grant) -> dict[str, object]:
 
 async def list_grants(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
-    instance = owned(shell, caller, request.path_params["instance_id"])
+    instance = await owned_here(shell, caller, request.path_params["instance_id"])
     return JSONResponse(
         [_wire(shell, g) for g in shell.grants.of_instance(instance.owner, instance.id)]
     )
@@ -42,7 +45,7 @@ async def list_grants(request: Request, caller: Caller) -> Response:
 async def add_grant(request: Request, caller: Caller) -> Response:
     """Grant a role to a user who exists and is enabled; granting again changes the role."""
     shell = shell_of(request)
-    instance = owned(shell, caller, request.path_params["instance_id"])
+    instance = await owned_here(shell, caller, request.path_params["instance_id"])
     body = await read_model(request, GrantBody)
     if not valid_user_id(body.user):
         raise InvalidRequest(
@@ -80,7 +83,7 @@ async def revoke_grant(request: Request, caller: Caller) -> Response:
     tickets stop working, and their host page hears `grant:revoked`."""
     shell = shell_of(request)
     params = request.path_params
-    instance = owned(shell, caller, params["instance_id"])
+    instance = await owned_here(shell, caller, params["instance_id"])
     grant = shell.grants.get(instance.owner, instance.id, params["grant_id"])
     if grant is None:
         raise NotFound("grant", params["grant_id"])
