@@ -34,8 +34,10 @@ TAKE_SECONDS: Final = 5.0
 #: one that could not (it died, or every shell lost the database at once) answered its caller
 #: an error; done when a shell behind on the event log hears it, it was a stale move
 TAKE_WINDOW: Final = 2 * TAKE_SECONDS
-#: seconds the asker waits for the answer of a taken action (its hooks' time)
-ANSWER_SECONDS: Final = 120.0
+#: seconds the asker waits for the answer of a taken action (its hooks' time): with
+#: `TAKE_SECONDS`, within the balancer's wait for an answer (deploy/haproxy.cfg `timeout server`,
+#: 120 s), so that the caller hears `shell_timeout` (``taken``), not the balancer's own 504
+ANSWER_SECONDS: Final = 110.0
 #: seconds between reads of the request's row while no event came (one missed is not waited
 #: for to the end)
 LOOK_SECONDS: Final = 0.5
