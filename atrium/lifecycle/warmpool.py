@@ -11,6 +11,9 @@ the app, and a pooled instance started then took the next free id, which is the 
 runtime data) of an instance the update was about to bring back. A refill waits for the
 operation's end, and checks again before each instance it adds.
 
+A spawn that fails is tried again after a pause (1 s, doubling to 60 s): once, it left the pool
+empty until the next launch or install. The failed instance goes (nobody asked for it).
+
 Of several shells on one database only the leader fills pools (`Coordination.is_leader`): a pool
 is the bootstrap admin's, and each shell filling its own would boot it once per shell. A shell
 that becomes leader fills every pool; one that stops leading refills nothing more (what it has
@@ -20,9 +23,10 @@ pooled is still handed out on its own launches).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from atrium.bus import Event, EventBus
 from atrium.errors import AtriumError
@@ -34,6 +38,9 @@ from atrium.registry import AppRegistry
 from atrium.state.locks import Coordination
 
 _LOGGER = logging.getLogger(__name__)
+#: seconds before a failed pool spawn is tried again, doubling with each failure in a row
+RETRY_FIRST: Final = 1.0
+RETRY_MAX: Final = 60.0
 
 
 class PoolHost(Protocol):
@@ -71,6 +78,8 @@ class WarmPool:
         self._closing = False
         #: refills per app waiting for the end of an operation holding it
         self.held: dict[str, int] = {}
+        #: spawns failed in a row per app: the pause before the next try doubles
+        self._failures: dict[str, int] = {}
 
     def holds(self, instance: Instance) -> bool:
         return instance.id in self._pooled
@@ -117,9 +126,22 @@ class WarmPool:
             try:
                 await self._host.boot_resumed(instance)
             except AtriumError as err:
-                _LOGGER.warning("%s: warm-pool spawn failed: %s", app_id, err.message)
+                # tried again after a pause: a spawn that failed once (a start deadline met on
+                # a busy machine) left the pool empty until the next launch or install
+                pause = min(RETRY_FIRST * 2 ** self._failures.get(app_id, 0), RETRY_MAX)
+                self._failures[app_id] = self._failures.get(app_id, 0) + 1
+                _LOGGER.warning(
+                    "%s: warm-pool spawn failed (tried again in %.0f s): %s",
+                    app_id,
+                    pause,
+                    err.message,
+                )
                 self._pooled.discard(instance.id)
-                return
+                with contextlib.suppress(AtriumError):
+                    await self._host.force(instance)  # no instance in error nobody asked for
+                await asyncio.sleep(pause)
+                continue
+            self._failures.pop(app_id, None)
 
     def _size(self, app_id: str) -> int:
         return len([i for i in self._host.of_app(app_id) if self.holds(i)])

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atrium.errors import SpawnFailed
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.runners import RunningApp, SpawnSpec
 from tests.integration.conftest import RunningShell, wait_for
@@ -116,3 +117,32 @@ def test_an_operation_waits_for_a_pooled_instance_still_spawning_before_it_copie
     # id again, with a child of its own): nothing of the app runs outside the index
     wait_for(lambda: child.status is not None, "the drained instance's child to end")
     assert dist_shell.shell.lifecycle.find(spawning.id) is not spawning
+
+
+def test_a_pool_spawn_that_failed_is_tried_again(
+    api: httpx.Client, make_app: MakeApp, dist_shell: RunningShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refill whose spawn failed once (a start deadline met on a busy machine) left the pool
+    empty until the next launch or install: the first try here fails, the pool is full a
+    moment later, and the failed instance is not left listed in `error`. The failure is made
+    by wrapping the shell's runner; the retried spawn, its child and the shell are real."""
+    installed_ok(api, f"local:{make_app(APP, warmPool=1)}")
+    wait_for(lambda: pooled_resumed(dist_shell), "the warm pool to fill")
+    runner = dist_shell.shell.lifecycle._booter.runner
+    spawn = runner.spawn
+    failed = threading.Event()
+
+    async def failing_once(spec: SpawnSpec) -> RunningApp:
+        if not failed.is_set():
+            failed.set()
+            raise SpawnFailed("a start deadline met on a busy machine", app_id=APP, cause="port")
+        return await spawn(spec)
+
+    monkeypatch.setattr(runner, "spawn", failing_once)
+    launched = api.post("/api/instances", json={"appId": APP})  # takes the pooled one
+    assert launched.status_code == 200, launched.text
+    wait_for(failed.is_set, "the refill's first spawn")
+    [refilled] = wait_for(lambda: pooled_resumed(dist_shell), "the pool to refill on a retry")
+    assert refilled.id != launched.json()["instanceId"]
+    states = {i.id: i.state.value for i in dist_shell.shell.lifecycle.of_app(APP)}
+    assert "error" not in states.values(), states
