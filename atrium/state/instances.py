@@ -159,6 +159,15 @@ def _split_address(address: str | None) -> tuple[str | None, int | None]:
     return (host.strip("[]"), int(port)) if host and port.isdigit() else (None, None)
 
 
+def _still_held(held: InstanceRow) -> sa.ColumnElement[bool]:
+    """The row of ``held`` while it still names the shell, and the slug, it was read with."""
+    return (
+        (instances.c.id == held.id)
+        & (instances.c.shell == held.shell)
+        & (instances.c.slug == held.slug)
+    )
+
+
 def _instance_row(row: Any) -> InstanceRow:
     host, port = _split_address(row.address)
     return InstanceRow(
@@ -547,13 +556,7 @@ class InstanceRows:
         async with self._db.transaction() as tx:
             state: str | None = (
                 await tx.execute(
-                    sa.select(instances.c.state)
-                    .where(
-                        (instances.c.id == held.id)
-                        & (instances.c.shell == held.shell)
-                        & (instances.c.slug == held.slug)
-                    )
-                    .with_for_update()
+                    sa.select(instances.c.state).where(_still_held(held)).with_for_update()
                 )
             ).scalar_one_or_none()
             if state is None or state not in SERVING:
@@ -632,13 +635,7 @@ class InstanceRows:
         async with self._db.transaction() as tx:
             still = (
                 await tx.execute(
-                    sa.select(instances.c.id)
-                    .where(
-                        (instances.c.id == held.id)
-                        & (instances.c.shell == held.shell)
-                        & (instances.c.slug == held.slug)
-                    )
-                    .with_for_update()
+                    sa.select(instances.c.id).where(_still_held(held)).with_for_update()
                 )
             ).first()
             if still is None:
