@@ -57,6 +57,8 @@ NETNS_DIR: Final = Path("/run/netns")
 NETNS_PREFIX: Final = "atrium-"
 BRIDGE_PREFIX: Final = "atrb"
 VETH_PREFIX: Final = "atv"
+#: the host's network interfaces, one folder each
+SYS_NET: Final = Path("/sys/class/net")
 #: the first two bytes of every instance's MAC: locally administered, unicast
 MAC_PREFIX: Final = "02:a7"
 #: SO_MARK of the shell's connections to its apps (`UpstreamClient.mark`): the host's table
@@ -714,11 +716,22 @@ class Network:
         if held is not None:
             await self._close_egress(held)
             os.close(held.fd)
+        veth = veth_name(self.plan.shell_pid, lease.number)
         try:
             if lease.path.exists():
                 await _arun([self._ip, "netns", "delete", lease.netns])
         except OSError as err:
             _LOGGER.warning("network: %s could not be removed: %s", lease.netns, err)
+        try:
+            # the pair deleted now, by its host end: the kernel tears a namespace down after its
+            # last process, later (seconds on a busy machine), and until then its veth stayed on
+            # the bridge with the address's one MAC, where the bridge sent the shell's packets
+            # for the next instance on that address (whose start then met its deadline)
+            if (SYS_NET / veth).exists():
+                await _arun([self._ip, "link", "delete", veth])
+        except OSError as err:
+            if (SYS_NET / veth).exists():  # not gone meanwhile with its namespace
+                _LOGGER.warning("network: %s could not be removed: %s", veth, err)
         finally:
             self._slots.discard(lease.slot)
 

@@ -227,7 +227,12 @@ class ChildProcess:
             if self._cgroup.oom_kills() > 0:
                 reason = "oom"
             await self._cgroup.remove()  # kills what is left in it (a setsid escapee too)
+        await self._after_exit()
         self._exited.set_result(ExitStatus(code, reason))
+
+    async def _after_exit(self) -> None:
+        """What the child held beyond its processes, freed before its exit is told (a stop
+        returns once it is)."""
 
     @staticmethod
     def _by_signal(code: int) -> bool:
