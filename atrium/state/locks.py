@@ -134,6 +134,13 @@ def _discard_later(conn: AsyncConnection) -> None:
         task.add_done_callback(_CLOSING.discard)
 
 
+def _printable(text: str) -> str:
+    """``text`` with each character outside printable ASCII as ``?``: PostgreSQL rewrites such
+    bytes of an ``application_name``, and a shell would then look for its own sessions under a
+    name none has."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
 class Coordination:
     """One shell's part in the coordination: its instance locks, whether it leads, whether it
     still reaches the database. See the module docstring."""
@@ -185,9 +192,9 @@ class Coordination:
             if name is None:
                 tail = f":{os.getpid()}:{secrets.token_hex(4)}"
                 # a long host name is cut, never the run (63 bytes: PostgreSQL's limit)
-                host = socket.gethostname().encode()[: 63 - len("atrium lock ") - len(tail)]
-                name = host.decode(errors="ignore") + tail
-            session_name = f"atrium lock {name}"[:63]
+                name = _printable(socket.gethostname())[: 63 - len("atrium lock ") - len(tail)]
+                name += tail
+            session_name = _printable(f"atrium lock {name}")[:63]
             engine = create_async_engine(
                 db.url,
                 connect_args={**KEEPALIVES, "application_name": session_name},

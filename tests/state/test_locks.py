@@ -332,6 +332,22 @@ async def test_a_shell_back_ends_only_its_own_runs_session_holding_its_name(
     assert all(name.startswith("atrium lock ") and len(name) <= 63 for name in db_names)
 
 
+async def test_a_host_name_beyond_ascii_names_the_sessions_as_the_server_keeps_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL rewrites each byte of an ``application_name`` outside printable ASCII: a
+    shell on a host named so looked for its own run's sessions under a name none had, and a
+    shell back after a loss waited on its last session's keepalives instead of ending it."""
+    monkeypatch.setattr(locks.socket, "gethostname", lambda: "hôte-ß")
+    async with AsyncExitStack() as stack:
+        db = await stack.enter_async_context(Database.open(pg_url))
+        coordination = await stack.enter_async_context(Coordination.open(db))
+        coordination.hold_shell("home-a")
+        await coordination.start()
+        names = {n for _, g, n in holders(pg_url, lock_key("shell", "home-a")) if g}
+        assert names == {coordination.session_name}, names
+
+
 async def test_a_shell_starts_only_once_it_holds_its_shell_lock(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
