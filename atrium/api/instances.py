@@ -206,8 +206,8 @@ def grantee_reaches(held: Elsewhere, access: str) -> None:
 
 async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance:
     """`owned`, and with several shells, for an instance of the caller's that another shell
-    runs, `instance_elsewhere` naming that shell instead of not found: only that shell acts
-    on it."""
+    runs, `instance_elsewhere` naming that shell instead of not found: what only that shell
+    answers (anything of a local runner's instance; a pod's grants)."""
     try:
         return owned(shell, caller, instance_id)
     except NotFound:
@@ -219,8 +219,7 @@ async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance
         machine = held.row.shell.partition(":")[0]
         raise InstanceElsewhere(
             f"{held.app_id}'s instance {held.id} runs on another shell (on {machine}), which "
-            "alone acts on it: ask that shell (only its views and its record are answered on "
-            "every shell)",
+            "alone answers this: ask that shell",
             instanceId=held.id,
             shell=machine,
         ) from None
