@@ -107,8 +107,15 @@ async def listed_elsewhere(
     rows = shell.lifecycle.rows
     if rows is None or shell.coordination.lost is not None:
         return []  # cut off, this shell lists what it knows: its own (the balancer drops it)
+    owners: set[str] | None = None  # every owner's (an admin's ``every``)
+    if own:
+        owners = {owner_of_caller(shell, caller)}
+    elif not every:
+        # the owners of instances shared with the caller (an app is shared nothing)
+        user = caller.user_id if isinstance(caller, UserCaller) else None
+        owners = shell.grants.owners_sharing_with(user) if user is not None else set()
     try:
-        others = await rows.others()
+        others = await rows.others(owners)
     except SQLAlchemyError as err:
         _LOGGER.warning("other shells' instances not listed: %s", err)
         return []
@@ -207,7 +214,7 @@ def grantee_reaches(held: Elsewhere, access: str) -> None:
 async def owned_here(shell: Shell, caller: Caller, instance_id: str) -> Instance:
     """`owned`, and with several shells, for an instance of the caller's that another shell
     runs, `instance_elsewhere` naming that shell instead of not found: what only that shell
-    answers (anything of a local runner's instance; a pod's grants)."""
+    answers (anything of a local runner's instance)."""
     try:
         return owned(shell, caller, instance_id)
     except NotFound:

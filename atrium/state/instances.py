@@ -33,7 +33,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from atrium.errors import DatabaseLost
+from atrium.errors import DatabaseLost, NotFound
 from atrium.events import InstanceRouted
 from atrium.lifecycle.states import SERVING
 from atrium.state.events import StoredEvent, append
-from atrium.state.schema import instance_requests, instances, view_tickets, views
+from atrium.state.schema import grants, instance_requests, instances, view_tickets, views
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -166,6 +166,18 @@ def _still_held(held: InstanceRow) -> sa.ColumnElement[bool]:
         & (instances.c.shell == held.shell)
         & (instances.c.slug == held.slug)
     )
+
+
+async def _granted(tx: AsyncConnection, held: InstanceRow, user: str) -> bool:
+    """Whether the grants table shares ``held`` with ``user``."""
+    found = await tx.execute(
+        sa.select(grants.c.id).where(
+            (grants.c.owner == held.owner)
+            & (grants.c.instance_id == held.id)
+            & (grants.c.user_id == user)
+        )
+    )
+    return found.first() is not None
 
 
 def _instance_row(row: Any) -> InstanceRow:
@@ -551,7 +563,8 @@ class InstanceRows:
         them (`add_view`), with an `instance:routed` naming the view in the same transaction:
         its shell learns it. The state the locked row says (the view is written only when it
         serves: ``held`` was read before the lock, and the instance may have stopped since);
-        None when the row no longer says that shell runs it."""
+        None when the row no longer says that shell runs it. NotFound when ``user``, not its
+        owner, holds no grant on it in the table."""
         routed = InstanceRouted(held.id, held.app_id, held.slug, owner=held.owner, view_id=view_id)
         async with self._db.transaction() as tx:
             state: str | None = (
@@ -561,10 +574,55 @@ class InstanceRows:
             ).scalar_one_or_none()
             if state is None or state not in SERVING:
                 return state
+            if user != held.owner and not await _granted(tx, held, user):
+                # revoked since this shell's memory said otherwise (heard with its event): the
+                # revoke's release of the user's views holds this lock, so one written before
+                # it is dropped by it, and one after is refused here
+                raise NotFound("instance", held.id)
             await _write_view(tx, held.slug, view_id, path, user, ticket, ttl)
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         self._committed(stored, routed)
         return state
+
+    async def drop_user_views(
+        self, slug: str, user: str, held: InstanceRow | None = None
+    ) -> list[str]:
+        """Delete every view (and ticket) of ``user`` on the slug's instance, under a lock on
+        its row (`add_view_elsewhere` checks the grant under the same lock): their ids. With
+        ``held`` (another shell's instance), each with an `instance:routed` naming it gone, for
+        that shell to drop it from memory as a release made here does."""
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.select(instances.c.id).where(instances.c.slug == slug).with_for_update()
+            )
+            gone = list(
+                (
+                    await tx.execute(
+                        sa.delete(views)
+                        .where((views.c.slug == slug) & (views.c.user_id == user))
+                        .returning(views.c.id)
+                    )
+                ).scalars()
+            )
+            if not gone:
+                return []
+            await tx.execute(sa.delete(view_tickets).where(view_tickets.c.view_id.in_(gone)))
+            told: list[tuple[StoredEvent, InstanceRouted]] = []
+            if held is not None:
+                for view_id in gone:
+                    routed = InstanceRouted(
+                        held.id,
+                        held.app_id,
+                        held.slug,
+                        owner=held.owner,
+                        view_id=view_id,
+                        view_gone=True,
+                    )
+                    stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
+                    told.append((stored, routed))
+        if told:
+            self._bus.committed(told)
+        return [str(view_id) for view_id in gone]
 
     async def view_by_id(self, slug: str, view_id: str) -> ViewRow | None:
         """The live view of the slug's instance with this id (no cookie: only its hash is kept)."""
@@ -614,11 +672,16 @@ class InstanceRows:
             self._cache[slug] = found
         return found
 
-    async def others(self) -> list[InstanceRow]:
-        """Every other shell's instance, as its row says."""
+    async def others(self, owners: Collection[str] | None = None) -> list[InstanceRow]:
+        """Every other shell's instance, as its row says; only those of ``owners`` if given
+        (a list is read for one user: the database does the filtering)."""
+        query = sa.select(instances).where(instances.c.shell != self.shell)
+        if owners is not None:
+            if not owners:
+                return []
+            query = query.where(instances.c.owner.in_(sorted(owners)))
         async with self._db.connect() as conn:
-            found = await conn.execute(sa.select(instances).where(instances.c.shell != self.shell))
-            return [_instance_row(row) for row in found]
+            return [_instance_row(row) for row in await conn.execute(query)]
 
     # -- actions asked of another shell's instance (`atrium.lifecycle.asked`) -------------------
 

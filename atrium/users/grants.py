@@ -139,6 +139,12 @@ class GrantStore:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def reread(self, user_id: str) -> None:
+        """``user_id``'s grants, both ways, read again now: what another shell changed is known
+        here before its event arrives (a revoke whose grantee's views this shell closes; a list
+        or a revoke of grants made on another shell)."""
+        await self._reread(user_id)
+
     async def _reread(self, user_id: str) -> None:
         async with self._reading:
             try:
@@ -165,6 +171,10 @@ class GrantStore:
             g for g in self._by_id.values() if g.owner == owner and g.instance_id == instance_id
         ]
         return sorted(found, key=lambda g: self._seq.get(g.id, 0))
+
+    def owners_sharing_with(self, user_id: str) -> set[str]:
+        """The owners of the instances granted to ``user_id``."""
+        return {g.owner for g in self._by_id.values() if g.user_id == user_id}
 
     def role_of(self, user_id: str, instance: Shared) -> GrantRole | None:
         grant = self._by_key.get((user_id, instance.owner, instance.id))
