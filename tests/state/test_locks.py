@@ -338,7 +338,7 @@ async def test_a_host_name_beyond_ascii_names_the_sessions_as_the_server_keeps_i
     """PostgreSQL rewrites each byte of an ``application_name`` outside printable ASCII: a
     shell on a host named so looked for its own run's sessions under a name none had, and a
     shell back after a loss waited on its last session's keepalives instead of ending it."""
-    monkeypatch.setattr(locks.socket, "gethostname", lambda: "hôte-ß")
+    monkeypatch.setattr("socket.gethostname", lambda: "hôte-ß")
     async with AsyncExitStack() as stack:
         db = await stack.enter_async_context(Database.open(pg_url))
         coordination = await stack.enter_async_context(Coordination.open(db))
