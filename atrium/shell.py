@@ -473,6 +473,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
             and not user.disabled
             and access_to(user_id, instance, grants) is not None
         )
+        lifecycle.views.reread_access = grants.reread
         stack.callback(lifecycle.pool.follow_registry())
         presence = Presence(settings.view_grace_seconds, lifecycle.views.release_client)
         stack.callback(presence.close)

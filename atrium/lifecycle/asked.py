@@ -1,7 +1,7 @@
 """Actions asked of another shell's pod (docs/decisions.md "Several shells: a pod's actions
 asked of its shell"): any shell answers `POST /api/instances/{id}/{action}`, `DELETE
-/api/instances/{id}` and an instance's activities, but only the shell that runs the instance
-acts on it.
+/api/instances/{id}`, an instance's activities and the closing of a revoked grantee's views,
+but only the shell that runs the instance acts on it.
 
 The shell the request reached writes it to ``instance_requests`` with an `instance:routed`
 naming it, in one transaction (`InstanceRows.ask`). The instance's shell hears the event, takes
@@ -47,6 +47,9 @@ DELETE_FORCE: Final = "delete?force"
 #: POST /api/instances/{id}/activities (body ``{extras}``); its DELETE (body ``{activityId}``)
 ACTIVITY: Final = "activity"
 ACTIVITY_END: Final = "activity-end"
+#: DELETE /api/instances/{id}/grants/{grantId} made on another shell (body ``{user}``, the
+#: grantee): the grantee's views closed where the instance runs (`ViewDesk.release_revoked`)
+RELEASE_USER: Final = "release-user"
 
 
 class AskHost(Protocol):

@@ -37,7 +37,14 @@ from atrium.errors import (
 )
 from atrium.identity import AppTokens
 from atrium.lifecycle.activities import Activities
-from atrium.lifecycle.asked import ACTIVITY, ACTIVITY_END, DELETE, DELETE_FORCE, AskedActions
+from atrium.lifecycle.asked import (
+    ACTIVITY,
+    ACTIVITY_END,
+    DELETE,
+    DELETE_FORCE,
+    RELEASE_USER,
+    AskedActions,
+)
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
 from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
@@ -500,7 +507,8 @@ class LifecycleManager(InstanceIndex):
     ) -> dict[str, Any]:
         """An action another shell asked of this shell's instance (`asked`), done as this
         shell's API does it: what the answer says (the instance's state after the move; for a
-        DELETE, its answer; for an activity, its id, path and title)."""
+        DELETE, its answer; for an activity, its id, path and title; for a revoked grantee's
+        views, the ids of those closed)."""
         if action == ACTIVITY:
             extras = body.get("extras")
             activity = await self.create_activity(
@@ -510,6 +518,10 @@ class LifecycleManager(InstanceIndex):
         if action == ACTIVITY_END:
             await self.destroy_activity(instance_id, str(body.get("activityId", "")))
             return {"ok": True}
+        if action == RELEASE_USER:
+            self.get(instance_id)  # this shell's still
+            closed = await self.views.release_revoked(instance_id, str(body.get("user", "")))
+            return {"closedViews": closed}
         if action in {DELETE, DELETE_FORCE}:
             problem = await self.remove(instance_id, force=action == DELETE_FORCE)
             answer: dict[str, Any] = {"ok": True, "instanceId": instance_id, "state": "installed"}

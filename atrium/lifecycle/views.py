@@ -18,7 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -32,6 +32,10 @@ _LOGGER = logging.getLogger(__name__)
 TICKET_TTL: Final = 60.0
 #: how many released views' ids a shell of several remembers (`ViewDesk._admit`)
 DROPPED_KEPT: Final = 4096
+
+
+async def _nothing_to_reread(_user: str) -> None:
+    return None
 
 
 def is_local_path(path: str) -> bool:
@@ -73,6 +77,9 @@ class ViewDesk:
         #: whether a user may still see an instance (its owner, or a grantee, enabled): set by
         #: the shell, which holds the users and grants
         self.may_view: Callable[[Instance, str], bool] = lambda _instance, _user: True
+        #: read a user's grants again from the database (a revoke made on another shell, heard
+        #: here only with its event): set by the shell
+        self.reread_access: Callable[[str], Awaitable[None]] = _nothing_to_reread
         if rows is not None:
             rows.on_view.append(self._heard_view)
 
@@ -285,7 +292,10 @@ class ViewDesk:
 
     async def release_user(self, instance_id: str, user: str) -> list[str]:
         """Drop every view ``user`` holds on the instance (a revoked grant): their cookies and
-        unused tickets stop working at once. The ids of the views dropped."""
+        unused tickets stop working at once. The ids of the views dropped. With several
+        shells, also those of the user's views made on another shell that this one has not
+        learnt yet: their rows go too (one being written there under the grant finished before
+        the revoke; one after is refused there: `InstanceRows.add_view_elsewhere`)."""
         try:
             instance = self._host.get(instance_id)
         except NotFound:
@@ -302,7 +312,29 @@ class ViewDesk:
                     view_id,
                     err.message,
                 )
+        if self._rows is not None:
+            try:
+                unlearnt = await self._rows.drop_user_views(instance.slug, user)
+            except SQLAlchemyError as err:
+                _LOGGER.warning(
+                    "%s %s: the views of %s made on other shells stay open there: %s",
+                    instance.app_id,
+                    instance.id,
+                    user,
+                    err,
+                )
+                unlearnt = []
+            for view_id in unlearnt:
+                self._drop(view_id)
+            dropped += [v for v in unlearnt if v not in dropped]
         return dropped
+
+    async def release_revoked(self, instance_id: str, user: str) -> list[str]:
+        """`release_user` for a grant revoked on another shell: the user's grants are read
+        again first, so that a view of theirs this shell learns or makes from now on is refused
+        (`_admit`, `create`), not held after the release for a user who may no longer see it."""
+        await self.reread_access(user)
+        return await self.release_user(instance_id, user)
 
     async def release_client(self, client: str) -> None:
         """Release every view held by a host page that has gone away."""

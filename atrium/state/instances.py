@@ -169,13 +169,17 @@ def _still_held(held: InstanceRow) -> sa.ColumnElement[bool]:
 
 
 async def _granted(tx: AsyncConnection, held: InstanceRow, user: str) -> bool:
-    """Whether the grants table shares ``held`` with ``user``."""
+    """Whether the grants table shares ``held`` with ``user``; the grant's row is locked
+    (``FOR SHARE``) until the transaction ends, so that its revoke waits for what is written
+    under it, and the revoke's release of the user's views (`drop_user_views`) finds it."""
     found = await tx.execute(
-        sa.select(grants.c.id).where(
+        sa.select(grants.c.id)
+        .where(
             (grants.c.owner == held.owner)
             & (grants.c.instance_id == held.id)
             & (grants.c.user_id == user)
         )
+        .with_for_update(read=True)
     )
     return found.first() is not None
 
@@ -575,9 +579,9 @@ class InstanceRows:
             if state is None or state not in SERVING:
                 return state
             if user != held.owner and not await _granted(tx, held, user):
-                # revoked since this shell's memory said otherwise (heard with its event): the
-                # revoke's release of the user's views holds this lock, so one written before
-                # it is dropped by it, and one after is refused here
+                # revoked, this shell's memory not told yet (it hears the event): a view written
+                # under the grant's lock comes before the revoke, whose release of the user's
+                # views then drops it; one after is refused here
                 raise NotFound("instance", held.id)
             await _write_view(tx, held.slug, view_id, path, user, ticket, ttl)
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
@@ -587,14 +591,12 @@ class InstanceRows:
     async def drop_user_views(
         self, slug: str, user: str, held: InstanceRow | None = None
     ) -> list[str]:
-        """Delete every view (and ticket) of ``user`` on the slug's instance, under a lock on
-        its row (`add_view_elsewhere` checks the grant under the same lock): their ids. With
-        ``held`` (another shell's instance), each with an `instance:routed` naming it gone, for
-        that shell to drop it from memory as a release made here does."""
+        """Delete every view (and ticket) of ``user`` on the slug's instance (after their
+        grant's revoke: a view written under the grant, `add_view_elsewhere`, committed before
+        it): their ids. With ``held`` (another shell's instance), each with an
+        `instance:routed` naming it gone, for that shell to drop it from memory as a release
+        made here does."""
         async with self._db.transaction() as tx:
-            await tx.execute(
-                sa.select(instances.c.id).where(instances.c.slug == slug).with_for_update()
-            )
             gone = list(
                 (
                     await tx.execute(

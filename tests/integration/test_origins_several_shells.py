@@ -217,8 +217,22 @@ def test_a_grantee_learns_no_more_of_another_shells_local_instance_than_with_one
         (shared,) = [i for i in listed.json() if i["instanceId"] == iid]
         assert shared["access"] == "viewer"
         assert shared["elsewhere"] is None
-    # its owner is told where it runs
+    # its owner is told where it runs; its grants too are that shell's (it alone closes the
+    # grantee's views): a pod's answer on any shell, a local runner's do not
+    grant = granted.json()["grantId"]
     with two.client(one.token, timeout=30) as owner_on_two:
         named = owner_on_two.post(f"/api/instances/{iid}/views", json={})
         assert named.status_code == 503, named.text
         assert named.json()["error"]["shell"] == machine
+        for answer in (
+            owner_on_two.get(f"/api/instances/{iid}/grants"),
+            owner_on_two.post(
+                f"/api/instances/{iid}/grants", json={"user": "eve", "role": "viewer"}
+            ),
+            owner_on_two.delete(f"/api/instances/{iid}/grants/{grant}"),
+        ):
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "instance_elsewhere"
+            assert answer.json()["error"]["shell"] == machine
+    with two.client(bob, timeout=30) as bob_on_two:
+        assert bob_on_two.get(f"/api/instances/{iid}/grants").json() == record_on_one.json()

@@ -128,34 +128,3 @@ def test_an_ask_heard_late_whose_asker_could_not_withdraw_it_is_never_done(
     assert request.state == "asked", request.answer
     assert held.state is InstanceState.STARTED
     assert row_of(url, iid).state == "started"
-
-
-def test_the_owners_revoke_on_another_shell_is_not_told_the_instance_is_gone(
-    two_kube_shells: tuple[RunningShell, RunningShell],
-) -> None:
-    """The grants of a pod's instance are kept by the shell that runs it. Through the balancer
-    the owner's revoke of bob's grant reached shell 2, which answered `404 not_found` (kind
-    instance): a host page takes that for an instance gone, with nothing left to revoke, and
-    bob kept his access. Shell 2 now answers `503 instance_elsewhere` (nothing done, ask
-    again), as for anything else only that shell does; anyone else still gets the 404."""
-    one, two = two_kube_shells
-    url = one.shell.settings.state_url
-    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
-        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
-        wait_for(lambda: row_of(url, iid).state == "started", "the started row", SLOW)
-        bob = one.add_user("bob")
-        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
-        assert granted.status_code == 201, granted.text
-        grant = granted.json()["grantId"]
-        for refused in (
-            api_two.get(f"/api/instances/{iid}/grants"),
-            api_two.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "editor"}),
-            api_two.delete(f"/api/instances/{iid}/grants/{grant}"),
-        ):
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "instance_elsewhere"
-            assert refused.json()["error"]["instanceId"] == iid
-        with two.client(bob, timeout=SLOW) as as_bob:
-            assert as_bob.get(f"/api/instances/{iid}/grants").status_code == 404
-        revoked = api.delete(f"/api/instances/{iid}/grants/{grant}")
-        assert revoked.status_code == 200, revoked.text

@@ -1,0 +1,115 @@
+"""A pod's grants listed, made and revoked on any shell (docs/decisions.md "Several shells: a
+pod's grants on any shell"): two real shells (two homes) on one PostgreSQL database and one
+namespace of the fake cluster (tests/kube/conftest.py says why a fake). Grants are rows of the
+database; the grantee's views are held in the memory of the shell that runs the instance, which
+a revoke made elsewhere asks to close them."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, closing
+
+from tests.integration.conftest import RunningShell, wait_for
+from tests.kube.test_several_shells_origins import (
+    SLOW,
+    enter,
+    kube_shells,
+    new_view,
+    on_origin,
+    two_kube_shells,
+)
+from tests.kube.test_several_shells_views import launch, views_of
+
+__all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
+
+
+def test_a_pods_grants_answer_on_any_shell_and_a_revoke_there_closes_every_view(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Behind a balancer without stickiness the owner's grant, list and revoke of shell 1's pod
+    reached shell 2, which answered `503 instance_elsewhere`: sharing failed half the time.
+    Shell 2 answers them now with shell 1's checks (the owner only: a grantee or a stranger
+    gets the 404 of no instance), and its revoke has shell 1 close bob's views at once, those
+    made on shell 1 and on shell 2 alike, their cookies and unused ticket refused on both."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    bob, eve = one.add_user("bob"), one.add_user("eve")
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        own, _ = new_view(api, iid)  # the owner's view keeps the pod serving throughout
+        granted = api_two.post(
+            f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"}
+        )
+        assert granted.status_code == 201, granted.text
+        grant = granted.json()["grantId"]
+        assert granted.json()["instanceId"] == iid
+        again = api_two.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "editor"})
+        assert again.status_code == 200, again.text
+        assert again.json()["grantId"] == grant
+        for shell_api in (api, api_two):
+            listed = shell_api.get(f"/api/instances/{iid}/grants")
+            assert listed.status_code == 200, listed.text
+            assert [(g["grantId"], g["role"]) for g in listed.json()] == [(grant, "editor")]
+        for invalid in ({"user": "Not An Id", "role": "viewer"}, {"user": "bob", "role": "boss"}):
+            refused = api_two.post(f"/api/instances/{iid}/grants", json=invalid)
+            assert refused.status_code == 400, refused.text
+        nobody = api_two.post(
+            f"/api/instances/{iid}/grants", json={"user": "nobody", "role": "viewer"}
+        )
+        assert nobody.status_code == 404, nobody.text
+        assert nobody.json()["error"]["kind"] == "user"
+        # a grantee and a stranger: no instance, as on shell 1
+        for token in (bob, eve):
+            with two.client(token, timeout=SLOW) as other:
+                for answer in (
+                    other.get(f"/api/instances/{iid}/grants"),
+                    other.post(
+                        f"/api/instances/{iid}/grants", json={"user": "eve", "role": "viewer"}
+                    ),
+                    other.delete(f"/api/instances/{iid}/grants/{grant}"),
+                ):
+                    assert answer.status_code == 404, answer.text
+                    assert answer.json()["error"]["kind"] == "instance"
+
+        # shell 1 learns the grant made on 2 by its event (as any change on another shell)
+        wait_for(lambda: one.shell.grants.role_of("bob", held) is not None, "one hears it", SLOW)
+        with ExitStack() as stack:
+            bob_one = stack.enter_context(one.client(bob, timeout=SLOW))
+            bob_two = stack.enter_context(two.client(bob, timeout=SLOW))
+            view_a, url_a = new_view(bob_one, iid)
+            view_b, url_b = new_view(bob_two, iid)
+            _, unused = new_view(bob_two, iid)
+            assert view_a in held.views
+            wait_for(lambda: view_b in held.views, "one learns bob's view made on two", SLOW)
+            on_one = stack.enter_context(closing(enter(one, url_a)))
+            on_two = stack.enter_context(closing(enter(two, url_b)))
+            # each cookie on the other shell too
+            a_on_two, _ = on_origin(two, url_a)
+            b_on_one, _ = on_origin(one, url_b)
+            stack.enter_context(closing(a_on_two))
+            stack.enter_context(closing(b_on_one))
+            a_on_two.headers["Cookie"] = on_one.headers["Cookie"]
+            b_on_one.headers["Cookie"] = on_two.headers["Cookie"]
+            for page in (on_one, on_two, a_on_two, b_on_one):
+                assert page.get("/boot").status_code == 200
+
+            revoked = api_two.delete(f"/api/instances/{iid}/grants/{grant}")
+            assert revoked.status_code == 200, revoked.text
+            assert revoked.json() == {"ok": True, "grantId": grant, "closedViews": 3}
+            # at once, on both shells: no wait for an event
+            for page in (on_one, on_two, a_on_two, b_on_one):
+                assert page.get("/boot").status_code == 401
+            for shell in (one, two):
+                ticket, target = on_origin(shell, unused)
+                with closing(ticket):
+                    assert ticket.get(target, follow_redirects=False).status_code == 401
+            assert set(held.views) == {own}
+            assert views_of(url, held.slug) == [own]
+            for bob_api in (bob_one, bob_two):
+                gone = bob_api.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+                assert gone.status_code == 404, gone.text
+
+        assert api_two.delete(f"/api/instances/{iid}/grants/{grant}").status_code == 404
+        for shell_api in (api, api_two):
+            assert shell_api.get(f"/api/instances/{iid}/grants").json() == []
+        assert held.state.value == "started"  # the owner's view still holds it
