@@ -400,13 +400,24 @@ class AppOrigins:
     async def _looking(shell: Shell, instance: Served, view: View) -> Looking:
         """Who looks through ``view`` and with what role, asked again on every request: a view
         whose user was disabled, removed or lost their grant is dropped here and answers 401
-        (the revocation also drops it at once; this is what makes that true for every path)."""
+        (the revocation also drops it at once; this is what makes that true for every path).
+        With several shells a grant this shell's memory lacks is asked of the database before
+        the view is dropped: one made on another shell is known here only once its event is
+        heard, and its grantee's view, made there, may come first."""
         user = shell.users.get(view.user or instance.owner)
         role = (
             access_to(user.id, instance, shell.grants)
             if user is not None and not user.disabled
             else None
         )
+        if (
+            user is not None
+            and role is None
+            and not user.disabled
+            and shell.lifecycle.rows is not None
+        ):
+            await shell.grants.reread(user.id)
+            role = access_to(user.id, instance, shell.grants)
         if user is None or role is None:
             if isinstance(instance, Instance):
                 instance.views.pop(view.id, None)

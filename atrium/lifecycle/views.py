@@ -143,7 +143,7 @@ class ViewDesk:
             if row is None or held is None or not row.cookie:
                 return None
             # made on another shell, its announcement not heard here yet: it is known now
-            view = self._admit(held, row)
+            view = await self._admit(held, row)
             if view is not None:
                 view.cookie = row.cookie
             return view
@@ -168,21 +168,28 @@ class ViewDesk:
         if row is None:
             return None
         # a view made on another shell, its announcement not heard here yet, is learnt too
-        view = self._admit(instance, row)
+        view = await self._admit(instance, row)
         if view is not None:
             view.cookie = cookie
         return view
 
-    def _admit(self, instance: Instance, row: ViewRow) -> View | None:
+    async def _admit(self, instance: Instance, row: ViewRow) -> View | None:
         """The instance's view as its row says: the one in memory, or a new one unless it was
         released since the row was read. A new one is dropped, its row deleted, when the
         instance no longer serves or its user may no longer see it: another shell checked
         both before it wrote the row, and the instance may have stopped (or the grant been
         revoked here) since; held, the view would keep the instance from its
-        stop-when-unviewed, with no page to release it."""
+        stop-when-unviewed, with no page to release it. A user this shell's memory refuses is
+        asked of the database first: a grant made on another shell is known here only once
+        its event is heard, and the view made on that shell may come first."""
         view = instance.views.get(row.id)
         if view is not None or row.id in self._dropped:
             return view
+        if instance.state in SERVING and not self.may_view(instance, row.user):
+            await self.reread_access(row.user)
+            view = instance.views.get(row.id)
+            if view is not None or row.id in self._dropped:
+                return view  # learnt (or released) by another path meanwhile
         if instance.state not in SERVING or not self.may_view(instance, row.user):
             _LOGGER.info(
                 "%s %s: view %s made on another shell dropped (%s)",
@@ -248,7 +255,7 @@ class ViewDesk:
             # is over, and the view is not admitted to the stopped instance
             async with instance.lock:
                 if self._host.find(instance.id) is instance:
-                    self._admit(instance, row)
+                    await self._admit(instance, row)
         except AtriumError as err:
             _LOGGER.warning(
                 "view %s of %s is learnt at its first request: %s", view_id, instance.id, err

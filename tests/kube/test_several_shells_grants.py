@@ -6,7 +6,8 @@ a revoke made elsewhere asks to close them."""
 
 from __future__ import annotations
 
-from contextlib import ExitStack, closing
+from collections.abc import Iterator
+from contextlib import ExitStack, closing, contextmanager
 
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.test_several_shells_origins import (
@@ -113,3 +114,57 @@ def test_a_pods_grants_answer_on_any_shell_and_a_revoke_there_closes_every_view(
         for shell_api in (api, api_two):
             assert shell_api.get(f"/api/instances/{iid}/grants").json() == []
         assert held.state.value == "started"  # the owner's view still holds it
+
+
+@contextmanager
+def deaf_to_grants(shell: RunningShell) -> Iterator[None]:
+    """``shell`` hears no grant made on another shell meanwhile (its event delayed): its memory
+    of grants trails the database."""
+    users, grants = shell.shell.users, shell.shell.grants
+    users.on_heard.remove(grants.heard)
+    try:
+        yield
+    finally:
+        users.on_heard.append(grants.heard)
+
+
+def test_a_grantees_view_entered_before_the_grant_is_heard_there_is_kept(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A shell knows a grant made on another only once its event arrives. Meanwhile the
+    grantee's view, made on the shell that granted, was entered on it: shell 1 (which runs the
+    pod) dropped the view it learnt as its user's, and shell 2 (entering a view of shell 1's
+    pod) dropped it for the same reason, deleting its row: the grantee's first page was a 401
+    and their view gone for good. A refusal of a user's grant is asked of the database first."""
+    one, two = two_kube_shells
+    bob = one.add_user("bob")
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        new_view(api, iid)  # the owner's keeps the pod serving
+        # granted on two, unheard on one: bob's view made on two, entered on one
+        with deaf_to_grants(one):
+            granted = api_two.post(
+                f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"}
+            )
+            assert granted.status_code == 201, granted.text
+            with two.client(bob, timeout=SLOW) as bob_two:
+                view, url = new_view(bob_two, iid)
+            with closing(enter(one, url)) as on_one:
+                assert on_one.get("/boot").status_code == 200
+            assert view in held.views
+        revoked = api.delete(f"/api/instances/{iid}/grants/{granted.json()['grantId']}")
+        assert revoked.status_code == 200, revoked.text
+        assert revoked.json()["closedViews"] == 1
+        wait_for(lambda: two.shell.grants.role_of("bob", held) is None, "two hears it", SLOW)
+        # granted on one, unheard on two: bob's view made on one, entered on two
+        with deaf_to_grants(two):
+            granted = api.post(
+                f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"}
+            )
+            assert granted.status_code == 201, granted.text
+            with one.client(bob, timeout=SLOW) as bob_one:
+                view, url = new_view(bob_one, iid)
+            with closing(enter(two, url)) as on_two:
+                assert on_two.get("/boot").status_code == 200
+            assert view in held.views
