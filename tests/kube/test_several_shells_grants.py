@@ -7,9 +7,15 @@ a revoke made elsewhere asks to close them."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
 
+import pytest
+import sqlalchemy as sa
+
+from atrium.lifecycle import asked
 from tests.integration.conftest import RunningShell, wait_for
+from tests.kube.test_several_shells_actions import requests_of
 from tests.kube.test_several_shells_origins import (
     SLOW,
     enter,
@@ -18,7 +24,7 @@ from tests.kube.test_several_shells_origins import (
     on_origin,
     two_kube_shells,
 )
-from tests.kube.test_several_shells_views import launch, views_of
+from tests.kube.test_several_shells_views import launch, lock_waiters, views_of
 
 __all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
 
@@ -168,3 +174,91 @@ def test_a_grantees_view_entered_before_the_grant_is_heard_there_is_kept(
             with closing(enter(two, url)) as on_two:
                 assert on_two.get("/boot").status_code == 200
             assert view in held.views
+
+
+def test_a_revoke_its_instances_shell_does_not_answer_still_closes_the_views(
+    two_kube_shells: tuple[RunningShell, RunningShell], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell 1, which runs the pod, does not take the revoke's ask (its events delayed): the
+    revoke made on shell 2 stands, and the grantee's views go all the same. Their rows are
+    deleted there, which shell 2 checks each request against at once, each with the event by
+    which shell 1 drops the view from memory when it hears it."""
+    monkeypatch.setattr(asked, "TAKE_SECONDS", 0.5)
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    bob = one.add_user("bob")
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        own, _ = new_view(api, iid)
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        with one.client(bob, timeout=SLOW) as bob_one:
+            view, view_url = new_view(bob_one, iid)
+        rows = one.shell.lifecycle.rows
+        assert rows is not None
+        heard = list(rows.on_request)
+        rows.on_request.clear()  # shell 1 hears no ask: it is withdrawn untaken
+        try:
+            with closing(enter(two, view_url)) as on_two:
+                assert on_two.get("/boot").status_code == 200
+                revoked = api_two.delete(f"/api/instances/{iid}/grants/{granted.json()['grantId']}")
+                assert revoked.status_code == 200, revoked.text
+                assert revoked.json()["closedViews"] == 1
+                assert on_two.get("/boot").status_code == 401
+        finally:
+            rows.on_request.extend(heard)
+        assert [r.state for r in requests_of(url, iid)] == ["withdrawn"]
+        assert views_of(url, held.slug) == [own]
+        wait_for(lambda: view not in held.views, "one drops bob's view when it hears", SLOW)
+        assert set(held.views) == {own}
+
+
+def test_a_view_written_under_the_grant_as_it_is_revoked_is_closed_with_the_others(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Bob's view of shell 1's pod is being written on shell 2 (whose memory holds his grant)
+    as the owner revokes it there: the view's transaction has read the grant and waits, here
+    on a lock the test holds on the tickets' table (a slow database), while the revoke runs.
+    Unlocked, that read let the revoke by: its release found no view of bob's to close, and the
+    view committed after it, a live ticket for a user who may no longer see the instance on
+    any shell that had not heard the revoke. The read locks the grant's row (`FOR SHARE`): the
+    revoke waits for the view, and its release closes it with the others."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    bob = one.add_user("bob")
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        own, _ = new_view(api, iid)
+        granted = api.post(f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"})
+        assert granted.status_code == 201, granted.text
+        grant = granted.json()["grantId"]
+        wait_for(lambda: two.shell.grants.get(held.owner, iid, grant), "two hears it", SLOW)
+        engine = sa.create_engine(url)
+        try:
+            with ThreadPoolExecutor(2) as pool, two.client(bob, timeout=SLOW) as bob_two:
+                with engine.begin() as conn:
+                    conn.execute(sa.text("LOCK TABLE view_tickets IN SHARE ROW EXCLUSIVE MODE"))
+                    made = pool.submit(
+                        bob_two.post, f"/api/instances/{iid}/views", json={"path": "/boot"}
+                    )
+                    wait_for(lambda: lock_waiters(engine) > 0, "the view's write waits", SLOW)
+                    revoking = pool.submit(api_two.delete, f"/api/instances/{iid}/grants/{grant}")
+                    wait_for(
+                        lambda: revoking.done() or lock_waiters(engine) > 1,
+                        "the revoke waits for the view (or is done: no lock)",
+                        SLOW,
+                    )
+                view = made.result(timeout=SLOW)
+                revoked = revoking.result(timeout=SLOW)
+        finally:
+            engine.dispose()
+        assert view.status_code == 200, view.text  # its checks passed before the revoke
+        assert revoked.status_code == 200, revoked.text
+        assert revoked.json()["closedViews"] == 1
+        assert views_of(url, held.slug) == [own]
+        for shell in (one, two):
+            ticket, target = on_origin(shell, view.json()["url"])
+            with closing(ticket):
+                assert ticket.get(target, follow_redirects=False).status_code == 401
