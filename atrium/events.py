@@ -47,6 +47,7 @@ BACKUP_FAILED: Final = "backup:failed"
 USER_CHANGED: Final = "user:changed"
 SCOPE_CHANGED: Final = "scope:changed"
 INSTANCE_ROUTED: Final = "instance:routed"
+INSTANCE_TOKEN: Final = "instance:token"  # noqa: S105 - a topic
 
 
 def _camel(name: str) -> str:
@@ -397,6 +398,19 @@ class InstanceRouted(Payload):
     answered: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceToken(Payload):
+    """With a PostgreSQL database only: an instance's app token was written (a pod adopted or
+    taken over) or deleted (its instance stopped or gone), in the transaction of that write:
+    every shell forgets what it remembered of that instance's token. No stream hears it (the
+    shells' own)."""
+
+    TOPIC: ClassVar[str] = INSTANCE_TOKEN
+    instance_id: str
+    app_id: str
+    gone: bool = False
+
+
 #: every topic the shell publishes, with its payload class (docs/api.md "Topics and payloads")
 PAYLOADS: Final[Mapping[str, type[Payload]]] = {
     cls.TOPIC: cls
@@ -428,6 +442,7 @@ PAYLOADS: Final[Mapping[str, type[Payload]]] = {
         UserChanged,
         ScopeChanged,
         InstanceRouted,
+        InstanceToken,
     )
 }
 

@@ -111,7 +111,11 @@ def new_token() -> str:
 
 
 class AppTokens:
-    """Per-instance app tokens: issued at spawn, revoked when the instance goes (lifecycle issue)."""
+    """Per-instance app tokens: issued at spawn, revoked when the instance goes (lifecycle issue).
+
+    This shell's own, in memory: all there is with one shell. Shells sharing a PostgreSQL
+    database keep them in the database too (`atrium.state.apptokens.SharedAppTokens`), so a
+    pod's calls are its app's on every shell."""
 
     def __init__(self) -> None:
         self._by_token: dict[str, AppCaller] = {}
@@ -135,8 +139,24 @@ class AppTokens:
         if token is not None:
             self._by_token.pop(token, None)
 
+    def forget(self, instance_id: str) -> None:
+        """Let go of an instance whose server runs on without this shell (a pod left for the
+        next shell, or taken over by another): here, the same as `revoke`."""
+        self.revoke(instance_id)
+
     def lookup(self, token: str) -> AppCaller | None:
         return self._by_token.get(token)
+
+    async def find(self, token: str) -> AppCaller | None:
+        """The instance ``token`` is the token of (None: none)."""
+        return self._by_token.get(token)
+
+    async def stored(self, token: str) -> None:
+        """Until a token just issued is valid wherever it will be presented (here: at once)."""
+
+    async def sweep(self) -> int:
+        """At start: remove what an earlier run left of its tokens (here: nothing). How many."""
+        return 0
 
 
 def user_id_of(caller: Caller) -> str | None:

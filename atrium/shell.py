@@ -44,6 +44,7 @@ from atrium.monitor import UsageMonitor
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
+from atrium.state.apptokens import SharedAppTokens
 from atrium.state.egress import EgressRevokes
 from atrium.state.instances import InstanceRows
 from atrium.state.locks import Coordination
@@ -298,6 +299,16 @@ async def open_rows(
     return await stack.enter_async_context(InstanceRows(db, bus, shell_name(settings), runner))
 
 
+async def open_tokens(
+    stack: AsyncExitStack, db: Database, bus: EventBus, settings: Settings
+) -> AppTokens:
+    """The app tokens; on PostgreSQL kept in the database too (written until the lifecycle has
+    shut down: the stack closes them after)."""
+    if db.dialect != "postgresql":
+        return AppTokens()
+    return await stack.enter_async_context(SharedAppTokens(db, bus, shell_name(settings)))
+
+
 async def sweep_rows(rows: InstanceRows | None, adopted: set[str]) -> None:
     if rows is None:
         return
@@ -413,7 +424,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
 
         users.on_change.append(forget_kv)
         upstream = await stack.enter_async_context(UpstreamClient())
-        tokens = AppTokens()
+        # on PostgreSQL: in the database too, so that a pod's calls are its app's on any shell
+        tokens = await open_tokens(stack, db, bus, settings)
         shell_url = f"http://{loopback(settings.host)}:{settings.port}"
         runner = await asyncio.to_thread(load_runner, settings.runner, kube_settings(settings))
         stack.push_async_callback(runner.close)  # after the lifecycle's shutdown (LIFO)
@@ -527,6 +539,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         adopted = await lifecycle.adopt_survivors()
         # what this shell's last run left in the instances' table and did not come back
         await sweep_rows(rows, {instance.id for instance in adopted})
+        await tokens.sweep()
         take_over_pods(stack, lifecycle, runner, db, rows, coordination)
         await lifecycle.pool.fill_all()
         _LOGGER.info(

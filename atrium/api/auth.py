@@ -85,7 +85,7 @@ async def identify_raw(
         if personal is not None:
             user, record = personal
             return UserCaller(user.id, user.role, token_id=record.id)
-        app = shell.app_tokens.lookup(token)
+        app = await shell.app_tokens.find(token)
         if app is None:
             raise Unauthenticated("the bearer token is not valid (expired instance or wrong token)")
         return app

@@ -26,6 +26,7 @@ from atrium.events import (
     GRANT_ADDED,
     GRANT_REVOKED,
     INSTANCE_ROUTED,
+    INSTANCE_TOKEN,
     MAX_GLOBS,
     SYSTEM_USAGE,
     DataChanged,
@@ -96,14 +97,14 @@ def change_filter(
     (owned by the announcing provider's owner) the user hears every one, an app only those under
     paths it may read; ``watched`` narrows to
     one subtree. A grant's events reach the grantee and the instance's owner only, never an app;
-    `system:usage` its user only, never an app; `instance:routed` nobody. The same test runs on
-    replayed events."""
+    `system:usage` its user only, never an app; `instance:routed` and `instance:token` nobody.
+    The same test runs on replayed events."""
     app = caller if isinstance(caller, AppCaller) else None
     user = caller.user_id if isinstance(caller, UserCaller) else None
     hearer = user if app is None else app.owner
 
     def admit(event: Event) -> bool:
-        if event.topic == INSTANCE_ROUTED:
+        if event.topic in (INSTANCE_ROUTED, INSTANCE_TOKEN):
             return False  # the shells' own: where instances run is no stream's business
         change = event.data
         if change is None and event.topic in PRIVATE_TOPICS:

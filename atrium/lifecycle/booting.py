@@ -125,6 +125,14 @@ class Booter:
         instance.port, instance.host = port, self._config.app_host
         instance.secret = secrets.token_urlsafe(24)
         token = instance.token = self._tokens.issue(instance.app_id, instance.id, instance.owner)
+        try:
+            # on several shells: in the database before the server has it (its calls may reach
+            # any shell)
+            await self._tokens.stored(token)
+        except Exception as err:  # any failure of the database: a setup one
+            raise await self._fail(
+                instance, f"its app token could not be stored: {err}", "setup"
+            ) from err
         log_path = instance.log_path = self.layout.home / "run" / "logs" / f"{instance.id}.log"
         cgroup: InstanceCgroup | None = None
         try:
@@ -185,7 +193,7 @@ class Booter:
         """Let go of a server that outlives the shell (its runner ``survives_shell``): it keeps
         running for the next shell to adopt; only this shell's token for it is forgotten."""
         instance.child = None
-        self._tokens.revoke(instance.id)
+        self._tokens.forget(instance.id)
         instance.token = None
 
     def _image_run(self, instance: Instance, runtime: Runtime) -> ImageRun:

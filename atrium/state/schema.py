@@ -254,3 +254,16 @@ instance_requests = sa.Table(
     sa.Column("answer", sa.JSON, nullable=True),
     sa.Column("asked_at", sa.Float, nullable=False, index=True),
 )
+
+#: the app tokens of the running instances (`atrium.state.apptokens`): ``hash`` is the sha256 of
+#: the token; ``shell`` the shell that holds the instance (a takeover writes its own)
+app_tokens = sa.Table(
+    "app_tokens",
+    metadata,
+    sa.Column("hash", sa.Text, primary_key=True),
+    sa.Column("instance_id", sa.Text, nullable=False),
+    sa.Column("app_id", sa.Text, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("shell", sa.Text, nullable=False, index=True),
+    sa.Column("issued_at", sa.Text, nullable=False),
+)

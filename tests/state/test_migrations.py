@@ -12,7 +12,7 @@ from atrium.state.database import Database, parse_url
 TABLES = {"event_counter", "events", "kv", "users", "sessions", "tokens", "identities"}
 TABLES |= {"grants", "audit", "carried_over", "egress_revokes"}
 TABLES |= {"instances", "views", "view_tickets"}
-TABLES |= {"sign_in_failures", "bootstrap_tokens", "instance_requests"}
+TABLES |= {"sign_in_failures", "bootstrap_tokens", "instance_requests", "app_tokens"}
 
 
 async def tables(db: Database) -> set[str]:
