@@ -469,12 +469,29 @@ async def delete_activity(request: Request, caller: Caller) -> Response:
 async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await bounded_body(request) else ViewBody()
+    instance_id = request.path_params["instance_id"]
     try:
-        instance, access = viewable(shell, caller, request.path_params["instance_id"])
+        return await _create_view(shell, caller, instance_id, body)
+    except NotFound as err:
+        if (
+            shell.lifecycle.rows is None
+            or not isinstance(caller, UserCaller)
+            or err.fields.get("kind") != "instance"
+        ):
+            raise
+        # a grant made on another shell a moment ago is known here once its event is heard:
+        # the database says before the grantee is refused (nothing was written: try again)
+        await shell.grants.reread(caller.user_id)
+        return await _create_view(shell, caller, instance_id, body)
+
+
+async def _create_view(shell: Shell, caller: Caller, instance_id: str, body: ViewBody) -> Response:
+    try:
+        instance, access = viewable(shell, caller, instance_id)
     except NotFound:
         if shell.lifecycle.rows is None:
             raise
-        return await create_view_elsewhere(shell, caller, request.path_params["instance_id"], body)
+        return await create_view_elsewhere(shell, caller, instance_id, body)
     if access != OWNER and instance.state is InstanceState.STOPPED:
         # a grantee cannot start it, and the owner closing their last view stopped it
         instance = await shell.lifecycle.act(instance.id, "start")

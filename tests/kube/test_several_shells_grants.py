@@ -141,7 +141,8 @@ def test_a_grantees_view_entered_before_the_grant_is_heard_there_is_kept(
     grantee's view, made on the shell that granted, was entered on it: shell 1 (which runs the
     pod) dropped the view it learnt as its user's, and shell 2 (entering a view of shell 1's
     pod) dropped it for the same reason, deleting its row: the grantee's first page was a 401
-    and their view gone for good. A refusal of a user's grant is asked of the database first."""
+    and their view gone for good; and a new view asked of such a shell was a 404. A refusal of
+    a user's grant is asked of the database first."""
     one, two = two_kube_shells
     bob = one.add_user("bob")
     with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
@@ -174,6 +175,23 @@ def test_a_grantees_view_entered_before_the_grant_is_heard_there_is_kept(
             with closing(enter(two, url)) as on_two:
                 assert on_two.get("/boot").status_code == 200
             assert view in held.views
+        # a new view asked of a shell that has not heard the grant: on one, then on two
+        for granting, viewing in ((api_two, one), (api, two)):
+            revoked = api.delete(f"/api/instances/{iid}/grants/{granted.json()['grantId']}")
+            assert revoked.status_code == 200, revoked.text
+            wait_for(
+                lambda: all(s.shell.grants.role_of("bob", held) is None for s in (one, two)),
+                "both shells know the revoke",
+                SLOW,
+            )
+            with deaf_to_grants(viewing):
+                granted = granting.post(
+                    f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"}
+                )
+                assert granted.status_code == 201, granted.text
+                with viewing.client(bob, timeout=SLOW) as bob_there:
+                    made = bob_there.post(f"/api/instances/{iid}/views", json={"path": "/boot"})
+                    assert made.status_code == 200, made.text
 
 
 def test_a_revoke_its_instances_shell_does_not_answer_still_closes_the_views(
