@@ -19,8 +19,9 @@ from atrium.scopes import Scope
 
 def runtime_dir_re(app_id: str) -> re.Pattern[str]:
     """Names of instance runtime folders inside an app directory: `<appId>-<n>`, and the lock
-    folder of the headless provider instance, `<appId>-provider`."""
-    return re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider)")
+    folders of the headless provider instances, `<appId>-provider` (`<appId>-provider<n>` for
+    the one of a shell that numbered past another's)."""
+    return re.compile(rf"{re.escape(app_id)}-(?:[0-9]+|provider[0-9]*)")
 
 
 def runtime_folders(app_dir: Path, app_id: str, owner: str | None = None) -> list[Path]:

@@ -6,7 +6,8 @@ none of its instances `resumed`. Every request that arrives while it boots waits
 (one spawn for all); the callers give up after the app's `wakeTimeoutMs` each, the boot goes on.
 Each user has their own: a request wakes the provider instance of the user it is made for (an
 app's request: its owner's), never another user's. The instance has its own id
-(`<appId>-provider`, or `<appId>~<owner>-provider` for a user other than the bootstrap admin) and
+(`<appId>-provider`, or `<appId>~<owner>-provider` for a user other than the bootstrap admin;
+on several shells each shell wakes its own, numbered past the others' rows, `…-provider2`, …) and
 no view, so nothing the user opened is touched, but it runs on the data folder of that user's
 first instance of the app (`<appId>-1`, `<appId>~<owner>-1`): a provider's data is the data its
 app shows, whichever process serves it (decisions.md "Waking a provider", "Users: instances and
@@ -32,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -49,10 +50,24 @@ SUFFIX: Final = "-provider"
 RETRY_AFTER: Final = 5.0
 
 
+def is_provider_id(prefix: str, instance_id: str) -> bool:
+    """Whether ``instance_id`` is one of the headless provider ids of ``prefix`` (one owner's
+    of one app: `<prefix>provider`, `<prefix>provider2`, …)."""
+    rest = instance_id.removeprefix(prefix)
+    number = rest.removeprefix(SUFFIX[1:])
+    return rest != instance_id and number != rest and (not number or number.isdigit())
+
+
 class WakeHost(Protocol):
     """What waking asks of the lifecycle manager."""
 
     def find(self, instance_id: str) -> Instance | None: ...
+
+    def of_owner(self, app_id: str, owner: str) -> list[Instance]: ...
+
+    async def numbered(
+        self, app_id: str, prefix: str, make: Callable[[set[str]], Instance | None]
+    ) -> Instance | None: ...
 
     def holds(self, instance: Instance) -> bool: ...
 
@@ -204,19 +219,23 @@ class HeadlessProviders:
 
     async def _boot(self, app_id: str, owner: str, idle_timeout: float) -> Instance:
         prefix = self._host.id_prefix(app_id, owner)
-        wanted = f"{prefix}{SUFFIX.removeprefix('-')}"
-        existing = self._host.find(wanted)
-        if existing is not None:
+        for existing in self._host.of_owner(app_id, owner):
+            if not is_provider_id(prefix, existing.id):
+                continue
             if existing.state is InstanceState.RESUMED and self.holds(existing):
                 return existing
-            await self._host.force(existing)  # a headless one left in `error` or half-stopped
-        # an operation that began since the wake was asked: its stop has listed the app's
-        # instances already, so this one must not exist before the operation ends (nothing is
-        # awaited between this check and the instance entering the index)
-        while self._operations.operation(app_id) is not None:
-            await self._operations.released(app_id)
-        instance = self._host.new_instance(app_id, wanted, data_of=f"{prefix}1", owner=owner)
-        woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
+            # a headless one left in `error` or half-stopped, or one this shell adopted
+            await self._host.force(existing)
+        instance = None
+        while instance is None:
+            # an operation that began since the wake was asked: its stop has listed the app's
+            # instances already, so this one must not exist before the operation ends
+            while self._operations.operation(app_id) is not None:
+                await self._operations.released(app_id)
+            instance = await self._host.numbered(
+                app_id, f"{prefix}{SUFFIX[1:]}", self._new_provider(app_id, owner, idle_timeout)
+            )
+        woken = self._woken[instance.id]
         self.wakes[app_id] = self.wakes.get(app_id, 0) + 1
         self.wakes_of[(app_id, owner)] = self.wakes_of.get((app_id, owner), 0) + 1
         _LOGGER.info("%s: waking a headless provider instance %s", app_id, instance.id)
@@ -232,6 +251,31 @@ class HeadlessProviders:
         _LOGGER.info("%s %s: woke in %.0f ms", app_id, instance.id, woken.wake_ms)
         self._host.spawn_task(self._reap_when_idle(instance, woken), f"idle {instance.id}")
         return instance
+
+    def _new_provider(
+        self, app_id: str, owner: str, idle_timeout: float
+    ) -> Callable[[set[str]], Instance | None]:
+        """``owner``'s provider instance in the index, numbered past ``taken`` (every shell's
+        ids): `<prefix>provider`, else `<prefix>provider2`, … Each shell wakes its own for the
+        requests it answers (their count and idle stop are where they arrive), and all were
+        `<prefix>provider`: in one namespace the second shell's pod met the first one's Secret
+        and its wake failed. None when an operation holds the app (checked again after the
+        numbering's read, nothing awaited between the check and the instance in the index)."""
+        prefix = self._host.id_prefix(app_id, owner)
+
+        def make(taken: set[str]) -> Instance | None:
+            if self._operations.operation(app_id) is not None:
+                return None
+            taken = taken | {i.id for i in self._host.of_owner(app_id, owner)}
+            base = f"{prefix}{SUFFIX[1:]}"
+            n = 1
+            while (wanted := base if n == 1 else f"{base}{n}") in taken:
+                n += 1
+            instance = self._host.new_instance(app_id, wanted, data_of=f"{prefix}1", owner=owner)
+            self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
+            return instance
+
+        return make
 
     async def _reap_when_idle(self, instance: Instance, woken: Woken) -> None:
         """Stop and destroy the instance once it has had no data request for its idle time. A

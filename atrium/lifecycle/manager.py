@@ -47,7 +47,12 @@ from atrium.lifecycle.asked import (
 )
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
 from atrium.lifecycle.calls import call_hook
-from atrium.lifecycle.headless import HeadlessProviders, NoOperations, OperationGate
+from atrium.lifecycle.headless import (
+    HeadlessProviders,
+    NoOperations,
+    OperationGate,
+    is_provider_id,
+)
 from atrium.lifecycle.index import InstanceIndex, new_slug
 from atrium.lifecycle.instance import Activity, Instance
 from atrium.lifecycle.limits import Limits
@@ -186,6 +191,7 @@ class LifecycleManager(InstanceIndex):
         instance.views.clear()
         self.pool.forget(instance)
         self.headless.forget(instance)
+        self.trials.forget(instance)
         self.drop(instance)
 
     # -- creating -------------------------------------------------------------------------------
@@ -236,20 +242,41 @@ class LifecycleManager(InstanceIndex):
 
     async def _numbered(self, app_id: str, instance_id: str | None, owner: str) -> Instance:
         """A new instance in the index: numbered past the ids of every shell's rows, and its row
-        written before it boots. Each shell numbers its own, so two shells gave one owner's
-        instances of an app one id: its pods, Secrets and claims (named by id, in one
-        namespace) clashed, the second launch failed, and every list showed the id twice. Two
-        shells numbering at once are told apart by the row (the id is its key): the loser
-        numbers again."""
+        written before it boots (`numbered`). Each shell numbered its own, so two shells gave
+        one owner's instances of an app one id: its pods, Secrets and claims (named by id, in
+        one namespace) clashed, the second launch failed, and every list showed the id
+        twice."""
         if self.rows is None or instance_id is not None:
             return self.new_instance(app_id, instance_id, owner=owner)
-        prefix = self.id_prefix(app_id, owner)
+        made = await self.numbered(
+            app_id,
+            self.id_prefix(app_id, owner),
+            lambda taken: self.new_instance(app_id, owner=owner, taken_elsewhere=taken),
+        )
+        if made is None:  # pragma: no cover - ``make`` always makes one
+            raise Busy(app_id, "numbering a new instance")
+        return made
+
+    async def numbered(
+        self, app_id: str, prefix: str, make: Callable[[set[str]], Instance | None]
+    ) -> Instance | None:
+        """The one door every new instance's id goes through (a launch's, the warm pool's, a
+        headless provider's, a trial's): ``make`` puts an instance in the index with an id free
+        of the ids given (those of every shell's rows that start with ``prefix``; none on one
+        shell) and of this shell's, or gives None (then so does this: its caller looks again).
+        On several shells its row is written at once: the id is the table's key, so of two
+        shells numbering at once one row is written and the other shell numbers again (at most
+        `NUMBERING_TRIES`, then 409 busy)."""
+        if self.rows is None:
+            return make(set())
         for _ in range(NUMBERING_TRIES):
             try:
                 taken = await self.rows.ids_taken(prefix)
             except SQLAlchemyError:
                 taken = set()  # cut off: the boot is refused by the instance lock anyway
-            instance = self.new_instance(app_id, owner=owner, taken_elsewhere=taken)
+            instance = make(taken)
+            if instance is None:
+                return None
             try:
                 if await self.rows.claim(instance):
                     return instance
@@ -260,11 +287,16 @@ class LifecycleManager(InstanceIndex):
 
     def live_of(self, app_id: str, owner: str) -> Instance | None:
         """The owner's instance of the app a launch hands out (not pooled, headless, a trial or
-        in error), if this shell runs one."""
+        in error), if this shell runs one. Only one numbered as a launch numbers
+        (`<prefix><n>`): a provider or trial taken over from a gone shell (or adopted from
+        this shell's last run) is none of this shell's headless or trial instances, and was
+        handed out as the owner's page instance."""
+        prefix = self.id_prefix(app_id, owner)
         live = [
             i
             for i in self.of_owner(app_id, owner)
-            if not self.is_pooled(i)
+            if i.id.removeprefix(prefix).isdigit()
+            and not self.is_pooled(i)
             and not self.is_headless(i)
             and not self.trials.holds(i)
             and i.state is not S.ERROR
@@ -336,23 +368,41 @@ class LifecycleManager(InstanceIndex):
             await self._boot(instance)
 
     async def trial(self, copy: AppCopy, data_dir: Path) -> float:
-        """Boot the staged version ``copy`` as `<appId>-check` on the empty ``data_dir``, then
-        remove it; how long it took (s). InstallFailed when it does not start (`trials`)."""
-        if copy.manifest is None:  # pragma: no cover - the pipeline validated it
+        """Boot the staged version ``copy`` as `<appId>-check` (`trials`: `<appId>-check2`, …
+        while another shell tries it) on the empty ``data_dir``, then remove it; how long it took (s). InstallFailed when it does not start (`trials`)."""
+        manifest = copy.manifest
+        if manifest is None:  # pragma: no cover - the pipeline validated it
             raise InvalidRequest(f"{copy.id}: no valid manifest to try")
-        instance = Instance(
-            id=f"{copy.id}-check",
-            app_id=copy.id,
-            scope=copy.scope,
-            app_dir=copy.path,
-            data_dir=data_dir,
-            manifest=copy.manifest,
-            slug=new_slug(),
-            bus=self._bus,
-            source=copy,
-            owner=self._layout.user,
-            lock=self.coordination.instance(f"{copy.id}-check"),
-        )
+        base = f"{copy.id}-check"
+        old = self.find(base)
+        if old is not None and not self.trials.holds(old):
+            await self.force(old)  # one a trial of this shell left
+
+        def make(taken: set[str]) -> Instance:
+            # numbered past every shell's: two shells trying the app at once made one pod name
+            taken = taken | set(self._instances)
+            n = 1
+            while (instance_id := base if n == 1 else f"{base}{n}") in taken:
+                n += 1
+            return self.trials.enter(
+                Instance(
+                    id=instance_id,
+                    app_id=copy.id,
+                    scope=copy.scope,
+                    app_dir=copy.path,
+                    data_dir=data_dir,
+                    manifest=manifest,
+                    slug=new_slug(),
+                    bus=self._bus,
+                    source=copy,
+                    owner=self._layout.user,
+                    lock=self.coordination.instance(instance_id),
+                )
+            )
+
+        instance = await self.numbered(copy.id, base, make)
+        if instance is None:  # pragma: no cover - ``make`` always makes one
+            raise Busy(copy.id, "numbering a trial instance")
         return await self.trials.run(copy, instance)
 
     # -- moves ----------------------------------------------------------------------------------
@@ -590,7 +640,7 @@ class LifecycleManager(InstanceIndex):
         their hooks running again (they ran when the server started). A server whose app is
         no longer installed for its owner, whose owner is disabled or removed (a disable whose
         sweep the last shell did not finish), or whose instance id is not one this shell makes
-        for that app and owner (``<prefix><n>``, ``<prefix>provider``: the id names folders of
+        for that app and owner (``<prefix><n>``, ``<prefix>provider[<n>]``: the id names folders of
         the shell's) is stopped."""
         adopted: list[Instance] = []
         for survivor in await self._booter.runner.survivors():
@@ -599,7 +649,8 @@ class LifecycleManager(InstanceIndex):
                 prefix = self.id_prefix(survivor.app_id, survivor.owner)
                 rest = survivor.instance_id.removeprefix(prefix)
                 if rest == survivor.instance_id or not (
-                    (rest.isascii() and rest.isdigit()) or rest == "provider"
+                    (rest.isascii() and rest.isdigit())
+                    or is_provider_id(prefix, survivor.instance_id)
                 ):
                     raise InvalidRequest(
                         f"instance id {survivor.instance_id[:200]!r} is not one of "

@@ -1,10 +1,11 @@
 """Trials: the staged version of an update booted on its own before the switch (docs/api.md
 "Health-gated update").
 
-A trial instance is `<appId>-check`, on an empty data folder of the staging area, walked to
-`started` (health identity, `onCreate`, `onStart`) and then removed, whatever happened. While it
-runs it is not the app's live instance: `create` never hands it out. It reaches the manager
-through the narrow `TrialHost`.
+A trial instance is `<appId>-check` (on several shells, numbered past the other shells' rows:
+`<appId>-check2`, … while another shell tries the app too), on an empty data folder of the
+staging area, walked to `started` (health identity, `onCreate`, `onStart`) and then removed,
+whatever happened. While it runs it is not the app's live instance: `create` never hands it
+out. It reaches the manager through the narrow `TrialHost`.
 """
 
 from __future__ import annotations
@@ -54,15 +55,20 @@ class Trials:
     def holds(self, instance: Instance) -> bool:
         return instance.id in self._running
 
-    async def run(self, copy: AppCopy, instance: Instance) -> float:
-        """Boot ``instance`` (built by the manager for ``copy``, on its own data folder) to `started`,
-        then remove it; returns how long the boot took (s). InstallFailed with the reason and
-        the app's last log lines when it does not start."""
-        old = self._host.find(instance.id)
-        if old is not None:
-            await self._host.force(old)
+    def forget(self, instance: Instance) -> None:
+        self._running.discard(instance.id)
+
+    def enter(self, instance: Instance) -> Instance:
+        """``instance`` (built by the manager, numbered past every shell's ids) into the index,
+        on trial from now: never handed out by a launch while its row is claimed."""
         self._host.adopt(instance)
         self._running.add(instance.id)
+        return instance
+
+    async def run(self, copy: AppCopy, instance: Instance) -> float:
+        """Boot ``instance`` (built by the manager for ``copy``, on its own data folder, and
+        `enter`ed) to `started`, then remove it; returns how long the boot took (s).
+        InstallFailed with the reason and the app's last log lines when it does not start."""
         started = time.monotonic()
         try:
             await self._host.boot(instance)

@@ -17,7 +17,10 @@ empty until the next launch or install. The failed instance goes (nobody asked f
 Of several shells on one database only the leader fills pools (`Coordination.is_leader`): a pool
 is the bootstrap admin's, and each shell filling its own would boot it once per shell. A shell
 that becomes leader fills every pool; one that stops leading refills nothing more (what it has
-pooled is still handed out on its own launches).
+pooled is still handed out on its own launches). A pooled instance is numbered as a launch's is,
+past every shell's rows (`LifecycleManager.numbered`): numbered from the leader's memory, it took
+the id of another shell's instance, and its pod met that one's Secret (in one namespace) at every
+try.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Final, Protocol
 
 from atrium.bus import Event, EventBus
@@ -48,7 +51,16 @@ class PoolHost(Protocol):
 
     def of_app(self, app_id: str) -> list[Instance]: ...
 
-    def new_instance(self, app_id: str) -> Instance: ...
+    @property
+    def bootstrap_user(self) -> str: ...
+
+    def id_prefix(self, app_id: str, owner: str) -> str: ...
+
+    def new_instance(self, app_id: str, *, taken_elsewhere: Collection[str] = ()) -> Instance: ...
+
+    async def numbered(
+        self, app_id: str, prefix: str, make: Callable[[set[str]], Instance | None]
+    ) -> Instance | None: ...
 
     async def boot_resumed(self, instance: Instance) -> None: ...
 
@@ -116,32 +128,57 @@ class WarmPool:
         while not self._closing and self._coordination.is_leader:
             if await after_operation(self._operations, app_id, self.held):
                 continue
-            copy = self._registry.get(app_id)
-            size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
-            if self._size(app_id) >= size:
+            if self._full(app_id):
                 return
-            # nothing awaited between the check of the gate and the instance in the index
-            instance = self._host.new_instance(app_id)
-            self._pooled.add(instance.id)
+            prefix = self._host.id_prefix(app_id, self._host.bootstrap_user)
+            try:
+                instance = await self._host.numbered(app_id, prefix, self._pool_one(app_id))
+            except AtriumError as err:  # other shells took every id it tried
+                await self._pause(app_id, err)
+                continue
+            if instance is None:
+                continue  # an operation holds the app now, or its pool is full
             try:
                 await self._host.boot_resumed(instance)
             except AtriumError as err:
-                # tried again after a pause: a spawn that failed once (a start deadline met on
-                # a busy machine) left the pool empty until the next launch or install
-                pause = min(RETRY_FIRST * 2 ** self._failures.get(app_id, 0), RETRY_MAX)
-                self._failures[app_id] = self._failures.get(app_id, 0) + 1
-                _LOGGER.warning(
-                    "%s: warm-pool spawn failed (tried again in %.0f s): %s",
-                    app_id,
-                    pause,
-                    err.message,
-                )
                 self._pooled.discard(instance.id)
                 with contextlib.suppress(AtriumError):
                     await self._host.force(instance)  # no instance in error nobody asked for
-                await asyncio.sleep(pause)
+                await self._pause(app_id, err)
                 continue
             self._failures.pop(app_id, None)
+
+    async def _pause(self, app_id: str, err: AtriumError) -> None:
+        """Before the next try: a spawn that failed once (a start deadline met on a busy
+        machine) left the pool empty until the next launch or install."""
+        pause = min(RETRY_FIRST * 2 ** self._failures.get(app_id, 0), RETRY_MAX)
+        self._failures[app_id] = self._failures.get(app_id, 0) + 1
+        _LOGGER.warning(
+            "%s: warm-pool spawn failed (tried again in %.0f s): %s", app_id, pause, err.message
+        )
+        await asyncio.sleep(pause)
+
+    def _full(self, app_id: str) -> bool:
+        copy = self._registry.get(app_id)
+        size = copy.manifest.warm_pool_size if copy and copy.manifest else 0
+        return self._size(app_id) >= size
+
+    def _pool_one(self, app_id: str) -> Callable[[set[str]], Instance | None]:
+        """A new pooled instance in the index, numbered past ``taken`` (every shell's ids), or
+        None when an operation holds the app or the pool is full (both checked again after
+        the numbering's read): nothing is awaited between these checks and the instance in the
+        index."""
+
+        def make(taken: set[str]) -> Instance | None:
+            if self._operations.operation(app_id) is not None or self._full(app_id):
+                return None
+            if self._closing or not self._coordination.is_leader:
+                return None
+            instance = self._host.new_instance(app_id, taken_elsewhere=taken)
+            self._pooled.add(instance.id)
+            return instance
+
+        return make
 
     def _size(self, app_id: str) -> int:
         return len([i for i in self._host.of_app(app_id) if self.holds(i)])
