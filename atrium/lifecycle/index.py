@@ -102,12 +102,15 @@ class InstanceIndex:
         owner: str | None = None,
         slug: str | None = None,
         taken_elsewhere: Collection[str] = (),
+        *,
+        listed: bool = True,
     ) -> Instance:
         """A new instance of the app in `installed`, in the index (not booted). ``data_of``: the
         instance id whose runtime data folder it uses (a headless provider's; default its own).
         ``owner``: the user it belongs to (default the bootstrap admin, ``layout.user``); its
         id is the lowest free of that owner's (`id_prefix`), its data that owner's folder.
-        ``taken_elsewhere``: ids other shells of one database hold, taken too."""
+        ``taken_elsewhere``: ids other shells of one database hold, taken too. ``listed``:
+        False for one put in the index later (`adopt`), once it is this shell's."""
         owner = owner or self._layout.user
         copy = self._registry.get(app_id, owner)  # the copy its owner sees (masking is per user)
         if copy is None or copy.manifest is None:
@@ -135,7 +138,8 @@ class InstanceIndex:
             owner=owner,
             lock=self.coordination.instance(instance_id),
         )
-        self.adopt(instance)
+        if listed:
+            self.adopt(instance)
         return instance
 
     def adopt(self, instance: Instance) -> None:

@@ -166,7 +166,12 @@ class Takeover:
             self._tell(row.id, "a gone shell's instance has the id of one of this shell's")
             return False
         try:
-            instance = manager.new_instance(row.app_id, row.id, owner=row.owner, slug=row.slug)
+            # listed once its row is this shell's: until then its origin is served from the row
+            # as before (listed from here, not serving and with no view, a request there found
+            # no view in memory and dropped the view's row as one made for a stopped instance)
+            instance = manager.new_instance(
+                row.app_id, row.id, owner=row.owner, slug=row.slug, listed=False
+            )
         except AtriumError as err:
             self._tell(row.id, err.message)
             return False
@@ -189,14 +194,25 @@ class Takeover:
                         ).first()
                         if moved is None:
                             return False
-                        if any(getattr(moved, name) != getattr(row, name) for name in _LISTED):
+                        if manager.find(row.id) is not None or any(
+                            getattr(moved, name) != getattr(row, name) for name in _LISTED
+                        ):
                             # the gone shell changed it after the list was read, before it went
-                            # (stopped it, a new pod, another instance of that id): the row is
-                            # put back as it is, and the next look reads it anew
+                            # (stopped it, a new pod, another instance of that id), or this
+                            # shell holds an instance of that id now: the row is put back as it
+                            # is, and the next look reads it anew
                             raise _Changed
                         opened = (
                             await tx.execute(sa.select(views).where(views.c.slug == row.slug))
                         ).all()
+                        # listed with its views as its row becomes this shell's (a failed
+                        # commit drops it again): a request on its origin while the pod is
+                        # taken over finds its view, and is told to retry until it serves
+                        for view in opened:
+                            instance.views[view.id] = View(
+                                view.id, "", view.path, user=view.user_id, digest=view.hash
+                            )
+                        manager.adopt(instance)
                 except _Changed:
                     return False
                 won = True
@@ -205,6 +221,7 @@ class Takeover:
                 except Exception as err:  # noqa: BLE001 - any failure: tried again later
                     if isinstance(err, SpawnFailed) and err.fields.get("cause") == "exited":
                         _LOGGER.warning("%s %s: %s", row.app_id, row.id, err.message)
+                        instance.views.clear()  # their next request drops them (`ViewDesk`)
                         instance.mark_crashed(-1, "exited")
                         instance.error = f"its pod ended while no shell held it: {err.message}"
                         return True
@@ -228,10 +245,6 @@ class Takeover:
                         getattr(err, "message", err),
                     )
                     return False
-                for view in opened:
-                    instance.views[view.id] = View(
-                        view.id, "", view.path, user=view.user_id, digest=view.hash
-                    )
                 manager.adopt_one(instance, survivor)
             _LOGGER.warning(
                 "%s %s taken over from the gone shell %s: %s",

@@ -13,13 +13,16 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from atrium.lifecycle.states import InstanceState
+from atrium.state.locks import instance_key
 from atrium.state.migrate import upgrade_now
 from tests.conftest import TESTS_DIR
 from tests.integration.conftest import RunningShell, launch_shell, wait_for
@@ -214,14 +217,56 @@ def test_a_view_made_on_one_shell_is_served_by_the_other_from_the_pod_until_ende
             )
 
 
+@contextmanager
+def instance_lock_held(url: str, iid: str) -> Iterator[Callable[[], None]]:
+    """The instance's advisory lock held by a session of the test's own (as a shell holds it
+    for a move) until the function yielded is called: a takeover waits there."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": instance_key(iid)})
+
+            def release() -> None:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": instance_key(iid)})
+
+            yield release
+    finally:
+        engine.dispose()
+
+
+def waited_for(url: str, iid: str) -> bool:
+    """Whether a session waits for the instance's advisory lock."""
+    key = instance_key(iid)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                        " AND objsubid = 1 AND classid::bigint = :hi AND objid::bigint = :lo"
+                    ),
+                    {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF},
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
 def test_a_stopped_shells_pod_is_taken_over_by_the_other_and_stays_there(
     kube_shells: StartShell,
 ) -> None:
     """A shell that stops leaves its pods and their rows: the other shell keeps serving a view
     of one, and takes it over once the stopped shell's session is gone (docs/decisions.md
     "Several shells: pods taken over"), under the same origin and the same pod. Back, the
-    stopped shell does not adopt it again: it is the other's now."""
+    stopped shell does not adopt it again: it is the other's now.
+
+    While the takeover is under way (held here at the instance's lock, as a busy database or
+    cluster holds it for a moment) the view is still served: the taker listed the instance as
+    its own from the start, not yet serving and with no view, so the view's next request there
+    was refused (401) and its row deleted as a view made for a stopped instance, for good."""
     one, two = kube_shells("one"), kube_shells("two")
+    db_url = one.shell.settings.state_url
     with one.client(timeout=SLOW) as api:
         launched = api.post("/api/instances", json={"appId": PROBE})
         assert launched.status_code == 200, launched.text
@@ -229,15 +274,31 @@ def test_a_stopped_shells_pod_is_taken_over_by_the_other_and_stays_there(
         boot = api.get(f"/api/proxy/{iid}/boot").json()["boot"]
         _, url = new_view(api, iid)
     with closing(enter(two, url)) as on_two:
-        assert on_two.get("/boot").json()["boot"] == boot
-        one.stop()
-        kept = on_two.get("/boot")
-        assert kept.status_code == 200, kept.text
-        assert kept.json()["boot"] == boot
-        wait_for(lambda: two.shell.lifecycle.find(iid) is not None, "two takes it over", SLOW)
+
+        def served() -> None:
+            page = on_two.get("/boot")
+            assert page.status_code == 200, page.text
+            assert page.json()["boot"] == boot  # the same pod, never restarted
+
+        served()
+        with instance_lock_held(db_url, iid) as release:
+            one.stop()
+            served()
+            wait_for(lambda: waited_for(db_url, iid), "two's takeover waits for the lock", SLOW)
+            served()
+            release()
+            wait_for(
+                lambda: (
+                    (taken := two.shell.lifecycle.find(iid)) is not None
+                    and taken.state is InstanceState.STARTED
+                ),
+                "two takes it over",
+                SLOW,
+            )
+        served()
         again = kube_shells("one")
         assert again.shell.lifecycle.find(iid) is None
-        assert on_two.get("/boot").json()["boot"] == boot  # the same pod, never restarted
+        served()
 
 
 def test_a_view_of_one_shells_pod_is_made_and_released_on_the_other(
