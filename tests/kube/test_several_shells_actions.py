@@ -7,7 +7,9 @@ log from the cluster, and refuses a stranger as shell 1 does."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -204,39 +206,59 @@ def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(
         assert moves_to(url, iid, "stopping") == 0
 
 
+@contextmanager
+def instance_writes_held(url: str) -> Iterator[None]:
+    """No shell writes an instance row (each reads them) until the block ends: a lock on the
+    table that lets reads through."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn, conn.begin():
+            conn.execute(sa.text("LOCK TABLE instances IN SHARE MODE"))
+            yield
+    finally:
+        engine.dispose()
+
+
 def test_one_owners_instances_are_numbered_apart_on_every_shell(
     two_kube_shells: tuple[RunningShell, RunningShell],
 ) -> None:
     """Each shell numbered its own instances: shell 2's first instance of the probe app got the
     id of shell 1's, so its pod, Secret and claim (named by id, in one namespace) clashed with
     shell 1's and the launch failed (`502 spawn_failed`), and a list showed the id twice. A
-    launch now numbers past every shell's rows, and launches made on both at once each get an
-    id of their own (the row, keyed by id, tells them apart)."""
+    launch now numbers past every shell's rows, and two shells numbering at once each get an
+    id of their own (the row, keyed by id, tells them apart): held at the row's write here, both
+    number past shell 1's first instance alike, and the one whose row is not written numbers
+    again."""
     one, two = two_kube_shells
+    url = one.shell.settings.state_url
     with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
         first = api.post("/api/instances", json={"appId": PROBE, "new": True})
         assert first.status_code == 200, first.text
-        second = api_two.post("/api/instances", json={"appId": PROBE, "new": True})
-        assert second.status_code == 200, second.text
-        ids = [first.json()["instanceId"], second.json()["instanceId"]]
-        assert ids[0] != ids[1]
-        assert two.shell.lifecycle.get(ids[1]).state is InstanceState.STARTED
+        ids = [first.json()["instanceId"]]
 
-        def launch(client: Any) -> Any:
-            return client.post("/api/instances", json={"appId": PROBE, "new": True})
+        def numbering(shell: RunningShell) -> list[str]:
+            """The ids of the instances the shell made since the first (shell 1's)."""
+            return [i.id for i in shell.shell.lifecycle.all() if i is not first_held]
 
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(launch, [api, api_two, api, api_two]))
-        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        first_held = one.shell.lifecycle.get(ids[0])
+
+        with ThreadPoolExecutor(2) as pool:
+            with instance_writes_held(url):
+                launches = [
+                    pool.submit(c.post, "/api/instances", json={"appId": PROBE, "new": True})
+                    for c in (api, api_two)
+                ]
+                wait_for(lambda: numbering(one) and numbering(two), "both shells numbering", SLOW)
+                # each read the other's rows: one id, past shell 1's first
+                assert numbering(one) == numbering(two) != ids, (numbering(one), numbering(two))
+            answers = [launch.result() for launch in launches]
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
         ids += [a.json()["instanceId"] for a in answers]
-        assert len(set(ids)) == 6, ids
+        assert len(set(ids)) == 3, ids
+        assert two.shell.lifecycle.get(ids[2]).state is InstanceState.STARTED
         for client in (api, api_two):
             listed = [i["instanceId"] for i in client.get("/api/instances").json()]
             assert sorted(listed) == sorted(ids)
-        for iid in ids:
-            assert (api if one.shell.lifecycle.find(iid) else api_two).delete(
-                f"/api/instances/{iid}"
-            ).status_code == 200
 
 
 def test_a_launch_on_any_shell_hands_out_the_owners_pod_a_page_opened(
