@@ -401,7 +401,7 @@ class InstanceRouted(Payload):
 @dataclass(frozen=True, slots=True)
 class InstanceToken(Payload):
     """With a PostgreSQL database only: an instance's app token was written (a pod adopted or
-    taken over) or deleted (its instance stopped or gone), in the transaction of that write:
+    taken over) or deleted (its server ended: destroyed, crashed), in the transaction of that write:
     every shell forgets what it remembered of that instance's token. No stream hears it (the
     shells' own)."""
 

@@ -4,12 +4,12 @@ PostgreSQL database only: one SQLite shell keeps them in memory, `atrium.identit
 - A row per token (``app_tokens``): its sha256, never the token, with the instance, app, owner
   and the shell that holds the instance. `issue` writes it before the server gets the token
   (`stored`), so a token absent from the table was never handed out, or is revoked.
-- `revoke` (the instance stopped or gone) deletes it; `forget` (a pod left running for the next
-  shell, or taken over by another) leaves it; `register` (a pod adopted or taken over, holding
-  the token in its Secret) writes it again naming this shell. Deletes and `register`'s writes
-  append `instance:token` in their transaction: every shell forgets what it remembered of the
-  instance's token. Writes run in the order they were made, one at a time, each tried again
-  every second while the database does not take it.
+- `revoke` (the instance's server ended: destroyed, crashed) deletes it; `forget` (a pod left
+  running for the next shell, or taken over by another) leaves it; `register` (a pod adopted or
+  taken over, holding the token in its Secret) writes it again naming this shell. Deletes and
+  `register`'s writes append `instance:token` in their transaction: every shell forgets what it
+  remembered of the instance's token. Writes run in the order they were made, one at a time,
+  each tried again every second while the database does not take it.
 - `find`: this shell's own tokens in memory (the hot path reads no row), then what it remembers
   of other shells' (until the instance's `instance:token`), then one read. A token the table
   does not hold is remembered as unknown for `UNKNOWN_SECONDS` (`UNKNOWN_KEPT` of them, oldest

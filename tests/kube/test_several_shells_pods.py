@@ -209,6 +209,13 @@ def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_calls_no_hook(
     assert site_pod_uid(one, iid) == uid
     assert row_of(url, iid).shell == two.shell.lifecycle.rows.shell  # type: ignore[union-attr]
     assert crashes(url, iid) == 0
+    # the pod's token is its app on both: two holds it now, and one let it go without revoking it
+    token = two.shell.lifecycle.get(iid).token
+    assert token is not None
+    for shell in (one, two):
+        with shell.client(token=token) as app:
+            unset = app.get(f"/api/kv/app/{PROBE}/unset")
+            assert unset.status_code == 404, unset.text  # known, and the key is not set
     with one.client(timeout=SLOW) as api:
         # one acts on it no more: two does (one asks it, as any shell not holding it would)
         stopped = api.post(f"/api/instances/{iid}/stop")
@@ -216,6 +223,14 @@ def test_a_shell_cut_off_lets_go_of_what_another_took_over_and_calls_no_hook(
         assert stopped.json()["state"] == "stopped"
     assert one.shell.lifecycle.find(iid) is None
     assert two.shell.lifecycle.get(iid).state is InstanceState.STOPPED
+    with one.client(timeout=SLOW) as api:
+        removed = api.delete(f"/api/instances/{iid}")
+        assert removed.status_code in (200, 204), removed.text
+    with one.client(token=token) as app:  # removed by two: its token refused on one too
+        wait_for(
+            lambda: app.get(f"/api/kv/app/{PROBE}/unset").status_code == 401,
+            "the removed instance's token refused on one",
+        )
 
 
 @contextmanager
