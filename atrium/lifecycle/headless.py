@@ -252,6 +252,15 @@ class HeadlessProviders:
         self._host.spawn_task(self._reap_when_idle(instance, woken), f"idle {instance.id}")
         return instance
 
+    def hold(self, instance: Instance, idle_timeout: float) -> None:
+        """A provider instance this shell adopted (taken over from a gone shell, or left by its
+        own last run), held as one it woke: stopped once idle for ``idle_timeout`` s from now,
+        and never handed out by a launch. Not handed a data request: the next wake for its
+        owner finds it `started`, not `resumed`, and ends it for one of its own."""
+        woken = self._woken[instance.id] = Woken(idle_timeout, time.monotonic())
+        woken.last_used = time.monotonic()
+        self._host.spawn_task(self._reap_when_idle(instance, woken), f"idle {instance.id}")
+
     def _new_provider(
         self, app_id: str, owner: str, idle_timeout: float
     ) -> Callable[[set[str]], Instance | None]:

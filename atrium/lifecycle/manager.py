@@ -729,6 +729,12 @@ class LifecycleManager(InstanceIndex):
         self._booter.adopt(instance, survivor)
         for state in (S.CREATING, S.CREATED, S.STARTING, S.STARTED):
             instance.enter(state)
+        provider = instance.manifest.data_provider
+        if is_provider_id(self.id_prefix(instance.app_id, instance.owner), instance.id):
+            # a woken provider (a gone shell's, or this shell's last run's): idle-stopped here
+            # as one woken here, or it ran on, no shell's to stop
+            idle = provider.idle_timeout_ms / 1000 if provider is not None else 0.0
+            self.headless.hold(instance, idle)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

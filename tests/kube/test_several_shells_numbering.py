@@ -178,9 +178,10 @@ def test_a_provider_taken_over_is_not_handed_out_by_a_launch(
     tmp_path: Path, kube_shells: StartShell
 ) -> None:
     """Shell 1's woken provider, taken over by shell 2 when shell 1 stopped (its pod runs on),
-    is an ordinary instance there: shell 2's next launch of the app for its owner handed it
-    out as the owner's page instance (a provider's pod, with a claim of its own, not the data
-    of `<app>-1`). A launch hands out only an instance numbered as a launch numbers."""
+    was an ordinary instance there: never idle-stopped (no shell's woken provider), and shell
+    2's next launch of the app for its owner handed it out as the owner's page instance (a
+    provider's pod, with a claim of its own, not the data of `<app>-1`). It is held as a woken
+    provider now, and a launch hands out only an instance numbered as a launch numbers."""
     probe_app(
         tmp_path,
         WOKEN,
@@ -196,7 +197,17 @@ def test_a_provider_taken_over_is_not_handed_out_by_a_launch(
         assert api.get("/api/data/numbered/items/a").status_code == 200
     provider = f"{WOKEN}-provider"
     one.stop()
-    wait_for(lambda: two.shell.lifecycle.find(provider), "two takes the provider over", 20)
+
+    def taken_over() -> Any:
+        instance = two.shell.lifecycle.find(provider)
+        return instance if instance and instance.state is InstanceState.STARTED else None
+
+    taken = wait_for(taken_over, "two takes it over", 20)
+    # held as one of shell 2's woken providers: stopped once idle (no shell stopped it)
+    assert two.shell.lifecycle.is_headless(taken)
+    record = two.shell.lifecycle.headless.record(provider)
+    assert record is not None
+    assert record.idle_timeout == 60
     with two.client(one.token, timeout=SLOW) as api_two:
         launched = api_two.post("/api/instances", json={"appId": WOKEN})
         assert launched.status_code == 200, launched.text
