@@ -144,6 +144,11 @@ class AppTokens:
         next shell, or taken over by another): here, the same as `revoke`."""
         self.revoke(instance_id)
 
+    def revoke_rows(self, instance_id: str) -> None:
+        """An instance this shell holds with a token it never had (taken over once its pod
+        ended): whatever is kept of that token anywhere goes (here: its memory)."""
+        self.revoke(instance_id)
+
     def lookup(self, token: str) -> AppCaller | None:
         return self._by_token.get(token)
 

@@ -275,6 +275,7 @@ def take_over_pods(
     db: Database,
     rows: InstanceRows | None,
     coordination: Coordination,
+    tokens: AppTokens | None = None,
 ) -> None:
     """On PostgreSQL with the Kubernetes runner: a gone shell's pods, taken over by the leader
     (`atrium.lifecycle.takeover`), until the shell closes."""
@@ -282,7 +283,7 @@ def take_over_pods(
         return
     from atrium.lifecycle.takeover import Takeover
 
-    takeover = Takeover(lifecycle, runner, db, rows, coordination)  # type: ignore[arg-type]
+    takeover = Takeover(lifecycle, runner, db, rows, coordination, tokens)  # type: ignore[arg-type]
     lifecycle.takeover = takeover
     takeover.start()
     stack.push_async_callback(takeover.close)
@@ -540,7 +541,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # what this shell's last run left in the instances' table and did not come back
         await sweep_rows(rows, {instance.id for instance in adopted})
         await tokens.sweep()
-        take_over_pods(stack, lifecycle, runner, db, rows, coordination)
+        take_over_pods(stack, lifecycle, runner, db, rows, coordination, tokens)
         await lifecycle.pool.fill_all()
         _LOGGER.info(
             "shell open: home %s, %d visible apps, runner %s",

@@ -30,6 +30,7 @@ from atrium.lifecycle.instance import View
 from atrium.state.schema import instances, views
 
 if TYPE_CHECKING:
+    from atrium.identity import AppTokens
     from atrium.lifecycle.manager import LifecycleManager
     from atrium.lifecycle.runners.kubernetes.runner import KubernetesRunner
     from atrium.state.database import Database
@@ -66,8 +67,10 @@ class Takeover:
         db: Database,
         rows: InstanceRows,
         coordination: Coordination,
+        tokens: AppTokens | None = None,
     ) -> None:
         self._manager = manager
+        self._tokens = tokens
         self._runner = runner
         self._db = db
         self._rows = rows
@@ -224,6 +227,9 @@ class Takeover:
                         instance.views.clear()  # their next request drops them (`ViewDesk`)
                         instance.mark_crashed(-1, "exited")
                         instance.error = f"its pod ended while no shell held it: {err.message}"
+                        if self._tokens is not None:
+                            # its token's row names the gone shell: valid everywhere until gone
+                            self._tokens.revoke_rows(row.id)
                         return True
                     # the API refused or failed (a Role without 'patch', an outage: the
                     # runner's SpawnFailed cause 'api' too): the row goes back to the gone

@@ -82,6 +82,8 @@ class _Write:
     announce: bool
     #: told when done (a spawn waits for its token's row); None: tried until it is done
     done: asyncio.Future[None] | None = field(default=None)
+    #: a delete of every row of the instance, whichever its hash (`revoke_rows`)
+    every: bool = False
 
 
 class SharedAppTokens(AppTokens):
@@ -175,6 +177,13 @@ class SharedAppTokens(AppTokens):
         """Only this shell's memory: the row stays for the shell that adopts or takes the pod."""
         super().revoke(instance_id)
 
+    def revoke_rows(self, instance_id: str) -> None:
+        """Every row of the instance goes, whichever shell it names: one taken over once its
+        pod ended kept the gone shell's row, and its token (the app may have sent it out) acted
+        for its owner on every shell while the instance sat here in `error`, and after."""
+        super().revoke_rows(instance_id)
+        self._queue(_Write("", instance_id, "", "", None, True, every=True))
+
     def _queue(self, write: _Write) -> None:
         self._writes.append(write)
         self._idle.clear()
@@ -215,6 +224,17 @@ class SharedAppTokens(AppTokens):
 
     async def _write(self, write: _Write) -> tuple[StoredEvent, InstanceToken] | None:
         async with self._db.transaction() as tx:
+            if write.every:
+                gone = (
+                    await tx.execute(
+                        sa.delete(app_tokens)
+                        .where(app_tokens.c.instance_id == write.instance_id)
+                        .returning(app_tokens.c.app_id, app_tokens.c.owner)
+                    )
+                ).first()
+                if gone is None:
+                    return None
+                return await _announce(tx, write.instance_id, gone.app_id, gone.owner, None)
             await tx.execute(sa.delete(app_tokens).where(app_tokens.c.hash == write.hashed))
             if write.caller is not None:
                 await tx.execute(

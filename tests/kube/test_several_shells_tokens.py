@@ -12,10 +12,17 @@ import json
 import sqlalchemy as sa
 
 from atrium.identity import new_token
+from atrium.lifecycle.states import InstanceState
 from atrium.state.apptokens import digest
-from atrium.state.schema import metadata
+from atrium.state.schema import app_tokens, instances, metadata
 from tests.integration.conftest import RunningShell, wait_for
-from tests.kube.test_several_shells_origins import PROBE, SLOW, kube_shells, two_kube_shells
+from tests.kube.test_several_shells_origins import (
+    PROBE,
+    SLOW,
+    StartShell,
+    kube_shells,
+    two_kube_shells,
+)
 
 __all__ = ["kube_shells", "two_kube_shells"]  # the fixtures, shared with the origins' tests
 
@@ -83,3 +90,63 @@ def test_a_pods_token_is_its_app_on_every_shell_until_the_instance_goes(
                 lambda: on_two.get(f"/api/kv/app/{PROBE}/seen").status_code == 401,
                 "the destroyed instance's token refused on two",
             )
+
+
+def test_the_token_of_a_gone_shells_pod_that_ended_is_refused_once_taken_over(
+    kube_shells: StartShell,
+) -> None:
+    """A shell killed leaves its tokens' rows naming it; the leader takes its instances over.
+    One whose pod ended while no shell held it stays here in `error`, with no token in memory:
+    its row, left naming the gone shell, kept the token valid on every shell (a token the app
+    sent out went on acting for its owner), and a later stop here deleted nothing."""
+    two = kube_shells("two")
+    url = two.shell.settings.state_url
+    gone, iid = "elsewhere:/gone/home", "test.contract.probe-7"
+    token = new_token()
+    takeover = two.shell.lifecycle.takeover
+    assert takeover is not None
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(instances).values(
+                    id=iid,
+                    app_id=PROBE,
+                    owner="default",
+                    slug="endedpod",
+                    state="started",
+                    runner="kubernetes",
+                    ref={"namespace": takeover._runner.namespace, "pod": "gone", "uid": "u1"},
+                    network=None,
+                    address=None,
+                    secret=None,
+                    shell=gone,
+                    updated_at="2026-01-01T00:00:00.000Z",
+                )
+            )
+            conn.execute(
+                sa.insert(app_tokens).values(
+                    hash=digest(token),
+                    instance_id=iid,
+                    app_id=PROBE,
+                    owner="default",
+                    shell=gone,
+                    issued_at="2026-01-01T00:00:00.000Z",
+                )
+            )
+    finally:
+        engine.dispose()
+    with two.client(token=token) as app:
+        app.get(f"/api/kv/app/{PROBE}/seen")  # remembered by two, if not taken over yet
+
+        def in_error() -> bool:
+            instance = two.shell.lifecycle.find(iid)
+            return instance is not None and instance.state is InstanceState.ERROR
+
+        wait_for(in_error, "two takes the gone shell's instance over: its pod ended", 15)
+        wait_for(
+            lambda: app.get(f"/api/kv/app/{PROBE}/seen").status_code == 401,
+            "the ended pod's token refused on two",
+            5,
+        )
+    assert digest(token) not in dumped(url)
