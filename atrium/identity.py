@@ -121,7 +121,9 @@ class AppTokens:
         self._by_token: dict[str, AppCaller] = {}
         self._by_instance: dict[str, str] = {}
 
-    def issue(self, app_id: str, instance_id: str, owner: str) -> str:
+    def issue(self, app_id: str, instance_id: str, owner: str, *, shared: bool = True) -> str:
+        """``shared``: valid on every shell of the database (a pod's, whose calls reach any);
+        else this shell's alone (a local server's, which calls its own shell and dies with it)."""
         self.revoke(instance_id)
         token = new_token()
         self._by_token[token] = AppCaller(app_id, instance_id, owner)

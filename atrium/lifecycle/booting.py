@@ -124,7 +124,11 @@ class Booter:
             raise await self._fail(instance, _setup_problem(err), "setup") from err
         instance.port, instance.host = port, self._config.app_host
         instance.secret = secrets.token_urlsafe(24)
-        token = instance.token = self._tokens.issue(instance.app_id, instance.id, instance.owner)
+        # a pod's token is valid on every shell (its calls reach any); a local server's, which
+        # calls its own shell and dies with it, on this shell alone
+        token = instance.token = self._tokens.issue(
+            instance.app_id, instance.id, instance.owner, shared=runner.survives_shell
+        )
         try:
             # on several shells: in the database before the server has it (its calls may reach
             # any shell)

@@ -101,6 +101,8 @@ class SharedAppTokens(AppTokens):
         self._task: asyncio.Task[None] | None = None
         #: token → its row's write (`stored` waits for it)
         self._issued: dict[str, asyncio.Future[None]] = {}
+        #: the instances whose tokens are this shell's alone (`issue` not ``shared``): no row
+        self._local: set[str] = set()
         #: hashes of this shell's tokens revoked whose rows are still to be deleted
         self._revoked: set[str] = set()
         #: hash → another shell's instance, until its `instance:token`
@@ -137,8 +139,12 @@ class SharedAppTokens(AppTokens):
 
     # -- this shell's tokens ----------------------------------------------------------------------
 
-    def issue(self, app_id: str, instance_id: str, owner: str) -> str:
+    def issue(self, app_id: str, instance_id: str, owner: str, *, shared: bool = True) -> str:
         token = super().issue(app_id, instance_id, owner)
+        if not shared:
+            # a local server's: no row, which a killed shell would leave valid everywhere
+            self._local.add(instance_id)
+            return token
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._issued[token] = done
         done.add_done_callback(lambda _: self._issued.pop(token, None))
@@ -164,6 +170,10 @@ class SharedAppTokens(AppTokens):
         self._queue(_Write(hashed, instance_id, app_id, owner, caller, True))
 
     def revoke(self, instance_id: str) -> None:
+        if instance_id in self._local:
+            self._local.discard(instance_id)
+            super().revoke(instance_id)
+            return
         token = self._by_instance.get(instance_id)
         known = None if token is None else self._by_token.get(token)
         super().revoke(instance_id)
@@ -175,6 +185,7 @@ class SharedAppTokens(AppTokens):
 
     def forget(self, instance_id: str) -> None:
         """Only this shell's memory: the row stays for the shell that adopts or takes the pod."""
+        self._local.discard(instance_id)
         super().revoke(instance_id)
 
     def revoke_rows(self, instance_id: str) -> None:

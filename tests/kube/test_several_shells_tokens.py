@@ -150,3 +150,22 @@ def test_the_token_of_a_gone_shells_pod_that_ended_is_refused_once_taken_over(
             5,
         )
     assert digest(token) not in dumped(url)
+
+
+def test_a_local_instances_token_is_its_shells_alone(kube_shells: StartShell) -> None:
+    """A local runner's instance calls its own shell (on the loopback) and dies with it: its
+    token is kept in that shell's memory only. Written to the database, it was valid on every
+    other shell, and a shell killed (its instances dying with it) left rows that kept their
+    tokens (which an app may have sent out) valid there until that home started again."""
+    one, two = kube_shells("one", runner="auto"), kube_shells("two")
+    with one.client(timeout=SLOW) as api:
+        launched = api.post("/api/instances", json={"appId": PROBE})
+        assert launched.status_code == 200, launched.text
+        instance = one.shell.lifecycle.find(launched.json()["instanceId"])
+        assert instance is not None
+        token = instance.token
+        assert token is not None
+    with one.client(token=token) as on_one, two.client(token=token) as on_two:
+        assert on_one.get(f"/api/kv/app/{PROBE}/seen").status_code in (200, 404)
+        assert on_two.get(f"/api/kv/app/{PROBE}/seen").status_code == 401
+    assert digest(token) not in dumped(one.shell.settings.state_url)
