@@ -214,6 +214,23 @@ def test_a_new_shell_adopts_the_running_pod_without_restarting_it(
         assert kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"] == uid  # type: ignore[index]
 
 
+def test_a_pod_gone_between_the_list_and_its_adoption_does_not_stop_the_start(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """Another shell of the database may take a pod over (relabel it) between this shell's
+    start-up list of pods and its read of one: the adoption's read then finds it gone, which
+    failed the whole start. The pod's read answers 404 once here, as the taken pod's would."""
+    first = kube_shell()
+    with first.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+    first.stop()
+    kube_settings.fail_next("GET", rf"/pods/{render.pod_name(iid)}$", 404)
+    second = kube_shell()
+    with second.client(timeout=SLOW) as api:
+        assert api.get("/api/ready").status_code == 200
+        assert api.get(f"/api/instances/{iid}").status_code == 404  # not adopted
+
+
 @pytest.mark.parametrize(
     ("path", "status", "words"),
     [

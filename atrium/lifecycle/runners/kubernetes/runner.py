@@ -948,7 +948,13 @@ class KubernetesRunner:
             if instance_id:
                 await self.delete_secret(instance_id)
             return None
-        app = await self.adopt({"namespace": self.namespace, "pod": name, "uid": uid})
+        try:
+            app = await self.adopt({"namespace": self.namespace, "pod": name, "uid": uid})
+        except SpawnFailed as err:
+            # gone or relabelled since the list (another shell of the database took it over):
+            # not this shell's, and left as it is
+            _LOGGER.warning("pod %s not adopted: %s", name, err.message)
+            return None
         return Survivor(
             instance_id=instance_id,
             app_id=app_id,
