@@ -267,6 +267,12 @@ class Kubelet:
             self._feed.cancel()
         self.api.kubelet_attached = False
         await asyncio.gather(*(self._kill(pod, 0) for pod in list(self.pods.values())))
+        # the kills and pod runs under way (a pod deleted by the last test) end first: cancelled
+        # by the cluster's stop, the host command one was running (``ip``) was left to the
+        # garbage collector still running, a ResourceWarning that failed the session
+        pending = [*self._tasks, *(p.task for p in self.pods.values() if p.task is not None)]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
         await self.network.down()
         with contextlib.suppress(OSError):
             self.cgroup_parent.rmdir()
