@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from atrium.events import InstanceToken
 from atrium.identity import AppCaller, AppTokens
 from atrium.state.events import StoredEvent, append
-from atrium.state.schema import app_tokens
+from atrium.state.schema import app_tokens, instances
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -84,6 +84,8 @@ class _Write:
     done: asyncio.Future[None] | None = field(default=None)
     #: a delete of every row of the instance, whichever its hash (`revoke_rows`)
     every: bool = False
+    #: tried before and refused (the link to the database lost)
+    retried: bool = False
 
 
 class SharedAppTokens(AppTokens):
@@ -222,6 +224,7 @@ class SharedAppTokens(AppTokens):
                         RETRY_SECONDS,
                         err,
                     )
+                    write.retried = True
                     await asyncio.sleep(RETRY_SECONDS)
                     continue
                 self._writes.popleft()
@@ -246,7 +249,26 @@ class SharedAppTokens(AppTokens):
                 if gone is None:
                     return None
                 return await _announce(tx, write.instance_id, gone.app_id, gone.owner, None)
-            await tx.execute(sa.delete(app_tokens).where(app_tokens.c.hash == write.hashed))
+            if write.caller is None:
+                # this shell's row only: the pod may be another shell's since (taken over while
+                # this delete waited on a lost link), its row naming that shell
+                await tx.execute(
+                    sa.delete(app_tokens).where(
+                        app_tokens.c.hash == write.hashed, app_tokens.c.shell == self.shell
+                    )
+                )
+            elif write.retried and not await self._still_ours(tx, write.instance_id):
+                # held up by a lost link while another shell took the pod over (and maybe
+                # removed it): written now, the row would make the token valid again
+                _LOGGER.warning(
+                    "%s %s: its app token's row is not written: the instance is no longer "
+                    "this shell's",
+                    write.app_id,
+                    write.instance_id,
+                )
+                return None
+            else:
+                await tx.execute(sa.delete(app_tokens).where(app_tokens.c.hash == write.hashed))
             if write.caller is not None:
                 await tx.execute(
                     sa.insert(app_tokens).values(
@@ -261,6 +283,15 @@ class SharedAppTokens(AppTokens):
             if not write.announce:
                 return None
             return await _announce(tx, write.instance_id, write.app_id, write.owner, write.caller)
+
+    async def _still_ours(self, tx: AsyncConnection, instance_id: str) -> bool:
+        """Whether the instance's row names this shell (under a lock on it until ``tx`` ends)."""
+        shell = (
+            await tx.execute(
+                sa.select(instances.c.shell).where(instances.c.id == instance_id).with_for_update()
+            )
+        ).scalar()
+        return shell == self.shell
 
     async def sweep(self) -> int:
         """At start, once the survivors are adopted: delete the rows this shell's earlier run

@@ -16,7 +16,7 @@ from atrium.identity import AppCaller, new_token
 from atrium.state import apptokens
 from atrium.state.apptokens import SharedAppTokens, digest
 from atrium.state.database import Database
-from atrium.state.schema import app_tokens, events
+from atrium.state.schema import app_tokens, events, instances
 
 APP = "com.example.notes"
 
@@ -154,3 +154,82 @@ async def test_a_shell_started_again_removes_the_rows_of_tokens_it_no_longer_hol
         assert {row.hash for row in await rows(db)} == {digest(kept)}
         assert await other.find(dropped) is None  # heard the sweep's event
         assert await other.find(kept) is not None
+
+
+def cut(tokens: SharedAppTokens, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """``tokens``' writes fail while the returned flag is up, as with its link to the database
+    lost (only its own: the other shell's writes go through)."""
+    down = [True]
+    write = tokens._write
+
+    async def failing(change: Any) -> Any:
+        if down[0]:
+            raise OSError("the link to the database is lost")
+        return await write(change)
+
+    monkeypatch.setattr(tokens, "_write", failing)
+    monkeypatch.setattr(apptokens, "RETRY_SECONDS", 0.05)
+    return down
+
+
+async def own_instance_row(db: Database, instance_id: str, shell: str | None) -> None:
+    """The instance's row names ``shell`` (None: no row), as the shell that runs it writes."""
+    async with db.transaction() as tx:
+        await tx.execute(sa.delete(instances).where(instances.c.id == instance_id))
+        if shell is not None:
+            await tx.execute(
+                sa.insert(instances).values(
+                    id=instance_id,
+                    app_id=APP,
+                    owner="alice",
+                    slug=f"slug-{instance_id}",
+                    state="started",
+                    runner="kubernetes",
+                    shell=shell,
+                    updated_at="2026-01-01T00:00:00Z",
+                )
+            )
+
+
+async def test_a_register_held_up_by_a_cut_writes_nothing_once_another_shell_took_the_pod(
+    shells: tuple[SharedAppTokens, ...], db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell a adopts a pod at its start while its link is lost: the token's row waits. Shell b
+    takes the pod over and its owner removes it (b deletes the row). Back, a's queued write put
+    the row again naming a: the removed pod's token acted for its owner on every other shell."""
+    a, b = shells
+    token = new_token()
+    await own_instance_row(db, "notes-1", "host-a:/a")
+    down = cut(a, monkeypatch)
+    a.register(APP, "notes-1", "alice", token)  # adopted at the start, the link lost
+    await own_instance_row(db, "notes-1", "host-b:/b")  # taken over
+    b.register(APP, "notes-1", "alice", token)
+    await b.flush()
+    b.revoke("notes-1")  # removed there
+    await b.flush()
+    await own_instance_row(db, "notes-1", None)
+    down[0] = False
+    await a.flush()
+    assert await rows(db) == []
+    assert await b.find(token) is None
+
+
+async def test_a_revoke_held_up_by_a_cut_leaves_the_row_of_the_shell_that_took_the_pod(
+    shells: tuple[SharedAppTokens, ...], db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell a revokes its pod's token while cut off (the delete waits); shell b takes the pod
+    over meanwhile and writes its row for the same token. Back, a's delete removed b's row:
+    the pod's own calls were refused on every shell but b."""
+    a, b = shells
+    token = new_token()
+    await own_instance_row(db, "notes-1", "host-a:/a")
+    a.register(APP, "notes-1", "alice", token)
+    await a.flush()
+    down = cut(a, monkeypatch)
+    a.revoke("notes-1")
+    await own_instance_row(db, "notes-1", "host-b:/b")  # taken over
+    b.register(APP, "notes-1", "alice", token)
+    await b.flush()
+    down[0] = False
+    await a.flush()
+    assert [row.shell for row in await rows(db)] == ["host-b:/b"]
