@@ -307,6 +307,14 @@ def test_nothing_of_the_network_outlives_an_instance_or_a_killed_shell(
             crashed = api.post("/api/instances", json={"appId": APP}).json()
             os.kill(crashed["pid"], signal.SIGKILL)
             wait_for(lambda: links_of(pid) == bridge, "the crashed instance's veth to go")
+            # and the crash seen (the veth goes first): a launch before it was handed the
+            # instance whose process had just died, still `started`
+            wait_for(
+                lambda: (
+                    api.get(f"/api/instances/{crashed['instanceId']}").json()["state"] == "error"
+                ),
+                "the crash to be seen",
+            )
             third = api.post("/api/instances", json={"appId": APP}).json()
             assert third["state"] == "started", third
             # a contract app under bwrap has its own namespace by default, gone the same way
@@ -500,9 +508,8 @@ def test_fifty_contract_sandboxes_leave_nothing(tmp_path: Path) -> None:
             if n % 2:
                 os.kill(app.pid or 0, signal.SIGKILL)  # a crash
                 await app.wait()
-            else:
-                await app.stop(grace=5)
-            await asyncio.sleep(0)  # the watcher releases the namespace
+            # a stop returns once the watcher released the address (after a crash too)
+            await app.stop(grace=5)
         assert not [pid for pid in pids if pid and Path(f"/proc/{pid}").exists()]
         return addresses
 

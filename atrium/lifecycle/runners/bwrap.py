@@ -434,20 +434,14 @@ class SandboxedChild(KeptChild):
     #: the sandbox's namespace of the shell's network, released once the sandbox is gone
     lease: tuple[Network, Lease] | None = None
 
-    async def _after_exit(self) -> None:
-        # before the exit is told: the next instance may take the address once a stop returns
-        await self._release()
-
     async def _watch(self) -> None:
         try:
             await super()._watch()
         finally:
-            await self._release()  # once: a watch that failed before its end releases it too
-
-    async def _release(self) -> None:
-        if self.lease is not None:
-            network, lease = self.lease
-            await network.release(lease)
+            # after the exit is told (a crash is seen at once); a stop waits for it
+            if self.lease is not None:
+                network, lease = self.lease
+                await network.release(lease)
 
     @staticmethod
     def _by_signal(code: int) -> bool:

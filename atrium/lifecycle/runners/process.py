@@ -227,12 +227,7 @@ class ChildProcess:
             if self._cgroup.oom_kills() > 0:
                 reason = "oom"
             await self._cgroup.remove()  # kills what is left in it (a setsid escapee too)
-        await self._after_exit()
         self._exited.set_result(ExitStatus(code, reason))
-
-    async def _after_exit(self) -> None:
-        """What the child held beyond its processes, freed before its exit is told (a stop
-        returns once it is)."""
 
     @staticmethod
     def _by_signal(code: int) -> bool:
@@ -254,6 +249,9 @@ class ChildProcess:
                 if not await self._exits_within(_KILL_WAIT):
                     self._signal_group(signal.SIGKILL)
             await asyncio.shield(self._exited)
+        # the watch's end too: what the child held beyond its processes (a sandbox's address)
+        # is free once a stop returns
+        await asyncio.wait([self._watcher])  # its failure is its own to log, not the stop's
         await self._wait_survivors()
         return self._exited.result()
 
