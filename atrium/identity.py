@@ -102,7 +102,7 @@ class UserAuth:
 
 
 def token_hash(token: str) -> str:
-    """The sha256 a bootstrap token is kept as in the database (hex)."""
+    """The sha256 a token is kept as in the database (hex): the bootstrap token, app tokens."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 

@@ -21,7 +21,6 @@ PostgreSQL database only: one SQLite shell keeps them in memory, `atrium.identit
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import time
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import sqlalchemy as sa
 
 from atrium.events import InstanceToken
-from atrium.identity import AppCaller, AppTokens
+from atrium.identity import AppCaller, AppTokens, token_hash
 from atrium.state.events import StoredEvent, append
 from atrium.state.schema import app_tokens, instances
 
@@ -58,11 +57,6 @@ RETRY_SECONDS: Final = 1.0
 #: seconds a spawn waits for its token's row, and a closing shell for its last writes
 STORE_WAIT: Final = 10.0
 CLOSE_WAIT: Final = 5.0
-
-
-def digest(token: str) -> str:
-    """What the table holds of a token."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _now() -> str:
@@ -151,7 +145,7 @@ class SharedAppTokens(AppTokens):
         self._issued[token] = done
         done.add_done_callback(lambda _: self._issued.pop(token, None))
         caller = AppCaller(app_id, instance_id, owner)
-        self._queue(_Write(digest(token), instance_id, app_id, owner, caller, False, done))
+        self._queue(_Write(token_hash(token), instance_id, app_id, owner, caller, False, done))
         return token
 
     async def flush(self) -> None:
@@ -166,7 +160,7 @@ class SharedAppTokens(AppTokens):
 
     def register(self, app_id: str, instance_id: str, owner: str, token: str) -> None:
         super().register(app_id, instance_id, owner, token)
-        hashed = digest(token)
+        hashed = token_hash(token)
         self._revoked.discard(hashed)
         caller = AppCaller(app_id, instance_id, owner)
         self._queue(_Write(hashed, instance_id, app_id, owner, caller, True))
@@ -181,7 +175,7 @@ class SharedAppTokens(AppTokens):
         super().revoke(instance_id)
         if token is None or known is None:
             return
-        hashed = digest(token)
+        hashed = token_hash(token)
         self._revoked.add(hashed)
         self._queue(_Write(hashed, instance_id, known.app_id, known.owner, None, True))
 
@@ -297,7 +291,7 @@ class SharedAppTokens(AppTokens):
         """At start, once the survivors are adopted: delete the rows this shell's earlier run
         left, but those of the tokens it holds now. How many went."""
         await self.flush()
-        held = {digest(token) for token in self._by_token}
+        held = {token_hash(token) for token in self._by_token}
         announced: list[tuple[StoredEvent, InstanceToken]] = []
         async with self._db.transaction() as tx:
             rows = (
@@ -318,7 +312,7 @@ class SharedAppTokens(AppTokens):
         own = self._by_token.get(token)
         if own is not None or _FORM.fullmatch(token) is None:
             return own
-        hashed = digest(token)
+        hashed = token_hash(token)
         known = self._others.get(hashed)
         if known is not None:
             return known
@@ -372,4 +366,4 @@ async def _announce(
     return await append(tx, told.TOPIC, told.owner, told.wire()), told
 
 
-__all__ = ["SharedAppTokens", "digest"]
+__all__ = ["SharedAppTokens"]

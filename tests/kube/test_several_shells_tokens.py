@@ -12,8 +12,8 @@ import json
 import sqlalchemy as sa
 
 from atrium.identity import new_token
+from atrium.identity import token_hash as digest
 from atrium.lifecycle.states import InstanceState
-from atrium.state.apptokens import digest
 from atrium.state.schema import app_tokens, instances, metadata
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.test_several_shells_origins import (

@@ -13,8 +13,9 @@ import sqlalchemy as sa
 
 from atrium.bus import EventBus
 from atrium.identity import AppCaller, new_token
+from atrium.identity import token_hash as digest
 from atrium.state import apptokens
-from atrium.state.apptokens import SharedAppTokens, digest
+from atrium.state.apptokens import SharedAppTokens
 from atrium.state.database import Database
 from atrium.state.schema import app_tokens, events, instances
 
