@@ -28,7 +28,7 @@ from atrium.images.store import ImageStore
 from atrium.lifecycle.runners.bwrap import bwrap_works
 from tests.integration.conftest import RunningShell, StartShell, add_test_apps
 from tests.integration.registry import Registry
-from tests.integration.test_app_network import RANGE, host_address, image, place, registry
+from tests.integration.test_app_network import host_address, image, place, registry
 from tests.integration.test_origins import enter, open_view
 from tests.runner_contract import PROBE
 
@@ -41,10 +41,14 @@ __all__ = ["image", "registry"]  # the module's fixtures, shared with test_app_n
 OPEN: Final = "test.egress.open"
 LISTED: Final = "test.egress.listed"
 CLOSED: Final = "test.egress.closed"
-#: the outside's link to the host: the host's end and the server's end
-LINK: Final = "10.215.0.0/24"
-HOST_END: Final = "10.215.0.1"
-OUTSIDE: Final = "10.215.0.2"
+#: the instances' network of these tests' shells, and the outside's link to the host: the host's
+#: end and the server's end; ranges no other test file takes (test_app_network's 10.214.0.0/16 and
+#: test_network_attacks' 10.215.0.0/16 were these once, and clashed when the files ran at once
+#: under pytest-xdist)
+RANGE: Final = "10.222.0.0/16"
+LINK: Final = "10.223.0.0/24"
+HOST_END: Final = "10.223.0.1"
+OUTSIDE: Final = "10.223.0.2"
 SERVE: Final = (
     "import socket,sys,threading\n"
     "def serve(port):\n"
