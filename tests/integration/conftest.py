@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,8 +51,10 @@ MIB = 1024 * 1024
 #: the SDK app that answers `/whoami` with what the shell told it of the request
 ECHO = "test.sdk.echo"
 
-#: which /24 the next shell the tests start gets (`own_range`)
-_RANGES = count(os.getpid() * 7)
+#: how many shells this process has given a range (`own_range`)
+_RANGES = count()
+#: pytest-xdist workers of one run take turns through the blocks: at most this many of them
+_WORKER_SLOTS = 16
 
 
 def own_range() -> str:
@@ -60,8 +63,17 @@ def own_range() -> str:
     Shells on the default range (10.213.0.0/16) clash when several are up at once (a module's
     shell and a test's own, or another pytest run on the machine): the later one then finds the
     range routed and quietly puts its contract apps on the host's network. A test that is about
-    the range sets ``app_network`` (``ATRIUM_APP_NETWORK``) itself."""
-    block = next(_RANGES) % 2048
+    the range sets ``app_network`` (``ATRIUM_APP_NETWORK``) itself.
+
+    The workers of one pytest-xdist run share a start (the run's id) and each takes every
+    sixteenth block from it, so no two of them ever hold the same one; a start from each
+    worker's pid instead made one worker reach, a few shells later, the block where the next
+    pid's had begun. Another run on the machine starts elsewhere (its id, or its pid)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    seed = zlib.crc32(run.encode()) if run else os.getpid() * 7
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    start = seed % (2048 // _WORKER_SLOTS) * _WORKER_SLOTS
+    block = (start + next(_RANGES) * _WORKER_SLOTS + worker % _WORKER_SLOTS) % 2048
     return f"10.{232 + block // 256}.{block % 256}.0/24"
 
 
