@@ -47,6 +47,7 @@ from atrium.settings import Settings
 from atrium.state.apptokens import SharedAppTokens
 from atrium.state.egress import EgressRevokes
 from atrium.state.instances import InstanceRows
+from atrium.state.key import read_key
 from atrium.state.locks import Coordination
 from atrium.state.scopelocks import ScopeLocks
 from atrium.theme.catalogue import ThemeCatalogue
@@ -158,8 +159,9 @@ def loopback(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
 
 
-def kube_settings(settings: Settings) -> KubeSettings | None:
-    """The Kubernetes runner's slice of the settings (None for any other runner)."""
+def kube_settings(settings: Settings, state: str = "") -> KubeSettings | None:
+    """The Kubernetes runner's slice of the settings (None for any other runner); ``state``:
+    the database's key (`atrium.state.key`)."""
     if settings.runner != "kubernetes":
         return None
     from atrium.lifecycle.runners.kubernetes.render import shell_key
@@ -172,6 +174,7 @@ def kube_settings(settings: Settings) -> KubeSettings | None:
         start_timeout=settings.kube_start_timeout_seconds,
         shell_url=settings.kube_shell_url or f"http://{loopback(settings.host)}:{settings.port}",
         shell=shell_key(str(settings.home), settings.kube_namespace),
+        state=state,
     )
 
 
@@ -428,7 +431,10 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # on PostgreSQL: in the database too, so that a pod's calls are its app's on any shell
         tokens = await open_tokens(stack, db, bus, settings)
         shell_url = f"http://{loopback(settings.host)}:{settings.port}"
-        runner = await asyncio.to_thread(load_runner, settings.runner, kube_settings(settings))
+        state = await read_key(db) if settings.runner == "kubernetes" else ""
+        runner = await asyncio.to_thread(
+            load_runner, settings.runner, kube_settings(settings, state)
+        )
         stack.push_async_callback(runner.close)  # after the lifecycle's shutdown (LIFO)
         ceilings = ceilings_of(settings.app_memory_mib, settings.app_cpu_milli, settings.app_pids)
         cgroups = await asyncio.to_thread(

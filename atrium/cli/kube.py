@@ -1,6 +1,7 @@
 """`atrium kube render`: every object the Kubernetes runner would create for one instance, as YAML.
 
-Offline, from the local ``ATRIUM_HOME`` and the ``ATRIUM_*`` settings, built by the functions the
+Offline, from the local ``ATRIUM_HOME`` and the ``ATRIUM_*`` settings (the database only read
+for its key, which labels data claims), built by the functions the
 runner's spawn calls (`render.pod_command`, `render.plan_for`, `render.instance_objects`,
 `render.namespace_objects`), so what is reviewed is what is created. Secrets are placeholders:
 they exist only at spawn.
@@ -32,6 +33,32 @@ def _fail(message: str) -> typer.Exit:
 def _instance_id(app_id: str, owner: str, bootstrap: str) -> str:
     """The id the owner's first instance of the app takes (`LifecycleIndex.id_prefix` + 1)."""
     return f"{app_id}-1" if owner == bootstrap else f"{app_id}~{owner}-1"
+
+
+def _state_key(url: str) -> str:
+    """The database's key the runner labels data claims with (`atrium.state.key`), read
+    without writing anything; "" when there is no database yet (a review before any shell ran)
+    or it cannot be read (then the claim is printed without that label)."""
+    import asyncio
+    from pathlib import Path
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from atrium.state.database import Database, parse_url
+    from atrium.state.key import read_key
+
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+        return ""
+
+    async def read() -> str:
+        async with Database.open(url) as db:
+            return await read_key(db)
+
+    try:
+        return asyncio.run(read())
+    except (SQLAlchemyError, OSError):
+        return ""
 
 
 def _app_objects(
@@ -93,6 +120,7 @@ def _app_objects(
         # claims none, so none is shown
         pids=None,
         storage_class=settings.kube_storage_class,
+        state=_state_key(settings.state_url),
     )
     return [
         *render.namespace_objects(

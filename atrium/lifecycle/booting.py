@@ -322,6 +322,9 @@ class Booter:
             owner=instance.owner,
             data_dir=instance.data_dir,
             lock_dir=instance.lock_dir,
+            data_of=instance.data_of,
+            # a staged version on trial runs on an empty folder, thrown away after it
+            scratch_data=instance.source is not None,
             host=self._config.app_host,
             port=None if self.runner.fixed_port is not None else port,
             log_path=log_path,

@@ -132,6 +132,7 @@ class InstanceIndex:
             lock_dir=None
             if data_of is None
             else self._layout.runtime_dir(copy.scope, app_id, instance_id, owner),
+            data_of=data_of,
             manifest=copy.manifest,
             slug=slug or new_slug(),  # given: another shell's instance taken over keeps its origin
             bus=self._bus,

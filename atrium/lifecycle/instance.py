@@ -72,6 +72,8 @@ class Instance:
     owner: str
     #: set when ``data_dir`` is another instance's (a headless provider's): what it locks instead
     lock_dir: Path | None = None
+    #: the instance whose data that is (``data_dir``'s, when it is another's)
+    data_of: str | None = None
     #: the app copy it runs from when that is not the registry's (a staged version on trial)
     source: AppCopy | None = None
     _state: InstanceState = S.INSTALLED

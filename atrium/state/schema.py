@@ -267,3 +267,13 @@ app_tokens = sa.Table(
     sa.Column("shell", sa.Text, nullable=False, index=True),
     sa.Column("issued_at", sa.Text, nullable=False),
 )
+
+#: one row (``id`` 1): the database's key, random when its migration ran; the shells of one
+#: database label with it what they share outside it (`atrium.state.key`)
+state_key = sa.Table(
+    "state_key",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.CheckConstraint("id = 1", name="one_row"),
+)

@@ -401,7 +401,11 @@ def _foreign(kind: str, name: str, namespace: str) -> dict[str, Any]:
     meta = {
         "name": name,
         "namespace": namespace,
-        "labels": {render.LABEL_SHELL: render.label_value("another-shell")},
+        # a shell of another database: its shells' claims are theirs, never this one's
+        "labels": {
+            render.LABEL_SHELL: render.label_value("another-shell"),
+            render.LABEL_STATE: render.label_value("another-database"),
+        },
     }
     if kind == "secret":
         return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": {"X": "eQ=="}}

@@ -172,6 +172,15 @@ def test_two_shells_trying_one_app_at_once_make_trial_pods_of_their_own(
             second = api_two.post(update, json={"check": True})
             assert second.json().get("ok") is True, second.text
             assert first.result().json().get("ok") is True, first.result().text
+    # a trial runs on an empty folder thrown away after it: no claim kept for the next trial
+    # (each trial's claim was kept, so the next one of its id started on its data)
+    owner = one.shell.settings.user
+    for trial in (f"{TRIED}-check", f"{TRIED}-check2"):
+        name = render.claim_name(owner, trial)
+        assert (
+            kube_settings.call(kube_settings.api.get, "v1/persistentvolumeclaims", namespace, name)
+            is None
+        )
 
 
 def test_a_provider_taken_over_is_not_handed_out_by_a_launch(

@@ -12,12 +12,15 @@ import pytest
 import yaml
 
 from atrium.lifecycle.runners.kubernetes.render import (
+    ANNOTATION_INSTANCE,
     ANNOTATION_PIDS,
     FETCH_MODULE,
     LABEL_APP,
+    LABEL_DATA,
     LABEL_INSTANCE,
     LABEL_OWNER,
     LABEL_SHELL,
+    LABEL_STATE,
     PLACEHOLDER_SECRET,
     POD_APP_DIR,
     POD_DATA_DIR,
@@ -102,8 +105,10 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         {"memory_mib": None, "cpu_milli": None, "pids": None},
         {"storage_class": "fast-ssd", "entrypoint": "run.sh"},
         {"owner": "Bob_" + "x" * 80, "instance_id": "A.B~" + "y" * 200},
+        {"state": "0f" * 16, "data_of": "com.example.notes~alice-1", "scratch_data": False},
+        {"scratch_data": True},
     ],
-    ids=["limits", "no-limits", "storage-class", "long-names"],
+    ids=["limits", "no-limits", "storage-class", "long-names", "provider", "trial"],
 )
 def test_every_object_is_valid_for_the_kubernetes_version(
     version: str, changes: dict[str, Any]
@@ -328,6 +333,43 @@ def test_the_claim_outlives_the_pod() -> None:
     assert (
         "storageClassName" not in by_kind(instance_objects(plan()), "PersistentVolumeClaim")["spec"]
     )
+
+
+def test_a_provider_mounts_its_owners_first_instances_claim_near_its_pods() -> None:
+    first = plan(state="k" * 32)
+    provider = plan(
+        state="k" * 32,
+        instance_id="com.example.notes~alice-provider",
+        data_of="com.example.notes~alice-1",
+    )
+    claims = [by_kind(instance_objects(p), "PersistentVolumeClaim") for p in (first, provider)]
+    assert claims[0] == claims[1]  # the same claim, labelled as the first instance's
+    assert claims[0]["metadata"]["labels"][LABEL_STATE] == "k" * 32
+    assert claims[0]["metadata"]["annotations"][ANNOTATION_INSTANCE] == "com.example.notes~alice-1"
+    pods = [by_kind(instance_objects(p), "Pod") for p in (first, provider)]
+    [mounted] = {
+        v["persistentVolumeClaim"]["claimName"]
+        for pod in pods
+        for v in pod["spec"]["volumes"]
+        if v["name"] == "data"
+    }
+    assert mounted == claims[0]["metadata"]["name"]
+    # the scheduler is asked to put both on one node, where a ReadWriteOnce claim mounts twice
+    data = {pod["metadata"]["labels"][LABEL_DATA] for pod in pods}
+    assert len(data) == 1
+    for pod in pods:
+        term = pod["spec"]["affinity"]["podAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]["podAffinityTerm"]
+        assert term["labelSelector"] == {"matchLabels": {LABEL_DATA: next(iter(data))}}
+
+
+def test_a_trials_data_is_an_empty_volume_and_no_claim() -> None:
+    objects = instance_objects(plan(scratch_data=True))
+    assert [o["kind"] for o in objects] == ["Secret", "Pod"]
+    pod = by_kind(objects, "Pod")
+    assert {"name": "data", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert "affinity" not in pod["spec"]
 
 
 def test_the_network_policy_admits_only_the_shell_and_reaches_only_it_and_dns() -> None:

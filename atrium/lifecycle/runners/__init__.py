@@ -126,6 +126,12 @@ class SpawnSpec:
     cgroup: InstanceCgroup | None = None
     #: the user the instance belongs to (labels and names on a cluster)
     owner: str = ""
+    #: the instance whose data it runs on when not its own (a headless provider's: its owner's
+    #: first instance of the app, whose folder ``data_dir`` is): a cluster mounts that claim
+    data_of: str | None = None
+    #: its data is thrown away after it (an update's trial, on an empty staging folder): a
+    #: cluster gives it an empty volume, not a claim kept for the next one
+    scratch_data: bool = False
     #: what only the app may read: ``OS_APP_TOKEN``, ``OS_SHELL_SECRET``
     secrets: Mapping[str, str] = field(default_factory=dict)
     #: the content digest of ``app_dir`` (``sha256:…``): what a cluster runner fetches by

@@ -28,3 +28,5 @@ class KubeSettings:
     shell_url: str
     #: LABEL_SHELL's value: which shell made a pod (a shell adopts only its own)
     shell: str
+    #: LABEL_STATE's value: the key of the shells' database (`atrium.state.key`); "": none
+    state: str = ""

@@ -12,7 +12,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -30,6 +30,11 @@ LABEL_OWNER: Final = "atrium.dev/owner"
 LABEL_INSTANCE: Final = "atrium.dev/instance"
 #: which shell made it (a hash of the shell's home and namespace): a shell adopts only its own
 LABEL_SHELL: Final = "atrium.dev/shell"
+#: the database of the shells that made it (`atrium.state.key`): a data claim is the user's on
+#: every shell of that database, which all mount it; another database's shells never do
+LABEL_STATE: Final = "atrium.dev/state"
+#: a pod's: the data claim it mounts (the pods of one claim are placed on one node)
+LABEL_DATA: Final = "atrium.dev/data"
 #: annotations: the ids as they are (a label value may be hashed), and what has no pod field
 ANNOTATION_APP: Final = "atrium.dev/app-id"
 ANNOTATION_OWNER: Final = "atrium.dev/owner"
@@ -89,6 +94,13 @@ class PodPlan:
     pids: int | None = None
     storage_class: str | None = None
     storage_mib: int = 1024
+    #: LABEL_STATE's value ("": the shell's own database, no label)
+    state: str = ""
+    #: the instance whose data claim it mounts (a headless provider runs on the data of its
+    #: owner's first instance of the app); "": its own
+    data_of: str = ""
+    #: its data is thrown away with it (an update's trial): an empty volume, no claim
+    scratch_data: bool = False
 
 
 #: the longest name or label value Kubernetes takes (a DNS-1123 label)
@@ -203,6 +215,9 @@ def plan_for(
     cpu_milli: int | None = None,
     pids: int | None = None,
     storage_class: str | None = None,
+    state: str = "",
+    data_of: str = "",
+    scratch_data: bool = False,
 ) -> PodPlan:
     """The plan of one instance from plain values: the runner's spawn and `atrium kube render`
     both call this, then `instance_objects`.
@@ -234,6 +249,9 @@ def plan_for(
         cpu_milli=cpu_milli,
         pids=pids,
         storage_class=storage_class,
+        state=state,
+        data_of=data_of,
+        scratch_data=scratch_data,
     )
 
 
@@ -245,7 +263,13 @@ def instance_labels(plan: PodPlan) -> dict[str, str]:
         LABEL_OWNER: label_value(plan.owner),
         LABEL_INSTANCE: label_value(plan.instance_id),
         LABEL_SHELL: label_value(plan.shell),
+        **({LABEL_STATE: label_value(plan.state)} if plan.state else {}),
     }
+
+
+def data_claim(plan: PodPlan) -> str:
+    """The name of the claim the instance's data is on (its own, or ``data_of``'s)."""
+    return claim_name(plan.owner, plan.data_of or plan.instance_id)
 
 
 def _annotations(plan: PodPlan) -> dict[str, str]:
@@ -317,7 +341,8 @@ def secret_object(plan: PodPlan) -> dict[str, Any]:
 
 
 def claim_object(plan: PodPlan) -> dict[str, Any]:
-    """The instance's data claim: no owner reference, so deleting the pod keeps it."""
+    """The instance's data claim: no owner reference, so deleting the pod keeps it. Labelled
+    and annotated as the instance whose data it is (``data_of``'s, for a provider)."""
     spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": f"{plan.storage_mib}Mi"}},
@@ -327,7 +352,9 @@ def claim_object(plan: PodPlan) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(plan, claim_name(plan.owner, plan.instance_id)),
+        "metadata": _metadata(
+            replace(plan, instance_id=plan.data_of or plan.instance_id), data_claim(plan)
+        ),
         "spec": spec,
     }
 
@@ -377,11 +404,32 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
     if resources:
         fetch["resources"] = resources
         app["resources"] = resources
+    metadata = _metadata(plan, pod_name(plan.instance_id), **annotations)
+    placement: dict[str, Any] = {}
+    if not plan.scratch_data:
+        # a provider and its owner's page instance run on one ReadWriteOnce claim: the scheduler
+        # is asked to put the pods of one claim on one node, where both may mount it
+        data = label_value(data_claim(plan))
+        metadata["labels"][LABEL_DATA] = data
+        placement["affinity"] = {
+            "podAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {LABEL_DATA: data}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(plan, pod_name(plan.instance_id), **annotations),
+        "metadata": metadata,
         "spec": {
+            **placement,
             # the shell decides restarts (its crash policy), not the kubelet
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
@@ -397,12 +445,9 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
             "containers": [app],
             "volumes": [
                 {"name": "app", "emptyDir": {}},
-                {
-                    "name": "data",
-                    "persistentVolumeClaim": {
-                        "claimName": claim_name(plan.owner, plan.instance_id)
-                    },
-                },
+                {"name": "data", "emptyDir": {}}
+                if plan.scratch_data
+                else {"name": "data", "persistentVolumeClaim": {"claimName": data_claim(plan)}},
                 {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": TMP_SIZE}},
                 {
                     "name": "secrets",
@@ -415,7 +460,10 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
 
 
 def instance_objects(plan: PodPlan) -> list[dict[str, Any]]:
-    """The Secret, the PersistentVolumeClaim and the Pod of one instance, in creation order."""
+    """The Secret, the PersistentVolumeClaim (none for scratch data) and the Pod of one
+    instance, in creation order."""
+    if plan.scratch_data:
+        return [secret_object(plan), pod_object(plan)]
     return [secret_object(plan), claim_object(plan), pod_object(plan)]
 
 

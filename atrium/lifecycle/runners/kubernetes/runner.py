@@ -379,6 +379,9 @@ class KubernetesRunner:
             cpu_milli=limits.cpu_milli if limits else None,
             pids=limits.pids if limits else None,
             storage_class=self.settings.storage_class,
+            state=self.settings.state,
+            data_of=spec.data_of or "",
+            scratch_data=spec.scratch_data,
         )
 
     async def spawn(self, spec: SpawnSpec) -> PodApp:
@@ -462,7 +465,10 @@ class KubernetesRunner:
             if err.status == 404:  # gone since the 409: the next create decides
                 return
             raise self._refused(err, "get", resource, app_id) from err
-        if not self._ours(there):
+        if not self._ours(there) and not (
+            resource == "persistentvolumeclaims" and self._shared(there)
+        ):
+            # a claim: not one of this database's shells' either (they share the users' claims)
             raise SpawnFailed(
                 f"a {resource[:-1]} named {name!r} already exists in namespace "
                 f"{self.namespace!r} and another shell made it: not touched (give each shell "
@@ -728,6 +734,13 @@ class KubernetesRunner:
     def _ours(self, pod: Mapping[str, Any]) -> bool:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         return labels.get(render.LABEL_SHELL) == render.label_value(self.settings.shell)
+
+    def _shared(self, found: Mapping[str, Any]) -> bool:
+        """Whether a shell of this shell's database made it (a data claim is the user's on every
+        shell of one database: an instance deleted on one may be launched again on another)."""
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        state = self.settings.state
+        return bool(state) and labels.get(render.LABEL_STATE) == render.label_value(state)
 
     async def _watch(self) -> None:
         """List, then watch from the list's version; ``410 Gone`` → list again; the API down →
