@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.state.schema import grants
+from atrium.state.schema import event_counter, grants
 from atrium.state.schema import users as user_rows
 from atrium.users.store import UserStore, new_id, now
 
@@ -98,7 +98,11 @@ class GrantStore:
         self._by_key: dict[tuple[str, str, str], Grant] = {}
         #: the order grants were made in (lists keep it; seconds of `created_at` cannot)
         self._seq: dict[str, int] = {}
-        self._reading = asyncio.Lock()
+        #: user id -> their reads of grants under way (`_reread`), only while one is
+        self._flights: dict[str, _Flight] = {}
+        #: (grantee, owner, instance id) -> the event counter as of which memory holds that
+        #: grant (or its absence): a read from an earlier state does not undo it
+        self._as_of: dict[tuple[str, str, str], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -146,23 +150,77 @@ class GrantStore:
         await self._reread(user_id)
 
     async def _reread(self, user_id: str) -> None:
-        async with self._reading:
-            try:
-                async with self._db.connect() as conn:
-                    rows = (
-                        await conn.execute(
-                            sa.select(grants).where(
-                                sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
-                            )
-                        )
-                    ).all()
-            except SQLAlchemyError as err:
-                _LOGGER.warning("could not read the grants of %r again: %s", user_id, err)
-                return
-            for grant in [g for g in self._by_id.values() if user_id in (g.user_id, g.owner)]:
+        """Wait for a read of ``user_id``'s grants begun after this call. Each user's reads are
+        their own: one at a time, the callers that ask while one is under way sharing the next
+        (a flood of one user's requests costs two reads at a time, not one each), and nobody
+        waits for another user's (decisions.md "Several shells: grants read again per user")."""
+        flight = self._flights.get(user_id)
+        if flight is None:
+            flight = self._flights[user_id] = _Flight()
+            task = asyncio.get_running_loop().create_task(
+                self._fly(user_id, flight), name=f"grants of {user_id} read again"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if flight.next is None:
+            flight.next = asyncio.get_running_loop().create_future()
+        await asyncio.shield(flight.next)
+
+    async def _fly(self, user_id: str, flight: _Flight) -> None:
+        """Read ``user_id``'s grants for as long as someone asked since the last read began;
+        then the user's entry goes (none is kept for a user nobody asks about)."""
+        try:
+            while flight.next is not None:
+                done, flight.next = flight.next, None
+                try:
+                    await self._read(user_id)
+                except asyncio.CancelledError:  # the store closes
+                    done.cancel()
+                    raise
+                except Exception as err:  # a bug: its callers hear it
+                    _LOGGER.exception("reading the grants of %r again failed", user_id)
+                    done.set_exception(err)
+                else:
+                    done.set_result(None)
+        finally:
+            if flight.next is not None and not flight.next.done():
+                flight.next.cancel()
+            del self._flights[user_id]
+            if not self._flights:
+                # no read under way: a dropped grant's mark guards against none any more
+                self._as_of = {k: n for k, n in self._as_of.items() if k in self._by_key}
+
+    async def _read(self, user_id: str) -> None:
+        """One read of ``user_id``'s grants, applied as of the event counter it was read with:
+        a grant another read (another user's, the grant's other side) or a change here has
+        since set from a later state is left as that one set it. Reads of different users run
+        at once and may end in any order; the counter, read in the same statement as the
+        grants (one snapshot), says which is newer."""
+        mine = sa.or_(grants.c.user_id == user_id, grants.c.owner == user_id)
+        query = sa.select(event_counter.c.value.label("as_of"), grants).select_from(
+            event_counter.outerjoin(grants, mine)
+        )
+        try:
+            async with self._db.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        except SQLAlchemyError as err:
+            _LOGGER.warning("could not read the grants of %r again: %s", user_id, err)
+            return
+        as_of = int(rows[0].as_of) if rows else 0
+        found = {(r.user_id, r.owner, r.instance_id): r for r in rows if r.id is not None}
+        for grant in [g for g in self._by_id.values() if user_id in (g.user_id, g.owner)]:
+            key = (grant.user_id, grant.owner, grant.instance_id)
+            if key not in found and self._as_of.get(key, -1) <= as_of:
                 self._drop(grant)
-            for row in rows:
-                self._keep(_grant(row), row.seq)
+                self._as_of[key] = as_of
+        for key, row in found.items():
+            if self._as_of.get(key, -1) > as_of:
+                continue  # known here from a later state
+            held = self._by_key.get(key)
+            if held is not None and held.id != row.id:
+                self._drop(held)
+            self._keep(_grant(row), row.seq)
+            self._as_of[key] = as_of
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -210,13 +268,21 @@ class GrantStore:
                 last = (await tx.execute(sa.select(sa.func.max(grants.c.seq)))).scalar()
                 grant, seq, new = fresh, int(last or 0) + 1, True
                 await tx.execute(sa.insert(grants).values({**_grant_row(grant), "seq": seq}))
+        self._changed(grant)
         self._keep(grant, seq)
         return grant, new
 
     async def revoke(self, grant: Grant) -> None:
         async with self._users.change(grant.user_id, grant.owner) as tx:
             await tx.execute(sa.delete(grants).where(grants.c.id == grant.id))
+        self._changed(grant)
         self._drop(grant)
+
+    def _changed(self, grant: Grant) -> None:
+        """A change of ``grant`` made here has committed (with events up to
+        `UserStore.last_committed`): a read from before it, ending later, leaves it."""
+        key = (grant.user_id, grant.owner, grant.instance_id)
+        self._as_of[key] = max(self._as_of.get(key, -1), self._users.last_committed)
 
     def forget_user(self, user_id: str) -> list[Grant]:
         """A removed user's grants, both ways (to them and on their instances), gone from memory.
@@ -241,6 +307,14 @@ class GrantStore:
                     sa.or_(grants.c.user_id.not_in(known), grants.c.owner.not_in(known))
                 )
             )
+
+
+@dataclass(slots=True)
+class _Flight:
+    """One user's reads of grants: ``next`` is the read the callers asking now wait for, begun
+    once the one under way has ended."""
+
+    next: asyncio.Future[None] | None = None
 
 
 def _grant(row: Any) -> Grant:

@@ -144,6 +144,9 @@ class UserStore:
         self._recent: deque[tuple[int, str]] = deque(maxlen=4096)
         self._reading = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the id of the last event a `change` committed, read right after its ``async with``
+        #: (nothing is awaited between): the grants order their reads after it
+        self.last_committed = 0
         #: called with a user id when another shell changed that user (before `on_change`,
         #: which follows once the user was read again)
         self.on_heard: list[Callable[[str], None]] = []
@@ -209,6 +212,8 @@ class UserStore:
             ]
             # known before the commit: the bus's reader may meet the rows before `committed`
             self._own.extend(e.id for e, _ in stored)
+        if stored:
+            self.last_committed = stored[-1][0].id
         for payload in payloads:
             self._count_change(payload.user_id)
         self._committed(stored)

@@ -6,9 +6,12 @@ a revoke made elsewhere asks to close them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, asynccontextmanager, closing, contextmanager
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -280,3 +283,84 @@ def test_a_view_written_under_the_grant_as_it_is_revoked_is_closed_with_the_othe
             ticket, target = on_origin(shell, view.json()["url"])
             with closing(ticket):
                 assert ticket.get(target, follow_redirects=False).status_code == 401
+
+
+class HeldReads:
+    """The database of a shell's grants, whose reads of one user's grants wait until let go:
+    a slow database for that user alone (PostgreSQL's row locks hold up no plain read)."""
+
+    def __init__(self, db: Any, user: str) -> None:
+        self._db = db
+        self._user = user
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[Any]:
+        async with self._db.connect() as conn:
+            yield _HeldConnection(conn, self)
+
+    async def hold(self, statement: Any) -> None:
+        if self._user in statement.compile().params.values():
+            self.reached.set()
+            await asyncio.to_thread(self.release.wait)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+class _HeldConnection:
+    def __init__(self, conn: Any, held: HeldReads) -> None:
+        self._conn = conn
+        self._held = held
+
+    async def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        await self._held.hold(statement)
+        return await self._conn.execute(statement, *args, **kwargs)
+
+
+def test_a_users_grants_read_again_wait_for_no_other_users_read(
+    two_kube_shells: tuple[RunningShell, RunningShell], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eve asks shell 1 for views of instances that are not there, each of which has it read
+    her grants again (one may have been made on another shell a moment ago), and her read is
+    slow (held here). Bob, granted on shell 2 (not heard on 1 yet), asks shell 1 for a view:
+    his grants are read again, and he got his view only once eve's read was done, for one lock
+    held every user's reads (a flood of requests for made-up ids queued everyone's grant
+    decisions behind it). Each user's reads are their own now; eve's asks share her reads."""
+    one, two = two_kube_shells
+    bob, eve = one.add_user("bob"), one.add_user("eve")
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        new_view(api, iid)  # the owner's keeps the pod serving
+        held = HeldReads(one.shell.grants._db, "eve")
+        monkeypatch.setattr(one.shell.grants, "_db", held)
+        with (
+            ThreadPoolExecutor(4) as pool,
+            one.client(eve, timeout=SLOW) as eve_one,
+            one.client(bob, timeout=SLOW) as bob_one,
+        ):
+            try:
+                flood = [
+                    pool.submit(
+                        eve_one.post, f"/api/instances/nope-{n}/views", json={"path": "/boot"}
+                    )
+                    for n in range(3)
+                ]
+                assert held.reached.wait(SLOW), "eve's read is held"
+                with deaf_to_grants(one):
+                    granted = api_two.post(
+                        f"/api/instances/{iid}/grants", json={"user": "bob", "role": "viewer"}
+                    )
+                    assert granted.status_code == 201, granted.text
+                    made = pool.submit(
+                        bob_one.post, f"/api/instances/{iid}/views", json={"path": "/boot"}
+                    )
+                    # (before: bob's read waited for eve's, held until the finally below)
+                    assert made.result(timeout=10).status_code == 200, made.result().text
+                assert not any(f.done() for f in flood), "eve's read is still held"
+            finally:
+                held.release.set()
+            for asked_view in flood:
+                refused = asked_view.result(timeout=SLOW)
+                assert refused.status_code == 404, refused.text
