@@ -18,6 +18,14 @@ pytest.register_assert_rewrite("tests.runner_contract")
 #: Debian's PostgreSQL (the ``postgres_server`` fixture), for every test folder
 pytest_plugins = ["tests.postgres"]
 
+# A terminal size inherited from the process that started pytest is no test's: a pytest-xdist
+# worker was found with COLUMNS=80 and LINES=24 in its environment when it imports the test
+# modules, and the CLI's rich console, made when a test module imports it, keeps a width it
+# finds then for good, so the tables of every CLI test were cut at 80 columns even where the test
+# set COLUMNS itself. Without them the console asks for the width each time it prints.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 _CLEARED_PREFIXES = ("ATRIUM_", "OS_")
