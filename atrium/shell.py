@@ -281,7 +281,8 @@ def take_over_pods(
     tokens: AppTokens | None = None,
 ) -> None:
     """On PostgreSQL with the Kubernetes runner: a gone shell's pods, taken over by the leader
-    (`atrium.lifecycle.takeover`), until the shell closes."""
+    (`atrium.lifecycle.takeover`), and the actions asked of this shell's pods looked for
+    (`atrium.lifecycle.asked`), until the shell closes."""
     if rows is None or runner.name != "kubernetes":
         return
     from atrium.lifecycle.takeover import Takeover
@@ -290,6 +291,9 @@ def take_over_pods(
     lifecycle.takeover = takeover
     takeover.start()
     stack.push_async_callback(takeover.close)
+    if lifecycle.asked is not None:  # a pod's actions asked of it whose events it missed
+        lifecycle.asked.start()
+        stack.push_async_callback(lifecycle.asked.close)
     coordination.on_regain(lifecycle.let_go_of_taken)
 
 

@@ -9,7 +9,9 @@ the request (once: ``asked`` → ``taken``), does it at its one door under the i
 its own API would, writes the instance's row, then the answer with another `instance:routed`.
 The asker answers from that. A request untaken after `TAKE_SECONDS` is withdrawn (``asked`` →
 ``withdrawn``, which the owner can no longer take): nothing was done, `504 shell_timeout`. One
-its asker could not withdraw is never taken past `TAKE_WINDOW`.
+its asker could not withdraw is never taken past `TAKE_WINDOW`. The instance's shell also looks
+for the requests asked of it every `FIND_SECONDS` (`look`): one whose event it missed (behind on
+the event log, a notification lost) is taken all the same, well before its asker gives up.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import logging
 import secrets
 import time
 from typing import Any, Final, Protocol
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.errors import AtriumError, ShellTimeout
 from atrium.lifecycle.instance import Instance
@@ -41,6 +45,9 @@ ANSWER_SECONDS: Final = 110.0
 #: seconds between reads of the request's row while no event came (one missed is not waited
 #: for to the end)
 LOOK_SECONDS: Final = 0.5
+#: seconds between a shell's looks for the requests asked of its instances that it has not taken
+#: (their events missed): well within `TAKE_SECONDS`
+FIND_SECONDS: Final = 1.0
 #: what ``delete`` asks: DELETE /api/instances/{id}; ``delete?force``: with ``?force=1``
 DELETE: Final = "delete"
 DELETE_FORCE: Final = "delete?force"
@@ -71,7 +78,42 @@ class AskedActions:
         self._rows = rows
         #: request id → set when its answer's event is heard
         self._waiting: dict[str, asyncio.Event] = {}
+        #: the requests this shell is taking (heard, or found by a look, once each)
+        self._taking: set[str] = set()
+        self._finding: asyncio.Task[None] | None = None
         rows.on_request.append(self._heard)
+
+    def start(self) -> None:
+        """Look for the requests asked of this shell's instances every `FIND_SECONDS`."""
+        if self._finding is None:
+            self._finding = asyncio.get_running_loop().create_task(
+                self._find(), name="asked actions looked for"
+            )
+
+    async def close(self) -> None:
+        task, self._finding = self._finding, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _find(self) -> None:
+        while True:
+            await asyncio.sleep(FIND_SECONDS)
+            try:
+                await self.look()
+            except SQLAlchemyError as err:  # cut off: the next look tries again
+                _LOGGER.debug("could not look for the actions asked of this shell: %s", err)
+
+    async def look(self) -> None:
+        """Take the requests asked of this shell's instances that nobody took: their
+        `instance:routed` was missed (this shell behind on the event log, or its notification
+        lost), and the asker withdraws them after `TAKE_SECONDS`: a `504` for a living shell.
+        One indexed read of the last `TAKE_WINDOW` seconds' requests, each then told as its
+        event is (`InstanceRows.on_request`); taking stays the one conditional update, so a
+        request heard and found is done once."""
+        for request_id, instance_id, slug in await self._rows.untaken(time.time() - TAKE_WINDOW):
+            for heard in tuple(self._rows.on_request):
+                heard(instance_id, slug, request_id, False)
 
     def _heard(self, instance_id: str, slug: str, request_id: str, answered: bool) -> None:
         if answered:
@@ -80,14 +122,21 @@ class AskedActions:
                 waiting.set()
             return
         instance = self._host.find(instance_id)
-        if instance is None or instance.slug != slug:
-            return  # not this shell's (another numbered one alike): its own shell takes it
+        if instance is None or instance.slug != slug or request_id in self._taking:
+            return  # not this shell's (another numbered one alike), or being taken already
+        self._taking.add(request_id)
         self._host.spawn_task(self._do(instance, request_id), f"asked of {instance_id}")
 
     async def _do(self, instance: Instance, request_id: str) -> None:
+        try:
+            await self._take(instance, request_id)
+        finally:
+            self._taking.discard(request_id)
+
+    async def _take(self, instance: Instance, request_id: str) -> None:
         taken = await self._rows.take(request_id, instance.id, time.time() - TAKE_WINDOW)
         if taken is None:
-            return  # withdrawn, or another look took it
+            return  # withdrawn, or taken by a look of this shell or another's
         action, body = taken
         state = "done"
         try:

@@ -753,6 +753,24 @@ class InstanceRows:
             return None
         return str(taken.action), dict(taken.body) if isinstance(taken.body, dict) else {}
 
+    async def untaken(self, asked_after: float) -> list[tuple[str, str, str]]:
+        """The requests asked of this shell's instances since ``asked_after`` (Unix time) and
+        not taken: (request id, instance id, slug) each, for a shell that missed their
+        `instance:routed`. One read of the ``asked_at`` index's last seconds."""
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(
+                    instance_requests.c.id,
+                    instance_requests.c.instance_id,
+                    instance_requests.c.slug,
+                ).where(
+                    (instance_requests.c.asked_at >= asked_after)
+                    & (instance_requests.c.shell == self.shell)
+                    & (instance_requests.c.state == "asked")
+                )
+            )
+            return [(str(r.id), str(r.instance_id), str(r.slug)) for r in found]
+
     async def answer(
         self, request_id: str, instance: Instance, state: str, answer: dict[str, Any]
     ) -> None:

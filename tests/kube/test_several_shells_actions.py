@@ -173,9 +173,9 @@ def test_one_shells_pod_is_listed_and_acted_on_from_the_other(
 def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(
     two_kube_shells: tuple[RunningShell, RunningShell], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Shell 1 hears nothing (as when its event connection is wedged): shell 2 answers `504
-    shell_timeout` once the deadline passes, and the request, withdrawn, is never done, even
-    when shell 1 comes to it later."""
+    """Shell 1 hears nothing (neither the ask's event nor its own look for asks: a shell
+    wedged): shell 2 answers `504 shell_timeout` once the deadline passes, and the request,
+    withdrawn, is never done, even when shell 1 comes to it later."""
     monkeypatch.setattr(asked, "TAKE_SECONDS", 0.5)
     one, two = two_kube_shells
     url = one.shell.settings.state_url
@@ -204,6 +204,52 @@ def test_an_action_its_shell_does_not_take_is_withdrawn_and_never_done(
         assert held.state is InstanceState.STARTED
         assert row_of(url, iid).state == "started"
         assert moves_to(url, iid, "stopping") == 0
+
+
+@contextmanager
+def deaf_to_asks(shell: RunningShell) -> Iterator[None]:
+    """``shell`` misses the `instance:routed` of every action asked of it (behind on the event
+    log, or their notifications lost), and hears every other event."""
+    rows = shell.shell.lifecycle.rows
+    assert rows is not None
+    listeners = rows._bus._listeners  # the shell's event delivery
+    [entry] = [e for e in listeners if e[1] == rows._heard]
+    globs, heard, others = entry
+
+    def deaf(event: Any) -> None:
+        if "requestId" in event.payload and event.payload.get("answered") is not True:
+            return
+        heard(event)
+
+    muffled = (globs, deaf, others)
+    listeners[listeners.index(entry)] = muffled
+    try:
+        yield
+    finally:
+        listeners[listeners.index(muffled)] = entry
+
+
+def test_an_action_whose_event_its_shell_missed_is_done_all_the_same(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """Shell 1 misses the event of a stop asked of it on shell 2 (behind on the event log, or
+    its notification lost): the asker withdrew the ask after 5 s, `504 shell_timeout`, nothing
+    done, though shell 1 was alive and well. Shell 1 also looks for the asks of its instances
+    every second: the stop is done, once."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = api.post("/api/instances", json={"appId": PROBE}).json()["instanceId"]
+        held = one.shell.lifecycle.get(iid)
+        wait_for(lambda: row_of(url, iid).state == "started", "the started row", SLOW)
+        with deaf_to_asks(one):
+            stopped = api_two.post(f"/api/instances/{iid}/stop")
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["state"] == "stopped"
+        assert held.state is InstanceState.STOPPED
+        [request] = requests_of(url, iid)
+        assert request.state == "done"
+        assert moves_to(url, iid, "stopping") == 1
 
 
 @contextmanager
