@@ -15,14 +15,26 @@ dropped whole whenever anything it was decided from may have moved: the registry
 forgotten. Who the caller is stays decided per request (`atrium.api.auth.identify_raw`), so a
 deleted token, a disabled or removed user or a destroyed instance is refused at its next request
 whatever is kept (decisions.md "Data proxy: decisions kept").
+
+On several shells of one database, a request for which this shell runs no `resumed` instance of
+the user's goes to one another shell runs in a pod (which every shell reaches, at the address its
+row gives), before anything is woken here: one provider serves every shell, on its data, and a
+wake on one shell while another's provider boots waits for that boot. What it found is kept until
+that instance's next state change or row write (their events reach every shell); each request
+sent there is noted in its row (at most once a second), and its own shell's idle stop counts it
+(decisions.md "Several shells: one provider for every shell").
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Final
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.bus import Event, EventBus
 from atrium.errors import (
@@ -33,25 +45,41 @@ from atrium.errors import (
     ProviderUnavailable,
     Unauthenticated,
 )
-from atrium.events import APP_INSTALLED, APP_REMOVED, APP_STATE, AppState
+from atrium.events import (
+    APP_INSTALLED,
+    APP_REMOVED,
+    APP_STATE,
+    INSTANCE_ROUTED,
+    AppState,
+    InstanceRouted,
+)
 from atrium.identity import Anonymous, AppCaller, Caller, UserCaller
 from atrium.lifecycle.calls import AppAddress
-from atrium.lifecycle.headless import Woken
+from atrium.lifecycle.headless import Woken, is_provider_id
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
 from atrium.permissions import holds
 from atrium.providers import ProviderTable
 from atrium.registry import AppRegistry
+from atrium.state.instances import SHARED_NETWORK, InstanceRow
 
 _LOGGER = logging.getLogger(__name__)
 RESUMED = InstanceState.RESUMED.value
+#: a provider another shell just numbered, before its boot (its row has no address yet)
+INSTALLED = InstanceState.INSTALLED.value
+#: the runner whose instances every shell reaches (`InstanceRow.runner`)
+POD_RUNNER: Final = "kubernetes"
 #: how many allowed decisions are kept by default; a flood of distinct paths empties the map
 #: when it is full rather than growing it
 DECISIONS: Final = 4096
 #: a key (the raw path) longer than this is decided every time: the cap bounds memory, not only
 #: the count
 MAX_KEY: Final = 512
+#: a request sent to another shell's instance is noted in its row at most this often (s)
+NOTE_EVERY: Final = 1.0
+#: how often a wake looks again at another shell's provider on its way to `resumed` (s)
+LOOK_EVERY: Final = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +132,22 @@ class DataProxy:
         self._cap = decisions
         #: the registry's generation the tables and decisions were made from
         self._generation = registry.generation
-        #: (app id, owner) → the instance id registered for that user's requests
+        #: (app id, owner) → this shell's instance registered for that user's requests
         self._registered: dict[tuple[str, str], str] = {}
+        #: (app id, owner) → another shell's instance serving them, as its row said (several
+        #: shells: every shell reaches a pod); dropped at that instance's next event
+        self._elsewhere: dict[tuple[str, str], AppAddress] = {}
+        #: (app id, owner) no other shell serves, as the rows said: until one of theirs resumes
+        self._nowhere: set[tuple[str, str]] = set()
+        #: events heard that may make a row read stale (a read is kept only if none came)
+        self._heard = 0
+        #: instance id → when a request sent there from here was last noted in its row
+        self._noted: dict[str, float] = {}
         self._unlisten: list[Callable[[], None]] = []
         self.rebuild()
         self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), self._on_app))
         self._unlisten.append(bus.listen((APP_STATE,), self._on_state))
+        self._unlisten.append(bus.listen((INSTANCE_ROUTED,), self._on_routed))
 
     def close(self) -> None:
         for unlisten in self._unlisten:
@@ -203,6 +241,12 @@ class DataProxy:
         app_id, instance_id = event.data.app_id, event.data.instance_id
         owner = event.data.owner or self._lifecycle.bootstrap_user
         key = (app_id, owner)
+        self._heard += 1
+        self._forget_elsewhere(instance_id)
+        if event.data.to == RESUMED:
+            self._nowhere.discard(key)
+        if self._lifecycle.find(instance_id) is None:
+            return  # another shell's: found from its row when needed
         if event.data.to == RESUMED:
             self._registered.setdefault(key, instance_id)
         elif event.data.from_ == RESUMED and self._registered.get(key) == instance_id:
@@ -217,6 +261,16 @@ class DataProxy:
             )
             if successor is not None:
                 self._registered[key] = successor.id
+
+    def _on_routed(self, event: Event) -> None:
+        if isinstance(event.data, InstanceRouted) and event.data.view_id is None:
+            self._heard += 1
+            self._forget_elsewhere(event.data.instance_id)
+
+    def _forget_elsewhere(self, instance_id: str) -> None:
+        for key, address in list(self._elsewhere.items()):
+            if address.instance_id == instance_id:
+                del self._elsewhere[key]
 
     def route(
         self,
@@ -303,9 +357,22 @@ class DataProxy:
                 woken,
                 owner,
             )
+        elsewhere = self._elsewhere.get((app_id, owner))
+        if elsewhere is not None:
+            self._note(elsewhere.instance_id)
+            return Route(
+                elsewhere,
+                app_id,
+                decision.permission,
+                decision.caller_app_id,
+                decision.authority,
+                owner=owner,
+            )
         copy = self._registry.get(app_id, owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
-        if provider is None or not provider.wake:
+        if (provider is None or not provider.wake) and (
+            self._lifecycle.rows is None or (app_id, owner) in self._nowhere
+        ):
             raise self._unavailable(app_id, decision.authority, owner)
         return Route(
             None,
@@ -331,19 +398,36 @@ class DataProxy:
         return ProviderUnavailable(authority, states[0] if states else None, why)
 
     async def wake(self, route: Route) -> Route:
-        """Hold a request for an app that opted into `dataProvider.wake` until its headless
-        provider instance is `resumed` (docs/api.md "Waking a provider"), which waits for the
-        end of any operation holding the app; then route it there, or to whichever instance
-        registered meanwhile. 503 when it does not wake in time."""
+        """Route a request no instance of this shell serves: to another shell's that does (or
+        is on its way to, within the wait), else, for an app that opted into
+        `dataProvider.wake`, hold it until its headless provider instance is `resumed` (docs/api.md
+        "Waking a provider"), which waits for the end of any operation holding the app; then
+        route it there, or to whichever instance registered meanwhile. 503 when it does not wake
+        in time."""
         copy = self._registry.get(route.app_id, route.owner)
         provider = copy.manifest.data_provider if copy and copy.manifest else None
         if provider is None:  # uninstalled while the request was on its way
             raise NoProvider(route.authority, "/")
+        wait = provider.wake_timeout_ms / 1000 if provider.wake else 0.0
+        deadline = time.monotonic() + wait
+        elsewhere = await self._serving_elsewhere(route.app_id, route.owner, deadline)
+        if elsewhere is not None:
+            self._note(elsewhere.instance_id)
+            return Route(
+                elsewhere,
+                route.app_id,
+                route.permission,
+                route.caller_app_id,
+                route.authority,
+                owner=route.owner,
+            )
+        if not provider.wake:
+            raise self._unavailable(route.app_id, route.authority, route.owner)
         try:
             woken = await self._lifecycle.headless.wake(
                 route.app_id,
                 route.owner,
-                wait=provider.wake_timeout_ms / 1000,
+                wait=max(deadline - time.monotonic(), 0.0),
                 idle_timeout=provider.idle_timeout_ms / 1000,
             )
         except TimeoutError:
@@ -379,6 +463,65 @@ class DataProxy:
             record,
             route.owner,
         )
+
+    async def _serving_elsewhere(
+        self, app_id: str, owner: str, deadline: float
+    ) -> AppAddress | None:
+        """Where another shell's `resumed` instance of ``owner``'s app serves (a pod, which
+        every shell reaches), waiting until ``deadline`` for one on its way there; None: there
+        is none (remembered until one of theirs resumes anywhere)."""
+        rows = self._lifecycle.rows
+        key = (app_id, owner)
+        if rows is None or key in self._nowhere:
+            return None
+        while True:
+            heard = self._heard
+            prefix = self._lifecycle.id_prefix(app_id, owner)
+            found = [
+                r
+                for r in await rows.serving_elsewhere(app_id, owner)
+                if _reachable(r)
+                # on its way: a pod has its address once it runs
+                or (r.runner == POD_RUNNER and r.state not in (RESUMED, INSTALLED))
+                or (r.runner == POD_RUNNER and is_provider_id(prefix, r.id))
+            ]
+            serving = next((r for r in found if r.state == RESUMED and _reachable(r)), None)
+            if serving is not None:
+                address = AppAddress(
+                    app_id,
+                    serving.id,
+                    serving.host or "",
+                    serving.port or 0,
+                    serving.secret or "",
+                )
+                if heard == self._heard:
+                    self._elsewhere[key] = address
+                return address
+            if not found or time.monotonic() + LOOK_EVERY > deadline:
+                if not found and heard == self._heard:
+                    self._nowhere.add(key)
+                return None
+            await asyncio.sleep(LOOK_EVERY)  # one booting on another shell: its boot, not ours
+
+    def _note(self, instance_id: str) -> None:
+        """A request sent to another shell's instance: noted in its row (at most once a
+        second), so that its own shell's idle stop counts it."""
+        now = time.monotonic()
+        if now - self._noted.get(instance_id, -NOTE_EVERY) < NOTE_EVERY:
+            return
+        if len(self._noted) >= DECISIONS:
+            self._noted.clear()
+        self._noted[instance_id] = now
+        self._lifecycle.spawn_task(self._noted_in_row(instance_id), f"used {instance_id}")
+
+    async def _noted_in_row(self, instance_id: str) -> None:
+        rows = self._lifecycle.rows
+        if rows is None:
+            return
+        try:
+            await rows.used(instance_id)
+        except (AtriumError, SQLAlchemyError) as err:
+            _LOGGER.debug("%s: its use not noted: %s", instance_id, err)
 
     def _authorize(
         self,
@@ -453,3 +596,13 @@ class DataProxy:
                 caller_app_id=app_id,
             )
         return provider.authority
+
+
+def _reachable(row: InstanceRow) -> bool:
+    """Whether every shell reaches the instance (a pod, at its address in the cluster)."""
+    return (
+        row.network == SHARED_NETWORK
+        and row.host is not None
+        and row.port is not None
+        and row.secret is not None
+    )

@@ -89,6 +89,10 @@ class WakeHost(Protocol):
 
     def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
 
+    async def used_elsewhere(self, instance_id: str) -> float | None:
+        """Seconds since another shell last sent this shell's instance a data request (None:
+        never, or one shell)."""
+
 
 class OperationGate(Protocol):
     """Whether an operation holds an app (the distribution's per-app lock), and its end."""
@@ -308,10 +312,19 @@ class HeadlessProviders:
             return
 
     async def _idle(self, instance: Instance, woken: Woken) -> bool:
-        """Return once the instance has been idle for its idle time (True), or is gone (False)."""
+        """Return once the instance has been idle for its idle time (True), or is gone (False).
+        The requests other shells sent it count (they forward their data requests to it, and
+        note the time in its row: `InstanceRows.used`)."""
         while self._host.holds(instance):
             remaining = woken.last_used + woken.idle_timeout - time.monotonic()
             if woken.in_flight == 0 and remaining <= 0:
+                try:
+                    since = await self._host.used_elsewhere(instance.id)
+                except DatabaseLost:
+                    since = None  # the stop is put off by `remove` itself
+                if since is not None and since < woken.idle_timeout:
+                    woken.last_used = max(woken.last_used, time.monotonic() - since)
+                    continue
                 return True
             await asyncio.sleep(
                 max(remaining, 0.05) if woken.in_flight == 0 else woken.idle_timeout

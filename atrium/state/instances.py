@@ -674,6 +674,45 @@ class InstanceRows:
             self._cache[slug] = found
         return found
 
+    async def serving_elsewhere(self, app_id: str, owner: str) -> list[InstanceRow]:
+        """``owner``'s instances of the app on other shells that serve or may be on their way
+        to (`installed` too: a new instance's row is written before it boots), resumed ones
+        first (a data request's provider on another shell: `atrium.dataproxy`)."""
+        booting = ("installed", "creating", "created", "starting", "resuming")
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(instances).where(
+                    (instances.c.app_id == app_id)
+                    & (instances.c.owner == owner)
+                    & (instances.c.shell != self.shell)
+                    & instances.c.state.in_(("resumed", *booting))
+                )
+            )
+            rows = [_instance_row(row) for row in found]
+        return sorted(rows, key=lambda r: (r.state != "resumed", r.id))
+
+    async def used(self, instance_id: str) -> None:
+        """Another shell's instance was just sent a data request from here (its idle stop, on
+        its own shell, counts it: `used_at`)."""
+        async with self._db.transaction() as tx:
+            await tx.execute(
+                sa.update(instances)
+                .where((instances.c.id == instance_id) & (instances.c.shell != self.shell))
+                .values(used_at=_now())
+            )
+
+    async def used_at(self, instance_id: str) -> datetime | None:
+        """When another shell last sent this shell's instance a data request (None: never)."""
+        async with self._db.connect() as conn:
+            found = (
+                await conn.execute(
+                    sa.select(instances.c.used_at).where(
+                        (instances.c.id == instance_id) & (instances.c.shell == self.shell)
+                    )
+                )
+            ).scalar()
+        return None if found is None else datetime.fromisoformat(str(found))
+
     async def others(self, owners: Collection[str] | None = None) -> list[InstanceRow]:
         """Every other shell's instance, as its row says; only those of ``owners`` if given
         (a list is read for one user: the database does the filtering)."""

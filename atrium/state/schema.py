@@ -210,6 +210,9 @@ instances = sa.Table(
     sa.Column("secret", sa.Text, nullable=True),
     sa.Column("shell", sa.Text, nullable=False, index=True),
     sa.Column("updated_at", sa.Text, nullable=False),
+    #: when another shell last sent it a data request (a headless provider's idle time counts
+    #: every shell's requests: `atrium.lifecycle.headless`); None: never
+    sa.Column("used_at", sa.Text, nullable=True),
 )
 
 #: the open views of those instances, by the instance's ``slug`` (never reused, unlike an id);

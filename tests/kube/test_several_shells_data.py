@@ -7,13 +7,17 @@ deleted on one shell could not be launched again on another, and its data was th
 
 from __future__ import annotations
 
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from atrium.lifecycle.runners.kubernetes import render
+from atrium.lifecycle.states import InstanceState
 from tests.integration.conftest import wait_for
 from tests.kube.cluster import FakeCluster
-from tests.kube.test_several_shells_numbering import WOKEN, probe_app
+from tests.kube.test_several_shells_numbering import SLOW_START, WOKEN, probe_app
 from tests.kube.test_several_shells_origins import PROBE, SLOW, StartShell, kube_shells
 from tests.kube.test_several_shells_pods import row_of
 
@@ -99,3 +103,70 @@ def test_a_woken_provider_runs_on_the_data_of_its_owners_first_instance(
         assert one.shell.lifecycle.is_headless(woken)
         assert claim_of(kube_settings, namespace, provider) == render.claim_name(owner, first)
         assert list(claims(kube_settings, namespace)) == [render.claim_name(owner, first)]
+
+
+def shared_provider(tmp_path: Path, app_id: str, authority: str, **manifest: Any) -> None:
+    """The probe app as a woken data provider (`/items` answers its boot token)."""
+    provide = {"path": "/items", "readPerm": None}
+    probe_app(
+        tmp_path,
+        app_id,
+        dataProvider={"authority": authority, "providers": [provide], "wake": True, **manifest},
+    )
+
+
+def test_one_provider_serves_every_shell_and_its_idle_time_counts_them_all(
+    tmp_path: Path, kube_shells: StartShell
+) -> None:
+    """Each shell woke a provider of its own for the requests it answered (two pods for one
+    user, the second on its own claim). Shell 2 now sends them to shell 1's pod, and notes each
+    in its row, so shell 1 does not stop it while shell 2's requests keep coming."""
+    shared_provider(tmp_path, WOKEN, "shared", idleTimeoutMs=2_000)
+    one, two = kube_shells("one"), kube_shells("two")
+    provider = f"{WOKEN}-provider"
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        first = api.get("/api/data/shared/items/a")
+        assert first.status_code == 200, first.text
+        boot = first.json()["boot"]
+        for _ in range(8):  # 4 s of shell 2's requests, twice the idle time
+            answer = api_two.get("/api/data/shared/items/b")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["boot"] == boot  # shell 1's provider answered
+            time.sleep(0.5)
+        assert two.shell.lifecycle.of_app(WOKEN) == []
+        assert two.shell.lifecycle.headless.wakes == {}
+        woken = one.shell.lifecycle.find(provider)
+        assert woken is not None
+        assert woken.state is InstanceState.RESUMED
+        # no request now from either shell: its idle time runs out on shell 1
+        wait_for(lambda: one.shell.lifecycle.find(provider) is None, "the idle stop", SLOW)
+
+
+def test_a_wake_waits_for_the_provider_another_shell_is_booting(
+    tmp_path: Path, kube_shells: StartShell
+) -> None:
+    """A request on shell 2 while shell 1's provider boots waited for its own provider
+    (`<app>-provider2`, a second pod); it waits for shell 1's now, within its wake time."""
+    shared_provider(tmp_path, WOKEN, "booting", wakeTimeoutMs=30_000, idleTimeoutMs=60_000)
+    folder = tmp_path / "system-apps" / WOKEN
+    (folder / "slow.py").write_text(SLOW_START)
+    manifest = json.loads((folder / "app.manifest.json").read_text())
+    manifest.update(entrypoint=["python3", "slow.py"], startTimeoutMs=30_000)
+    (folder / "app.manifest.json").write_text(json.dumps(manifest))
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    provider = f"{WOKEN}-provider"
+    with (
+        one.client(timeout=SLOW) as api,
+        two.client(one.token, timeout=SLOW) as api_two,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        first = pool.submit(api.get, "/api/data/booting/items/a")
+        wait_for(lambda: row_of(url, provider) is not None, "shell 1's provider's row", SLOW)
+        assert not first.done()
+        second = api_two.get("/api/data/booting/items/b")
+        assert second.status_code == 200, second.text
+        assert first.result().status_code == 200, first.result().text
+        assert second.json()["boot"] == first.result().json()["boot"]
+        assert row_of(url, f"{provider}2") is None
+        assert two.shell.lifecycle.of_app(WOKEN) == []

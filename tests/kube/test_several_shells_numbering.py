@@ -102,11 +102,12 @@ def test_a_pool_refill_numbers_past_another_shells_instances(
 def test_each_shells_headless_provider_has_an_id_of_its_own(
     tmp_path: Path, kube_shells: StartShell, kube_settings: FakeCluster
 ) -> None:
-    """Each shell wakes its own provider for a data request it answers (its idle stop is the
-    shell's own: the requests are counted where they arrive). Both were `<app>-provider`: shell
-    2's pod met shell 1's Secret and the request answered 503 (waking failed: spawn_failed).
-    Now shell 2's provider is numbered past shell 1's row, and each shell's requests go to its
-    own provider."""
+    """A shell wakes a provider of its own when no other shell's serves that user's requests
+    where it reaches it: here shell 1 runs local instances (its provider is a process on its
+    machine), so shell 2 wakes one in a pod. Both were `<app>-provider`: shell 2's pod met
+    the name of shell 1's row and the request answered 503 (waking failed: spawn_failed). Now
+    shell 2's provider is numbered past shell 1's row, and each shell's requests go to its own
+    provider."""
     probe_app(
         tmp_path,
         WOKEN,
@@ -117,8 +118,8 @@ def test_each_shells_headless_provider_has_an_id_of_its_own(
             "idleTimeoutMs": 60_000,
         },
     )
-    one, two = kube_shells("one"), kube_shells("two")
-    namespace = one.shell.settings.kube_namespace
+    one, two = kube_shells("one", runner="auto"), kube_shells("two")
+    namespace = two.shell.settings.kube_namespace
     with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
         assert api.get("/api/data/numbered/items/a").status_code == 200
         [mine] = one.shell.lifecycle.of_app(WOKEN)
@@ -126,13 +127,12 @@ def test_each_shells_headless_provider_has_an_id_of_its_own(
         answer = api_two.get("/api/data/numbered/items/b")
         assert answer.status_code == 200, answer.text
         [theirs] = two.shell.lifecycle.of_app(WOKEN)
-        assert theirs.id != mine.id
+        assert theirs.id == f"{WOKEN}-provider2"
         assert two.shell.lifecycle.is_headless(theirs)
         assert api_two.get("/api/data/numbered/items/c").status_code == 200
         assert two.shell.lifecycle.headless.wakes == {WOKEN: 1}  # its own provider again
         assert one.shell.lifecycle.headless.wakes == {WOKEN: 1}
-        for iid in (mine.id, theirs.id):
-            assert pod_instance(kube_settings, namespace, iid) == iid
+        assert pod_instance(kube_settings, namespace, theirs.id) == theirs.id
         for client in (api, api_two):
             listed = [i for i in client.get("/api/instances").json() if i["appId"] == WOKEN]
             assert sorted(i["instanceId"] for i in listed) == sorted([mine.id, theirs.id])

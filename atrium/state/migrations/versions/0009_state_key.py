@@ -1,6 +1,7 @@
 """The key of the database (``state_key``, one row, random at this upgrade): what names the
 things its shells share outside it, the data claims of a Kubernetes namespace
-(`atrium.state.key`).
+(`atrium.state.key`). And ``instances.used_at``: when another shell last sent the instance a
+data request (a headless provider serves every shell's, and its idle time counts them all).
 
 Revision ID: 0009
 Revises: 0008
@@ -28,7 +29,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_state_key")),
     )
     op.bulk_insert(table, [{"id": 1, "key": secrets.token_hex(16)}])
+    with op.batch_alter_table("instances") as batch:
+        batch.add_column(sa.Column("used_at", sa.Text, nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("instances") as batch:
+        batch.drop_column("used_at")
     op.drop_table("state_key")
