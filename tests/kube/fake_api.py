@@ -367,11 +367,14 @@ class FakeApi(kmock.KubernetesScaffold):
         return new
 
     def patch_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self, namespace: str, name: str, status: dict[str, Any], uid: str
     ) -> dict[str, Any] | None:
-        """Merge ``status`` into a pod's (the kubelet's write); None if the pod is gone."""
+        """Merge ``status`` into the pod ``uid`` (the kubelet's write); None if that pod is gone,
+        also when another of its name has been made since: a kubelet's status write carries the
+        pod's uid as a precondition and is dropped for a pod deleted and made again, or the end
+        of a pod deleted at once (grace 0) would land on the new pod of its name."""
         obj = self.get("v1/pods", namespace, name)
-        if obj is None:
+        if obj is None or obj["metadata"]["uid"] != uid:
             return None
         new = copy.deepcopy(obj)
         new["status"] = merge_patch(obj.get("status", {}), status)

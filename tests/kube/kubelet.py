@@ -280,8 +280,13 @@ class Kubelet:
             self.pids_parent.rmdir()
 
     def _logs(self, namespace: str, name: str, container: str | None) -> list[LogLine] | None:
+        """The logs of the pod of that name the API holds: one deleted at once (grace 0) may
+        still be torn down here after a new one of its name was made, and is not asked about."""
+        current = self.api.get("v1/pods", namespace, name)
+        if current is None:
+            return None
         for pod in self.pods.values():
-            if (pod.namespace, pod.name) == (namespace, name):
+            if pod.uid == current["metadata"]["uid"]:
                 names = [c["name"] for c in pod.spec.get("containers", [])]
                 lines = pod.logs.get(container or (names[0] if names else ""))
                 return None if lines is None else list(lines)
@@ -336,7 +341,7 @@ class Kubelet:
         }
         if pod.init_statuses:
             body["initContainerStatuses"] = list(pod.init_statuses.values())
-        self.api.patch_status(pod.namespace, pod.name, body)
+        self.api.patch_status(pod.namespace, pod.name, body, pod.uid)
 
     def _condition(
         self, pod: Pod, kind: str, ok: bool, reason: str | None = None, message: str | None = None

@@ -448,6 +448,63 @@ async def test_delete_waits_the_grace_period_then_kills(
     )
 
 
+SLEEPER = """
+import sys, time
+print("up", sys.argv[1], flush=True)
+time.sleep(60)
+"""
+
+
+async def test_a_pod_made_again_under_its_name_is_not_touched_by_the_old_ones_end(
+    core: client.CoreV1Api, kube_namespace: str, fake_cluster: FakeCluster
+) -> None:
+    ns = kube_namespace
+
+    def sleeper(word: str) -> Any:
+        return pod("again", SLEEPER, container={"args": [word]})
+
+    old = await core.create_namespaced_pod(ns, sleeper("first"))
+    await until_log(core, ns, "again", "up first")
+
+    def delete_and_make_again() -> dict[str, Any]:
+        # at once, as a client can right after a delete with grace 0: the old pod's kill and
+        # teardown happen after the new pod exists
+        fake_cluster.api.delete("v1/pods", ns, "again", 0)
+        return fake_cluster.api.create("v1/pods", ns, sleeper("second"))
+
+    made = await fake_cluster.acall(delete_and_make_again)
+    new_uid = made["metadata"]["uid"]
+    assert new_uid != old.metadata.uid
+    with pytest.raises(ApiException) as caught:  # not the old pod's log
+        await core.read_namespaced_pod_log("again", ns)
+    assert caught.value.status == 400
+
+    def old_gone() -> bool | None:
+        return None if old.metadata.uid in fake_cluster.kubelet.pods else True
+
+    await wait_for(lambda: fake_cluster.acall(old_gone))
+    await until_log(core, ns, "again", "up second")
+    now = await core.read_namespaced_pod("again", ns)
+    assert now.metadata.uid == new_uid
+    assert now.status.phase == "Running"
+    assert "first" not in await core.read_namespaced_pod_log("again", ns)
+    # the old pod's end (killed: 137, phase Failed) was its own: no state of the new pod said it
+    phases = []
+    async with watch.Watch() as watching:
+        async for event in watching.stream(
+            core.list_namespaced_pod,
+            ns,
+            field_selector="metadata.name=again",
+            resource_version=made["metadata"]["resourceVersion"],
+        ):
+            seen = event["object"]
+            phases.append(seen.status.phase if seen.status else None)
+            if int(seen.metadata.resource_version) >= int(now.metadata.resource_version):
+                break
+    assert "Failed" not in phases
+    assert phases[-1] == "Running"
+
+
 FORKER = """
 import os, time
 children = 0
