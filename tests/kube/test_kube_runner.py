@@ -297,6 +297,43 @@ def test_a_pod_left_by_an_earlier_spawn_is_replaced_not_a_conflict(
         assert kube_settings.pod(namespace, render.pod_name(iid))["metadata"]["uid"] != uid  # type: ignore[index]
 
 
+def test_a_late_event_of_an_earlier_pod_of_its_name_is_not_this_pods(
+    kube_shell: KubeShell, kube_settings: FakeCluster, namespace: str
+) -> None:
+    """A pod deleted and made again under its name: the watch may still bring the old pod's
+    last events (a real cluster's watch lags its writes) after the new one's handle exists. The
+    old pod's DELETED ended the new pod's handle as killed (exit 137), so its instance crashed
+    though its pod ran on."""
+    shell = kube_shell()
+    with shell.client(timeout=SLOW) as api:
+        iid = launch(api)["instanceId"]
+        name = render.pod_name(iid)
+        pod = kube_settings.pod(namespace, name)
+        assert pod is not None
+        ghost = json.loads(json.dumps(pod))
+        ghost["metadata"]["uid"] = str(uuid.uuid4())
+
+        def late_then_touched() -> None:
+            api_ = kube_settings.api
+            ghost["metadata"]["resourceVersion"] = api_._bump()
+            api_._publish("v1/pods", "DELETED", ghost)
+            now = json.loads(json.dumps(api_.get("v1/pods", namespace, name)))
+            now["metadata"].setdefault("labels", {})["touched"] = "yes"
+            api_.update("v1/pods", namespace, name, now)
+
+        kube_settings.call(late_then_touched)
+        child = shell.shell.lifecycle.get(iid).child
+        assert child is not None
+        # the watch brings events in order: once the touch is seen, the ghost was too
+        wait_for(
+            lambda: (child.pod.get("metadata") or {}).get("labels", {}).get("touched") == "yes",  # type: ignore[attr-defined]
+            "the watch saw the touch",
+            SLOW,
+        )
+        assert child.status is None
+        assert api.get(f"/api/instances/{iid}").json()["state"] == "started"
+
+
 async def _forget(shell: RunningShell, iid: str) -> None:
     lifecycle = shell.shell.lifecycle
     instance = lifecycle.get(iid)

@@ -796,9 +796,16 @@ class KubernetesRunner:
                 pod = event.get("raw_object") or {}
                 if not isinstance(pod, dict) or not self._ours(pod):
                     continue
-                handle = self._handles.get((pod.get("metadata") or {}).get("name", ""))
-                if handle is not None:
-                    handle.observe(None if event.get("type") == "DELETED" else pod)
+                meta = pod.get("metadata") or {}
+                handle = self._handles.get(meta.get("name", ""))
+                if handle is None:
+                    continue
+                if handle.uid and meta.get("uid") and meta["uid"] != handle.uid:
+                    # another pod of that name: an earlier one leaving, whose last events may
+                    # come after this one was made in its place (they ended the new one's
+                    # spawn as killed, 137), or a later one (then this one's own DELETED came)
+                    continue
+                handle.observe(None if event.get("type") == "DELETED" else pod)
 
     # -- adoption ------------------------------------------------------------------------------
 
