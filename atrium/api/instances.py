@@ -16,9 +16,16 @@ from starlette.routing import BaseRoute
 from atrium.api.auth import Access, audit_target, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import Elsewhere, Looking, proxy_page
-from atrium.errors import InstanceElsewhere, InvalidRequest, NotFound, NotServing, PermissionDenied
+from atrium.errors import (
+    InstanceElsewhere,
+    InvalidRequest,
+    NotFound,
+    NotServing,
+    PermissionDenied,
+    ShellTimeout,
+)
 from atrium.identity import AppCaller, Caller, UserCaller
-from atrium.lifecycle.asked import ACTIVITY, ACTIVITY_END, DELETE, DELETE_FORCE
+from atrium.lifecycle.asked import ACTIVITY, ACTIVITY_END, DELETE, DELETE_FORCE, RELEASE_VIEW
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import SERVING, InstanceState
 from atrium.lifecycle.views import TICKET_TTL, is_local_path
@@ -566,8 +573,10 @@ async def delete_view(request: Request, caller: Caller) -> Response:
 async def delete_view_elsewhere(
     shell: Shell, caller: Caller, instance_id: str, view_id: str
 ) -> Response:
-    """Release a view of another shell's pod (made on any shell): refused on every shell at
-    once; its own shell drops it and stops the instance if it was its last view."""
+    """Release a view of another shell's pod (made on any shell): its rows go here, so every
+    other shell refuses it at once; then its own shell, which alone holds it in memory, is
+    asked to drop it (and stop the instance if it was its last view), and the answer waits for
+    it: once answered, the view's cookie is refused on every shell."""
     held, access = await held_elsewhere(shell, caller, instance_id)
     grantee_reaches(held, access)
     rows = shell.lifecycle.rows
@@ -577,9 +586,34 @@ async def delete_view_elsewhere(
         raise NotFound("view", view_id)  # a grantee closes their own views only
     if not await rows.drop_view_elsewhere(held.row, view_id):
         raise NotFound("view", view_id)
+    wire = elsewhere_wire(held)
+    if held.row.runner == POD_RUNNER:
+        wire["state"] = await view_dropped_elsewhere(shell, held, view_id)
     if access != OWNER:  # a grantee is told no machine (`grantee_reaches`)
-        return JSONResponse({**elsewhere_wire(held), "elsewhere": None})
-    return JSONResponse(elsewhere_wire(held))
+        return JSONResponse({**wire, "elsewhere": None})
+    return JSONResponse(wire)
+
+
+async def view_dropped_elsewhere(shell: Shell, held: Elsewhere, view_id: str) -> str:
+    """The instance's state once its shell has dropped the released view (asked through the
+    database, `RELEASE_VIEW`). Unanswered (that shell slow, cut off, or the instance moved),
+    the release stands: its rows are gone, which every other shell checks on each request,
+    and that shell drops it when it hears the release's `instance:routed`."""
+    try:
+        status, answer = await ask_elsewhere(shell, held, RELEASE_VIEW, {"viewId": view_id})
+    except (ShellTimeout, InstanceElsewhere) as err:
+        status, answer = err.http_status, err.to_body()
+    state = answer.get("state")
+    if status == 200 and isinstance(state, str):
+        return state
+    _LOGGER.warning(
+        "%s %s: its shell did not drop released view %s (%s): it does when it hears of it",
+        held.app_id,
+        held.id,
+        view_id,
+        answer.get("error", status),
+    )
+    return held.row.state
 
 
 async def proxy(request: Request, caller: Caller) -> Response:

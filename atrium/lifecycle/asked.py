@@ -1,7 +1,7 @@
 """Actions asked of another shell's pod (docs/decisions.md "Several shells: a pod's actions
 asked of its shell"): any shell answers `POST /api/instances/{id}/{action}`, `DELETE
-/api/instances/{id}`, an instance's activities and the closing of a revoked grantee's views,
-but only the shell that runs the instance acts on it.
+/api/instances/{id}`, an instance's activities, the release of a view and the closing of a
+revoked grantee's views, but only the shell that runs the instance acts on it.
 
 The shell the request reached writes it to ``instance_requests`` with an `instance:routed`
 naming it, in one transaction (`InstanceRows.ask`). The instance's shell hears the event, takes
@@ -57,6 +57,10 @@ ACTIVITY_END: Final = "activity-end"
 #: DELETE /api/instances/{id}/grants/{grantId} made on another shell (body ``{user}``, the
 #: grantee): the grantee's views closed where the instance runs (`ViewDesk.release_revoked`)
 RELEASE_USER: Final = "release-user"
+#: DELETE /api/instances/{id}/views/{viewId} made on another shell (body ``{viewId}``), its rows
+#: deleted there: the view dropped from memory where the instance runs before the answer
+#: (`ViewDesk.release_asked`), so that its cookie is refused on every shell once answered
+RELEASE_VIEW: Final = "release-view"
 
 
 class AskHost(Protocol):

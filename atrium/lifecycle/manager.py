@@ -44,6 +44,7 @@ from atrium.lifecycle.asked import (
     DELETE,
     DELETE_FORCE,
     RELEASE_USER,
+    RELEASE_VIEW,
     AskedActions,
 )
 from atrium.lifecycle.booting import STOP_GRACE, Booter, LifecycleConfig
@@ -559,7 +560,7 @@ class LifecycleManager(InstanceIndex):
         """An action another shell asked of this shell's instance (`asked`), done as this
         shell's API does it: what the answer says (the instance's state after the move; for a
         DELETE, its answer; for an activity, its id, path and title; for a revoked grantee's
-        views, the ids of those closed)."""
+        views, the ids of those closed; for a released view, the state after its release)."""
         if action == ACTIVITY:
             extras = body.get("extras")
             activity = await self.create_activity(
@@ -573,6 +574,9 @@ class LifecycleManager(InstanceIndex):
             self.get(instance_id)  # this shell's still
             closed = await self.views.release_revoked(instance_id, str(body.get("user", "")))
             return {"closedViews": closed}
+        if action == RELEASE_VIEW:
+            instance = await self.views.release_asked(instance_id, str(body.get("viewId", "")))
+            return {"state": instance.state.value}
         if action in {DELETE, DELETE_FORCE}:
             problem = await self.remove(instance_id, force=action == DELETE_FORCE)
             answer: dict[str, Any] = {"ok": True, "instanceId": instance_id, "state": "installed"}

@@ -220,12 +220,27 @@ class ViewDesk:
         if instance is None or instance.slug != slug:
             return
         if gone:
-            self._drop(view_id)
-            instance.views.pop(view_id, None)
-            if not instance.views and not instance.manifest.background_service:
+            if self._let_go(instance, view_id):
                 self._spawn(self._stop_unviewed(instance))
         elif view_id not in instance.views:
             self._spawn(self._adopt(instance, view_id))
+
+    def _let_go(self, instance: Instance, view_id: str) -> bool:
+        """Drop a view released on another shell (its rows deleted there), learnt here or
+        not yet (then never learnt: `_admit`); whether the instance is left to stop unviewed."""
+        self._drop(view_id)
+        instance.views.pop(view_id, None)
+        return not instance.views and not instance.manifest.background_service
+
+    async def release_asked(self, instance_id: str, view_id: str) -> Instance:
+        """A view of this shell's instance released on another shell, which deleted its rows
+        and waits for this answer (`asked.RELEASE_VIEW`): once this returns, its cookie is
+        refused here too, and the instance has stopped if that was its last view, as a release
+        made here does. Whether its `instance:routed` was heard first or not."""
+        instance = self._host.get(instance_id)
+        if self._let_go(instance, view_id):
+            await self._host.stop_unviewed(instance)
+        return instance
 
     async def _stop_unviewed(self, instance: Instance) -> None:
         try:

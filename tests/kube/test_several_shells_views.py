@@ -9,8 +9,9 @@ for a user who lost it, keeps the instance from ever stopping unviewed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from tests.kube.test_several_shells_origins import (
     PROBE,
     SLOW,
     StartShell,
+    enter,
     kube_shells,
     new_view,
     two_kube_shells,
@@ -314,4 +316,73 @@ def test_a_view_made_on_its_own_shell_as_the_instance_stops_or_the_grant_goes_is
         own, _ = new_view(api, iid)
         released = api.delete(f"/api/instances/{iid}/views/{own}")
         assert released.status_code == 200, released.text
+        assert held.state is InstanceState.STOPPED
+
+
+@contextmanager
+def releases_held(shell: RunningShell) -> Iterator[list[Event]]:
+    """``shell`` hears no view's release made on another shell (its `instance:routed` held back,
+    as a shell behind on the event log or under load hears it late) until the block ends; then
+    it hears them. Every other event, the asks among them, comes as it comes."""
+    rows = shell.shell.lifecycle.rows
+    assert rows is not None
+    assert shell.loop is not None
+    listeners = rows._bus._listeners  # the shell's event delivery
+    [entry] = [e for e in listeners if e[1] == rows._heard]
+    globs, heard, others = entry
+    held: list[Event] = []
+
+    def holding(event: Any) -> None:
+        if event.payload.get("viewGone") is True:
+            held.append(event)
+            return
+        heard(event)
+
+    muffled = (globs, holding, others)
+    listeners[listeners.index(entry)] = muffled
+    try:
+        yield held
+    finally:
+        listeners[listeners.index(muffled)] = entry
+
+        async def late() -> None:
+            for event in held:
+                heard(event)
+            await settled(shell.shell.lifecycle.views)
+
+        shell.on_loop(late())
+
+
+def test_a_view_released_on_another_shell_is_closed_where_the_pod_runs_once_answered(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """A view of shell 1's pod released on shell 2: shell 2 answered once the view's rows were
+    gone, and shell 1, which holds the view in memory and checks its own instances' cookies
+    there, dropped it only when it heard the release's event. Under load that came after the
+    answer, and the cookie of a view its user had closed (a tab closed, a sign-out) still
+    opened the app on shell 1. Here shell 1 hears the release late: the release is asked of
+    it too, and answered once it has dropped the view (and stopped the instance when that
+    was its last view, as a release on shell 1 answers). The late event changes nothing."""
+    one, two = two_kube_shells
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        kept, _ = new_view(api, iid)
+        view, url = new_view(api_two, iid)
+        wait_for(lambda: view in held.views, "one learns the view made on two", SLOW)
+        with closing(enter(one, url)) as on_one:
+            assert on_one.get("/boot").status_code == 200
+            with releases_held(one) as late:
+                released = api_two.delete(f"/api/instances/{iid}/views/{view}")
+                assert released.status_code == 200, released.text
+                assert released.json()["state"] == "started"
+                assert on_one.get("/boot").status_code == 401
+                assert view not in held.views
+
+                last = api_two.delete(f"/api/instances/{iid}/views/{kept}")
+                assert last.status_code == 200, last.text
+                assert last.json()["state"] == "stopped"
+                assert held.state is InstanceState.STOPPED
+                assert [e.payload["viewId"] for e in late] == [view, kept]
+        assert not held.views
         assert held.state is InstanceState.STOPPED
