@@ -148,6 +148,9 @@ class DataProxy:
         self._unlisten.append(bus.listen((APP_INSTALLED, APP_REMOVED), self._on_app))
         self._unlisten.append(bus.listen((APP_STATE,), self._on_state))
         self._unlisten.append(bus.listen((INSTANCE_ROUTED,), self._on_routed))
+        # a reader that fell behind missed events: what the rows said may be gone
+        bus.on_fell_behind.append(self._forget_rows)
+        self._unlisten.append(lambda: bus.on_fell_behind.remove(self._forget_rows))
 
     def close(self) -> None:
         for unlisten in self._unlisten:
@@ -266,6 +269,15 @@ class DataProxy:
         if isinstance(event.data, InstanceRouted) and event.data.view_id is None:
             self._heard += 1
             self._forget_elsewhere(event.data.instance_id)
+
+    def _forget_rows(self) -> None:
+        """Forget every other shell's instance found from the rows, and that none served: the
+        events that would have dropped them were missed (the reader fell behind the table), and
+        an address kept past its pod's end is sent the user's requests once the cluster gives it
+        to another pod."""
+        self._heard += 1
+        self._elsewhere.clear()
+        self._nowhere.clear()
 
     def _forget_elsewhere(self, instance_id: str) -> None:
         for key, address in list(self._elsewhere.items()):
