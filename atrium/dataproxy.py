@@ -68,6 +68,8 @@ _LOGGER = logging.getLogger(__name__)
 RESUMED = InstanceState.RESUMED.value
 #: a provider another shell just numbered, before its boot (its row has no address yet)
 INSTALLED = InstanceState.INSTALLED.value
+#: a provider another shell is resuming (its `onResume` runs before the move to `resuming`)
+STARTED = InstanceState.STARTED.value
 #: the runner whose instances every shell reaches (`InstanceRow.runner`)
 POD_RUNNER: Final = "kubernetes"
 #: how many allowed decisions are kept by default; a flood of distinct paths empties the map
@@ -492,10 +494,14 @@ class DataProxy:
             found = [
                 r
                 for r in await rows.serving_elsewhere(app_id, owner)
-                if _reachable(r)
-                # on its way: a pod has its address once it runs
-                or (r.runner == POD_RUNNER and r.state not in (RESUMED, INSTALLED))
-                or (r.runner == POD_RUNNER and is_provider_id(prefix, r.id))
+                # `started`: a provider in its `onResume`; another instance may rest there
+                if (r.state != STARTED or is_provider_id(prefix, r.id))
+                and (
+                    _reachable(r)
+                    # on its way: a pod has its address once it runs
+                    or (r.runner == POD_RUNNER and r.state not in (RESUMED, INSTALLED))
+                    or (r.runner == POD_RUNNER and is_provider_id(prefix, r.id))
+                )
             ]
             serving = next((r for r in found if r.state == RESUMED and _reachable(r)), None)
             if serving is not None:

@@ -676,9 +676,10 @@ class InstanceRows:
 
     async def serving_elsewhere(self, app_id: str, owner: str) -> list[InstanceRow]:
         """``owner``'s instances of the app on other shells that serve or may be on their way
-        to (`installed` too: a new instance's row is written before it boots), resumed ones
-        first (a data request's provider on another shell: `atrium.dataproxy`)."""
-        booting = ("installed", "creating", "created", "starting", "resuming")
+        to (`installed` too: a new instance's row is written before it boots; `started` too:
+        its `onResume` runs before the move to `resuming`), resumed ones first (a data
+        request's provider on another shell: `atrium.dataproxy`)."""
+        booting = ("installed", "creating", "created", "starting", "started", "resuming")
         async with self._db.connect() as conn:
             found = await conn.execute(
                 sa.select(instances).where(

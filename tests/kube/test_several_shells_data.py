@@ -226,3 +226,47 @@ def test_a_shell_that_fell_behind_the_events_looks_for_the_provider_again(
         # was 502 at every request (the gone pod's address) until shell 1's provider woke again
         again = wait_for(served_again, "shell 2's request served again", SLOW)
         assert again.json()["boot"] != first.json()["boot"]
+
+
+SLOW_RESUME = """
+@app.hook("onResume")
+def slow_resume(body: dict[str, object]) -> None:
+    time.sleep(3)
+
+
+if __name__ == "__main__":"""
+
+
+def test_a_wake_waits_for_the_provider_another_shell_is_resuming(
+    tmp_path: Path, kube_shells: StartShell
+) -> None:
+    """A provider's `onResume` runs while its state is still `started` (the hook comes before
+    the move to `resuming`), and a row saying `started` was not read as on its way: a request
+    on shell 2 then found no provider anywhere and woke a second one (`<app>-provider2`)."""
+    shared_provider(tmp_path, WOKEN, "resuming", wakeTimeoutMs=30_000, idleTimeoutMs=60_000)
+    server = tmp_path / "system-apps" / WOKEN / "server.py"
+    server.write_text(server.read_text().replace('\nif __name__ == "__main__":', SLOW_RESUME, 1))
+    manifest_file = tmp_path / "system-apps" / WOKEN / "app.manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest_file.write_text(json.dumps({**manifest, "hookTimeoutMs": 10_000}))
+    one, two = kube_shells("one"), kube_shells("two")
+    url = one.shell.settings.state_url
+    provider = f"{WOKEN}-provider"
+
+    def started() -> bool:
+        row = row_of(url, provider)
+        return row is not None and row.state == InstanceState.STARTED.value
+
+    with (
+        one.client(timeout=SLOW) as api,
+        two.client(one.token, timeout=SLOW) as api_two,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        first = pool.submit(api.get, "/api/data/resuming/items/a")
+        wait_for(started, "shell 1's provider in its onResume", SLOW)
+        second = api_two.get("/api/data/resuming/items/b")
+        assert second.status_code == 200, second.text
+        assert first.result().status_code == 200, first.result().text
+        assert second.json()["boot"] == first.result().json()["boot"]
+        assert row_of(url, f"{provider}2") is None
+        assert two.shell.lifecycle.of_app(WOKEN) == []
