@@ -89,9 +89,9 @@ class WakeHost(Protocol):
 
     def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]: ...
 
-    async def used_elsewhere(self, instance_id: str) -> float | None:
-        """Seconds since another shell last sent this shell's instance a data request (None:
-        never, or one shell)."""
+    async def used_elsewhere(self, instance_id: str) -> str | None:
+        """What the instance's row says of the last data request another shell sent it, as a
+        mark to compare (None: never, or one shell)."""
 
 
 class OperationGate(Protocol):
@@ -141,6 +141,8 @@ class Woken:
     requests: int = 0
     in_flight: int = 0
     last_used: float = 0.0
+    #: the mark of another shell's last request its idle stop last saw (`used_elsewhere`)
+    noted: str | None = None
 
     def begin(self) -> None:
         self.requests += 1
@@ -314,16 +316,19 @@ class HeadlessProviders:
     async def _idle(self, instance: Instance, woken: Woken) -> bool:
         """Return once the instance has been idle for its idle time (True), or is gone (False).
         The requests other shells sent it count (they forward their data requests to it, and
-        note the time in its row: `InstanceRows.used`)."""
+        note them in its row: `InstanceRows.used`): a mark that changed since the last look is
+        a request within the last idle time, whatever the noting shell's clock says (its time
+        is never compared with this shell's: a clock an hour ahead held a provider an hour)."""
         while self._host.holds(instance):
             remaining = woken.last_used + woken.idle_timeout - time.monotonic()
             if woken.in_flight == 0 and remaining <= 0:
                 try:
-                    since = await self._host.used_elsewhere(instance.id)
+                    noted = await self._host.used_elsewhere(instance.id)
                 except DatabaseLost:
-                    since = None  # the stop is put off by `remove` itself
-                if since is not None and since < woken.idle_timeout:
-                    woken.last_used = max(woken.last_used, time.monotonic() - since)
+                    noted = None  # the stop is put off by `remove` itself
+                if noted is not None and noted != woken.noted:
+                    woken.noted = noted
+                    woken.last_used = time.monotonic()
                     continue
                 return True
             await asyncio.sleep(

@@ -16,7 +16,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -632,17 +631,16 @@ class LifecycleManager(InstanceIndex):
 
     # -- background tasks, shutdown --------------------------------------------------------------
 
-    async def used_elsewhere(self, instance_id: str) -> float | None:
-        """Seconds since another shell last sent this shell's instance a data request (None:
+    async def used_elsewhere(self, instance_id: str) -> str | None:
+        """The mark of the last data request another shell sent this shell's instance (None:
         never, one shell, or the database unread: the idle stop goes ahead, or is put off by
         the move itself when the link is lost)."""
         if self.rows is None:
             return None
         try:
-            when = await self.rows.used_at(instance_id)
+            return await self.rows.used_at(instance_id)
         except SQLAlchemyError:
             return None
-        return None if when is None else max(0.0, (datetime.now(UTC) - when).total_seconds())
 
     def spawn_task(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

@@ -702,8 +702,9 @@ class InstanceRows:
                 .values(used_at=_now())
             )
 
-    async def used_at(self, instance_id: str) -> datetime | None:
-        """When another shell last sent this shell's instance a data request (None: never)."""
+    async def used_at(self, instance_id: str) -> str | None:
+        """When another shell last sent this shell's instance a data request, by that shell's
+        clock: a mark to compare with the last one read, not a time (None: never)."""
         async with self._db.connect() as conn:
             found = (
                 await conn.execute(
@@ -712,7 +713,7 @@ class InstanceRows:
                     )
                 )
             ).scalar()
-        return None if found is None else datetime.fromisoformat(str(found))
+        return None if found is None else str(found)
 
     async def others(self, owners: Collection[str] | None = None) -> list[InstanceRow]:
         """Every other shell's instance, as its row says; only those of ``owners`` if given

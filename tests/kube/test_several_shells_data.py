@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.states import InstanceState
 from tests.integration.conftest import wait_for
@@ -270,3 +272,43 @@ def test_a_wake_waits_for_the_provider_another_shell_is_resuming(
         assert second.json()["boot"] == first.result().json()["boot"]
         assert row_of(url, f"{provider}2") is None
         assert two.shell.lifecycle.of_app(WOKEN) == []
+
+
+def test_a_shell_whose_clock_is_apart_keeps_a_provider_only_while_it_uses_it(
+    tmp_path: Path, kube_shells: StartShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shell 1's idle stop read the time shell 2 wrote in the row as a time, against its own
+    clock: shell 2's clock an hour behind, its requests did not count and shell 1 stopped the
+    provider they used (another boot answered them); an hour ahead, one request held the
+    provider an hour. The mark is compared now, not its time: neither."""
+    import threading
+    from datetime import UTC, datetime, timedelta
+
+    from atrium.state import instances
+
+    shared_provider(tmp_path, WOKEN, "apart", idleTimeoutMs=1_000)
+    one, two = kube_shells("one"), kube_shells("two")
+    provider = f"{WOKEN}-provider"
+    skew = [timedelta(hours=-1)]
+    real = instances._now
+
+    def two_apart() -> str:  # shell 2's clock (each shell serves from a thread of its own)
+        if threading.current_thread() is not two.thread:
+            return real()
+        return (datetime.now(UTC) + skew[0]).isoformat(timespec="milliseconds")
+
+    monkeypatch.setattr(instances, "_now", two_apart)
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        first = api.get("/api/data/apart/items/a")
+        assert first.status_code == 200, first.text
+        for _ in range(8):  # 2.4 s of shell 2's requests, more than twice the idle time
+            answer = api_two.get("/api/data/apart/items/b")
+            assert answer.status_code == 200, answer.text  # was 502: the provider stopped
+            assert answer.json()["boot"] == first.json()["boot"]
+            time.sleep(0.3)
+        skew[0] = timedelta(hours=1)
+        ahead = api_two.get("/api/data/apart/items/c")
+        assert ahead.status_code == 200, ahead.text
+        assert ahead.json()["boot"] == first.json()["boot"]
+        # was an hour
+        wait_for(lambda: one.shell.lifecycle.find(provider) is None, "the idle stop", SLOW)
