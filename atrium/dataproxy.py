@@ -424,7 +424,10 @@ class DataProxy:
             raise NoProvider(route.authority, "/")
         wait = provider.wake_timeout_ms / 1000 if provider.wake else 0.0
         deadline = time.monotonic() + wait
-        elsewhere = await self._serving_elsewhere(route.app_id, route.owner, deadline)
+        resume_within = copy.manifest.hook_timeout_ms / 1000 if copy and copy.manifest else 0.0
+        elsewhere = await self._serving_elsewhere(
+            route.app_id, route.owner, deadline, resume_within
+        )
         if elsewhere is not None:
             self._note(elsewhere.instance_id)
             return Route(
@@ -479,23 +482,35 @@ class DataProxy:
         )
 
     async def _serving_elsewhere(
-        self, app_id: str, owner: str, deadline: float
+        self, app_id: str, owner: str, deadline: float, resume_within: float = 0.0
     ) -> AppAddress | None:
         """Where another shell's `resumed` instance of ``owner``'s app serves (a pod, which
         every shell reaches), waiting until ``deadline`` for one on its way there; None: there
-        is none (remembered until one of theirs resumes anywhere)."""
+        is none (remembered until one of theirs resumes anywhere). A provider `started` is on
+        its way for ``resume_within`` s from the first look (its `onResume`, bounded by the
+        app's hook time): one a shell took over from a gone shell rests there, and a wait for
+        it took the whole wake time and left this shell's own wake none (503)."""
         rows = self._lifecycle.rows
         key = (app_id, owner)
         if rows is None or key in self._nowhere:
             return None
+        #: provider id → when this wait first saw it `started`
+        started: dict[str, float] = {}
         while True:
             heard = self._heard
             prefix = self._lifecycle.id_prefix(app_id, owner)
+            now = time.monotonic()
             found = [
                 r
                 for r in await rows.serving_elsewhere(app_id, owner)
                 # `started`: a provider in its `onResume`; another instance may rest there
-                if (r.state != STARTED or is_provider_id(prefix, r.id))
+                if (
+                    r.state != STARTED
+                    or (
+                        is_provider_id(prefix, r.id)
+                        and now - started.setdefault(r.id, now) <= resume_within
+                    )
+                )
                 and (
                     _reachable(r)
                     # on its way: a pod has its address once it runs

@@ -312,3 +312,31 @@ def test_a_shell_whose_clock_is_apart_keeps_a_provider_only_while_it_uses_it(
         assert ahead.json()["boot"] == first.json()["boot"]
         # was an hour
         wait_for(lambda: one.shell.lifecycle.find(provider) is None, "the idle stop", SLOW)
+
+
+def test_a_provider_another_shell_took_over_is_not_waited_for_the_whole_wake_time(
+    tmp_path: Path, kube_shells: StartShell
+) -> None:
+    """A shell that takes a gone shell's provider pod over holds it `started` (no request is
+    handed to it until its owner's next wake there). A request on a third shell waited for it
+    as for a provider in its `onResume`, the whole wake time, and its own wake then had none
+    left: 503 at every request while it was held. A `started` provider is waited for within
+    the app's hook time only."""
+    shared_provider(tmp_path, WOKEN, "taken", wakeTimeoutMs=8_000, idleTimeoutMs=60_000)
+    one, two = kube_shells("one"), kube_shells("two")
+    provider = f"{WOKEN}-provider"
+    token = one.token
+    with one.client(timeout=SLOW) as api:
+        first = api.get("/api/data/taken/items/a")
+        assert first.status_code == 200, first.text
+    one.stop()  # its pods run on: the leader takes them over
+
+    def taken() -> bool:
+        instance = two.shell.lifecycle.find(provider)
+        return instance is not None and instance.state is InstanceState.STARTED
+
+    wait_for(taken, "two takes the provider over", SLOW)
+    three = kube_shells("three")
+    with three.client(token, timeout=SLOW) as api_three:
+        answer = api_three.get("/api/data/taken/items/b")
+        assert answer.status_code == 200, answer.text  # was 503 after 8 s
