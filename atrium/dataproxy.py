@@ -250,8 +250,10 @@ class DataProxy:
         self._forget_elsewhere(instance_id)
         if event.data.to == RESUMED:
             self._nowhere.discard(key)
-        if self._lifecycle.find(instance_id) is None:
-            return  # another shell's: found from its row when needed
+        if self._lifecycle.find(instance_id) is None and self._registered.get(key) != instance_id:
+            # another shell's: found from its row when needed (one of this shell's forced out
+            # is out of the index before its move is told: its registration goes below)
+            return
         if event.data.to == RESUMED:
             self._registered.setdefault(key, instance_id)
         elif event.data.from_ == RESUMED and self._registered.get(key) == instance_id:

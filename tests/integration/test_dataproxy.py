@@ -650,3 +650,22 @@ def test_a_client_that_reads_slowly_is_not_reset(
     assert head.startswith(b"HTTP/1.1 200"), head
     assert body.endswith(b"0\r\n\r\n")  # the chunked answer ended, not cut
     assert len(body) > size
+
+
+def test_a_provider_killed_hands_its_requests_to_the_users_next_resumed_instance(
+    fresh_shell: RunningShell, fresh_api: httpx.Client
+) -> None:
+    """A forced end takes the instance out of the index before its `app:state` (so a move
+    waiting on a hook gives up): the registration was dropped only for an instance still in
+    the index, and the next resumed instance never registered. 503 while it runs."""
+    first = fresh_shell.shell.dataproxy.registered("test.plain.stdlib")
+    assert first is not None
+    made = fresh_api.post("/api/instances", json={"appId": "test.plain.stdlib", "new": True})
+    assert made.status_code == 200, made.text
+    second = made.json()["instanceId"]
+    assert second != first
+    fresh_api.post(f"/api/instances/{second}/resumed")
+    assert fresh_api.delete(f"/api/instances/{first}", params={"force": "1"}).status_code == 200
+    answer = fresh_api.get("/api/data/plain/items")
+    assert answer.status_code == 200, answer.text  # was 503
+    assert fresh_shell.shell.dataproxy.registered("test.plain.stdlib") == second
