@@ -44,6 +44,7 @@ def _state_key(url: str) -> str:
 
     from sqlalchemy.exc import SQLAlchemyError
 
+    from atrium.settings import ConfigError
     from atrium.state.database import Database, parse_url
     from atrium.state.key import read_key
 
@@ -57,7 +58,7 @@ def _state_key(url: str) -> str:
 
     try:
         return asyncio.run(read())
-    except (SQLAlchemyError, OSError):
+    except (SQLAlchemyError, OSError, ConfigError):  # ConfigError: a file it may not open
         return ""
 
 

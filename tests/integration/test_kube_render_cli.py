@@ -132,3 +132,23 @@ def test_render_names_what_is_wrong(tmp_path: Path) -> None:
     bad_setting = render(home, APP_ID, "--owner", "alice", ATRIUM_KUBE_NAMESPACE="No_Such")
     assert bad_setting.returncode == 2
     assert "ATRIUM_KUBE_NAMESPACE" in bad_setting.stderr
+
+
+def test_render_prints_the_claim_without_the_key_of_a_database_it_cannot_open(
+    tmp_path: Path,
+) -> None:
+    """The database is read only for its key, which labels data claims; one that cannot be
+    opened (here a symlink, which the shell's SQLite opening refuses; as well a file the
+    reviewer may not write) printed a traceback (ConfigError) instead of the objects."""
+    from atrium.lifecycle.runners.kubernetes.render import LABEL_STATE
+    from atrium.state.migrate import upgrade_now
+
+    home = tmp_path / "home"
+    install_for(home, "alice")
+    real = tmp_path / "elsewhere.sqlite3"
+    upgrade_now(f"sqlite+aiosqlite:///{real}")
+    (home / "state.sqlite3").symlink_to(real)
+    shown = render(home, APP_ID, "--owner", "alice", ATRIUM_KUBE_NAMESPACE="apps")
+    assert shown.returncode == 0, shown.stderr  # was 1: a ConfigError's traceback
+    claim = kinds(list(yaml.safe_load_all(shown.stdout)))["PersistentVolumeClaim"]
+    assert LABEL_STATE not in claim["metadata"]["labels"]
