@@ -25,6 +25,7 @@ from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
 from atrium.distribution.reach import FetchPolicy, Reach
 from atrium.distribution.records import RecordStore
+from atrium.errors import AtriumError
 from atrium.events import APP_EGRESS, SCOPE_CHANGED
 from atrium.git import ScopeRepo
 from atrium.identity import AppTokens, UserAuth
@@ -336,6 +337,50 @@ def _follow_removals(users: UserStore, revokes: EgressRevokes) -> None:
     users.on_change.append(forget)
 
 
+def _end_instances_of_gone_users(users: UserStore, lifecycle: LifecycleManager) -> None:
+    """A user disabled or removed on another shell of the database has this shell's instances
+    of theirs ended too (the shell that answered the request ends its own): a pod here would
+    run on with no shell to stop it (an instance is stopped when its last view goes, and its
+    owner's views went with their sign-ins), and every shell now serves a pod's data requests,
+    so an account made again under that id would be served by the old one's."""
+    ending: set[str] = set()
+    #: changes heard from another shell (this shell's own request ends its own instances)
+    elsewhere: set[str] = set()
+
+    async def end(user_id: str) -> None:
+        try:
+            for instance in [i for i in lifecycle.all() if i.owner == user_id]:
+                try:
+                    problem = await lifecycle.remove(instance.id)
+                except AtriumError as err:  # already going (the request's shell, or a stop)
+                    _LOGGER.debug("%s: not ended here: %s", instance.id, err.message)
+                    continue
+                _LOGGER.info(
+                    "instance %s of %s user %s ended%s",
+                    instance.id,
+                    "removed" if users.get(user_id) is None else "disabled",
+                    user_id,
+                    f" without its hooks: {problem}" if problem else "",
+                )
+        finally:
+            ending.discard(user_id)
+
+    def changed(user_id: str) -> None:
+        if user_id not in elsewhere:
+            return
+        elsewhere.discard(user_id)
+        user = users.get(user_id)
+        if (user is not None and not user.disabled) or user_id in ending:
+            return
+        if not any(i.owner == user_id for i in lifecycle.all()):
+            return
+        ending.add(user_id)
+        lifecycle.spawn_task(end(user_id), f"end the instances of {user_id}")
+
+    users.on_heard.append(elsewhere.add)
+    users.on_change.append(changed)
+
+
 @asynccontextmanager
 async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell]:
     layout = ScopeLayout(settings.home, settings.system_apps, settings.user, settings.scopes_dir)
@@ -535,6 +580,7 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         user_scopes.on_forget += [dataproxy.forget_user, launcher.forget_user]
         await user_scopes.open_found(lambda user_id: users.get(user_id) is not None)
         users.on_change.append(user_scopes.forgetter(lambda u: users.get(u) is not None))
+        _end_instances_of_gone_users(users, lifecycle)
         stack.callback(
             bus.listen(
                 (SCOPE_CHANGED,),

@@ -340,3 +340,36 @@ def test_a_provider_another_shell_took_over_is_not_waited_for_the_whole_wake_tim
     with three.client(token, timeout=SLOW) as api_three:
         answer = api_three.get("/api/data/taken/items/b")
         assert answer.status_code == 200, answer.text  # was 503 after 8 s
+
+
+@pytest.mark.parametrize("how", ["disabled", "removed"])
+def test_a_user_disabled_or_removed_on_one_shell_has_their_pods_ended_on_every_shell(
+    how: str, kube_shells: StartShell, kube_settings: FakeCluster
+) -> None:
+    """Disabling or removing a user ended only the instances of the shell that answered: a pod
+    another shell ran went on (nothing stops it: its owner's views ended with their sign-ins),
+    and with data requests served by any shell's pod, an account made again under that id
+    would have been served by the old one's."""
+    one, two = kube_shells("one"), kube_shells("two")
+    namespace = one.shell.settings.kube_namespace
+    bob = one.add_user("bob")
+    with (
+        one.client(bob, timeout=SLOW) as as_bob,
+        two.client(one.token, timeout=SLOW) as admin_two,
+    ):
+        made = as_bob.post("/api/instances", json={"appId": PROBE})
+        assert made.status_code == 200, made.text
+        iid = made.json()["instanceId"]
+        assert one.shell.lifecycle.find(iid) is not None
+        assert kube_settings.pod(namespace, render.pod_name(iid)) is not None
+        if how == "disabled":
+            answer = admin_two.patch("/api/users/bob", json={"disabled": True})
+        else:
+            answer = admin_two.delete("/api/users/bob")
+        assert answer.status_code == 200, answer.text
+        wait_for(lambda: one.shell.lifecycle.find(iid) is None, "shell 1 ends bob's instance", SLOW)
+        wait_for(
+            lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
+            "bob's pod gone",
+            SLOW,
+        )
