@@ -62,7 +62,6 @@ from atrium.lifecycle.states import InstanceState
 from atrium.permissions import holds
 from atrium.providers import ProviderTable
 from atrium.registry import AppRegistry
-from atrium.state.instances import SHARED_NETWORK, InstanceRow
 
 _LOGGER = logging.getLogger(__name__)
 RESUMED = InstanceState.RESUMED.value
@@ -498,9 +497,9 @@ class DataProxy:
             return None
         #: provider id → when this wait first saw it `started`
         started: dict[str, float] = {}
+        prefix = self._lifecycle.id_prefix(app_id, owner)
         while True:
             heard = self._heard
-            prefix = self._lifecycle.id_prefix(app_id, owner)
             now = time.monotonic()
             found = [
                 r
@@ -514,21 +513,16 @@ class DataProxy:
                     )
                 )
                 and (
-                    _reachable(r)
+                    r.address is not None
                     # on its way: a pod has its address once it runs
                     or (r.runner == POD_RUNNER and r.state not in (RESUMED, INSTALLED))
                     or (r.runner == POD_RUNNER and is_provider_id(prefix, r.id))
                 )
             ]
-            serving = next((r for r in found if r.state == RESUMED and _reachable(r)), None)
-            if serving is not None:
-                address = AppAddress(
-                    app_id,
-                    serving.id,
-                    serving.host or "",
-                    serving.port or 0,
-                    serving.secret or "",
-                )
+            address = next(
+                (r.address for r in found if r.state == RESUMED and r.address is not None), None
+            )
+            if address is not None:
                 if heard == self._heard:
                     self._elsewhere[key] = address
                 return address
@@ -631,13 +625,3 @@ class DataProxy:
                 caller_app_id=app_id,
             )
         return provider.authority
-
-
-def _reachable(row: InstanceRow) -> bool:
-    """Whether every shell reaches the instance (a pod, at its address in the cluster)."""
-    return (
-        row.network == SHARED_NETWORK
-        and row.host is not None
-        and row.port is not None
-        and row.secret is not None
-    )

@@ -36,7 +36,7 @@ from atrium.lifecycle.states import SERVING, InstanceState
 from atrium.lifecycle.views import is_local_path
 from atrium.manifest import Manifest
 from atrium.shell import Shell
-from atrium.state.instances import SHARED_NETWORK, InstanceRow
+from atrium.state.instances import InstanceRow
 from atrium.theme.inject import HtmlTransform, transform_html
 from atrium.theme.prefs import VIEWER_SCOPE_KEY
 from atrium.users.grants import OWNER, GrantRole, access_to
@@ -104,13 +104,7 @@ class Elsewhere:
     @property
     def reachable(self) -> bool:
         """Whether every shell reaches its server (a pod's address in the cluster)."""
-        row = self.row
-        return (
-            row.network == SHARED_NETWORK
-            and row.host is not None
-            and row.port is not None
-            and row.secret is not None
-        )
+        return self.row.address is not None
 
     def refusal(self, *, named: bool = True) -> InstanceElsewhere:
         """Why this shell does not serve it: only its own shell reaches it (shells do not
@@ -138,10 +132,10 @@ class Elsewhere:
     def address(self) -> AppAddress:
         """Where every shell reaches it; InstanceElsewhere when only its own shell does (a
         local runner's child on another machine: shells do not forward to each other)."""
-        row = self.row
-        if not self.reachable or row.host is None or row.port is None or row.secret is None:
+        address = self.row.address
+        if address is None:
             raise self.refusal()
-        return AppAddress(row.app_id, row.id, row.host, row.port, row.secret)
+        return address
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from sqlalchemy.exc import IntegrityError
 
 from atrium.errors import DatabaseLost, NotFound
 from atrium.events import InstanceRouted
+from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.states import SERVING
 from atrium.state.events import StoredEvent, append
 from atrium.state.schema import grants, instance_requests, instances, view_tickets, views
@@ -117,6 +118,19 @@ class InstanceRow:
     #: the runner that runs it (its shell's: ``kubernetes`` for a pod) and its handle there
     runner: str = ""
     ref: dict[str, Any] | None = None
+
+    @property
+    def address(self) -> AppAddress | None:
+        """Where every shell reaches its server (a pod's address in the cluster, with the shell
+        secret its row keeps); None when only its own shell does, or it has no address yet."""
+        if (
+            self.network != SHARED_NETWORK
+            or self.host is None
+            or self.port is None
+            or self.secret is None
+        ):
+            return None
+        return AppAddress(self.app_id, self.id, self.host, self.port, self.secret)
 
 
 @dataclass(frozen=True, slots=True)
