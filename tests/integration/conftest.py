@@ -126,6 +126,40 @@ class RunningShell:
         token: str = self.on_loop(add())
         return token
 
+    @contextmanager
+    def stalled(self) -> Iterator[None]:
+        """The shell's event loop held still for the block: its event reader reads nothing
+        meanwhile (a shell stalled, or behind on the event log)."""
+        stalled, release = threading.Event(), threading.Event()
+
+        async def stall() -> None:
+            stalled.set()
+            release.wait(timeout=60)
+
+        assert self.loop is not None
+        resumed = asyncio.run_coroutine_threadsafe(stall(), self.loop)
+        try:
+            assert stalled.wait(timeout=20)
+            yield
+        finally:
+            release.set()
+            resumed.result(timeout=20)
+
+    def flood_events(self) -> None:
+        """More rows in the shared event table than are kept (from this shell's database): a
+        reader that had not read the older ones finds them gone."""
+        from atrium.state import events
+        from atrium.state.database import Database
+
+        url = self.settings.database_url
+        assert url is not None
+
+        async def flood() -> None:
+            async with Database.open(url.get_secret_value()) as db, db.transaction() as tx:
+                await events.append_many(tx, [("test:filler", None, {})] * (events.KEEP + 1))
+
+        asyncio.run(flood())
+
     def stop(self) -> None:
         self.server.request_exit()
         self.thread.join(timeout=DEADLINE)

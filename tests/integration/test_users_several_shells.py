@@ -122,37 +122,12 @@ def test_a_user_disabled_while_a_shell_fell_behind_the_events_is_refused_there(
     """A shell whose reader misses rows (more than the table keeps were written while it could
     not read: a long cut from the database, a stalled process) never hears the `user:changed`
     among them; its remembered credentials must not outlive what it missed."""
-    import asyncio
-    import threading
-
-    from atrium.state import events
-    from atrium.state.database import Database
-
     one, two = two_shells
     dave = one.add_user("dave")
     with two.client(dave) as on_two:
         assert on_two.get("/api/me").json()["id"] == "dave"  # two remembers dave's token now
-        stalled, release = threading.Event(), threading.Event()
-
-        async def stall() -> None:  # two's loop stops: its reader reads nothing meanwhile
-            stalled.set()
-            release.wait(timeout=60)
-
-        assert two.loop is not None
-        resumed = asyncio.run_coroutine_threadsafe(stall(), two.loop)
-        try:
-            assert stalled.wait(timeout=20)
+        with two.stalled():  # two's reader reads nothing meanwhile
             with one.client() as admin:
                 assert admin.patch("/api/users/dave", json={"disabled": True}).status_code == 200
-
-            async def flood() -> None:  # more rows than are kept: the user:changed is gone
-                url = one.settings.database_url
-                assert url is not None
-                async with Database.open(url.get_secret_value()) as db, db.transaction() as tx:
-                    await events.append_many(tx, [("test:filler", None, {})] * (events.KEEP + 1))
-
-            asyncio.run(flood())
-        finally:
-            release.set()
-            resumed.result(timeout=20)
+            one.flood_events()  # more rows than are kept: the user:changed is gone
         wait_for(lambda: on_two.get("/api/me").status_code == 401, "the disabled user refused")

@@ -182,11 +182,6 @@ def test_a_shell_that_fell_behind_the_events_looks_for_the_provider_again(
     read) never hears it. It sent the user's requests to the address of a pod gone meanwhile
     (502 at every request, and on a cluster, whose addresses are given again, to whichever pod
     has that address now) until shell 1 happened to wake its provider again; it looks again."""
-    import asyncio
-    import threading
-
-    from atrium.state import events
-    from atrium.state.database import Database
 
     shared_provider(tmp_path, WOKEN, "behind", idleTimeoutMs=1_000)
     one, two = kube_shells("one"), kube_shells("two")
@@ -197,29 +192,10 @@ def test_a_shell_that_fell_behind_the_events_looks_for_the_provider_again(
         served = api_two.get("/api/data/behind/items/b")
         assert served.status_code == 200, served.text
         assert served.json()["boot"] == first.json()["boot"]  # shell 1's pod: kept by shell 2
-        stalled, release = threading.Event(), threading.Event()
-
-        async def stall() -> None:  # two's loop stops: its reader reads nothing meanwhile
-            stalled.set()
-            release.wait(timeout=60)
-
-        assert two.loop is not None
-        resumed = asyncio.run_coroutine_threadsafe(stall(), two.loop)
-        try:
-            assert stalled.wait(timeout=20)
+        with two.stalled():  # two's reader reads nothing meanwhile
             # no request now: its idle time runs out on shell 1, and its pod goes
             wait_for(lambda: one.shell.lifecycle.find(provider) is None, "the idle stop", SLOW)
-
-            async def flood() -> None:  # more rows than are kept: the app:state is gone
-                url = one.settings.database_url
-                assert url is not None
-                async with Database.open(url.get_secret_value()) as db, db.transaction() as tx:
-                    await events.append_many(tx, [("test:filler", None, {})] * (events.KEEP + 1))
-
-            asyncio.run(flood())
-        finally:
-            release.set()
-            resumed.result(timeout=20)
+            one.flood_events()  # more rows than are kept: the app:state is gone
 
         def served_again() -> Any:  # once its reader has read what is left (502 until then)
             answer = api_two.get("/api/data/behind/items/c")
