@@ -393,7 +393,7 @@ function connectEvents() {
       // a destroyed instance's tabs go: reloading them would show the shell's error page (a
       // dev copy's reload stops and starts its instances: their tabs stay, see onDevReloaded)
       if (topic === "app:state" && data.to === "installed" && !devReloading.has(data.appId)) {
-        for (const tab of tabsOf(data.instanceId)) quietly(closeTab(tab.key));
+        quietly(closeTabsOfGone(data.instanceId));
       }
       if (known && topic === "app:crashed") {
         known.state = "error";
@@ -414,6 +414,21 @@ function connectEvents() {
     quietly(openView(instance, data.path, data.title, data.activityId));
   });
   return source;
+}
+
+/** The tabs of an instance that ended, once the shell says its id names no instance now. An
+ * id is used again once its instance is gone (`<app>-1`), and the stream may bring the earlier
+ * instance's end after this page opened a tab of the new one (a stream behind the page's own
+ * answers, or resumed from an older id): that tab stays. */
+async function closeTabsOfGone(instanceId) {
+  if (!tabsOf(instanceId).length) return;
+  try {
+    const now = await api("GET", `/api/instances/${encodeURIComponent(instanceId)}`);
+    if (now.state !== "installed") return;
+  } catch (err) {
+    if (err.status !== 404) throw err;
+  }
+  for (const tab of tabsOf(instanceId)) quietly(closeTab(tab.key));
 }
 
 // ---------------------------------------------------------------- users

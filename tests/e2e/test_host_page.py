@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, Frame, Page, Route
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Frame, Page
 
 from atrium.authoring.scaffold import create
 from tests.conftest import REPO_DIR
@@ -516,6 +517,82 @@ def test_a_destroyed_instance_loses_its_tab_and_the_welcome_comes_back(
     page.wait_for_selector('iframe[data-app-id="com.atrium.viewer"]', state="detached")
     assert page.get_by_role("tab").count() == 0
     page.locator("#welcome").wait_for(state="visible")
+
+
+def _first_event_id(served: Served, act: Callable[[], None]) -> int:
+    """The id of the first ``app:state`` event after ``act`` ran, from a stream of the shell's
+    own, opened before it."""
+    with api(served) as client, client.stream("GET", "/api/events?topics=app:state") as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith(": connected")
+        act()
+        for line in lines:
+            if line.startswith("id: "):
+                return int(line[4:])
+    raise AssertionError("the stream ended")
+
+
+def test_an_earlier_instances_end_heard_late_leaves_the_tab_of_its_successor_open(
+    browser: Browser, served: Served
+) -> None:
+    """An instance id is used again once it is gone (`<app>-1`). A stream behind the page's own
+    answers (a shell under load, or a resume from an older id) brings the earlier instance's end
+    after the page opened a tab of the new one: that tab stays, and an end of its own closes
+    it."""
+    with api(served) as client:
+        for instance in client.get("/api/instances").json():
+            if instance["appId"] == "com.atrium.viewer":
+                client.delete(f"/api/instances/{instance['instanceId']}").raise_for_status()
+        made: list[str] = []
+
+        def make() -> None:
+            made.append(
+                client.post("/api/instances", json={"appId": "com.atrium.viewer"}).json()[
+                    "instanceId"
+                ]
+            )
+
+        before = _first_event_id(served, make) - 1
+        client.delete(f"/api/instances/{made[0]}").raise_for_status()
+    context = browser.new_context()
+    try:
+        held: list[Route] = []
+
+        def hold(route: Route) -> None:  # the page's own stream waits, behind
+            if "client=" in route.request.url:
+                held.append(route)
+            else:
+                route.continue_()
+
+        context.route("**/api/events?**", hold)
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        asked: list[str] = []
+        page.on("requestfinished", lambda request: asked.append(request.url))
+        page.goto(f"{served.url}/login?token={served.token}")
+        page.wait_for_selector("body[data-ready=true]")
+        launch(page, "com.atrium.viewer")
+        frame = page.locator('iframe[data-app-id="com.atrium.viewer"]')
+        assert frame.get_attribute("data-instance-id") == made[0], "the id is used again"
+        assert len(held) == 1
+        route = held[0]
+        route.continue_(headers={**route.request.headers, "last-event-id": str(before)})
+        # it hears the earlier instance's end, asks the shell and keeps the tab
+        gone = f"/api/instances/{made[0]}"
+        deadline = time.monotonic() + 15
+        while not any(url.endswith(gone) for url in asked) and time.monotonic() < deadline:
+            if page.get_by_role("tab").count() == 0:
+                break
+            page.wait_for_timeout(50)
+        assert page.get_by_role("tab").count() == 1, "the new instance's tab was closed"
+        assert any(url.endswith(gone) for url in asked)
+        assert frame.is_visible()
+        with api(served) as client:  # its own end closes it
+            client.delete(gone).raise_for_status()
+        frame.wait_for(state="detached")
+        assert page.get_by_role("tab").count() == 0
+    finally:
+        context.close()
 
 
 def test_install_walks_its_steps_in_plain_words_and_ends_with_open(
