@@ -246,6 +246,11 @@ class Coordination:
                     text(
                         "SELECT classid::bigint, objid::bigint FROM pg_locks "
                         "WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+                        # advisory locks are per database, but pg_locks lists every
+                        # database's: a shell of one name in another database of the server
+                        # (another deployment's) is no shell of this one
+                        " AND database = (SELECT oid FROM pg_database"
+                        " WHERE datname = current_database())"
                     )
                 )
             }
@@ -362,7 +367,9 @@ class Coordination:
                     " JOIN pg_stat_activity a ON a.pid = l.pid"
                     " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
                     " AND l.classid::bigint = :hi AND l.objid::bigint = :lo"
-                    " AND l.pid <> pg_backend_pid() AND a.application_name = :name",
+                    " AND l.pid <> pg_backend_pid() AND a.application_name = :name"
+                    " AND l.database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())",
                     hi=(key >> 32) & 0xFFFFFFFF,
                     lo=key & 0xFFFFFFFF,
                     name=self.session_name,

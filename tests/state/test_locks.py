@@ -50,7 +50,8 @@ def holders(url: str, key: int) -> list[tuple[int, bool, str]]:
                 "SELECT l.pid, l.granted, a.application_name FROM pg_locks l "
                 "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
                 "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid "
-                "AND l.objsubid = 1",
+                "AND l.objsubid = 1 AND l.database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
                 (hi, lo),
             )
         ]
@@ -330,6 +331,26 @@ async def test_a_shell_back_ends_only_its_own_runs_session_holding_its_name(
             db_names.add(coordination.session_name)
     assert len(db_names) == 2
     assert all(name.startswith("atrium lock ") and len(name) <= 63 for name in db_names)
+
+
+async def test_a_shell_of_another_database_on_the_server_is_no_shell_of_this_one(
+    postgres_server: str,
+) -> None:
+    """Advisory locks are per database, but `pg_locks` lists every database's. A shell of the
+    same name (host name and home) holding its lock in another database on the same server
+    (another deployment, or a test's) counted as alive here: its instances were never taken
+    over. And a shell back after a loss ended that session as its own last one."""
+    here, there = new_database(postgres_server), new_database(postgres_server)
+    async with shell(there, "a", start=False) as elsewhere, shell(here, "b") as b:
+        elsewhere.hold_shell("home-a")
+        await elsewhere.start()
+        assert await b.shells_alive({"home-a"}) == set()
+        assert [n for _, g, n in holders(here, lock_key("shell", "home-a")) if g] == []
+        async with shell(here, "a-here", start=False) as a:
+            a.hold_shell("home-a")  # the same name in this database: free
+            await a.start()
+            assert await b.shells_alive({"home-a"}) == {"home-a"}
+        assert elsewhere.lost is None
 
 
 async def test_a_host_name_beyond_ascii_names_the_sessions_as_the_server_keeps_it(
