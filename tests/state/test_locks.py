@@ -339,7 +339,8 @@ async def test_a_shell_of_another_database_on_the_server_is_no_shell_of_this_one
     """Advisory locks are per database, but `pg_locks` lists every database's. A shell of the
     same name (host name and home) holding its lock in another database on the same server
     (another deployment, or a test's) counted as alive here: its instances were never taken
-    over. And a shell back after a loss ended that session as its own last one."""
+    over. (A shell back after a loss reads `pg_locks` the same way, now filtered alike; its
+    session names are unique per run, so that query could not end another database's.)"""
     here, there = new_database(postgres_server), new_database(postgres_server)
     async with shell(there, "a", start=False) as elsewhere, shell(here, "b") as b:
         elsewhere.hold_shell("home-a")
