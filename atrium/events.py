@@ -360,10 +360,13 @@ class UserChanged(Payload):
     """A user's account, sign-ins, tokens or linked identities changed (made, ended, disabled,
     removed): written in the change's transaction, so every shell on the same database drops
     what it remembers of that user and reads it again. Owned by that user: heard by their
-    streams only (and their apps'), and it says no more than the id."""
+    streams only (and their apps'), and it says no more than the id and ``ended``."""
 
     TOPIC: ClassVar[str] = USER_CHANGED
     user_id: str
+    #: the change removed or disabled the account: every shell ends its instances of that id,
+    #: whatever it reads of the user later (the id may be a new account's by then)
+    ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -342,28 +342,41 @@ def _end_instances_of_gone_users(users: UserStore, lifecycle: LifecycleManager) 
     of theirs ended too (the shell that answered the request ends its own): a pod here would
     run on with no shell to stop it (an instance is stopped when its last view goes, and its
     owner's views went with their sign-ins), and every shell now serves a pod's data requests,
-    so an account made again under that id would be served by the old one's."""
+    so an account made again under that id would be served by the old one's.
+
+    The removal or disable says so in its event (`UserStore.on_ended`): the instances this
+    shell holds of the id then are ended whatever the user reads as later, since by that read
+    the id may be a new account's (removed and made again meanwhile). A change heard that does
+    not say so (a shell of an older version, rows gone before they were read) ends them when
+    the user reads as gone or disabled."""
     ending: set[str] = set()
     #: changes heard from another shell (this shell's own request ends its own instances)
     elsewhere: set[str] = set()
 
-    async def end(user_id: str) -> None:
+    async def end(user_id: str, ids: list[str]) -> None:
         try:
-            for instance in [i for i in lifecycle.all() if i.owner == user_id]:
+            for iid in ids:
                 try:
-                    problem = await lifecycle.remove(instance.id)
+                    problem = await lifecycle.remove(iid)
                 except AtriumError as err:  # already going (the request's shell, or a stop)
-                    _LOGGER.debug("%s: not ended here: %s", instance.id, err.message)
+                    _LOGGER.debug("%s: not ended here: %s", iid, err.message)
                     continue
                 _LOGGER.info(
-                    "instance %s of %s user %s ended%s",
-                    instance.id,
-                    "removed" if users.get(user_id) is None else "disabled",
+                    "instance %s of user %s ended (account removed or disabled)%s",
+                    iid,
                     user_id,
                     f" without its hooks: {problem}" if problem else "",
                 )
         finally:
             ending.discard(user_id)
+
+    def end_all(user_id: str) -> None:
+        # the instances of the id now: any made later is the account's that reads as it then
+        ids = [i.id for i in lifecycle.all() if i.owner == user_id]
+        if not ids:
+            return
+        ending.add(user_id)
+        lifecycle.spawn_task(end(user_id, ids), f"end the instances of {user_id}")
 
     def changed(user_id: str) -> None:
         if user_id not in elsewhere:
@@ -372,11 +385,9 @@ def _end_instances_of_gone_users(users: UserStore, lifecycle: LifecycleManager) 
         user = users.get(user_id)
         if (user is not None and not user.disabled) or user_id in ending:
             return
-        if not any(i.owner == user_id for i in lifecycle.all()):
-            return
-        ending.add(user_id)
-        lifecycle.spawn_task(end(user_id), f"end the instances of {user_id}")
+        end_all(user_id)
 
+    users.on_ended.append(end_all)
     users.on_heard.append(elsewhere.add)
     users.on_change.append(changed)
 

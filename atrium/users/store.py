@@ -150,6 +150,11 @@ class UserStore:
         #: called with a user id when another shell changed that user (before `on_change`,
         #: which follows once the user was read again)
         self.on_heard: list[Callable[[str], None]] = []
+        #: called with a user id when the account this shell knew under it ended elsewhere:
+        #: another shell removed or disabled it (heard, before `on_heard`), or a read found
+        #: another account under the id (made since). What this shell ran for the id was the
+        #: old account's, whatever the user reads as now.
+        self.on_ended: list[Callable[[str], None]] = []
         #: called with a user id when any of that user's sign-ins or tokens ends, or their role
         #: or disabled flag changes (here, or on another shell of the same database)
         self.on_change: list[Callable[[str], None]] = []
@@ -201,10 +206,11 @@ class UserStore:
                 self._identities[(row.issuer, row.subject)] = _identity(row)
 
     @asynccontextmanager
-    async def change(self, *user_ids: str) -> AsyncIterator[AsyncConnection]:
+    async def change(self, *user_ids: str, ended: bool = False) -> AsyncIterator[AsyncConnection]:
         """A write transaction that announces, in the same commit, a change of each of
-        ``user_ids`` (the grants use it too: what a grantee may reach changed)."""
-        payloads = [UserChanged(u, owner=u) for u in dict.fromkeys(user_ids)]
+        ``user_ids`` (the grants use it too: what a grantee may reach changed); ``ended``: it
+        removes or disables them (`UserChanged.ended`)."""
+        payloads = [UserChanged(u, ended, owner=u) for u in dict.fromkeys(user_ids)]
         async with self._db.transaction() as tx:
             yield tx
             stored = [
@@ -247,6 +253,13 @@ class UserStore:
             except Exception:  # one listener's bug must not undo a committed change's others
                 _LOGGER.exception("a user-change listener failed for %r", user_id)
 
+    def _ended(self, user_id: str) -> None:
+        for callback in self.on_ended:
+            try:
+                callback(user_id)
+            except Exception:
+                _LOGGER.exception("an account-ended listener failed for %r", user_id)
+
     # ---- other shells' changes -----------------------------------------------------------
 
     def heard(self, event: Event) -> None:
@@ -259,6 +272,8 @@ class UserStore:
             return
         self._count_change(user_id)
         self._forget(user_id)
+        if event.payload.get("ended") is True:
+            self._ended(user_id)
         for callback in self.on_heard:
             callback(user_id)
         task = asyncio.get_running_loop().create_task(
@@ -286,7 +301,8 @@ class UserStore:
     async def _reload(self) -> None:
         try:
             async with self._reading:
-                before = set(self._users)
+                known = dict(self._users)
+                before = set(known)
                 start = self._changes
                 fresh = UserStore(self._db)
                 await fresh._load()
@@ -308,6 +324,11 @@ class UserStore:
         except SQLAlchemyError as err:  # what stays forgotten is read on use
             _LOGGER.warning("could not read the users again: %s", err)
             return
+        # the rows of a removal were among those gone: an id that reads as another account
+        # now (made again since, at another second) was the old one's here
+        for user_id in sorted(before & set(fresh._users)):
+            if fresh._users[user_id].created_at != known[user_id].created_at:
+                self._ended(user_id)
         everyone = sorted(before | set(self._users))
         for user_id in everyone:  # the grants of each, both ways, are read again too
             for callback in self.on_heard:
@@ -327,6 +348,7 @@ class UserStore:
         in the order the changes were heard)."""
         async with self._reading:
             kept = await self._read_user(user_id)
+            known = self._users.get(user_id)
             self._forget(user_id)
             for key in [k for k, i in self._identities.items() if i.user_id == user_id]:
                 del self._identities[key]
@@ -335,6 +357,8 @@ class UserStore:
                 self._users.pop(user_id, None)
                 return
             self._users[user_id] = kept.user
+            if known is not None and known.created_at != kept.user.created_at:
+                self._ended(user_id)  # another account under the id (see `_reload`)
             if kept.password:
                 self._passwords[user_id] = kept.password
             for hashed, (session, link) in kept.sessions.items():
@@ -437,7 +461,7 @@ class UserStore:
         """Change a user; disabling ends their sessions and tokens (deleted, so enabling does
         not bring them back)."""
         self.require(user_id)
-        async with self.change(user_id) as tx:
+        async with self.change(user_id, ended=disabled is True) as tx:
             user, other_admins = await _locked_user(tx, user_id)
             new = replace(
                 user,
@@ -464,7 +488,7 @@ class UserStore:
 
     async def remove(self, user_id: str) -> User:
         self.require(user_id)
-        async with self.change(user_id) as tx:
+        async with self.change(user_id, ended=True) as tx:
             user, other_admins = await _locked_user(tx, user_id)
             if user.role is Role.ADMIN and not user.disabled:
                 _check_not_last_admin(user_id, other_admins)

@@ -7,6 +7,7 @@ deleted on one shell could not be launched again on another, and its data was th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.states import InstanceState
-from tests.integration.conftest import wait_for
+from atrium.state.database import Database
+from atrium.state.schema import users
+from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.cluster import FakeCluster
 from tests.kube.test_several_shells_numbering import SLOW_START, WOKEN, probe_app
 from tests.kube.test_several_shells_origins import PROBE, SLOW, StartShell, kube_shells
@@ -349,3 +353,51 @@ def test_a_user_disabled_or_removed_on_one_shell_has_their_pods_ended_on_every_s
             "bob's pod gone",
             SLOW,
         )
+
+
+def made_at(shell: RunningShell, user_id: str, stamp: str) -> None:
+    """Write the user's creation time in the shared database (not in the shells' memory)."""
+    url = shell.settings.database_url
+    assert url is not None
+
+    async def write() -> None:
+        async with Database.open(url.get_secret_value()) as db, db.transaction() as tx:
+            await tx.execute(sa.update(users).where(users.c.id == user_id).values(created_at=stamp))
+
+    asyncio.run(write())
+
+
+def test_a_user_removed_and_made_again_while_a_shell_stalled_has_their_old_pods_ended_there(
+    kube_shells: StartShell, kube_settings: FakeCluster
+) -> None:
+    """Shell 2 heard bob's removal, read bob again and ended his instances only if the read
+    showed him gone or disabled. Removed and made again under the same id before that read
+    (shell 2 stalled meanwhile), bob read as an enabled user: the old account's pod ran on on
+    shell 2 and served the new account. The removal's `user:changed` says the account ended."""
+    one, two = kube_shells("one"), kube_shells("two")
+    namespace = one.shell.settings.kube_namespace
+    bob = one.add_user("bob")
+    with (
+        two.client(bob, timeout=SLOW) as as_bob_two,
+        one.client(timeout=SLOW) as admin_one,
+    ):
+        made = as_bob_two.post("/api/instances", json={"appId": PROBE})
+        assert made.status_code == 200, made.text
+        iid = made.json()["instanceId"]
+        assert two.shell.lifecycle.find(iid) is not None
+        old = two.shell.users.get("bob")
+        assert old is not None
+        with two.stalled():  # shell 2 reads bob's rows again only after both changes
+            gone = admin_one.delete("/api/users/bob")
+            assert gone.status_code == 200, gone.text
+            again = admin_one.post("/api/users", json={"id": "bob"})
+            assert again.status_code == 201, again.text
+            # made in the same second: nothing read of the new account tells it apart
+            made_at(one, "bob", old.created_at)
+        wait_for(lambda: two.shell.lifecycle.find(iid) is None, "shell 2 ends bob's instance", SLOW)
+        wait_for(
+            lambda: kube_settings.pod(namespace, render.pod_name(iid)) is None,
+            "the old account's pod gone",
+            SLOW,
+        )
+        assert not two.shell.users.require("bob").disabled  # the new account stays

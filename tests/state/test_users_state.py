@@ -184,6 +184,33 @@ async def test_a_store_told_it_fell_behind_reads_every_user_and_grant_again(db: 
             assert grants_two.of_instance("default", "i-1") == []
 
 
+async def test_a_store_that_fell_behind_a_removal_tells_of_the_account_made_again_since(
+    db: Database,
+) -> None:
+    """Rows gone before they were read may hold a removal (and its `user:changed` saying the
+    account ended): store two reads bob again as an enabled user, but the account is another
+    one, made since at another second, and what store two's shell ran for bob was the old
+    account's. It tells `on_ended`; a user only changed is not told."""
+    async with UserStore.open(db, bootstrap_admin="default") as one:
+        await one.add("bob", None, Role.MEMBER)
+        await one.add("carol", None, Role.MEMBER)
+        async with db.transaction() as tx:  # the old account was made a while ago
+            await tx.execute(sa.update(users).where(users.c.id == "bob").values(created_at=T))
+        async with UserStore.open(db, bootstrap_admin="default") as two:
+            ended: list[str] = []
+            two.on_ended.append(ended.append)
+            await one.remove("bob")
+            await one.add("bob", None, Role.MEMBER)
+            await one.update("carol", name="Carol")
+            two.fell_behind()
+            for _ in range(200):
+                if ended:
+                    break
+                await asyncio.sleep(0.01)
+            assert ended == ["bob"]
+            assert not two.require("bob").disabled
+
+
 async def test_an_ended_session_leaves_nothing_in_memory(db: Database) -> None:
     """Every sign-in a shell saw used was remembered with when its use was last written, for
     ever: a member signing in and out in a loop grew the shell's memory without bound."""
