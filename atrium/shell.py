@@ -46,6 +46,7 @@ from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
 from atrium.state.apptokens import SharedAppTokens
+from atrium.state.clients import ClientStreams
 from atrium.state.egress import EgressRevokes
 from atrium.state.instances import InstanceRows
 from atrium.state.key import read_key
@@ -554,8 +555,15 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         )
         lifecycle.views.reread_access = grants.reread
         stack.callback(lifecycle.pool.follow_registry())
-        presence = Presence(settings.view_grace_seconds, lifecycle.views.release_client)
-        stack.callback(presence.close)
+        presence = Presence(
+            settings.view_grace_seconds,
+            lifecycle.views.release_client,
+            # on PostgreSQL a host page's stream and its views may be on any shells
+            None if rows is None else ClientStreams(db, coordination, rows.shell),
+            lambda: coordination.is_leader,
+        )
+        await presence.start()
+        stack.push_async_callback(presence.close)
         dataproxy = DataProxy(registry, lifecycle, bus, settings.data_decisions)
         stack.callback(dataproxy.close)
         launcher = Launcher(registry, lifecycle, bus, kv, installed_at(registry, layout))

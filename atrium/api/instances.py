@@ -516,7 +516,7 @@ async def create_view_elsewhere(
 ) -> Response:
     """A view of another shell's pod, written to the database as its shell writes one; that
     shell hears of it and holds it in memory as its own (docs/deploying.md "Several shells").
-    The view has no host-page client here: the host page releases it, or its instance's end."""
+    Its host page's going releases it as one made on its shell (`Presence`)."""
     held, access = await held_elsewhere(shell, caller, instance_id)
     grantee_reaches(held, access)
     if not is_local_path(body.path):
@@ -536,7 +536,10 @@ async def create_view_elsewhere(
     assert rows is not None  # noqa: S101 - held_elsewhere found its row
     view_id, ticket = secrets.token_hex(6), secrets.token_urlsafe(24)
     user = caller.user_id if isinstance(caller, UserCaller) else held.owner
-    state = await rows.add_view_elsewhere(held.row, view_id, body.path, user, ticket, TICKET_TTL)
+    client = shell.presence.client_id(body.client)
+    state = await rows.add_view_elsewhere(
+        held.row, view_id, body.path, user, ticket, TICKET_TTL, client
+    )
     if state is None:
         raise InstanceElsewhere(
             f"instance {held.id} moved or ended while its view was made: ask again",

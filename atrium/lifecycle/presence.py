@@ -1,6 +1,12 @@
 """Which host pages are still there: a view belongs to a host-page client, and a client whose event
 streams have all been gone for a grace period (30 s) has its views released (decisions.md
-"Lifecycle"). A tab that reloads reconnects within the grace and keeps its views."""
+"Lifecycle"). A tab that reloads reconnects within the grace and keeps its views.
+
+With several shells (`atrium.state.clients`) a page's stream and its views may each be on any
+shell: each shell writes whether it has a stream of the page, a shell whose last stream of it
+ended asks the table once the grace is over, and the leader looks every `SWEEP_EVERY` s for the
+pages whose shell died (or ended before its grace was over). A page found gone has every view it
+holds released, on whichever shell (`ViewDesk.release_client`)."""
 
 from __future__ import annotations
 
@@ -8,23 +14,56 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Final
+from contextlib import suppress
+from typing import TYPE_CHECKING, Final
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from atrium.errors import InvalidRequest
 
+if TYPE_CHECKING:
+    from atrium.state.clients import ClientStreams
+
 _LOGGER = logging.getLogger(__name__)
 CLIENT_RE: Final = re.compile(r"[A-Za-z0-9_-]{8,64}")
+#: seconds between two of the leader's looks for host pages gone with their shell (at most;
+#: a shorter grace looks as often)
+SWEEP_EVERY: Final = 10.0
 
 
 class Presence:
     """Counts open event streams per client; calls ``on_gone(client)`` after ``grace`` seconds
     without any."""
 
-    def __init__(self, grace: float, on_gone: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        grace: float,
+        on_gone: Callable[[str], Awaitable[None]],
+        shared: ClientStreams | None = None,
+        is_leader: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._grace = grace
         self._on_gone = on_gone
         self._streams: dict[str, int] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
+        self._shared = shared
+        self._is_leader = is_leader
+        #: the pages whose row of this shell is to be written as they are now (`_write_loop`)
+        self._dirty: dict[str, None] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """With several shells: this shell's earlier run's rows go, its writer and the
+        leader's look start."""
+        if self._shared is None:
+            return
+        await self._shared.sweep()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._write_loop(), name="host page streams"),
+            loop.create_task(self._sweep_loop(), name="host pages gone"),
+        ]
 
     @staticmethod
     def client_id(value: str | None) -> str | None:
@@ -38,6 +77,8 @@ class Presence:
         timer = self._timers.pop(client, None)
         if timer is not None:
             timer.cancel()
+        if self._streams[client] == 1:
+            self._mark(client)
 
     def disconnected(self, client: str) -> None:
         left = self._streams.get(client, 0) - 1
@@ -45,6 +86,7 @@ class Presence:
             self._streams[client] = left
             return
         self._streams.pop(client, None)
+        self._mark(client)
         if client not in self._timers:
             self._timers[client] = asyncio.create_task(
                 self._expire(client), name=f"presence {client}"
@@ -56,16 +98,81 @@ class Presence:
     async def _expire(self, client: str) -> None:
         try:
             await asyncio.sleep(self._grace)
-            if client not in self._streams:
-                _LOGGER.info(
-                    "host page %s gone for %.0f s: releasing its views", client, self._grace
-                )
-                await self._on_gone(client)
+            if client in self._streams:
+                return
+            if self._shared is not None:
+                try:
+                    await self._flush(client)
+                    if not await self._shared.gone(self._grace, client):
+                        return  # another shell has a stream of it, or lost one lately
+                except SQLAlchemyError as err:
+                    _LOGGER.warning("host page %s: its streams unknown (%s)", client, err)
+                    self._mark(client)
+                    return  # the leader's look finds it later
+            _LOGGER.info("host page %s gone for %.0f s: releasing its views", client, self._grace)
+            await self._on_gone(client)
         finally:
             if self._timers.get(client) is asyncio.current_task():
                 del self._timers[client]
 
-    def close(self) -> None:
+    def _mark(self, client: str) -> None:
+        if self._shared is not None:
+            self._dirty[client] = None
+            self._wake.set()
+
+    async def _flush(self, client: str) -> None:
+        """This shell's row of ``client`` as it is now, before a decision reads it."""
+        if self._shared is not None and client in self._dirty:
+            del self._dirty[client]
+            await self._shared.write(client, streaming=client in self._streams)
+
+    async def _write_loop(self) -> None:
+        """Writes each marked page's row as this shell's streams of it are when written (so a
+        later write is never overtaken by an earlier one); a write the database did not take is
+        tried again a second later."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for client in list(self._dirty):
+                try:
+                    await self._flush(client)
+                except SQLAlchemyError as err:
+                    _LOGGER.warning("host page %s: its stream here not written: %s", client, err)
+                    self._dirty[client] = None
+                    await asyncio.sleep(1.0)
+                    self._wake.set()
+                    break
+
+    async def _sweep_loop(self) -> None:
+        assert self._shared is not None  # noqa: S101 - started with it
+        while True:
+            await asyncio.sleep(min(max(self._grace, 0.5), SWEEP_EVERY))
+            if not self._is_leader():
+                continue
+            try:
+                found = await self._shared.gone(self._grace)
+            except SQLAlchemyError as err:
+                _LOGGER.warning("looking for host pages gone with their shell: %s", err)
+                continue
+            for client in found:
+                if client in self._streams:
+                    continue  # connected here since: its row is written again
+                _LOGGER.info(
+                    "host page %s gone for %.0f s (its shell gone): releasing its views",
+                    client,
+                    self._grace,
+                )
+                try:
+                    await self._on_gone(client)
+                except Exception:  # the next page is released all the same
+                    _LOGGER.exception("releasing the views of host page %s failed", client)
+
+    async def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for task in self._tasks:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()

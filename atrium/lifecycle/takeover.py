@@ -213,7 +213,12 @@ class Takeover:
                         # taken over finds its view, and is told to retry until it serves
                         for view in opened:
                             instance.views[view.id] = View(
-                                view.id, "", view.path, user=view.user_id, digest=view.hash
+                                view.id,
+                                "",
+                                view.path,
+                                client=view.client,
+                                user=view.user_id,
+                                digest=view.hash,
                             )
                         manager.adopt(instance)
                 except _Changed:

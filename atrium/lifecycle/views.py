@@ -109,7 +109,7 @@ class ViewDesk:
             user=viewer,
         )
         if self._rows is not None:
-            await self._rows.add_view(instance, view.id, path, viewer, ticket, TICKET_TTL)
+            await self._rows.add_view(instance, view.id, path, viewer, ticket, TICKET_TTL, client)
             try:
                 # other requests ran while the rows were written: a stop, or a revoke of the
                 # user's grant (which dropped their views, not this one yet), would leave the
@@ -203,7 +203,7 @@ class ViewDesk:
             self._drop(row.id)
             self._spawn(self.forget(row.id))
             return None
-        view = instance.views[row.id] = View(row.id, "", row.path, user=row.user)
+        view = instance.views[row.id] = View(row.id, "", row.path, client=row.client, user=row.user)
         return view
 
     def _drop(self, view_id: str) -> None:
@@ -359,16 +359,38 @@ class ViewDesk:
         return await self.release_user(instance_id, user)
 
     async def release_client(self, client: str) -> None:
-        """Release every view held by a host page that has gone away."""
+        """Release every view held by a host page that has gone away: with several shells, also
+        those made on any shell (their rows name the page), each as a release asked of it
+        would (`InstanceRows.drop_view_elsewhere`: the instance's shell drops it and stops the
+        instance if it was its last view)."""
         for instance in self._host.all():
             for view in [v for v in instance.views.values() if v.client == client]:
-                try:
-                    await self.release(instance.id, view.id)
-                except AtriumError as err:
-                    _LOGGER.warning(
-                        "%s %s: releasing view %s failed: %s",
-                        instance.app_id,
-                        instance.id,
-                        view.id,
-                        err.message,
-                    )
+                await self._release_logged(instance, view.id)
+        if self._rows is None:
+            return
+        try:
+            for view_id, slug in await self._rows.views_of_client(client):
+                mine = self._host.by_slug(slug)
+                if mine is not None:  # this shell's, its view not learnt here yet
+                    if view_id in mine.views:
+                        await self._release_logged(mine, view_id)
+                    else:
+                        await self.forget(view_id)
+                    continue
+                held = await self._rows.by_slug(slug)
+                if held is not None:
+                    await self._rows.drop_view_elsewhere(held, view_id)
+        except SQLAlchemyError as err:
+            _LOGGER.warning("host page %s: its views on other shells stay open: %s", client, err)
+
+    async def _release_logged(self, instance: Instance, view_id: str) -> None:
+        try:
+            await self.release(instance.id, view_id)
+        except AtriumError as err:
+            _LOGGER.warning(
+                "%s %s: releasing view %s failed: %s",
+                instance.app_id,
+                instance.id,
+                view_id,
+                err.message,
+            )

@@ -80,10 +80,18 @@ def _now() -> str:
 
 
 async def _write_view(
-    tx: AsyncConnection, slug: str, view_id: str, path: str, user: str, ticket: str, ttl: float
+    tx: AsyncConnection,
+    slug: str,
+    view_id: str,
+    path: str,
+    user: str,
+    ticket: str,
+    ttl: float,
+    client: str | None,
 ) -> None:
     """A view's row and its ticket's, as every shell writes them: hashes only, and no cookie
-    opens the view until its ticket is redeemed (`InstanceRows.redeem`)."""
+    opens the view until its ticket is redeemed (`InstanceRows.redeem`). ``client``: the host
+    page that holds it, whose going releases it whichever shell saw that page's stream."""
     await tx.execute(
         sa.insert(views).values(
             id=view_id,
@@ -92,6 +100,7 @@ async def _write_view(
             path=path,
             user_id=user,
             created_at=_now(),
+            client=client,
         )
     )
     await tx.execute(
@@ -143,6 +152,8 @@ class ViewRow:
     path: str
     user: str
     cookie: str | None = None
+    #: the host page that holds the view (None: an API client's)
+    client: str | None = None
 
 
 def _row_values(instance: Instance, runner: str, shell: str) -> dict[str, Any]:
@@ -489,6 +500,7 @@ class InstanceRows:
         user: str,
         ticket: str,
         ttl: float,
+        client: str | None = None,
     ) -> None:
         """A view of this shell's instance and its ticket, with the instance's row as it is
         now (and its `instance:routed`), in one transaction: another shell may redeem the
@@ -512,7 +524,7 @@ class InstanceRows:
                     inserted = True
                 except IntegrityError:
                     pass  # another shell's instance has its id: the view works on this shell only
-            await _write_view(tx, instance.slug, view_id, path, user, ticket, ttl)
+            await _write_view(tx, instance.slug, view_id, path, user, ticket, ttl, client)
             # expired tickets nobody redeemed
             await tx.execute(sa.delete(view_tickets).where(view_tickets.c.expires_at < time.time()))
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
@@ -547,10 +559,14 @@ class InstanceRows:
                     sa.update(views)
                     .where((views.c.id == taken.view_id) & (views.c.slug == slug))
                     .values(hash=digest(cookie))
-                    .returning(views.c.id, views.c.slug, views.c.path, views.c.user_id)
+                    .returning(
+                        views.c.id, views.c.slug, views.c.path, views.c.user_id, views.c.client
+                    )
                 )
             ).first()
-        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id, cookie)
+        if row is None:
+            return None
+        return ViewRow(row.id, row.slug, row.path, row.user_id, cookie, row.client)
 
     async def view_of(self, slug: str, cookie: str) -> ViewRow | None:
         """The live view of the slug's instance whose cookie this is."""
@@ -562,7 +578,11 @@ class InstanceRows:
                     )
                 )
             ).first()
-        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+        return (
+            None
+            if row is None
+            else ViewRow(row.id, row.slug, row.path, row.user_id, None, row.client)
+        )
 
     # -- other shells' instances ------------------------------------------------------------------
 
@@ -575,7 +595,14 @@ class InstanceRows:
         return None if row is None or row.shell == self.shell else _instance_row(row)
 
     async def add_view_elsewhere(
-        self, held: InstanceRow, view_id: str, path: str, user: str, ticket: str, ttl: float
+        self,
+        held: InstanceRow,
+        view_id: str,
+        path: str,
+        user: str,
+        ticket: str,
+        ttl: float,
+        client: str | None = None,
     ) -> str | None:
         """A view of another shell's instance and its ticket, written as its own shell writes
         them (`add_view`), with an `instance:routed` naming the view in the same transaction:
@@ -597,7 +624,7 @@ class InstanceRows:
                 # under the grant's lock comes before the revoke, whose release of the user's
                 # views then drops it; one after is refused here
                 raise NotFound("instance", held.id)
-            await _write_view(tx, held.slug, view_id, path, user, ticket, ttl)
+            await _write_view(tx, held.slug, view_id, path, user, ticket, ttl, client)
             stored = await append(tx, routed.TOPIC, routed.owner, routed.wire())
         self._committed(stored, routed)
         return state
@@ -648,7 +675,19 @@ class InstanceRows:
                     sa.select(views).where((views.c.id == view_id) & (views.c.slug == slug))
                 )
             ).first()
-        return None if row is None else ViewRow(row.id, row.slug, row.path, row.user_id)
+        return (
+            None
+            if row is None
+            else ViewRow(row.id, row.slug, row.path, row.user_id, None, row.client)
+        )
+
+    async def views_of_client(self, client: str) -> list[tuple[str, str]]:
+        """The views (id, slug) the host page ``client`` holds, made on any shell."""
+        async with self._db.connect() as conn:
+            found = await conn.execute(
+                sa.select(views.c.id, views.c.slug).where(views.c.client == client)
+            )
+            return [(str(row.id), str(row.slug)) for row in found]
 
     async def drop_view_elsewhere(self, held: InstanceRow, view_id: str) -> bool:
         """Release a view of another shell's instance: its row and tickets go, and an

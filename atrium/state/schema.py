@@ -226,6 +226,20 @@ views = sa.Table(
     sa.Column("path", sa.Text, nullable=False),
     sa.Column("user_id", sa.Text, nullable=False),
     sa.Column("created_at", sa.Text, nullable=False),
+    #: the host page (its client id) that holds the view; None: a client of the API
+    sa.Column("client", sa.Text, nullable=True, index=True),
+)
+
+#: which shells have an event stream of a host page (``client``) open: ``since`` None while
+#: ``shell`` has one, else when its last one there ended (the database's clock, Unix seconds).
+#: A host page's views are released once no living shell has had a stream of it for the grace
+#: (`atrium.lifecycle.presence`)
+client_streams = sa.Table(
+    "client_streams",
+    metadata,
+    sa.Column("client", sa.Text, primary_key=True),
+    sa.Column("shell", sa.Text, primary_key=True),
+    sa.Column("since", sa.Float, nullable=True),
 )
 
 #: one-time view tickets not yet redeemed; ``hash`` is the sha256 of the ticket, ``expires_at``

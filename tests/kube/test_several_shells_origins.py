@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -67,7 +68,7 @@ def kube_shells(
     namespace, url, system_apps = probe_site(tmp_path, cluster, postgres_server)
     shells: list[RunningShell] = []
 
-    def start(name: str, runner: str = "kubernetes") -> RunningShell:
+    def start(name: str, runner: str = "kubernetes", **overrides: Any) -> RunningShell:
         port = free_port()
         shell = launch_shell(
             tmp_path / name,
@@ -80,6 +81,7 @@ def kube_shells(
             kube_namespace=namespace,
             kube_shell_url=f"http://{cluster.host_address}:{port}",
             kube_start_timeout_seconds=30.0,
+            **overrides,
         )
         shells.append(shell)
         return shell
