@@ -81,8 +81,9 @@ LOSS = "0.05"
 #: the instances the client keeps open through the faults, and their namespace in the fake cluster
 INSTANCES = 3
 KUBE_NS = "failover"
-#: the probe app under one id per instance: two shells number their instances of one app alike
-#: (`<appId>-1` on each), and in one namespace the second's pod names are the first's
+#: the probe app under one id per instance, so that each instance (and its pod) is told apart by
+#: its app in the checks and the logs (the numbering itself reads every shell's rows: two shells
+#: never give one user's instances of an app the same id)
 APPS = [f"test.failover.probe{n}" for n in range(1, INSTANCES + 2)]
 T = TypeVar("T")
 _CLONE_NEWNET = 0x40000000
