@@ -67,3 +67,12 @@ def tree_bytes(roots: list[Path]) -> int:
                 except OSError:
                     continue
     return total
+
+
+def touched_since(entry: Path, moment: float) -> bool:
+    """Whether ``entry`` (not followed if a link) changed at or after ``moment`` (Unix time); True
+    when it is gone meanwhile (nothing left to remove)."""
+    try:
+        return entry.lstat().st_mtime >= moment
+    except FileNotFoundError:
+        return True

@@ -34,6 +34,13 @@ PRIORITY: Final[Mapping[Scope, int]] = {Scope.SYSTEM: 0, Scope.GLOBAL: 1, Scope.
 BY_PRIORITY: Final[tuple[Scope, ...]] = (Scope.USER, Scope.GLOBAL, Scope.SYSTEM)
 
 
+def backups_root(home: Path, scopes: Path | None) -> Path:
+    """Where the backups of runtime data live: in the home, or beside the data they copy when
+    the scopes are in a folder several shells share (``ATRIUM_SCOPES_DIR``), so that every
+    shell lists and restores every backup (docs/api.md "Backups")."""
+    return home / "backups" if scopes is None else scopes / "backups"
+
+
 def parse_scope(value: str) -> Scope | None:
     try:
         return Scope(value)
@@ -81,6 +88,10 @@ class ScopeLayout:
 
     def app_dir(self, scope: Scope, app_id: str, user: str | None = None) -> Path:
         return self.apps_dir(scope, user) / app_id
+
+    @property
+    def backups_root(self) -> Path:
+        return backups_root(self.home, self.scopes)
 
     def users_root(self) -> Path:
         """The folder holding every user's own folder (``scopes/users``)."""

@@ -327,6 +327,25 @@ async def sweep_rows(rows: InstanceRows | None, adopted: set[str]) -> None:
         _LOGGER.info("%d instance rows of this shell's last run removed", swept)
 
 
+def _backups_left_in_home(layout: ScopeLayout) -> None:
+    """Backups a shell made in its home before its scopes moved to a shared folder are no longer
+    listed (they stay on disk, untouched): said at every start until an operator moves them."""
+    old, shared = layout.home / "backups", layout.backups_root
+    if not layout.shared or old == shared:
+        return
+    try:
+        left = any(old.iterdir())
+    except OSError:
+        return
+    if left:
+        _LOGGER.warning(
+            "backups in %s are not listed: with a shared scope folder they are in %s "
+            "(move the folders there, keeping their paths, with every shell stopped)",
+            old,
+            shared,
+        )
+
+
 def _follow_removals(users: UserStore, revokes: EgressRevokes) -> None:
     """A removed user's egress revokes leave memory when the removal is heard (their rows went
     in the removal's transaction)."""
@@ -423,7 +442,8 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         # finish or undo installs a crash interrupted, before anything reads the scopes
         await recover(layout, repos)
         # and the backup removals and snapshots a kill cut off
-        await asyncio.to_thread(BackupStore(settings.home / "backups").recover)
+        await asyncio.to_thread(BackupStore(layout.backups_root, several=layout.shared).recover)
+        _backups_left_in_home(layout)
         # the import uploads and exports a killed shell left in cache/ (no request runs yet)
         for line in await asyncio.to_thread(spool.sweep, settings.home):
             _LOGGER.warning("%s", line)

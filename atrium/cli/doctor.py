@@ -196,7 +196,9 @@ async def _repair(settings: Settings, layout: ScopeLayout) -> list[str]:
     lost = settings.home / "lost+found" / stamp
     for scope, repo in repos.items():
         done += await repair_scope(layout, repo, scope, lost)
-    done += await asyncio.to_thread(repair_backups, BackupStore(settings.home / "backups"), lost)
+    done += await asyncio.to_thread(
+        repair_backups, BackupStore(layout.backups_root, several=layout.shared), lost
+    )
     done += await asyncio.to_thread(spool.sweep, settings.home)
     for path, state in _kv_files(settings):
         problem, damaged = _kv_problem(path)
@@ -281,7 +283,9 @@ def doctor(
     shell_running = _lock_held(settings.lock_path)
     # while a shell runs, a file in cache/imports or cache/exports is a request in progress
     problems += [] if shell_running else _spool_problems(settings.home)
-    problems += _backup_problems(BackupStore(settings.home / "backups"), shell_running)
+    problems += _backup_problems(
+        BackupStore(layout.backups_root, several=layout.shared), shell_running
+    )
     if settings.home.is_dir() and not shell_running:
         problems += _home_processes(settings.home)
     limits = held_here(

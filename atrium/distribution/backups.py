@@ -17,6 +17,12 @@ under ``data/`` and its size. A backup whose files do not match it is never list
 (`damage`). A backup is removed by renaming it ``.deleting-<id>`` first, so a kill in the middle
 leaves nothing listed; start-up recovery finishes the removal (decisions.md "Hardening: backups
 that survive kills and clocks").
+
+With the scopes in a folder several shells share, the backups are there too
+(`atrium.scopes.backups_root`), and another shell may be writing a snapshot or removing a backup
+in the same folder: a snapshot that fails removes only its own ``.partial``, and what a kill
+left (``.partial``, ``.deleting-``) goes only once nobody touched it for `SHARED_LEFTOVER_AGE` s
+(decisions.md "Several shells: backups beside the shared data").
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,7 +44,7 @@ from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
 from atrium.errors import BackupDamaged, InvalidRequest
-from atrium.files import sync_dir, write_atomic
+from atrium.files import sync_dir, touched_since, write_atomic
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -52,6 +59,10 @@ MANIFEST: Final = "backup.json"
 DELETING: Final = ".deleting-"
 #: a snapshot being written: ``.<name>.partial``
 PARTIAL: Final = ".partial"
+#: seconds a snapshot's ``.partial`` or a removal's ``.deleting-`` in a folder other shells share
+#: stays after it was last touched, before it is taken for one a kill left (another shell may
+#: be writing or removing it)
+SHARED_LEFTOVER_AGE: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,15 +123,19 @@ USERS: Final = "users"
 
 
 class BackupStore:
-    """The backups under ``root`` (`$ATRIUM_HOME/backups`) seen by one user's pipeline: the
-    shared scopes' and that user's user scope's. ``user`` None: the bootstrap admin's (and the
-    whole store, for start-up recovery and `atrium doctor`). ``shared``: the store of that user's
-    own data of the shared scopes' apps too (`DataKeeping.own`), not the bootstrap admin's."""
+    """The backups under ``root`` (`atrium.scopes.backups_root`) seen by one user's pipeline:
+    the shared scopes' and that user's user scope's. ``user`` None: the bootstrap admin's (and
+    the whole store, for start-up recovery and `atrium doctor`). ``shared``: the store of that
+    user's own data of the shared scopes' apps too (`DataKeeping.own`), not the bootstrap
+    admin's. ``several``: other shells write in ``root`` too (the module docstring)."""
 
-    def __init__(self, root: Path, user: str | None = None, *, shared: bool = False) -> None:
+    def __init__(
+        self, root: Path, user: str | None = None, *, shared: bool = False, several: bool = False
+    ) -> None:
         self.root = root
         self.user = user
         self.shared = shared
+        self.several = several
 
     def folder(self, scope: Scope, app_id: str) -> Path:
         if (owner := self.owner(scope)) is not None:
@@ -181,15 +196,15 @@ class BackupStore:
         self, scope: Scope, app_id: str, version: str, data_dirs: list[Path], reason: str
     ) -> Backup:
         """Copy ``data_dirs`` (the app's runtime data folders) into a new backup, checked against
-        its record once in place. One that fails leaves nothing behind (no ``.partial``: the
-        caller holds the app's operation lock, so every partial snapshot of the app is this
-        one's). Blocking."""
-        folder = self.folder(scope, app_id)
+        its record once in place. One that fails leaves nothing behind (its own ``.partial``
+        goes; another shell's, in a shared folder, stays). Blocking."""
+        now = datetime.now(UTC)
+        name = f"{now:%Y%m%dT%H%M%S%fZ}-{version}"
+        partial = self.folder(scope, app_id) / f".{name}{PARTIAL}"
         try:
-            backup = self._write(scope, app_id, version, data_dirs, reason)
+            backup = self._write(scope, app_id, version, data_dirs, reason, now, name)
         except BaseException:
-            for partial in folder.glob(f".*{PARTIAL}") if folder.is_dir() else []:
-                shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)
             raise
         if (problem := damage(backup)) is not None:
             remove(backup.path)
@@ -197,14 +212,19 @@ class BackupStore:
         return backup
 
     def _write(
-        self, scope: Scope, app_id: str, version: str, data_dirs: list[Path], reason: str
+        self,
+        scope: Scope,
+        app_id: str,
+        version: str,
+        data_dirs: list[Path],
+        reason: str,
+        now: datetime,
+        name: str,
     ) -> Backup:
-        now = datetime.now(UTC)
-        name = f"{now:%Y%m%dT%H%M%S%fZ}-{version}"
         folder = self.folder(scope, app_id)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.root.chmod(0o700)
-        partial = folder / f".{name}.partial"
+        partial = folder / f".{name}{PARTIAL}"
         shutil.rmtree(partial, ignore_errors=True)
         (partial / "data").mkdir(parents=True)
         # sizes keyed <folder>/<path>, relative to the backup's data/
@@ -253,11 +273,18 @@ class BackupStore:
         for backup_id in gone:
             try:
                 remove(folder / backup_id)
+            except FileNotFoundError:
+                pass  # another shell sharing the folder removed it first
             except OSError as err:  # out of the listing already; the next start finishes it
                 _LOGGER.warning("removing the backup %s failed: %s", folder / backup_id, err)
         for stale in folder.glob(f".*{PARTIAL}") if folder.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)
+            if not self._busy(stale):
+                shutil.rmtree(stale, ignore_errors=True)
         return gone
+
+    def _busy(self, leftover: Path) -> bool:
+        """Whether a ``.partial`` or ``.deleting-`` may be another shell's work under way."""
+        return self.several and touched_since(leftover, time.time() - SHARED_LEFTOVER_AGE)
 
     def remove_all(self, scope: Scope, app_id: str) -> None:
         """Remove every backup of the app, and its folder (a dev copy's, when it goes): each
@@ -294,13 +321,17 @@ class BackupStore:
                     yield scope, user, folder
 
     def leftovers(self) -> list[Path]:
-        """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``)."""
+        """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``; in a
+        folder other shells share, only those nobody touched for `SHARED_LEFTOVER_AGE` s)."""
         return [
             path
             for _, _, folder in self._app_folders()
             for path in sorted(folder.iterdir())
-            if path.name.startswith(DELETING)
-            or (path.name.startswith(".") and path.name.endswith(PARTIAL))
+            if (
+                path.name.startswith(DELETING)
+                or (path.name.startswith(".") and path.name.endswith(PARTIAL))
+            )
+            and not self._busy(path)
         ]
 
     def recover(self) -> list[str]:

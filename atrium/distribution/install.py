@@ -34,7 +34,7 @@ from atrium.distribution.records import RECORDS_DIR, InstallRecord, RecordStore
 from atrium.distribution.swap import exchange, move_new
 from atrium.distribution.validate import runtime_dir_re
 from atrium.errors import InstallFailed, StorageFull
-from atrium.files import sync_dir
+from atrium.files import sync_dir, touched_since
 from atrium.git import GitError, ScopeRepo, run_git
 from atrium.scopes import Scope, ScopeLayout
 
@@ -431,17 +431,10 @@ class Installer:
             # a quarantined folder belongs to an unreadable journal: only an operator may judge it
             if entry.name.endswith(QUARANTINE_SUFFIX):
                 continue
-            if oldest is not None and _touched_since(entry, oldest):
+            if oldest is not None and touched_since(entry, oldest):
                 continue
             if not self.journals.exists(scope, entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-def _touched_since(entry: Path, moment: float) -> bool:
-    try:
-        return entry.lstat().st_mtime >= moment
-    except FileNotFoundError:
-        return True  # gone meanwhile: nothing to remove
 
 
 async def recover(

@@ -64,7 +64,7 @@ class DataKeeping:
         self._stops = stops
         #: the app's winning changeable scope, for a call that names none
         self._scope_of = scope_of
-        self.backups = BackupStore(layout.home / "backups")
+        self.backups = BackupStore(layout.backups_root, several=layout.shared)
         #: the backups of this pipeline's user's own data, whatever the app's scope: the
         #: bootstrap admin's are `backups`; another user's data of a shared app is theirs alone
         #: (``backups/users/<id>/global/<appId>/``), never in the admin's global backups
@@ -80,8 +80,9 @@ class DataKeeping:
         scope's backups are their own (`BackupStore` with ``user``), and its runtime data is
         where the lifecycle keeps that user's (`ScopeLayout.runtime_dir`), not in the app
         directory (decisions.md "Users: backups per user")."""
-        self.backups = BackupStore(self._layout.home / "backups", user)
-        self.own = BackupStore(self._layout.home / "backups", user, shared=True)
+        root, several = self._layout.backups_root, self._layout.shared
+        self.backups = BackupStore(root, user, several=several)
+        self.own = BackupStore(root, user, shared=True, several=several)
         self._user = user
         self._runtime = self._layout.user_root(user) / "runtime"
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from atrium.files import sync_dir
 from atrium.lifecycle.instance import Instance
+from atrium.scopes import backups_root
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _set_aside(home: Path, user_id: str, scopes: Path | None) -> Path | None:
     sync_dir(scope.parent)
     # their user scope's backups (`BackupStore` with a user) go with it: a reused id starts
     # with none
-    backups = home / "backups" / "users" / user_id
+    backups = backups_root(home, scopes) / "users" / user_id
     if backups.is_dir() and not backups.is_symlink():
         try:
             backups.rename(target / "backups")

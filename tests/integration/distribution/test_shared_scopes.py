@@ -212,3 +212,52 @@ def test_a_writer_killed_mid_install_is_finished_by_the_next_writer_on_another_s
     assert list(journal.glob("*.json")) == []
     assert shared.git("status", "--porcelain") == ""
     subprocess.run(["git", "fsck", "--strict"], cwd=shared.scopes / "global", check=True)
+
+
+def test_a_backup_made_on_one_shell_is_listed_and_restored_on_the_other(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    """The backups are beside the data they copy, in the shared folder: each shell's home kept
+    its own, so a backup made through one shell was not listed (nor restorable) through another,
+    though the data folder it copied is the same. Another shell's snapshot or removal under way
+    there is left alone by a prune and by a starting shell's recovery; one a kill left an hour
+    ago goes."""
+    app = "com.example.keptshared"
+    one, two = shared.start("one"), shared.start("two")
+    source = make_app(app)
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        installed_ok(on_one, f"local:{source}")
+        instance = f"{app}-1"  # the data folder an instance of it left
+        notes = shared.scopes / "global/apps" / app / instance / "notes.txt"
+        notes.parent.mkdir()
+        notes.write_text("one")
+        taken = on_one.post(f"/api/dist/backups/{app}")
+        assert taken.status_code == 200, taken.text
+        backup = taken.json()["id"]
+        folder = shared.scopes / "backups/global" / app
+        assert (folder / backup / "data" / instance / "notes.txt").read_text() == "one"
+        wait_for(lambda: listed(on_two, app), "the install read on two")
+        assert [b["id"] for b in on_two.get(f"/api/dist/backups/{app}").json()] == [backup]
+
+        notes.write_text("changed")
+        restored = on_two.post(f"/api/dist/restore/{app}", json={"backup": backup})
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["ok"] is True, restored.text
+        assert notes.read_text() == "one"
+
+        # another shell's work under way, and what a kill left an hour ago
+        an_hour_ago = time.time() - 3700
+        busy = [folder / ".20990101T000000000000Z-1.0.0.partial", folder / ".deleting-x"]
+        left = [folder / ".20000101T000000000000Z-1.0.0.partial", folder / ".deleting-y"]
+        for path in busy + left:
+            path.mkdir()
+        for path in left:
+            os.utime(path, (an_hour_ago, an_hour_ago))
+        again = on_two.post(f"/api/dist/backups/{app}")  # pruned after it is taken
+        assert again.status_code == 200, again.text
+        assert all(p.is_dir() for p in busy)
+        assert not left[0].exists()  # a prune drops stale snapshots, not removals
+        assert left[1].is_dir()
+    shared.start("three")  # its start finishes what a kill left
+    assert all(p.is_dir() for p in busy)
+    assert not left[1].exists()
