@@ -526,6 +526,12 @@ class DataProxy:
                 if heard == self._heard:
                     self._elsewhere[key] = address
                 return address
+            if found:
+                # a boot whose shell died is on its way nowhere: its row stays as it was left
+                # until that shell's home starts again, and a wait for it took the whole wake
+                # time at every request, with none left for this shell's own wake (503)
+                alive = await self._lifecycle.coordination.shells_alive({r.shell for r in found})
+                found = [r for r in found if r.shell in alive]
             if not found or time.monotonic() + LOOK_EVERY > deadline:
                 if not found and heard == self._heard:
                     self._nowhere.add(key)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from atrium.lifecycle.runners.kubernetes import render
 from atrium.lifecycle.states import InstanceState
 from atrium.state.database import Database
-from atrium.state.schema import users
+from atrium.state.schema import instances, users
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.cluster import FakeCluster
 from tests.kube.test_several_shells_numbering import SLOW_START, WOKEN, probe_app
@@ -401,3 +401,39 @@ def test_a_user_removed_and_made_again_while_a_shell_stalled_has_their_old_pods_
             SLOW,
         )
         assert not two.shell.users.require("bob").disabled  # the new account stays
+
+
+def test_a_boot_its_shell_died_in_is_not_waited_for(
+    tmp_path: Path, kube_shells: StartShell
+) -> None:
+    """A shell that dies while an instance of the app boots leaves its row as it was (`creating`,
+    no pod yet), until its home starts again. A data request on another shell took that row for
+    one on its way and waited the whole wake time for it, then had none left for its own wake:
+    503 at every request. A row whose shell holds no lock is on its way nowhere. (The row is
+    written here as the dead shell left it: killing a shell inside a boot is a race.)"""
+    shared_provider(tmp_path, WOKEN, "orphaned", wakeTimeoutMs=4_000, idleTimeoutMs=60_000)
+    two = kube_shells("two")
+    url = two.shell.settings.state_url
+    assert url is not None
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(instances).values(
+                    {
+                        "id": f"{WOKEN}-1",
+                        "app_id": WOKEN,
+                        "owner": two.shell.settings.user,
+                        "slug": "orphanedboot1",
+                        "state": InstanceState.CREATING.value,
+                        "runner": "kubernetes",
+                        "shell": "gone-host:/gone/home",
+                        "updated_at": "2026-01-01T00:00:00.000Z",
+                    }
+                )
+            )
+    finally:
+        engine.dispose()
+    with two.client(timeout=SLOW) as api:
+        answer = api.get("/api/data/orphaned/items/a")
+        assert answer.status_code == 200, answer.text  # was 503 after the 4-s wake time
