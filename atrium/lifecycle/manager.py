@@ -28,6 +28,7 @@ from atrium.errors import (
     Busy,
     DatabaseLost,
     HookFailed,
+    InstanceElsewhere,
     InvalidRequest,
     LifecycleTransitionError,
     NotFound,
@@ -247,8 +248,10 @@ class LifecycleManager(InstanceIndex):
         one owner's instances of an app one id: its pods, Secrets and claims (named by id, in
         one namespace) clashed, the second launch failed, and every list showed the id
         twice."""
-        if self.rows is None or instance_id is not None:
+        if self.rows is None:
             return self.new_instance(app_id, instance_id, owner=owner)
+        if instance_id is not None:
+            return await self._claimed_again(app_id, instance_id, owner)
         made = await self.numbered(
             app_id,
             self.id_prefix(app_id, owner),
@@ -257,6 +260,26 @@ class LifecycleManager(InstanceIndex):
         if made is None:  # pragma: no cover - ``make`` always makes one
             raise Busy(app_id, "numbering a new instance")
         return made
+
+    async def _claimed_again(self, app_id: str, instance_id: str, owner: str) -> Instance:
+        """An instance brought back under its own id (after a change of its app stopped it),
+        its row claimed as a new one's: while it was stopped its id was free, and another
+        shell's launch may have numbered its own with it. Brought back then, two shells held one
+        id: on a cluster the second's pod, Secret and claim clashed with the first's, and with a
+        shared scope folder both ran on one data folder. InstanceElsewhere then."""
+        assert self.rows is not None  # noqa: S101 - several shells only
+        instance = self.new_instance(app_id, instance_id, owner=owner)
+        try:
+            if await self.rows.claim(instance):
+                return instance
+        except SQLAlchemyError:
+            return instance  # cut off: the boot is refused by the instance lock anyway
+        self._forget(instance)
+        raise InstanceElsewhere(
+            f"instance {instance_id} was not brought back: another shell launched an instance "
+            "under its id while it was stopped (that one keeps its data)",
+            instanceId=instance_id,
+        )
 
     async def numbered(
         self, app_id: str, prefix: str, make: Callable[[set[str]], Instance | None]

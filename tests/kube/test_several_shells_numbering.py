@@ -221,3 +221,40 @@ def test_a_provider_taken_over_is_not_handed_out_by_a_launch(
         launched = api_two.post("/api/instances", json={"appId": WOKEN})
         assert launched.status_code == 200, launched.text
         assert launched.json()["instanceId"] == f"{WOKEN}-1"
+
+
+def test_an_instance_brought_back_after_a_change_is_not_doubled_by_another_shells_launch(
+    kube_shells: StartShell, kube_settings: FakeCluster
+) -> None:
+    """A change of an app (an update, a restore) stops its instances and brings them back under
+    their own ids. While one was stopped its id was free in the rows, and another shell's launch
+    numbered its own with it; the bringing back took the id again without asking the rows: two
+    shells held one id, and the second's pod, Secret and claim were the first's. It is claimed
+    as a new instance's now: the one launched meanwhile keeps the id, and the other is not
+    brought back (said in the change's answer, as any instance that fails to come back)."""
+    one, two = kube_shells("one"), kube_shells("two")
+    namespace = one.shell.settings.kube_namespace
+    stops = one.shell.dist.stops
+    with one.client(timeout=SLOW) as api, two.client(one.token, timeout=SLOW) as api_two:
+        made = api.post("/api/instances", json={"appId": PROBE})
+        assert made.status_code == 200, made.text
+        iid = made.json()["instanceId"]
+        assert one.on_loop(stops.stop_all(PROBE)) == [iid]
+        url = one.shell.settings.state_url
+        wait_for(lambda: row_of(url, iid) is None, "the stopped instance's row gone")
+        again = api_two.post("/api/instances", json={"appId": PROBE, "new": True})
+        assert again.status_code == 200, again.text
+        assert again.json()["instanceId"] == iid  # the lowest free id
+        pod = kube_settings.pod(namespace, render.pod_name(iid))
+        assert pod is not None
+        failed = one.on_loop(stops.restart(PROBE, [iid]))
+        assert "another shell launched an instance under its id" in failed[iid]
+        assert one.shell.lifecycle.find(iid) is None
+        held = two.shell.lifecycle.get(iid)
+        assert held.state is InstanceState.STARTED
+        after = kube_settings.pod(namespace, render.pod_name(iid))
+        assert after is not None
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"]  # two's pod, untouched
+        rows = two.shell.lifecycle.rows
+        assert rows is not None
+        assert row_of(url, iid).shell == rows.shell
