@@ -20,7 +20,9 @@ On several shells of one database, a request for which this shell runs no `resum
 the user's goes to one another shell runs in a pod (which every shell reaches, at the address its
 row gives), before anything is woken here: one provider serves every shell, on its data, and a
 wake on one shell while another's provider boots waits for that boot. What it found is kept until
-that instance's next state change or row write (their events reach every shell); each request
+that instance's next state change or row write (their events reach every shell), and sent requests
+only while its pod is known to be there (asked again every 2 s; decisions.md "Several shells: a pod
+no shell holds is checked before it is sent anything"); each request
 sent there is noted in its row (at most once a second), and its own shell's idle stop counts it
 (decisions.md "Several shells: one provider for every shell").
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -59,9 +62,11 @@ from atrium.lifecycle.headless import Woken, is_provider_id
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
+from atrium.lifecycle.unheld import Verdict
 from atrium.permissions import holds
 from atrium.providers import ProviderTable
 from atrium.registry import AppRegistry
+from atrium.state.instances import InstanceRow
 
 _LOGGER = logging.getLogger(__name__)
 RESUMED = InstanceState.RESUMED.value
@@ -81,6 +86,11 @@ MAX_KEY: Final = 512
 NOTE_EVERY: Final = 1.0
 #: how often a wake looks again at another shell's provider on its way to `resumed` (s)
 LOOK_EVERY: Final = 0.1
+
+
+class _Unheld(Exception):
+    """The provider another shell's row names runs in a pod no shell holds, not known to run at
+    the row's address: the request is refused, not sent there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +146,10 @@ class DataProxy:
         #: (app id, owner) → this shell's instance registered for that user's requests
         self._registered: dict[tuple[str, str], str] = {}
         #: (app id, owner) → another shell's instance serving them, as its row said (several
-        #: shells: every shell reaches a pod); dropped at that instance's next event
-        self._elsewhere: dict[tuple[str, str], AppAddress] = {}
+        #: shells: every shell reaches a pod), and until when (`time.monotonic`) its pod is
+        #: known to be there (`atrium.lifecycle.unheld`: a pod whose shell is gone is asked of
+        #: the cluster again after that); dropped at that instance's next event
+        self._elsewhere: dict[tuple[str, str], tuple[AppAddress, float]] = {}
         #: (app id, owner) no other shell serves, as the rows said: until one of theirs resumes
         self._nowhere: set[tuple[str, str]] = set()
         #: events heard that may make a row read stale (a read is kept only if none came)
@@ -283,7 +295,7 @@ class DataProxy:
         self._nowhere.clear()
 
     def _forget_elsewhere(self, instance_id: str) -> None:
-        for key, address in list(self._elsewhere.items()):
+        for key, (address, _) in list(self._elsewhere.items()):
             if address.instance_id == instance_id:
                 del self._elsewhere[key]
 
@@ -373,10 +385,11 @@ class DataProxy:
                 owner,
             )
         elsewhere = self._elsewhere.get((app_id, owner))
-        if elsewhere is not None:
-            self._note(elsewhere.instance_id)
+        if elsewhere is not None and (now := time.monotonic()) < elsewhere[1]:
+            # past its time it is routed as found anew (`wake`: the row read, its pod checked)
+            self._note(elsewhere[0].instance_id, now)
             return Route(
-                elsewhere,
+                elsewhere[0],
                 app_id,
                 decision.permission,
                 decision.caller_app_id,
@@ -426,9 +439,12 @@ class DataProxy:
         wait = provider.wake_timeout_ms / 1000 if provider.wake else 0.0
         deadline = time.monotonic() + wait
         resume_within = copy.manifest.hook_timeout_ms / 1000 if copy and copy.manifest else 0.0
-        elsewhere = await self._serving_elsewhere(
-            route.app_id, route.owner, deadline, resume_within
-        )
+        try:
+            elsewhere = await self._serving_elsewhere(
+                route.app_id, route.owner, deadline, resume_within
+            )
+        except _Unheld as err:
+            raise self._unavailable(route.app_id, route.authority, route.owner, str(err)) from None
         if elsewhere is not None:
             self._note(elsewhere.instance_id)
             return Route(
@@ -519,13 +535,22 @@ class DataProxy:
                     or (r.runner == POD_RUNNER and is_provider_id(prefix, r.id))
                 )
             ]
-            address = next(
-                (r.address for r in found if r.state == RESUMED and r.address is not None), None
-            )
-            if address is not None:
-                if heard == self._heard:
-                    self._elsewhere[key] = address
-                return address
+            refused = None
+            for row in (r for r in found if r.state == RESUMED):
+                address = row.address
+                if address is None:
+                    continue
+                # sent nothing while its shell is gone and the cluster does not say its pod runs
+                # there: the address may be another pod's (`atrium.lifecycle.unheld`)
+                verdict = await self._checked(row)
+                if verdict.refusal is None:
+                    if heard == self._heard:
+                        self._elsewhere[key] = (address, verdict.until)
+                    return address
+                refused = f"its instance {row.id} is not served now: {verdict.refusal}"
+            if refused is not None:
+                self._elsewhere.pop(key, None)
+                raise _Unheld(refused)
             if found:
                 # a boot whose shell died is on its way nowhere: its row stays as it was left
                 # until that shell's home starts again, and a wait for it took the whole wake
@@ -538,10 +563,14 @@ class DataProxy:
                 return None
             await asyncio.sleep(LOOK_EVERY)  # one booting on another shell: its boot, not ours
 
-    def _note(self, instance_id: str) -> None:
+    async def _checked(self, row: InstanceRow) -> Verdict:
+        pods = self._lifecycle.pods
+        return Verdict(math.inf) if pods is None else await pods.verdict(row)
+
+    def _note(self, instance_id: str, now: float | None = None) -> None:
         """A request sent to another shell's instance: noted in its row (at most once a
         second), so that its own shell's idle stop counts it."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if now - self._noted.get(instance_id, -NOTE_EVERY) < NOTE_EVERY:
             return
         if len(self._noted) >= DECISIONS:

@@ -651,6 +651,18 @@ class InstanceElsewhere(AtriumError):
     http_status = 503
 
 
+class InstanceUnheld(AtriumError):
+    """An app origin's instance runs in a pod whose shell is gone and that no shell holds, and
+    the cluster does not say that pod still runs at the address its row gives (it was deleted
+    or evicted, and the address may be another pod's now): nothing is sent there."""
+
+    code = "instance_unheld"
+    http_status = 503
+
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": "2"}
+
+
 class ShellTimeout(AtriumError):
     """An action asked of another shell's instance (its pod) got no answer in time: with
     ``taken`` false that shell never took it and it is withdrawn (nothing was done); with

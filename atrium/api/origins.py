@@ -28,7 +28,13 @@ from atrium.api.events import serve_events
 from atrium.api.proxy.data import PREFIX as DATA_PREFIX
 from atrium.api.proxy.data import serve_data
 from atrium.api.proxy.pages import forward_page, user_headers
-from atrium.errors import InstanceElsewhere, NotFound, PermissionDenied, Unauthenticated
+from atrium.errors import (
+    InstanceElsewhere,
+    InstanceUnheld,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
 from atrium.identity import CALLER_SCOPE_KEY, AppCaller
 from atrium.lifecycle.calls import AppAddress
 from atrium.lifecycle.instance import Instance, View
@@ -127,6 +133,23 @@ class Elsewhere:
             instanceId=row.id,
             shell=machine,
         )
+
+    async def checked(self, shell: Shell) -> None:
+        """InstanceUnheld unless its pod may be sent requests at its row's address: its shell
+        lives (and watches it), or the cluster says the pod the row names runs there
+        (`atrium.lifecycle.unheld`; the answer is kept a few seconds)."""
+        pods = shell.lifecycle.pods
+        row = self.row
+        if pods is None or row.address is None:
+            return  # no address: `address` refuses it
+        refusal = (await pods.verdict(row)).refusal
+        if refusal is not None:
+            raise InstanceUnheld(
+                f"{row.app_id}'s instance {row.id} is not served now: {refusal}. Nothing is "
+                "sent to the address its row gives, which the cluster may have given another "
+                "pod; it is served again once its shell is back or another shell takes it over",
+                instanceId=row.id,
+            )
 
     @property
     def address(self) -> AppAddress:
@@ -480,6 +503,8 @@ class AppOrigins:
             )
         if isinstance(instance, Elsewhere) and not instance.reachable and looking.role != OWNER:
             raise instance.refusal(named=False)  # its owner alone learns the machine
+        if isinstance(instance, Elsewhere):
+            await instance.checked(shell)
         themed = self._transform_html(instance, looking.user.id) if self._transform_html else None
         return await proxy_page(
             shell, instance, request, request.url.path, with_xhr_auth(themed), looking=looking

@@ -63,6 +63,7 @@ from atrium.lifecycle.runners import LogChunk, Runner, Survivor
 from atrium.lifecycle.runners.process import read_log_file
 from atrium.lifecycle.states import HOOK_BEFORE, TRANSITIONS, Hook, InstanceState
 from atrium.lifecycle.trials import Trials
+from atrium.lifecycle.unheld import PodCheck
 from atrium.lifecycle.views import ViewDesk
 from atrium.lifecycle.warmpool import WarmPool
 from atrium.registry import AppCopy, AppRegistry
@@ -128,6 +129,9 @@ class LifecycleManager(InstanceIndex):
         self.takeover: Takeover | None = None
         #: actions asked of other shells' pods, and done here for theirs (several shells only)
         self.asked = AskedActions(self, rows) if rows is not None else None
+        #: whether another shell's pod may be sent requests at its row's address (several
+        #: shells only: a pod whose shell is gone is asked of the cluster first)
+        self.pods = PodCheck(self.coordination, runner) if rows is not None else None
         self._operations = operations or NoOperations()
         self._may_run = may_run or (lambda _owner: True)
         self.pool = WarmPool(self, registry, bus, self._operations, self.coordination)

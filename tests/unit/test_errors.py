@@ -301,6 +301,9 @@ SAMPLES: Final[dict[type[AtriumError], Callable[[], AtriumError]]] = {
     errors.InstanceElsewhere: lambda: errors.InstanceElsewhere(  # noqa: S604
         "runs on another shell", instanceId="com.example.a-1", shell="node2"
     ),
+    errors.InstanceUnheld: lambda: errors.InstanceUnheld(
+        "its pod is gone", instanceId="com.example.a-1"
+    ),
     errors.ShellTimeout: lambda: errors.ShellTimeout(  # noqa: S604
         "not taken in 5 s", instanceId="com.example.a-1", shell="node2", taken=False
     ),

@@ -640,6 +640,26 @@ class KubernetesRunner:
             raise self._refused(err, "get", "pods", "") from err
         return self._plain(pod)
 
+    async def runs_at(self, ref: Mapping[str, Any], host: str) -> str | None:
+        """Why the pod ``ref`` names is not the one running at ``host`` now (None: it is): gone,
+        another pod of its name (uid), ended or being deleted, or at another address. Another
+        shell's pod no shell holds (`atrium.lifecycle.unheld`); SpawnFailed ``api`` when the API
+        does not answer."""
+        name, uid = str(ref.get("pod") or ""), str(ref.get("uid") or "")
+        if not name or not uid:
+            return "its row names no pod"
+        pod = await self.read_pod(name)
+        if pod is None:
+            return f"pod {name} is gone"
+        if str((pod.get("metadata") or {}).get("uid") or "") != uid:
+            return f"pod {name} is another pod now (not uid {uid})"
+        if exit_of(pod) is not None or not runs(pod):
+            return f"pod {name} no longer runs"
+        there = str((pod.get("status") or {}).get("podIP") or "")
+        if there != host:
+            return f"pod {name} is at {there or 'no address'} now, not {host}"
+        return None
+
     async def delete_pod(self, name: str, uid: str, grace: float) -> None:
         body: dict[str, Any] = {"gracePeriodSeconds": max(0, round(grace))}
         if uid:
