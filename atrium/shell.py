@@ -25,6 +25,7 @@ from atrium.distribution.operations import AppLocks
 from atrium.distribution.pipeline import Distribution
 from atrium.distribution.reach import FetchPolicy, Reach
 from atrium.distribution.records import RecordStore
+from atrium.distribution.stops import ChangedElsewhere
 from atrium.errors import AtriumError
 from atrium.events import APP_EGRESS, SCOPE_CHANGED
 from atrium.git import ScopeRepo
@@ -237,11 +238,15 @@ def index_host(index: IndexClient) -> Callable[[], str | None]:
 
 
 def reread_scopes(
-    registry: AppRegistry, user_scopes: UserScopes, exists: Callable[[str], bool]
+    registry: AppRegistry,
+    user_scopes: UserScopes,
+    exists: Callable[[str], bool],
+    changed: ChangedElsewhere,
 ) -> Callable[[Event], None]:
     """A listener of every shell's `scope:changed`: another shell wrote a scope this one may
     share, so the registry reads it again (before the event reaches this shell's streams), and
-    a user scope not opened here yet is opened (recovered, loaded) when its account exists."""
+    a user scope not opened here yet is opened (recovered, loaded) when its account exists.
+    This shell's instances of a copy changed there are renewed (`ChangedElsewhere`)."""
     tasks: set[asyncio.Task[object]] = set()
 
     def heard(event: Event) -> None:
@@ -250,9 +255,11 @@ def reread_scopes(
         scope = event.payload.get("scope")
         if scope == Scope.GLOBAL.value:
             registry.reread(Scope.GLOBAL)
+            changed.heard()
         elif scope == Scope.USER.value and event.owner is not None:
             if event.owner in registry.users():
                 registry.reread(Scope.USER, event.owner)
+                changed.heard()
             elif exists(event.owner):
                 task = asyncio.get_running_loop().create_task(load(event.owner))
                 tasks.add(task)
@@ -623,7 +630,12 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         stack.callback(
             bus.listen(
                 (SCOPE_CHANGED,),
-                reread_scopes(registry, user_scopes, lambda u: users.get(u) is not None),
+                reread_scopes(
+                    registry,
+                    user_scopes,
+                    lambda u: users.get(u) is not None,
+                    ChangedElsewhere(lifecycle, registry, locks),
+                ),
                 others=True,
             )
         )

@@ -8,14 +8,16 @@ each comes back to the same runtime data).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from atrium.distribution.operations import AppLocks
 from atrium.errors import AtriumError, NotFound
 from atrium.lifecycle.manager import LifecycleManager
 from atrium.lifecycle.states import InstanceState
-from atrium.registry import UserApps
+from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -127,3 +129,65 @@ class InstanceStops:
                 self._lifecycle.pool.refill(app_id), f"warm-pool fill {app_id}"
             )
         return failed
+
+
+class ChangedElsewhere:
+    """With a scope folder several shells share: after another shell changed a scope (an install,
+    update, rollback or uninstall there, heard as its `scope:changed` once this shell read the
+    scope again), this shell's instances that run a copy their owner no longer sees are stopped
+    and, while the app is still visible to that owner, brought back on the copy they see now,
+    as a change made here does. They ran the old version on until they were closed (a woken
+    provider until it was idle: every shell's data requests kept it busy), or an uninstalled
+    app on. An app an operation here holds is left to it (it brings its instances back)."""
+
+    def __init__(self, lifecycle: LifecycleManager, registry: AppRegistry, locks: AppLocks) -> None:
+        self._lifecycle = lifecycle
+        self._registry = registry
+        self._locks = locks
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def heard(self) -> None:
+        """A scope was read again: look (one look at a time; a change heard during one makes
+        another after it)."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = self._lifecycle.spawn_task(self._look(), "instances of a changed copy")
+
+    def _stale(self) -> dict[tuple[str, str], bool]:
+        """(app, owner) of the instances whose copy is not the one their owner sees now, and
+        whether the app is still visible to that owner."""
+        stale: dict[tuple[str, str], bool] = {}
+        for instance in self._lifecycle.all():
+            copy = self._registry.get(instance.app_id, instance.owner)
+            if copy is None or copy.manifest != instance.manifest:
+                stale[(instance.app_id, instance.owner)] = copy is not None
+        return stale
+
+    async def _look(self) -> None:
+        while True:
+            self._again = False
+            for (app_id, owner), visible in self._stale().items():
+                if self._locks.is_held(app_id):
+                    continue
+                try:
+                    await self._renew(app_id, owner, visible)
+                except AtriumError as err:
+                    _LOGGER.warning("%s of %s: not renewed: %s", app_id, owner, err.message)
+            if not self._again:
+                return
+
+    async def _renew(self, app_id: str, owner: str, visible: bool) -> None:
+        stops = InstanceStops(self._lifecycle, UserApps(self._registry, owner))
+        with self._locks.hold(app_id, "a change made on another shell"):
+            stopped = await stops.stop_all(app_id, owner=owner)
+            failed = await stops.restart(app_id, stopped) if visible else {}
+        _LOGGER.info(
+            "%s of %s changed on another shell: %d instances %s here%s",
+            app_id,
+            owner,
+            len(stopped),
+            "brought back on the new copy" if visible else "stopped (the app is gone)",
+            f" ({len(failed)} did not come back)" if failed else "",
+        )

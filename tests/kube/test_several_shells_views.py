@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
 
 from atrium.bus import Event
 from atrium.errors import NotFound
@@ -191,15 +192,23 @@ async def settled(desk: ViewDesk) -> None:
 
 
 def test_a_view_released_on_a_third_shell_leaves_an_instance_numbered_alike_alone(
-    kube_shells: StartShell,
+    kube_shells: StartShell, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two shells' instances may share an id: a launch numbers past every shell's rows, but
-    an update brings an instance back under its own id, and a shell cut off numbers without
-    them. Here shell 2 brings one back under the id of shell 1's (shell 2 runs local
-    instances: two shells' pods of one id would share a pod name in one namespace). A view of
-    shell 1's instance released on shell 3 is announced by id and slug; shell 2 once matched
-    it by id alone, found its own instance unviewed, and stopped it."""
+    """Two shells' instances may share an id: a launch, and an instance brought back after a
+    change, claim their id's row, but a shell cut off from the database numbers without it.
+    Here shell 2 brings one back under the id of shell 1's as a cut-off shell would (its claim
+    of the row fails; shell 2 runs local instances: two shells' pods of one id would share a
+    pod name in one namespace). A view of shell 1's instance released on shell 3 is announced
+    by id and slug; shell 2 once matched it by id alone, found its own instance unviewed, and
+    stopped it."""
     one, two, three = kube_shells("one"), kube_shells("two", runner="auto"), kube_shells("three")
+    rows = two.shell.lifecycle.rows
+    assert rows is not None
+
+    async def cut_off(_instance: object) -> bool:
+        raise OperationalError("claim", {}, ConnectionError("cut off"))
+
+    monkeypatch.setattr(rows, "claim", cut_off)
     heard: list[Event] = []
     with (
         one.client(timeout=SLOW) as api,

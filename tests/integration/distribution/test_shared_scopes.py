@@ -20,7 +20,12 @@ import pytest
 from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
-from tests.integration.distribution.conftest import MakeApp, install, installed_ok
+from tests.integration.distribution.conftest import (
+    MakeApp,
+    install,
+    installed_ok,
+    write_manifest,
+)
 from tests.postgres import new_database
 
 pytestmark = pytest.mark.integration
@@ -34,7 +39,7 @@ class Shared:
         self.url, self.scopes, self.root, self.system_apps = url, scopes, root, system_apps
         self.running: list[RunningShell] = []
 
-    def start(self, name: str) -> RunningShell:
+    def start(self, name: str, runner: str = "process") -> RunningShell:
         home = self.root / name
         home.mkdir(mode=0o700)
         shell = launch_shell(
@@ -42,7 +47,7 @@ class Shared:
             self.system_apps,
             database_url=self.url,
             scopes_dir=self.scopes,
-            runner="process",
+            runner=runner,
             token=Served.TOKEN,  # the served shells' ATRIUM_TOKEN: one bootstrap token for all
         )
         self.running.append(shell)
@@ -261,3 +266,41 @@ def test_a_backup_made_on_one_shell_is_listed_and_restored_on_the_other(
     shared.start("three")  # its start finishes what a kill left
     assert all(p.is_dir() for p in busy)
     assert not left[1].exists()
+
+
+def test_an_update_on_one_shell_renews_the_instances_of_the_other(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    """An update through one shell stopped and brought back that shell's instances only: the
+    other shell's ran the old version on (until closed), and after an uninstall there the app
+    ran on. The other shell renews them once it has read the scope again: the same id on the
+    new copy, and an uninstalled app's stopped."""
+    app = "com.example.renewed"
+    one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
+    source = make_app(app)
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        installed_ok(on_one, f"local:{source}")
+        wait_for(lambda: listed(on_two, app), "the install read on two")
+        launched = on_two.post("/api/instances", json={"appId": app})
+        assert launched.status_code == 200, launched.text
+        instance = launched.json()["instanceId"]
+        held = two.shell.lifecycle.get(instance)
+        assert held.manifest.version == "1.0.0"
+
+        write_manifest(source, version="2.0.0")
+        updated = on_one.post(f"/api/dist/update/{app}", json={})
+        assert updated.status_code == 200, updated.text
+
+        def renewed() -> bool:
+            now = two.shell.lifecycle.find(instance)
+            return (
+                now is not None and now.manifest.version == "2.0.0" and now.state.value == "started"
+            )
+
+        wait_for(renewed, "two's instance brought back on 2.0.0", DEADLINE)
+
+        removed = on_one.delete(f"/api/dist/uninstall/{app}")
+        assert removed.status_code == 200, removed.text
+        wait_for(
+            lambda: two.shell.lifecycle.find(instance) is None, "two's instance ended", DEADLINE
+        )
