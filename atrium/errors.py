@@ -461,8 +461,10 @@ class MisdirectedRequest(AtriumError):
 
 
 class TooManyAttempts(AtriumError):
-    """Too many sign-ins within a window: failed ones for one account from one address, any
-    from one address, or too many of one address's at once (`limit` names which)."""
+    """Too many of something within a window (`limit` names which): failed sign-ins for one
+    account from one address, any sign-ins from one address, or too many of one address's at
+    once; views opened, or actions asked of other shells' instances, by one caller on one shell
+    (several shells only)."""
 
     code = "too_many_attempts"
     http_status = 429
@@ -470,6 +472,8 @@ class TooManyAttempts(AtriumError):
         "account": "too many failed sign-ins for this account from this address",
         "address": "too many sign-ins from this address",
         "at_once": "too many sign-ins at once from this address",
+        "views": "too many views opened in a minute",
+        "asks": "too many actions asked of instances on other shells in a minute",
     }
 
     def __init__(self, retry_after: int, *, limit: str = "account") -> None:

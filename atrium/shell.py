@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from atrium.api.rates import SharedWrites
 from atrium.bus import Event, EventBus
 from atrium.dataproxy import DataProxy
 from atrium.distribution import spool
@@ -109,6 +110,8 @@ class Shell:
     isolation: str = ""
     #: the apps' network egress: granted at install, revocable (`atrium.lifecycle.egress`)
     egress: EgressGrants | None = None
+    #: the views and asks each caller made lately (several shells: `atrium.api.rates`)
+    rates: SharedWrites = field(default_factory=SharedWrites)
 
     @property
     def host_origins(self) -> frozenset[str]:

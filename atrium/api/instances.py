@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from atrium.api.auth import Access, audit_target, endpoint, shell_of
+from atrium.api.auth import Access, actor_of, audit_target, endpoint, shell_of
 from atrium.api.bodies import bounded_body, read_model
 from atrium.api.origins import Elsewhere, Looking, proxy_page
 from atrium.errors import (
@@ -314,6 +314,7 @@ async def create_instance(request: Request, caller: Caller) -> Response:
         audit_target(request, instance_id=held.id)
         if held.row.state != InstanceState.STOPPED.value:
             return JSONResponse(elsewhere_wire(held))
+        shell.rates.take("asks", actor_of(caller))
         status, answer = await ask_elsewhere(shell, held, "start")
         if status != 200:
             return JSONResponse(answer, status_code=status)
@@ -355,6 +356,7 @@ async def instance_action(request: Request, caller: Caller) -> Response:
         held = await owned_pod_elsewhere(shell, caller, instance_id)
         if not shell.lifecycle.is_action(action):
             await shell.lifecycle.act(instance_id, action)  # raises its 400, naming them
+        shell.rates.take("asks", actor_of(caller))
         status, body = await ask_elsewhere(shell, held, action)
         if status != 200:
             return JSONResponse(body, status_code=status)
@@ -373,6 +375,7 @@ async def delete_instance(request: Request, caller: Caller) -> Response:
         if shell.lifecycle.rows is None:
             raise
         held = await owned_pod_elsewhere(shell, caller, instance_id)
+        shell.rates.take("asks", actor_of(caller))
         status, body = await ask_elsewhere(shell, held, DELETE_FORCE if force else DELETE)
         return JSONResponse(body, status_code=status)
     problem = await shell.lifecycle.remove(instance_id, force=force)
@@ -427,6 +430,7 @@ async def create_activity(request: Request, caller: Caller) -> Response:
         if shell.lifecycle.rows is None:
             raise
         held = await owned_pod_elsewhere(shell, caller, instance_id)
+        shell.rates.take("asks", actor_of(caller))
         status, made = await ask_elsewhere(shell, held, ACTIVITY, {"extras": body.extras})
         if status != 200:
             return JSONResponse(made, status_code=status)
@@ -465,6 +469,7 @@ async def delete_activity(request: Request, caller: Caller) -> Response:
             raise
         held = await owned_pod_elsewhere(shell, caller, params["instance_id"])
         ended = {"activityId": params["activity_id"]}
+        shell.rates.take("asks", actor_of(caller))
         status, answer = await ask_elsewhere(shell, held, ACTIVITY_END, ended)
         if status != 200:
             return JSONResponse(answer, status_code=status)
@@ -477,6 +482,8 @@ async def create_view(request: Request, caller: Caller) -> Response:
     shell = shell_of(request)
     body = await read_model(request, ViewBody) if await bounded_body(request) else ViewBody()
     instance_id = request.path_params["instance_id"]
+    if shell.lifecycle.rows is not None:  # rows and an event every shell reads
+        shell.rates.take("views", actor_of(caller))
     try:
         return await _create_view(shell, caller, instance_id, body)
     except NotFound as err:
