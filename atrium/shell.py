@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from atrium.api.rates import SharedWrites
 from atrium.bus import Event, EventBus
 from atrium.dataproxy import DataProxy
 from atrium.distribution import spool
@@ -44,6 +43,7 @@ from atrium.lifecycle.runners.bwrap import BwrapRunner
 from atrium.lifecycle.runners.kubernetes import KubeSettings
 from atrium.lifecycle.stragglers import end_stragglers
 from atrium.monitor import UsageMonitor
+from atrium.rates import SharedWrites
 from atrium.registry import AppRegistry, UserApps
 from atrium.scopes import Scope, ScopeLayout
 from atrium.settings import Settings
@@ -110,7 +110,7 @@ class Shell:
     isolation: str = ""
     #: the apps' network egress: granted at install, revocable (`atrium.lifecycle.egress`)
     egress: EgressGrants | None = None
-    #: the views and asks each caller made lately (several shells: `atrium.api.rates`)
+    #: the views and asks each caller made lately (several shells: `atrium.rates`)
     rates: SharedWrites = field(default_factory=SharedWrites)
 
     @property

@@ -7,8 +7,8 @@ the kept log and keep the other shells and the cluster busy."""
 
 from __future__ import annotations
 
-from atrium.api import rates
-from atrium.api.rates import SharedWrites
+from atrium import rates
+from atrium.rates import SharedWrites
 from tests.integration.conftest import RunningShell
 from tests.kube.test_several_shells_actions import requests_of
 from tests.kube.test_several_shells_origins import PROBE, SLOW, kube_shells, two_kube_shells
