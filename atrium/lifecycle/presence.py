@@ -54,8 +54,9 @@ class Presence:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """With several shells: this shell's earlier run's rows go, its writer and the
-        leader's look start."""
+        """With several shells: this shell's earlier run's rows say its streams ended (the
+        leader's look counts those pages gone a grace later), its writer and the leader's
+        look start."""
         if self._shared is None:
             return
         await self._shared.sweep()

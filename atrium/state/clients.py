@@ -48,9 +48,17 @@ class ClientStreams:
             )
 
     async def sweep(self) -> None:
-        """At start: this shell's earlier run's rows (its streams ended with it)."""
+        """At start: this shell's earlier run's streams ended with it, at the latest now. Its
+        rows stay (ended now, or when they said): deleted, a page whose last stream was on the
+        earlier run and that was not counted gone before this start (a restart within the
+        grace, or a grace under way at a stop) was never counted gone, and its views were
+        held for as long as their instances ran."""
         async with self._db.transaction() as tx:
-            await tx.execute(sa.delete(client_streams).where(client_streams.c.shell == self.shell))
+            await tx.execute(
+                sa.update(client_streams)
+                .where((client_streams.c.shell == self.shell) & client_streams.c.since.is_(None))
+                .values(since=_EPOCH)
+            )
 
     async def gone(self, grace: float, client: str | None = None) -> list[str]:
         """The host pages (``client`` only, when given) no living shell has had a stream of for

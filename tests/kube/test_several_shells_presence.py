@@ -117,3 +117,22 @@ def test_a_pages_views_are_released_when_the_shell_of_its_stream_is_gone(
     stream.close()
     wait_for(lambda: all(view_row(url, v) is None for v in ids), "the views released", SLOW)
     wait_for(lambda: held.state is InstanceState.STOPPED, "the unviewed pod stopped", SLOW)
+
+
+def test_a_pages_views_are_released_when_the_shell_of_its_stream_restarts_within_the_grace(
+    kube_shells: StartShell, shells: tuple[RunningShell, RunningShell]
+) -> None:
+    """The shell that had the page's stream restarts (same home: same shell name) before the
+    leader has counted the page gone (held still here, so that it cannot look meanwhile): the
+    page's rows say that shell had its stream, and the new run must not wipe that out — its
+    views are released a grace later all the same, and the unviewed pod stops."""
+    one, two = shells
+    url = one.shell.settings.state_url
+    stream = page_stream(two, "tab-of-a-restarted-shell")
+    held, ids = views_made(one, two, "tab-of-a-restarted-shell")
+    with one.stalled():
+        stream.close()
+        two.stop()
+        kube_shells("two", view_grace_seconds=GRACE)
+    wait_for(lambda: all(view_row(url, v) is None for v in ids), "the views released", SLOW)
+    wait_for(lambda: held.state is InstanceState.STOPPED, "the unviewed pod stopped", SLOW)
