@@ -138,7 +138,8 @@ class ChangedElsewhere:
     and, while the app is still visible to that owner, brought back on the copy they see now,
     as a change made here does. They ran the old version on until they were closed (a woken
     provider until it was idle: every shell's data requests kept it busy), or an uninstalled
-    app on. An app an operation here holds is left to it (it brings its instances back)."""
+    app on. An app an operation here holds is left to it until it is over, then looked at
+    again (what it brought back runs the new copy already)."""
 
     def __init__(self, lifecycle: LifecycleManager, registry: AppRegistry, locks: AppLocks) -> None:
         self._lifecycle = lifecycle
@@ -168,14 +169,20 @@ class ChangedElsewhere:
     async def _look(self) -> None:
         while True:
             self._again = False
+            #: apps an operation here held: looked at again once it is over, since it may have
+            #: brought back only some of their instances (a user's backup stops that user's)
+            held: set[str] = set()
             for (app_id, owner), visible in self._stale().items():
                 if self._locks.is_held(app_id):
+                    held.add(app_id)
                     continue
                 try:
                     await self._renew(app_id, owner, visible)
                 except AtriumError as err:
                     _LOGGER.warning("%s of %s: not renewed: %s", app_id, owner, err.message)
-            if not self._again:
+            for app_id in held:
+                await self._locks.released(app_id)
+            if not (self._again or held):
                 return
 
     async def _renew(self, app_id: str, owner: str, visible: bool) -> None:

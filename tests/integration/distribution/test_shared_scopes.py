@@ -4,6 +4,7 @@ killed writer's journal recovered by the next writer."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from atrium.distribution.operations import AppLocks
 from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
@@ -304,3 +306,55 @@ def test_an_update_on_one_shell_renews_the_instances_of_the_other(
         wait_for(
             lambda: two.shell.lifecycle.find(instance) is None, "two's instance ended", DEADLINE
         )
+
+
+def test_an_update_heard_while_an_operation_holds_the_app_renews_once_it_is_over(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    """An operation on two held the app when one's update was heard there (a user's backup of
+    their own data stops that user's instances only): the renewal left the app to it, and nobody
+    looked again, so two's other instances ran the old version until the scope's next change.
+    The lock is held here as such an operation holds it, by hand: a real one is over before the
+    update is heard."""
+    app = "com.example.renewedlater"
+    one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
+    source = make_app(app)
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        installed_ok(on_one, f"local:{source}")
+        wait_for(lambda: listed(on_two, app), "the install read on two")
+        launched = on_two.post("/api/instances", json={"appId": app})
+        assert launched.status_code == 200, launched.text
+        instance = launched.json()["instanceId"]
+
+        locks = two.shell.lifecycle._operations
+        assert isinstance(locks, AppLocks)
+        over = threading.Event()
+
+        async def operation() -> None:
+            with locks.hold(app, "backup"):
+                await asyncio.to_thread(over.wait, DEADLINE)
+
+        assert two.loop is not None
+        running = asyncio.run_coroutine_threadsafe(operation(), two.loop)
+        wait_for(lambda: locks.operation(app) == "backup", "the operation holds the app")
+        write_manifest(source, version="2.0.0")
+        updated = on_one.post(f"/api/dist/update/{app}", json={})
+        assert updated.status_code == 200, updated.text
+        copy = two.shell.registry.get
+        wait_for(
+            lambda: (c := copy(app)) and c.manifest and c.manifest.version == "2.0.0",
+            "the update read",
+        )
+        for _ in range(2):  # the look the reading started has run (and left the app)
+            two.on_loop(asyncio.sleep(0))
+        assert two.shell.lifecycle.get(instance).manifest.version == "1.0.0"
+        over.set()
+        running.result(timeout=DEADLINE)
+
+        def renewed() -> bool:
+            now = two.shell.lifecycle.find(instance)
+            return (
+                now is not None and now.manifest.version == "2.0.0" and now.state.value == "started"
+            )
+
+        wait_for(renewed, "two's instance brought back on 2.0.0 once the operation is over", 20)
