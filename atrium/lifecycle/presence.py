@@ -33,12 +33,14 @@ SWEEP_EVERY: Final = 10.0
 
 class Presence:
     """Counts open event streams per client; calls ``on_gone(client)`` after ``grace`` seconds
-    without any."""
+    without any. ``on_gone`` answers False when the database refused some of the release: with
+    several shells the page's row is written again as ended, so that the leader's look releases
+    it again a grace later (the page's rows went with the decision, and nothing else would)."""
 
     def __init__(
         self,
         grace: float,
-        on_gone: Callable[[str], Awaitable[None]],
+        on_gone: Callable[[str], Awaitable[bool]],
         shared: ClientStreams | None = None,
         is_leader: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -111,7 +113,8 @@ class Presence:
                     self._mark(client)
                     return  # the leader's look finds it later
             _LOGGER.info("host page %s gone for %.0f s: releasing its views", client, self._grace)
-            await self._on_gone(client)
+            if not await self._on_gone(client):
+                self._mark(client)  # the leader's look releases it again
         finally:
             if self._timers.get(client) is asyncio.current_task():
                 del self._timers[client]
@@ -164,7 +167,8 @@ class Presence:
                     self._grace,
                 )
                 try:
-                    await self._on_gone(client)
+                    if not await self._on_gone(client):
+                        self._mark(client)  # looked at again a grace later
                 except Exception:  # the next page is released all the same
                     _LOGGER.exception("releasing the views of host page %s failed", client)
 

@@ -358,20 +358,24 @@ class ViewDesk:
         await self.reread_access(user)
         return await self.release_user(instance_id, user)
 
-    async def release_client(self, client: str) -> None:
+    async def release_client(self, client: str) -> bool:
         """Release every view held by a host page that has gone away: with several shells, also
         those made on any shell (their rows name the page), each as a release asked of it
         would (`InstanceRows.drop_view_elsewhere`: the instance's shell drops it and stops the
-        instance if it was its last view)."""
-        for instance in self._host.all():
-            for view in [v for v in instance.views.values() if v.client == client]:
-                await self._release_logged(instance, view.id)
-        if self._rows is None:
-            return
+        instance if it was its last view). False when the database refused some of it (a view
+        it released whose row is still there): `Presence` asks again later."""
+        released: set[str] = set()
         try:
+            for instance in self._host.all():
+                for view in [v for v in instance.views.values() if v.client == client]:
+                    released.add(view.id)
+                    await self._release_logged(instance, view.id)
+            if self._rows is None:
+                return True
             for view_id, slug in await self._rows.views_of_client(client):
                 mine = self._host.by_slug(slug)
                 if mine is not None:  # this shell's, its view not learnt here yet
+                    released.add(view_id)
                     if view_id in mine.views:
                         await self._release_logged(mine, view_id)
                     else:
@@ -379,9 +383,14 @@ class ViewDesk:
                     continue
                 held = await self._rows.by_slug(slug)
                 if held is not None:
+                    released.add(view_id)
                     await self._rows.drop_view_elsewhere(held, view_id)
+            # `forget` logs a row it could not drop and goes on
+            left = {view_id for view_id, _ in await self._rows.views_of_client(client)}
         except SQLAlchemyError as err:
-            _LOGGER.warning("host page %s: its views on other shells stay open: %s", client, err)
+            _LOGGER.warning("host page %s: some of its views stay open for now: %s", client, err)
+            return False
+        return not left & released
 
     async def _release_logged(self, instance: Instance, view_id: str) -> None:
         try:
