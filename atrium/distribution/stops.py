@@ -147,6 +147,8 @@ class ChangedElsewhere:
         self._locks = locks
         self._task: asyncio.Task[None] | None = None
         self._again = False
+        #: apps an operation here holds, to look at again once it is over (`_after`)
+        self._waiting: set[str] = set()
 
     def heard(self) -> None:
         """A scope was read again: look (one look at a time; a change heard during one makes
@@ -180,10 +182,22 @@ class ChangedElsewhere:
                     await self._renew(app_id, owner, visible)
                 except AtriumError as err:
                     _LOGGER.warning("%s of %s: not renewed: %s", app_id, owner, err.message)
-            for app_id in held:
-                await self._locks.released(app_id)
-            if not (self._again or held):
+            for app_id in held - self._waiting:
+                self._waiting.add(app_id)
+                self._lifecycle.spawn_task(
+                    self._after(app_id), f"renewal after the operation on {app_id}"
+                )
+            if not self._again:
                 return
+
+    async def _after(self, app_id: str) -> None:
+        """Look again once the operation holding ``app_id`` is over (the others' changes are
+        not held back meanwhile)."""
+        try:
+            await self._locks.released(app_id)
+        finally:
+            self._waiting.discard(app_id)
+        self.heard()
 
     async def _renew(self, app_id: str, owner: str, visible: bool) -> None:
         stops = InstanceStops(self._lifecycle, UserApps(self._registry, owner))
