@@ -60,14 +60,40 @@ class ClientStreams:
                 .values(since=_EPOCH)
             )
 
+    async def _maybe_gone(self) -> list[str]:
+        """The pages no living shell streams, as a read without locks says: those `gone` then
+        decides on under their rows' locks."""
+        async with self._db.connect() as conn:
+            rows = (
+                await conn.execute(
+                    sa.select(client_streams.c.client, client_streams.c.shell).where(
+                        client_streams.c.since.is_(None)
+                    )
+                )
+            ).all()
+            every = set((await conn.execute(sa.select(client_streams.c.client))).scalars())
+        others = {row.shell for row in rows} - {self.shell}
+        alive = await self._coordination.shells_alive(others) | {self.shell}
+        streamed = {row.client for row in rows if row.shell in alive}
+        return sorted(every - streamed)
+
     async def gone(self, grace: float, client: str | None = None) -> list[str]:
         """The host pages (``client`` only, when given) no living shell has had a stream of for
         ``grace`` s, their rows deleted in the same transaction (another shell that asks next
         finds none: one release). With ``client``, asked by this shell once its own grace of
         the page is over, this shell's row counts as ended a grace ago (it is written a moment
         after the stream's end that began that grace). Rows naming a dead shell as streaming
-        are counted as ended now."""
-        where = sa.true() if client is None else client_streams.c.client == client
+        are counted as ended now. Without ``client`` (the leader's look) only the pages that
+        may be gone are locked: every open page's row, locked at each look, was written each
+        time."""
+        where: sa.ColumnElement[bool]
+        if client is None:
+            candidates = await self._maybe_gone()
+            if not candidates:
+                return []
+            where = client_streams.c.client.in_(candidates)
+        else:
+            where = client_streams.c.client == client
         async with self._db.transaction() as tx:
             rows = (
                 await tx.execute(
