@@ -324,16 +324,7 @@ class ViewDesk:
             return []
         dropped = [v.id for v in instance.views.values() if v.user == user]
         for view_id in dropped:
-            try:
-                await self.release(instance.id, view_id)
-            except AtriumError as err:
-                _LOGGER.warning(
-                    "%s %s: releasing view %s failed: %s",
-                    instance.app_id,
-                    instance.id,
-                    view_id,
-                    err.message,
-                )
+            await self._release_logged(instance, view_id)
         if self._rows is not None:
             try:
                 unlearnt = await self._rows.drop_user_views(instance.slug, user)
