@@ -173,9 +173,14 @@ class Presence:
                     _LOGGER.exception("releasing the views of host page %s failed", client)
 
     async def close(self) -> None:
-        for timer in self._timers.values():
+        """Every timer and task ended, and awaited: one cancelled inside a database call gives
+        its connection back before the shell disposes of the engine (left to the garbage
+        collector, it was dropped unclosed)."""
+        timers = list(self._timers.values())
+        for timer in timers:
             timer.cancel()
         self._timers.clear()
+        await asyncio.gather(*timers, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
             with suppress(asyncio.CancelledError):
