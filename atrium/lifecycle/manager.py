@@ -150,6 +150,8 @@ class LifecycleManager(InstanceIndex):
         tb: TracebackType | None,
     ) -> None:
         await self.shutdown()
+        if self.pods is not None:
+            await self.pods.close()
 
     @property
     def runner_name(self) -> str:

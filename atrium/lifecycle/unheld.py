@@ -74,6 +74,14 @@ class PodCheck:
             asking.add_done_callback(lambda _: self._asking.pop(key, None))
         return await asyncio.shield(asking)
 
+    async def close(self) -> None:
+        """The questions under way ended, and awaited: left running past the shell's close, one
+        inside `shells_alive` held a connection of an engine disposed meanwhile."""
+        asking = list(self._asking.values())
+        for task in asking:
+            task.cancel()
+        await asyncio.gather(*asking, return_exceptions=True)
+
     async def _ask(self, row: InstanceRow, key: Any) -> Verdict:
         try:
             refusal = await self._refusal(row)
