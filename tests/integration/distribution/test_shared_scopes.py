@@ -270,6 +270,15 @@ def test_a_backup_made_on_one_shell_is_listed_and_restored_on_the_other(
     assert not left[1].exists()
 
 
+def installed_and_launched_on_two(on_one: httpx.Client, on_two: httpx.Client, source: Path) -> str:
+    """The app at ``source`` installed through one, read on two, and launched there: its id."""
+    installed_ok(on_one, f"local:{source}")
+    wait_for(lambda: listed(on_two, source.name), "the install read on two")
+    launched = on_two.post("/api/instances", json={"appId": source.name})
+    assert launched.status_code == 200, launched.text
+    return str(launched.json()["instanceId"])
+
+
 def test_an_update_on_one_shell_renews_the_instances_of_the_other(
     shared: Shared, make_app: MakeApp
 ) -> None:
@@ -281,11 +290,7 @@ def test_an_update_on_one_shell_renews_the_instances_of_the_other(
     one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
     source = make_app(app)
     with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
-        installed_ok(on_one, f"local:{source}")
-        wait_for(lambda: listed(on_two, app), "the install read on two")
-        launched = on_two.post("/api/instances", json={"appId": app})
-        assert launched.status_code == 200, launched.text
-        instance = launched.json()["instanceId"]
+        instance = installed_and_launched_on_two(on_one, on_two, source)
         held = two.shell.lifecycle.get(instance)
         assert held.manifest.version == "1.0.0"
 
@@ -320,11 +325,7 @@ def test_an_update_heard_while_an_operation_holds_the_app_renews_once_it_is_over
     one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
     source = make_app(app)
     with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
-        installed_ok(on_one, f"local:{source}")
-        wait_for(lambda: listed(on_two, app), "the install read on two")
-        launched = on_two.post("/api/instances", json={"appId": app})
-        assert launched.status_code == 200, launched.text
-        instance = launched.json()["instanceId"]
+        instance = installed_and_launched_on_two(on_one, on_two, source)
 
         locks = two.shell.lifecycle._operations
         assert isinstance(locks, AppLocks)
