@@ -364,11 +364,14 @@ class Busy(Conflict):
 
     code = "busy"
 
-    def __init__(self, app_id: str, operation: str) -> None:
+    def __init__(self, app_id: str, operation: str, *, elsewhere: bool = False) -> None:
+        """``elsewhere``: on another shell (several shells on one scope folder)."""
+        where = " on another shell" if elsewhere else ""
         super().__init__(
-            f"another operation ({operation}) on {app_id!r} is running; try again",
+            f"another operation ({operation}) on {app_id!r} is running{where}; try again",
             appId=app_id,
             operation=operation,
+            **({"elsewhere": True} if elsewhere else {}),
         )
 
 

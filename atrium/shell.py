@@ -552,8 +552,10 @@ async def open_shell(settings: Settings, user_token: str) -> AsyncIterator[Shell
         toolchain = settings.home / "toolchain" / "bin"
         toolchain.mkdir(parents=True, exist_ok=True)
         # one lock per app for the distribution's operations, which a data request's wake
-        # honours: nothing of the app starts while an operation has it stopped
-        locks = AppLocks()
+        # honours: nothing of the app starts while an operation has it stopped; held among the
+        # shells too when they share the scope folder (on a home of its own, an app id of one
+        # shell is no app of another)
+        locks = AppLocks(coordination if layout.shared else None)
         # on PostgreSQL: the instances, views and tickets every shell's app origins serve from
         rows = await open_rows(stack, db, bus, settings, runner.name)
         lifecycle = await stack.enter_async_context(

@@ -197,7 +197,7 @@ class DataKeeping:
     async def backup(self, app_id: str, scope: Scope | None = None) -> Backup:
         """Snapshot the app's runtime data now; its instances stop for the copy and start again."""
         scope = mutable(scope or self._scope_of(app_id), "back up in it")
-        with self._locks.hold(app_id, "backup"):
+        async with self._locks.hold(app_id, "backup"):
             async with self._stops.stopped(app_id, scope, self._user):
                 taken = await self.snapshot(scope, app_id, "manual", own=True)
             if taken is None:
@@ -213,7 +213,7 @@ class DataKeeping:
     ) -> dict[str, Any]:
         """Put a backup's data folders back (the current data is backed up first)."""
         scope = mutable(scope or self._scope_of(app_id), "restore in it", self._journals)
-        with self._locks.hold(app_id, "restore"):
+        async with self._locks.hold(app_id, "restore"):
             # checked under the lock, just before use (BackupDamaged: nothing is stopped)
             backup = await asyncio.to_thread(self.own.get, scope, app_id, backup_id)
             if backup is None:
@@ -277,7 +277,7 @@ class DataKeeping:
             raise NotFound(
                 "install record", app_id, f"{app_id!r} in {scope} was placed by hand: no record"
             )
-        with self._locks.hold(app_id, "export"):
+        async with self._locks.hold(app_id, "export"):
             app_dir = self._layout.app_dir(scope, app_id)
             # an archive no import takes is refused before anything stops or is copied
             # (ExportTooLarge); pack checks the backup's copy again

@@ -9,10 +9,10 @@ import errno
 import functools
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from atrium.distribution.journal import JournalStore
 from atrium.errors import (
@@ -36,26 +36,47 @@ def mutable(scope: Scope, action: str, journals: JournalStore | None = None) -> 
     return scope
 
 
+class SharedOperations(Protocol):
+    """The operation locks every shell on one database and scope folder honours
+    (`atrium.state.locks.Coordination.operation`)."""
+
+    def operation(self, app_id: str, operation: str) -> AbstractAsyncContextManager[None]: ...
+
+
 class AppLocks:
     """One operation per app id at a time; a second one is refused (409 busy), never queued.
 
     The lock is also what keeps the app quiet while an operation has its instances stopped: a
     data request's wake (`lifecycle.headless`, through the composition root) asks `operation`
     and waits on `released` before it starts anything, so no process of the app starts on its
-    data between the stop and the operation's end."""
+    data between the stop and the operation's end.
 
-    def __init__(self) -> None:
+    ``shared``: with several shells on one scope folder, an operation also holds the app's lock
+    among them, so an uninstall through one shell is refused while another shell backs the app
+    up (docs/decisions.md "Several shells: one operation per app among them"). `operation` and
+    `released` answer for this shell's operations only: another shell's stop and restart of
+    its own instances are its own."""
+
+    def __init__(self, shared: SharedOperations | None = None) -> None:
         self._held: dict[str, tuple[str, asyncio.Event]] = {}
+        self._shared = shared
 
-    @contextmanager
-    def hold(self, app_id: str, operation: str) -> Iterator[None]:
+    @asynccontextmanager
+    async def hold(self, app_id: str, operation: str, *, here: bool = False) -> AsyncIterator[None]:
+        """``here``: this shell's lock only (a renewal of this shell's own instances, which
+        changes nothing the other shells share)."""
         running = self._held.get(app_id)
         if running is not None:
             raise Busy(app_id, running[0])
         ended = asyncio.Event()
+        # marked before the first await: a second operation here is refused at once
         self._held[app_id] = (operation, ended)
         try:
-            yield
+            if self._shared is None or here:
+                yield
+            else:
+                async with self._shared.operation(app_id, operation):
+                    yield
         finally:
             del self._held[app_id]
             ended.set()

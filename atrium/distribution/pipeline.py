@@ -258,7 +258,7 @@ class Distribution:
         resolved = await self.resolver.resolve(ref)
         yield event(RESOLVE_DONE, resolved=resolved.wire())
         approval.check(resolved)
-        with self.locks.hold(resolved.dir_name, "install"):
+        async with self.locks.hold(resolved.dir_name, "install"):
             if dev:
                 self._no_install_under(resolved.dir_name, scope)
             run = self._run("install", str(ref), resolved, scope, approval, dev=dev)
@@ -323,7 +323,7 @@ class Distribution:
                 f"{app_id!r} in the {scope} scope has no install record (it was placed by hand), "
                 "so there is no ref to update from; install it by ref instead",
             )
-        with self.locks.hold(app_id, "update"):
+        async with self.locks.hold(app_id, "update"):
             ref = source_of(record)
             ref_text = record.ref
             if to is not None:
@@ -742,7 +742,7 @@ class Distribution:
                 f"{app_id!r} in the {scope} scope has no install record (it was placed by hand): "
                 "there is no history to roll back",
             )
-        with self.locks.hold(app_id, "rollback"):
+        async with self.locks.hold(app_id, "rollback"):
             repo = self.installer.repos[scope]
             target = pick_target(await app_history(repo, app_id), current, to)
             old = target.record
@@ -815,7 +815,7 @@ class Distribution:
             yield event(IMPORT_CHECKED, appId=unpacked.record.id, version=unpacked.record.version)
             # the unpacked tree is the installed app's, every file of it
             resolved = await self.resolver.staged(LocalRef(str(unpacked.app_dir), whole=True))
-            with self.locks.hold(unpacked.record.id, "import"):
+            async with self.locks.hold(unpacked.record.id, "import"):
                 run = self._run(
                     "install",
                     unpacked.record.ref,
@@ -848,7 +848,7 @@ class Distribution:
                     f"{app_id!r} is not installed in the {scope} scope, nothing was changed: "
                     "importing only the data needs the app installed there",
                 )
-            with self.locks.hold(app_id, "import"):
+            async with self.locks.hold(app_id, "import"):
                 answer = await self.data.import_own(scope, app_id, unpacked.data_dirs)
             yield event(RESULT, **answer)
 
@@ -865,7 +865,7 @@ class Distribution:
         mutable(scope, f"remove {app_id!r} from it", self.installer.journals)
         if not any(c.scope is scope for c in self._registry.copies(app_id)):
             raise NotFound("app", app_id, f"{app_id!r} is not installed in the {scope} scope")
-        with self.locks.hold(app_id, "uninstall"):
+        async with self.locks.hold(app_id, "uninstall"):
             if dev_only:
                 self._no_install_under(app_id, scope)
             if scope is Scope.USER:

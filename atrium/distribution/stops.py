@@ -201,7 +201,7 @@ class ChangedElsewhere:
 
     async def _renew(self, app_id: str, owner: str, visible: bool) -> None:
         stops = InstanceStops(self._lifecycle, UserApps(self._registry, owner))
-        with self._locks.hold(app_id, "a change made on another shell"):
+        async with self._locks.hold(app_id, "a change made on another shell", here=True):
             stopped = await stops.stop_all(app_id, owner=owner)
             failed = await stops.restart(app_id, stopped) if visible else {}
         _LOGGER.info(

@@ -36,7 +36,7 @@ from contextlib import asynccontextmanager, suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-from atrium.errors import DatabaseLost
+from atrium.errors import Busy, DatabaseLost
 
 if TYPE_CHECKING:  # SQLAlchemy loads when a shell opens its database
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -134,6 +134,19 @@ def _discard_later(conn: AsyncConnection) -> None:
         task.add_done_callback(_CLOSING.discard)
 
 
+async def _unlock(conn: AsyncConnection, key: int) -> None:
+    """Free the session lock ``key`` held on ``conn`` and give the connection back to the pool;
+    a connection that does not answer is discarded instead (its session ends, and the lock with
+    it): a pooled connection must never hold a lock."""
+    try:
+        if await _scalar(conn, "SELECT pg_advisory_unlock(:k)", k=key):
+            await conn.close()
+            return
+    except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - discarded below
+        _LOGGER.info("unlocking %d failed (%s): its session is ended instead", key, err)
+    await _discard(conn)
+
+
 def _printable(text: str) -> str:
     """``text`` with each character outside printable ASCII as ``?``: PostgreSQL rewrites such
     bytes of an ``application_name``, and a shell would then look for its own sessions under a
@@ -218,6 +231,58 @@ class Coordination:
     def instance(self, instance_id: str) -> InstanceLock:
         """A new lock for the instance ``instance_id`` (one per instance object)."""
         return InstanceLock(instance_key(instance_id), self)
+
+    @asynccontextmanager
+    async def operation(self, app_id: str, operation: str) -> AsyncIterator[None]:
+        """Hold ``app_id``'s operation lock among the shells for the body: a session lock
+        (``pg_try_advisory_lock``) on a connection of its own, never waited for. Busy naming
+        the other shell's operation (from ``app_operations``, written by each holder) when
+        another shell holds it; DatabaseLost when the database does not answer. Nothing
+        without a shared database.
+
+        The lock ends with its session: a shell that dies or is cut off mid-operation frees
+        the app for the others' operations, and its own scope writes are refused by then (each
+        is fenced on its scope's lock: `atrium.state.scopelocks`)."""
+        engine = self._engine
+        if engine is None:
+            yield
+            return
+        self.check()
+        key = lock_key("operation", app_id)
+        conn: AsyncConnection | None = None
+        try:
+            async with asyncio.timeout(PING_TIMEOUT * 2):
+                conn = await engine.connect()
+            held = bool(await _scalar(conn, "SELECT pg_try_advisory_lock(:k)", k=key))
+            if held:
+                await _scalar(
+                    conn,
+                    "INSERT INTO app_operations (app_id, operation, shell) VALUES (:a, :o, :s)"
+                    " ON CONFLICT (app_id) DO UPDATE SET operation = excluded.operation,"
+                    " shell = excluded.shell RETURNING 1",
+                    a=app_id,
+                    o=operation,
+                    s=self._shell_name,
+                )
+            else:
+                running = await _scalar(
+                    conn,
+                    "SELECT coalesce(max(operation), '') FROM app_operations WHERE app_id = :a",
+                    a=app_id,
+                )
+        except BaseException as err:
+            if conn is not None:
+                await _discard(conn)  # may hold the lock: its session ends with it
+            if isinstance(err, Exception) and not isinstance(err, DatabaseLost):
+                raise DatabaseLost(f"the operation lock could not be taken: {err}"[:300]) from err
+            raise
+        if not held:
+            await conn.close()
+            raise Busy(app_id, running or "unknown", elsewhere=True)
+        try:
+            yield
+        finally:
+            await _unlock(conn, key)
 
     def on_lead(self, gained: Callable[[], None], lost: Callable[[], None] | None = None) -> None:
         """Call ``gained`` each time this shell becomes leader, ``lost`` each time it stops."""
@@ -511,17 +576,11 @@ class InstanceLock:
             self._local.release()
 
     async def _release(self, conn: AsyncConnection) -> None:
-        if self._lost is None:
-            try:
-                async with self._use:
-                    if await _scalar(conn, "SELECT pg_advisory_unlock(:k)", k=self.key):
-                        await conn.close()  # back to the pool, holding nothing
-                        return
-            except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - discarded below
-                _LOGGER.info(
-                    "unlocking %d failed (%s): its session is ended instead", self.key, err
-                )
-        await _discard(conn)
+        if self._lost is not None:
+            await _discard(conn)
+            return
+        async with self._use:
+            await _unlock(conn, self.key)
 
     async def _watchdog(self, conn: AsyncConnection) -> None:
         while True:

@@ -242,6 +242,17 @@ client_streams = sa.Table(
     sa.Column("since", sa.Float, nullable=True),
 )
 
+#: which operation (install, update, backup, …) holds an app's operation lock among the shells
+#: (`atrium.state.locks.Coordination.operation`), written by each holder so that a shell refused
+#: the lock can name it; the advisory lock, not this row, is the lock (a row outlives its holder)
+app_operations = sa.Table(
+    "app_operations",
+    metadata,
+    sa.Column("app_id", sa.Text, primary_key=True),
+    sa.Column("operation", sa.Text, nullable=False),
+    sa.Column("shell", sa.Text, nullable=False),
+)
+
 #: one-time view tickets not yet redeemed; ``hash`` is the sha256 of the ticket, ``expires_at``
 #: the Unix time it ends
 view_tickets = sa.Table(

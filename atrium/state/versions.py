@@ -19,7 +19,19 @@ from atrium.settings import ConfigError
 from atrium.state.database import Database
 
 #: every schema version this shell knows, oldest first
-KNOWN: Final = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")
+KNOWN: Final = (
+    "0001",
+    "0002",
+    "0003",
+    "0004",
+    "0005",
+    "0006",
+    "0007",
+    "0008",
+    "0009",
+    "0010",
+    "0011",
+)
 HEAD: Final = KNOWN[-1]
 #: how a database with no schema yet is named
 EMPTY: Final = "none"

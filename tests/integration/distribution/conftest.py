@@ -8,12 +8,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,3 +204,24 @@ def app_listing(api: httpx.Client, app_id: str) -> dict[str, Any] | None:
             found: dict[str, Any] = item
             return found
     return None
+
+
+@contextmanager
+def operation_held(shell: RunningShell, app_id: str, *, here: bool = False) -> Iterator[None]:
+    """``app_id``'s operation lock held on ``shell``'s loop (as an operation holds it) for the
+    body; ``here``: that shell's own lock only, not the one among shells."""
+    assert shell.loop is not None
+    held, over = threading.Event(), threading.Event()
+
+    async def holding() -> None:
+        async with shell.shell.dist.locks.hold(app_id, "a test", here=here):
+            held.set()
+            await asyncio.to_thread(over.wait, 60)
+
+    running = asyncio.run_coroutine_threadsafe(holding(), shell.loop)
+    assert held.wait(60), "the operation lock was not taken"
+    try:
+        yield
+    finally:
+        over.set()
+        running.result(timeout=60)

@@ -10,7 +10,13 @@ import httpx
 import pytest
 
 from tests.integration.conftest import RunningShell, SseReader
-from tests.integration.distribution.conftest import MakeApp, installed_ok, sse, write_manifest
+from tests.integration.distribution.conftest import (
+    MakeApp,
+    installed_ok,
+    operation_held,
+    sse,
+    write_manifest,
+)
 
 pytestmark = pytest.mark.integration
 APP = "com.example.rolled"
@@ -117,7 +123,7 @@ def test_what_cannot_be_rolled_back_is_refused_and_changes_nothing(
     assert api.post("/api/dist/rollback/com.example.nothere").status_code == 404
     bad = api.post(f"/api/dist/rollback/{APP}", json={"to": ""})
     assert bad.status_code == 400
-    with dist_shell.shell.dist.locks.hold(APP, "a test"):
+    with operation_held(dist_shell, APP):
         busy = api.post(f"/api/dist/rollback/{APP}", json={"to": "1.0.0"})
     assert busy.status_code == 409
     assert busy.json()["error"]["code"] == "busy"

@@ -26,7 +26,12 @@ from tests.integration.distribution.conftest import (
     MakeApp,
     install,
     installed_ok,
+    operation_held,
     write_manifest,
+)
+from tests.integration.distribution.test_wake_during_operations import (
+    BLOCKING,
+    backup_held_in_its_stop,
 )
 from tests.postgres import new_database
 
@@ -332,7 +337,10 @@ def test_an_update_heard_while_an_operation_holds_the_app_renews_once_it_is_over
         over = threading.Event()
 
         async def operation() -> None:
-            with locks.hold(app, "backup"):
+            # this shell's lock only: a backup here takes the one among shells too, which one's
+            # update would have been refused by; the state comes from an operation begun here
+            # after one's update committed, before its scope:changed was read here
+            async with locks.hold(app, "backup", here=True):
                 await asyncio.to_thread(over.wait, DEADLINE)
 
         assert two.loop is not None
@@ -359,3 +367,46 @@ def test_an_update_heard_while_an_operation_holds_the_app_renews_once_it_is_over
             )
 
         wait_for(renewed, "two's instance brought back on 2.0.0 once the operation is over", 20)
+
+
+def test_an_operation_through_one_shell_refuses_the_apps_operations_through_the_other(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    """The per-app operation lock was each shell's own: with no stickiness, an uninstall through
+    two went ahead while one backed the app up, and removed the data one was copying."""
+    app = "com.example.wakeheld"  # the app backup_held_in_its_stop backs up
+    one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
+    source = make_app(app, entrypoint=["python3", "blocking.py"])
+    (source / "blocking.py").write_text(BLOCKING)
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        installed_ok(on_one, f"local:{source}")
+        launched = on_one.post("/api/instances", json={"appId": app})
+        assert launched.status_code == 200, launched.text
+        data = shared.scopes / "global/apps" / app / launched.json()["instanceId"]
+        wait_for(lambda: listed(on_two, app), "the install read on two")
+        backup, backed_up, client = backup_held_in_its_stop(one, data)
+        try:
+            refused = [
+                on_two.delete(f"/api/dist/uninstall/{app}"),
+                on_two.post(f"/api/dist/backups/{app}"),
+                on_two.post(f"/api/dist/update/{app}", json={}),
+            ]
+        finally:
+            (data / "block-onStop").unlink()
+            backup.join(DEADLINE)
+            client.close()
+        for answer in refused:
+            assert answer.status_code == 409, answer.text
+            error = answer.json()["error"]
+            assert (error["code"], error["appId"], error["operation"]) == ("busy", app, "backup")
+            assert error["elsewhere"] is True
+            assert "on another shell" in error["message"]
+        assert backed_up[0].status_code == 200, backed_up[0].text
+        assert listed(on_two, app) is not None
+        # the lock went with the operation: two's own goes ahead now, and one is refused
+        with operation_held(two, app):
+            busy = on_one.post(f"/api/dist/backups/{app}")
+        assert busy.status_code == 409, busy.text
+        assert busy.json()["error"]["operation"] == "a test"
+        again = on_two.post(f"/api/dist/backups/{app}")
+        assert again.status_code == 200, again.text
