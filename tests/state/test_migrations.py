@@ -13,7 +13,7 @@ TABLES = {"event_counter", "events", "kv", "users", "sessions", "tokens", "ident
 TABLES |= {"grants", "audit", "carried_over", "egress_revokes"}
 TABLES |= {"instances", "views", "view_tickets"}
 TABLES |= {"sign_in_failures", "bootstrap_tokens", "instance_requests", "app_tokens"}
-TABLES |= {"state_key", "client_streams"}
+TABLES |= {"state_key", "client_streams", "app_operations"}
 
 
 async def tables(db: Database) -> set[str]:
