@@ -686,10 +686,12 @@ class DatabaseUnavailable(AtriumError):
     code = "database_unavailable"
     http_status = 503
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, outcome: str | None = None) -> None:
+        """``outcome``: what the request did not do because of it (the answer to a request
+        other than ``/api/ready``)."""
+        said = f": {outcome}" if outcome else "; it is not ready to serve"
         super().__init__(
-            f"this shell cannot reach its database ({database}); it is not ready to serve "
-            "(the shell's log says why)",
+            f"this shell cannot reach its database ({database}){said} (the shell's log says why)",
             database=database,
         )
 

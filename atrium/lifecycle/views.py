@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from atrium.errors import AtriumError, InvalidRequest, NotFound, NotServing
+from atrium.errors import AtriumError, DatabaseUnavailable, InvalidRequest, NotFound, NotServing
 from atrium.lifecycle.instance import Instance, View
 from atrium.lifecycle.states import SERVING
 from atrium.state.instances import InstanceRows, ViewRow, digest
@@ -293,11 +293,25 @@ class ViewDesk:
 
     async def release(self, instance_id: str, view_id: str) -> Instance:
         """Drop a view; dropping the last one stops the instance unless it is a background
-        service (docs/api.md "Views": `paused → stopping` when the last view is dropped)."""
+        service (docs/api.md "Views": `paused → stopping` when the last view is dropped). With
+        several shells its row goes first: DatabaseUnavailable, and the view kept, when the
+        database refuses."""
         instance = self._host.get(instance_id)
-        if instance.views.pop(view_id, None) is None:
+        view = instance.views.pop(view_id, None)
+        if view is None:
             raise NotFound("view", view_id)
-        await self.forget(view_id)
+        if self._rows is not None:
+            try:
+                await self._rows.drop_view(view_id)
+            except SQLAlchemyError as err:
+                # its row would let every other shell go on accepting its cookie: the view
+                # stays, here too, rather than be said released
+                instance.views.setdefault(view_id, view)
+                _LOGGER.warning("view %s stays open: its row was not dropped: %s", view_id, err)
+                raise DatabaseUnavailable(
+                    "postgresql", f"view {view_id} was not released, and stays open"
+                ) from err
+            self._drop(view_id)
         if not instance.views and not instance.manifest.background_service:
             await self._host.stop_unviewed(instance)
         return instance

@@ -12,13 +12,12 @@ import socket
 from contextlib import closing
 
 import pytest
-import sqlalchemy as sa
 
 from atrium.lifecycle.instance import Instance
 from atrium.lifecycle.states import InstanceState
 from tests.integration.conftest import RunningShell, wait_for
 from tests.kube.test_several_shells_origins import PROBE, SLOW, StartShell, kube_shells
-from tests.kube.test_several_shells_views import view_row
+from tests.kube.test_several_shells_views import view_deletes_refused, view_row
 
 __all__ = ["kube_shells"]  # the fixture, shared with the origins' tests
 
@@ -149,39 +148,10 @@ def test_a_pages_views_a_release_could_not_drop_are_released_once_the_database_t
     held by their pod for as long as it runs because no row of the page is left to look at."""
     one, two = shells
     url = one.shell.settings.state_url
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE refuse_view_deletes (on_ boolean)"))
-        conn.execute(sa.text("INSERT INTO refuse_view_deletes VALUES (true)"))
-        conn.execute(sa.text("CREATE SEQUENCE view_deletes_refused"))
-        conn.execute(
-            sa.text(
-                "CREATE FUNCTION refuse_view_delete() RETURNS trigger AS $$ BEGIN "
-                "IF EXISTS (SELECT 1 FROM refuse_view_deletes) THEN "
-                "PERFORM nextval('view_deletes_refused'); "
-                "RAISE EXCEPTION 'the link is cut'; END IF; RETURN OLD; END $$ LANGUAGE plpgsql"
-            )
-        )
-        conn.execute(
-            sa.text(
-                "CREATE TRIGGER refuse_view_delete BEFORE DELETE ON views "
-                "FOR EACH ROW EXECUTE FUNCTION refuse_view_delete()"
-            )
-        )
-
-    def refused() -> bool:
-        with engine.connect() as conn:
-            row = conn.execute(sa.text("SELECT is_called FROM view_deletes_refused")).one()
-            return bool(row.is_called)
-
-    try:
+    with view_deletes_refused(url) as refused:
         stream = page_stream(two, "tab-released-in-a-cut")
         held, ids = views_made(one, two, "tab-released-in-a-cut")
         stream.close()
         wait_for(refused, "a release refused by the database", SLOW)
-        with engine.begin() as conn:
-            conn.execute(sa.text("DELETE FROM refuse_view_deletes"))
-        wait_for(lambda: all(view_row(url, v) is None for v in ids), "the views released", SLOW)
-        wait_for(lambda: held.state is InstanceState.STOPPED, "the unviewed pod stopped", SLOW)
-    finally:
-        engine.dispose()
+    wait_for(lambda: all(view_row(url, v) is None for v in ids), "the views released", SLOW)
+    wait_for(lambda: held.state is InstanceState.STOPPED, "the unviewed pod stopped", SLOW)

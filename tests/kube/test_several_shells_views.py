@@ -103,6 +103,75 @@ def heard_one(shell: RunningShell, iid: str, view_id: str, held: Any) -> None:
     )
 
 
+@contextmanager
+def view_deletes_refused(url: str) -> Iterator[Callable[[], bool]]:
+    """Every delete of a view fails while the body runs, as in a link cut at that moment: a
+    trigger raises while a flag row is there, and counts its refusals in a sequence, which no
+    rollback undoes. Yields whether one was refused yet."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE refuse_view_deletes (on_ boolean)"))
+        conn.execute(sa.text("INSERT INTO refuse_view_deletes VALUES (true)"))
+        conn.execute(sa.text("CREATE SEQUENCE view_deletes_refused"))
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION refuse_view_delete() RETURNS trigger AS $$ BEGIN "
+                "IF EXISTS (SELECT 1 FROM refuse_view_deletes) THEN "
+                "PERFORM nextval('view_deletes_refused'); "
+                "RAISE EXCEPTION 'the link is cut'; END IF; RETURN OLD; END $$ LANGUAGE plpgsql"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER refuse_view_delete BEFORE DELETE ON views "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_view_delete()"
+            )
+        )
+
+    def refused() -> bool:
+        with engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT is_called FROM view_deletes_refused")).one()
+            return bool(row.is_called)
+
+    try:
+        yield refused
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM refuse_view_deletes"))
+    finally:
+        engine.dispose()
+
+
+def test_a_view_whose_row_the_database_kept_is_not_said_released(
+    two_kube_shells: tuple[RunningShell, RunningShell],
+) -> None:
+    """`DELETE …/views/{id}` on the pod's shell dropped the view from memory and only logged a
+    removal of its row the database refused: the answer said released, and the other shells
+    went on serving its cookie from the row. Now the answer says the database did not take it,
+    and the view stays on every shell until a release it takes."""
+    one, two = two_kube_shells
+    url = one.shell.settings.state_url
+    with one.client(timeout=SLOW) as api:
+        iid = launch(api)
+        held = one.shell.lifecycle.get(iid)
+        view, view_url = new_view(api, iid)
+        kept, _ = new_view(api, iid)  # the instance has a view left either way
+        with closing(enter(two, view_url)) as on_two:  # its cookie, served by shell two
+            with view_deletes_refused(url) as refused:
+                answer = api.delete(f"/api/instances/{iid}/views/{view}")
+                assert refused()
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "database_unavailable"
+            assert view in held.views
+            assert view_row(url, view) is not None
+            assert on_two.get("/boot").status_code == 200  # still open, as the answer says
+            released = api.delete(f"/api/instances/{iid}/views/{view}")
+            assert released.status_code == 200, released.text
+            assert view not in held.views
+            assert view_row(url, view) is None
+            assert on_two.get("/boot").status_code == 401
+        assert kept in held.views
+
+
 def test_a_view_made_elsewhere_as_the_instance_stops_is_dropped_there(
     two_kube_shells: tuple[RunningShell, RunningShell],
 ) -> None:
