@@ -20,9 +20,10 @@ that survive kills and clocks").
 
 With the scopes in a folder several shells share, the backups are there too
 (`atrium.scopes.backups_root`), and another shell may be writing a snapshot or removing a backup
-in the same folder: a snapshot that fails removes only its own ``.partial``, and what a kill
-left (``.partial``, ``.deleting-``) goes only once nobody touched it for `SHARED_LEFTOVER_AGE` s
-(decisions.md "Several shells: backups beside the shared data").
+in the same folder: a snapshot that fails removes only its own ``.partial``. A kill's
+``.partial`` there goes at the app's next prune, which holds the app's operation lock among the
+shells, so no snapshot of the app is under way anywhere; a starting shell, which holds no lock,
+leaves it (decisions.md "Several shells: backups beside the shared data").
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,7 +44,7 @@ from atrium.distribution import fdcopy
 from atrium.distribution.journal import faultpoint
 from atrium.distribution.swap import exchange, move_new
 from atrium.errors import BackupDamaged, InvalidRequest
-from atrium.files import sync_dir, touched_since, write_atomic
+from atrium.files import sync_dir, write_atomic
 from atrium.scopes import Scope
 
 _LOGGER = logging.getLogger(__name__)
@@ -59,10 +59,6 @@ MANIFEST: Final = "backup.json"
 DELETING: Final = ".deleting-"
 #: a snapshot being written: ``.<name>.partial``
 PARTIAL: Final = ".partial"
-#: seconds a snapshot's ``.partial`` or a removal's ``.deleting-`` in a folder other shells share
-#: stays after it was last touched, before it is taken for one a kill left (another shell may
-#: be writing or removing it)
-SHARED_LEFTOVER_AGE: Final = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +257,8 @@ class BackupStore:
     def prune(self, scope: Scope, app_id: str, keep: int = KEEP) -> list[str]:
         """Delete every backup older than the ``keep`` newest intact ones (a damaged backup
         among those stays for the operator, and never takes an intact one's place), and stale
-        partial ones; the ids removed. The caller holds the app's operation lock."""
+        partial ones; the ids removed. The caller holds the app's operation lock (among the
+        shells too when they share this folder): every ``.partial`` of the app is a kill's."""
         folder = self.folder(scope, app_id)
         gone: list[str] = []
         kept = 0
@@ -278,13 +275,8 @@ class BackupStore:
             except OSError as err:  # out of the listing already; the next start finishes it
                 _LOGGER.warning("removing the backup %s failed: %s", folder / backup_id, err)
         for stale in folder.glob(f".*{PARTIAL}") if folder.is_dir() else []:
-            if not self._busy(stale):
-                shutil.rmtree(stale, ignore_errors=True)
+            shutil.rmtree(stale, ignore_errors=True)
         return gone
-
-    def _busy(self, leftover: Path) -> bool:
-        """Whether a ``.partial`` or ``.deleting-`` may be another shell's work under way."""
-        return self.several and touched_since(leftover, time.time() - SHARED_LEFTOVER_AGE)
 
     def remove_all(self, scope: Scope, app_id: str) -> None:
         """Remove every backup of the app, and its folder (a dev copy's, when it goes): each
@@ -321,17 +313,18 @@ class BackupStore:
                     yield scope, user, folder
 
     def leftovers(self) -> list[Path]:
-        """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``; in a
-        folder other shells share, only those nobody touched for `SHARED_LEFTOVER_AGE` s)."""
+        """Removals and snapshots a kill cut off (``.deleting-<id>``, ``.<name>.partial``). In a
+        folder other shells share, a ``.partial`` may be another shell's snapshot under way: it
+        is left to the app's next prune. A ``.deleting-`` is a removal decided already, which
+        either shell may finish."""
         return [
             path
             for _, _, folder in self._app_folders()
             for path in sorted(folder.iterdir())
             if (
                 path.name.startswith(DELETING)
-                or (path.name.startswith(".") and path.name.endswith(PARTIAL))
+                or (not self.several and path.name.startswith(".") and path.name.endswith(PARTIAL))
             )
-            and not self._busy(path)
         ]
 
     def recover(self) -> list[str]:

@@ -231,9 +231,10 @@ def test_a_backup_made_on_one_shell_is_listed_and_restored_on_the_other(
 ) -> None:
     """The backups are beside the data they copy, in the shared folder: each shell's home kept
     its own, so a backup made through one shell was not listed (nor restorable) through another,
-    though the data folder it copied is the same. Another shell's snapshot or removal under way
-    there is left alone by a prune and by a starting shell's recovery; one a kill left an hour
-    ago goes."""
+    though the data folder it copied is the same. What kills left there: a prune, which holds
+    the app's lock among the shells, drops every snapshot of the app (it dropped only those
+    nobody touched for an hour, and so another shell's that took longer); a starting shell,
+    which holds none, finishes removals and leaves snapshots (it dropped hour-old ones)."""
     app = "com.example.keptshared"
     one, two = shared.start("one"), shared.start("two")
     source = make_app(app)
@@ -257,22 +258,23 @@ def test_a_backup_made_on_one_shell_is_listed_and_restored_on_the_other(
         assert restored.json()["ok"] is True, restored.text
         assert notes.read_text() == "one"
 
-        # another shell's work under way, and what a kill left an hour ago
+        # what kills left, one made a moment ago and one an hour ago
         an_hour_ago = time.time() - 3700
-        busy = [folder / ".20990101T000000000000Z-1.0.0.partial", folder / ".deleting-x"]
-        left = [folder / ".20000101T000000000000Z-1.0.0.partial", folder / ".deleting-y"]
-        for path in busy + left:
+        partials = [folder / f".2000010{n}T000000000000Z-1.0.0.partial" for n in (1, 2)]
+        deleting = folder / ".deleting-y"
+        for path in [*partials, deleting]:
             path.mkdir()
-        for path in left:
-            os.utime(path, (an_hour_ago, an_hour_ago))
+        os.utime(partials[1], (an_hour_ago, an_hour_ago))
         again = on_two.post(f"/api/dist/backups/{app}")  # pruned after it is taken
         assert again.status_code == 200, again.text
-        assert all(p.is_dir() for p in busy)
-        assert not left[0].exists()  # a prune drops stale snapshots, not removals
-        assert left[1].is_dir()
-    shared.start("three")  # its start finishes what a kill left
-    assert all(p.is_dir() for p in busy)
-    assert not left[1].exists()
+        assert not any(p.exists() for p in partials)
+        assert deleting.is_dir()  # a prune drops snapshots, not removals
+        for path in partials:  # snapshots begun after the prune, as far as a start knows
+            path.mkdir()
+        os.utime(partials[1], (an_hour_ago, an_hour_ago))
+    shared.start("three")  # its start finishes the removal, and leaves the snapshots
+    assert not deleting.exists()
+    assert all(p.is_dir() for p in partials)
 
 
 def installed_and_launched_on_two(on_one: httpx.Client, on_two: httpx.Client, source: Path) -> str:
