@@ -89,8 +89,13 @@ function syncPicker() {
 }
 
 // ---------------------------------------------------------------- launcher
+let appsListed = null;   // the text of the last /api/apps answer drawn
 async function loadApps() {
-  apps = shared.apps = await api("GET", "/api/apps");
+  const listed = await api("GET", "/api/apps");
+  const text = JSON.stringify(listed);
+  if (text === appsListed) return;   // the same list: the grid stays as drawn
+  appsListed = text;
+  apps = shared.apps = listed;
   renderApps();   // the home's grid (home.js)
 }
 
@@ -361,14 +366,18 @@ function connectEvents() {
   const source = new EventSource(`/api/events?client=${clientId}`);
   useEventSource(source);
   let lost = false;
+  let opened = false;
   source.onerror = () => {
     lost = true;
     banner("Lost the connection to the shell: reconnecting…");
   };
   source.onopen = () => {
-    if (!lost) return;
+    // read again what the stream did not carry: at its first opening, a change made between
+    // the lists' loads and its subscription; after a loss, what changed meanwhile
+    if (opened && !lost) return;
+    opened = true;
+    if (lost) banner("");
     lost = false;
-    banner("");
     quietly(loadApps());
     quietly(refreshProcs());
   };

@@ -688,6 +688,42 @@ def test_the_catalogue_installs_from_the_index_and_opens(page: Page, served: Ser
             client.delete(f"/api/dist/uninstall/{CATALOGUED}")
 
 
+def test_an_app_installed_before_the_pages_stream_opened_is_on_the_launcher(
+    browser: Browser, served: Served, tmp_path: Path
+) -> None:
+    """The page lists the apps, then opens its event stream: an app installed between the two
+    was in neither (its `app:installed` went out before the stream's subscription), and stayed
+    off the launcher until a reload. The stream is held here until the install is done."""
+    folder = create(tmp_path, "com.example.meanwhile", "python")
+    launcher = 'button.app[data-app-id="com.example.meanwhile"]'
+    context = browser.new_context()
+    try:
+        held: list[Route] = []
+
+        def hold(route: Route) -> None:  # the page's own stream waits; its notices go on
+            if "client=" in route.request.url:
+                held.append(route)
+            else:
+                route.continue_()
+
+        context.route("**/api/events?**", hold)
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.goto(f"{served.url}/login?token={served.token}")
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.locator(launcher).count() == 0
+        with api(served) as client:
+            body = {"ref": f"local:{folder}", "autoApprove": True}
+            client.post("/api/dist/install", json=body).raise_for_status()
+        assert len(held) == 1
+        held[0].continue_()
+        page.locator(launcher).wait_for()
+    finally:
+        context.close()
+        with api(served) as client:
+            client.delete("/api/dist/uninstall/com.example.meanwhile")
+
+
 def test_a_dev_copy_is_marked_in_the_launcher(page: Page, served: Served, tmp_path: Path) -> None:
     folder = create(tmp_path, "com.example.devmark", "python")
     body = {"ref": f"local:{folder}", "scope": "user", "autoApprove": True, "dev": True}
