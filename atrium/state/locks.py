@@ -242,13 +242,39 @@ class Coordination:
 
         The lock ends with its session: a shell that dies or is cut off mid-operation frees
         the app for the others' operations, and its own scope writes are refused by then (each
-        is fenced on its scope's lock: `atrium.state.scopelocks`)."""
+        is fenced on its scope's lock: `atrium.state.scopelocks`). A session ended under a
+        shell that goes on (a dropped link, the server's ``idle_session_timeout``, an
+        administrator) is noticed within `PING_EVERY` s and the lock taken again on a new one
+        (`_keep_operation`)."""
         engine = self._engine
         if engine is None:
             yield
             return
         self.check()
         key = lock_key("operation", app_id)
+        taken = await self._take_operation(engine, app_id, operation, key)
+        if isinstance(taken, str):
+            raise Busy(app_id, taken or "unknown", elsewhere=True)
+        holding: list[AsyncConnection | None] = [taken]
+        over = asyncio.Event()
+        keeping = asyncio.ensure_future(
+            self._keep_operation(engine, app_id, operation, key, holding, over)
+        )
+        try:
+            yield
+        finally:
+            over.set()
+            try:
+                await asyncio.wait({keeping})  # its statement at most, never cut mid-way
+            finally:
+                conn, holding[0] = holding[0], None
+                if conn is not None:
+                    await _unlock(conn, key)
+
+    async def _take_operation(
+        self, engine: AsyncEngine, app_id: str, operation: str, key: int
+    ) -> AsyncConnection | str:
+        """The connection holding ``key`` now, or the operation holding it elsewhere."""
         conn: AsyncConnection | None = None
         try:
             async with asyncio.timeout(PING_TIMEOUT * 2):
@@ -276,13 +302,64 @@ class Coordination:
             if isinstance(err, Exception) and not isinstance(err, DatabaseLost):
                 raise DatabaseLost(f"the operation lock could not be taken: {err}"[:300]) from err
             raise
-        if not held:
-            await conn.close()
-            raise Busy(app_id, running or "unknown", elsewhere=True)
-        try:
-            yield
-        finally:
-            await _unlock(conn, key)
+        if held:
+            return conn
+        await conn.close()
+        return str(running)
+
+    async def _keep_operation(
+        self,
+        engine: AsyncEngine,
+        app_id: str,
+        operation: str,
+        key: int,
+        holding: list[AsyncConnection | None],
+        over: asyncio.Event,
+    ) -> None:
+        """Ask the operation's session each `PING_EVERY` s until ``over``; one that does not
+        answer is discarded and the lock taken again on a new session (``holding[0]``). Another
+        shell that took it meanwhile keeps it: this operation is logged as no longer exclusive,
+        as it cannot be stopped half-way."""
+        while True:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(PING_EVERY):
+                    await over.wait()
+                return
+            conn = holding[0]
+            if conn is None:
+                return
+            try:
+                await _scalar(conn, "SELECT 1")
+                continue
+            except Exception as err:  # noqa: BLE001 - any failure: the session is gone
+                _LOGGER.warning(
+                    "the %s of %s lost its lock's session (%s): taking it again",
+                    operation,
+                    app_id,
+                    err,
+                )
+            holding[0] = None
+            await _discard(conn)
+            while not over.is_set():
+                try:
+                    taken = await self._take_operation(engine, app_id, operation, key)
+                except DatabaseLost:
+                    await asyncio.sleep(PING_EVERY)
+                    continue
+                if isinstance(taken, str):
+                    _LOGGER.error(
+                        "the %s of %s lost its lock, which another shell took (%s): the two "
+                        "run at once",
+                        operation,
+                        app_id,
+                        taken or "unknown",
+                    )
+                    return
+                if over.is_set():  # the operation ended meanwhile
+                    await _unlock(taken, key)
+                    return
+                holding[0] = taken
+                break
 
     def on_lead(self, gained: Callable[[], None], lost: Callable[[], None] | None = None) -> None:
         """Call ``gained`` each time this shell becomes leader, ``lost`` each time it stops."""

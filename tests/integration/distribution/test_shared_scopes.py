@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from atrium.distribution.operations import AppLocks
+from atrium.state.locks import lock_key
 from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
 from tests.integration.conftest import RunningShell, SseReader, launch_shell, wait_for
@@ -412,3 +413,56 @@ def test_an_operation_through_one_shell_refuses_the_apps_operations_through_the_
         assert busy.json()["error"]["operation"] == "a test"
         again = on_two.post(f"/api/dist/backups/{app}")
         assert again.status_code == 200, again.text
+
+
+def operation_sessions(url: str, app_id: str, *, end: bool = False) -> int:
+    """How many sessions hold ``app_id``'s operation lock among the shells (``end``: they are
+    ended, as a dropped link or the server's ``idle_session_timeout`` ends one)."""
+    import psycopg
+
+    key = lock_key("operation", app_id)
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        what = "count(pg_terminate_backend(pid))" if end else "count(*)"
+        row = conn.execute(
+            f"SELECT {what} FROM pg_locks WHERE locktype = 'advisory' AND granted"  # noqa: S608
+            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_operation_whose_lock_session_ends_takes_the_lock_again_before_the_other_shell(
+    shared: Shared, make_app: MakeApp
+) -> None:
+    """The operation lock is a session lock on an idle connection: a session ended under a
+    running operation (a dropped link, ``idle_session_timeout``, an administrator) freed the
+    app, and an uninstall through the other shell went ahead while one still backed it up."""
+    app = "com.example.wakeheld"  # the app backup_held_in_its_stop backs up
+    one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
+    source = make_app(app, entrypoint=["python3", "blocking.py"])
+    (source / "blocking.py").write_text(BLOCKING)
+    with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
+        installed_ok(on_one, f"local:{source}")
+        launched = on_one.post("/api/instances", json={"appId": app})
+        assert launched.status_code == 200, launched.text
+        data = shared.scopes / "global/apps" / app / launched.json()["instanceId"]
+        wait_for(lambda: listed(on_two, app), "the install read on two")
+        backup, backed_up, client = backup_held_in_its_stop(one, data)
+        try:
+            assert operation_sessions(shared.url, app, end=True) == 1
+            wait_for(
+                lambda: operation_sessions(shared.url, app) == 1,
+                "one to take the backup's lock again",
+                10,
+            )
+            refused = on_two.delete(f"/api/dist/uninstall/{app}")
+        finally:
+            (data / "block-onStop").unlink()
+            backup.join(DEADLINE)
+            client.close()
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["elsewhere"] is True
+        assert backed_up[0].status_code == 200, backed_up[0].text
+        assert operation_sessions(shared.url, app) == 0
+        assert listed(on_two, app) is not None
