@@ -253,8 +253,8 @@ class Coordination:
         self.check()
         key = lock_key("operation", app_id)
         taken = await self._take_operation(engine, app_id, operation, key)
-        if isinstance(taken, str):
-            raise Busy(app_id, taken or "unknown", elsewhere=True)
+        if isinstance(taken, tuple):
+            raise Busy(app_id, taken[0] or "unknown", elsewhere=True)
         holding: list[AsyncConnection | None] = [taken]
         over = asyncio.Event()
         keeping = asyncio.ensure_future(
@@ -273,8 +273,8 @@ class Coordination:
 
     async def _take_operation(
         self, engine: AsyncEngine, app_id: str, operation: str, key: int
-    ) -> AsyncConnection | str:
-        """The connection holding ``key`` now, or the operation holding it elsewhere."""
+    ) -> AsyncConnection | tuple[str, str]:
+        """The connection holding ``key`` now, or the operation holding it and its shell."""
         conn: AsyncConnection | None = None
         try:
             async with asyncio.timeout(PING_TIMEOUT * 2):
@@ -293,7 +293,8 @@ class Coordination:
             else:
                 running = await _scalar(
                     conn,
-                    "SELECT coalesce(max(operation), '') FROM app_operations WHERE app_id = :a",
+                    "SELECT coalesce(max(operation || chr(31) || shell), '') FROM app_operations"
+                    " WHERE app_id = :a",
                     a=app_id,
                 )
         except BaseException as err:
@@ -305,7 +306,8 @@ class Coordination:
         if held:
             return conn
         await conn.close()
-        return str(running)
+        name, _, shell = str(running).partition("\x1f")
+        return name, shell
 
     async def _keep_operation(
         self,
@@ -331,13 +333,20 @@ class Coordination:
             try:
                 await _scalar(conn, "SELECT 1")
                 continue
-            except Exception as err:  # noqa: BLE001 - any failure: the session is gone
-                _LOGGER.warning(
-                    "the %s of %s lost its lock's session (%s): taking it again",
-                    operation,
-                    app_id,
-                    err,
-                )
+            except TimeoutError:
+                # slow is not gone: its answer is awaited (a session that is gone fails it, its
+                # socket erroring after the keepalives); ending a live one would free the lock
+                pending = next((t for t, c in _ABANDONED.items() if c is conn), None)
+                if pending is not None:
+                    await asyncio.wait({pending})
+                if pending is None or pending.cancelled() or pending.exception() is None:
+                    continue
+                err: BaseException = pending.exception()  # type: ignore[assignment]
+            except Exception as failed:  # noqa: BLE001 - any other failure: the session is gone
+                err = failed
+            _LOGGER.warning(
+                "the %s of %s lost its lock's session (%s): taking it again", operation, app_id, err
+            )
             holding[0] = None
             await _discard(conn)
             while not over.is_set():
@@ -346,13 +355,17 @@ class Coordination:
                 except DatabaseLost:
                     await asyncio.sleep(PING_EVERY)
                     continue
-                if isinstance(taken, str):
+                if taken == (operation, self._shell_name):
+                    # its own last session, not yet ended by the server: asked again
+                    await asyncio.sleep(PING_EVERY)
+                    continue
+                if isinstance(taken, tuple):
                     _LOGGER.error(
                         "the %s of %s lost its lock, which another shell took (%s): the two "
                         "run at once",
                         operation,
                         app_id,
-                        taken or "unknown",
+                        taken[0] or "unknown",
                     )
                     return
                 if over.is_set():  # the operation ended meanwhile
