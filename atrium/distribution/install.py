@@ -422,7 +422,8 @@ class Installer:
     def _clear_staging(self, scope: Scope) -> None:
         """Remove what operations left in staging without a journal. In a scope folder other
         shells share, another shell may be fetching into staging now (a fetch is not a write of
-        the scope, and holds no lock): only what nobody touched for `SHARED_STAGING_AGE` s goes."""
+        the scope, and holds no lock): only what nobody touched for `SHARED_STAGING_AGE` s goes
+        (an operation under way touches its folder every `operations.STAGING_TOUCH_EVERY` s)."""
         staging = self._layout.staging_dir(scope)
         if not staging.is_dir():
             return

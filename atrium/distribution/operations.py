@@ -5,8 +5,10 @@ client goes away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
+import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -107,11 +109,28 @@ async def staging(layout: ScopeLayout, journals: JournalStore, scope: Scope) -> 
         raise error(
             f"cannot create the staging folder {path.parent}: {err}", path=str(path.parent)
         ) from err
+    # in a folder other shells share, a starting shell takes a staging folder nobody touched for
+    # an hour for a kill's (`Installer._clear_staging`): one under way is touched meanwhile,
+    # whatever its fetch or its stop takes
+    touching = asyncio.ensure_future(_touch_while(path)) if layout.shared else None
     try:
         yield path
     finally:
+        if touching is not None:
+            touching.cancel()
         if not journals.exists(scope, path.name):
             await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+#: seconds between two touches of a staging folder under way in a shared scope folder
+STAGING_TOUCH_EVERY = 300.0
+
+
+async def _touch_while(path: Path) -> None:
+    while True:
+        await asyncio.sleep(STAGING_TOUCH_EVERY)
+        with contextlib.suppress(OSError):  # gone: nothing left to keep
+            os.utime(path)
 
 
 async def run_to_completion(coro: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:

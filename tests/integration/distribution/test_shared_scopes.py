@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from atrium.distribution import operations
 from atrium.distribution.operations import AppLocks
+from atrium.scopes import Scope
 from atrium.state.locks import lock_key
 from atrium.state.migrate import upgrade_now
 from tests.conftest import REPO_DIR
@@ -33,6 +35,7 @@ from tests.integration.distribution.conftest import (
 from tests.integration.distribution.test_wake_during_operations import (
     BLOCKING,
     backup_held_in_its_stop,
+    in_background,
 )
 from tests.postgres import new_database
 
@@ -466,3 +469,40 @@ def test_an_operation_whose_lock_session_ends_takes_the_lock_again_before_the_ot
         assert backed_up[0].status_code == 200, backed_up[0].text
         assert operation_sessions(shared.url, app) == 0
         assert listed(on_two, app) is not None
+
+
+def test_a_staging_folder_under_way_is_kept_by_a_starting_shell_whatever_its_age(
+    shared: Shared, make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starting shell removes a staging folder nobody touched for an hour: an update through
+    one whose fetch or stop took longer (its folder is touched only as its direct entries
+    change) had its staged tree removed under it. Touched by the operation meanwhile now (every
+    `STAGING_TOUCH_EVERY` s, made short here); the start's clearing is called by hand on two."""
+    monkeypatch.setattr(operations, "STAGING_TOUCH_EVERY", 0.05)
+    app = "com.example.wakeheld"
+    one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
+    source = make_app(app, entrypoint=["python3", "blocking.py"])
+    (source / "blocking.py").write_text(BLOCKING)
+    with one.client(timeout=DEADLINE) as on_one:
+        installed_ok(on_one, f"local:{source}")
+        launched = on_one.post("/api/instances", json={"appId": app})
+        assert launched.status_code == 200, launched.text
+        data = shared.scopes / "global/apps" / app / launched.json()["instanceId"]
+        write_manifest(source, version="2.0.0")
+        (data / "block-onStop").write_text("")
+        thread, updated = in_background(lambda: on_one.post(f"/api/dist/update/{app}", json={}))
+        try:
+            wait_for(lambda: (data / "in-onStop").exists(), "the update to stop the instance")
+            (entry,) = (shared.scopes / "global/.staging").iterdir()
+            hour_ago = time.time() - 2 * 3600
+            os.utime(entry, (hour_ago, hour_ago))
+            wait_for(lambda: entry.stat().st_mtime > hour_ago, "the update to touch its folder", 3)
+            two.shell.dist.installer._clear_staging(Scope.GLOBAL)
+            assert entry.is_dir(), "the update's staging folder was removed under it"
+        finally:
+            (data / "block-onStop").unlink()
+            thread.join(DEADLINE)
+        assert updated[0].status_code == 200, updated[0].text
+        now = listed(on_one, app)
+        assert now is not None
+        assert now["version"] == "2.0.0", now
