@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from atrium.errors import SpawnFailed
+from atrium.lifecycle.limits import InstanceCgroup
 from atrium.lifecycle.ports import PortAllocator
 from atrium.lifecycle.runners import AppUser, ExitStatus, Runner, RunningApp, SpawnSpec
 from atrium.lifecycle.runners.bwrap import BwrapRunner, bwrap_works, classify_early_exit
@@ -741,3 +742,28 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state[state.rindex(")") + 2] != "Z"
+
+
+async def test_a_cgroup_gone_before_the_spawn_leaves_the_log_closed(
+    make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """The instance's cgroup was removed before its spawn opened it (a warm-pool spawn racing
+    an uninstall, met in a full run): the spawn failed, and the app's log file it had opened
+    stayed open until the garbage collector closed it, a ResourceWarning in whatever test ran
+    then. The failure is kept here, traceback and all, as a caller keeps it."""
+    gone = tmp_path / "cgroup-gone"
+    spec = make_spec(cgroup=InstanceCgroup([gone], 2))
+    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with pytest.raises((OSError, SpawnFailed)) as failed:
+        await ProcessRunner().spawn(spec)
+    assert failed.value is not None
+    fds = Path("/proc/self/fd")
+    open_logs = [fd for fd in fds.iterdir() if _target(fd) == str(spec.log_path)]
+    assert open_logs == [], "the app's log file was left open"
+
+
+def _target(fd: Path) -> str:
+    try:
+        return str(fd.readlink())
+    except OSError:
+        return ""

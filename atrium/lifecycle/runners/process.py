@@ -594,7 +594,13 @@ async def start_child(
     starts (the app directory by default).
     """
     log: BinaryIO = spec.log_path.open("ab")
-    cgroup_fds = spec.cgroup.open_procs() if spec.cgroup is not None else []
+    try:
+        # a cgroup removed meanwhile (an uninstall racing a warm-pool spawn) fails here: the log
+        # is closed all the same
+        cgroup_fds = spec.cgroup.open_procs() if spec.cgroup is not None else []
+    except BaseException:
+        log.close()
+        raise
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
