@@ -375,21 +375,34 @@ def test_an_update_heard_while_an_operation_holds_the_app_renews_once_it_is_over
         wait_for(renewed, "two's instance brought back on 2.0.0 once the operation is over", 20)
 
 
+#: the app `backup_held_in_its_stop` backs up
+BLOCKED = "com.example.wakeheld"
+
+
+def blocking_app_launched_on_one(
+    shared: Shared, make_app: MakeApp, on_one: httpx.Client, on_two: httpx.Client
+) -> Path:
+    """BLOCKED (its hooks wait on files: BLOCKING) installed and launched through one, and read
+    on two: its instance's data folder."""
+    source = make_app(BLOCKED, entrypoint=["python3", "blocking.py"])
+    (source / "blocking.py").write_text(BLOCKING)
+    installed_ok(on_one, f"local:{source}")
+    launched = on_one.post("/api/instances", json={"appId": BLOCKED})
+    assert launched.status_code == 200, launched.text
+    wait_for(lambda: listed(on_two, BLOCKED), "the install read on two")
+    instance: str = launched.json()["instanceId"]
+    return shared.scopes / "global/apps" / BLOCKED / instance
+
+
 def test_an_operation_through_one_shell_refuses_the_apps_operations_through_the_other(
     shared: Shared, make_app: MakeApp
 ) -> None:
     """The per-app operation lock was each shell's own: with no stickiness, an uninstall through
     two went ahead while one backed the app up, and removed the data one was copying."""
-    app = "com.example.wakeheld"  # the app backup_held_in_its_stop backs up
+    app = BLOCKED
     one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
-    source = make_app(app, entrypoint=["python3", "blocking.py"])
-    (source / "blocking.py").write_text(BLOCKING)
     with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
-        installed_ok(on_one, f"local:{source}")
-        launched = on_one.post("/api/instances", json={"appId": app})
-        assert launched.status_code == 200, launched.text
-        data = shared.scopes / "global/apps" / app / launched.json()["instanceId"]
-        wait_for(lambda: listed(on_two, app), "the install read on two")
+        data = blocking_app_launched_on_one(shared, make_app, on_one, on_two)
         backup, backed_up, client = backup_held_in_its_stop(one, data)
         try:
             refused = [
@@ -441,16 +454,10 @@ def test_an_operation_whose_lock_session_ends_takes_the_lock_again_before_the_ot
     """The operation lock is a session lock on an idle connection: a session ended under a
     running operation (a dropped link, ``idle_session_timeout``, an administrator) freed the
     app, and an uninstall through the other shell went ahead while one still backed it up."""
-    app = "com.example.wakeheld"  # the app backup_held_in_its_stop backs up
+    app = BLOCKED
     one, two = shared.start("one", runner="auto"), shared.start("two", runner="auto")
-    source = make_app(app, entrypoint=["python3", "blocking.py"])
-    (source / "blocking.py").write_text(BLOCKING)
     with one.client(timeout=DEADLINE) as on_one, two.client(timeout=DEADLINE) as on_two:
-        installed_ok(on_one, f"local:{source}")
-        launched = on_one.post("/api/instances", json={"appId": app})
-        assert launched.status_code == 200, launched.text
-        data = shared.scopes / "global/apps" / app / launched.json()["instanceId"]
-        wait_for(lambda: listed(on_two, app), "the install read on two")
+        data = blocking_app_launched_on_one(shared, make_app, on_one, on_two)
         backup, backed_up, client = backup_held_in_its_stop(one, data)
         try:
             assert operation_sessions(shared.url, app, end=True) == 1
