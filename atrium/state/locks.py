@@ -245,134 +245,25 @@ class Coordination:
         is fenced on its scope's lock: `atrium.state.scopelocks`). A session ended under a
         shell that goes on (a dropped link, the server's ``idle_session_timeout``, an
         administrator) is noticed within `PING_EVERY` s and the lock taken again on a new one
-        (`_keep_operation`)."""
+        (`_OperationHold.keep`)."""
         engine = self._engine
         if engine is None:
             yield
             return
         self.check()
-        key = lock_key("operation", app_id)
-        taken = await self._take_operation(engine, app_id, operation, key)
-        if isinstance(taken, tuple):
-            raise Busy(app_id, taken[0] or "unknown", elsewhere=True)
-        holding: list[AsyncConnection | None] = [taken]
-        over = asyncio.Event()
-        keeping = asyncio.ensure_future(
-            self._keep_operation(engine, app_id, operation, key, holding, over)
-        )
+        hold = _OperationHold(engine, app_id, operation, self._shell_name)
+        running = await hold.take()
+        if running is not None:
+            raise Busy(app_id, running[0] or "unknown", elsewhere=True)
+        keeping = asyncio.ensure_future(hold.keep())
         try:
             yield
         finally:
-            over.set()
+            hold.over.set()
             try:
                 await asyncio.wait({keeping})  # its statement at most, never cut mid-way
             finally:
-                conn, holding[0] = holding[0], None
-                if conn is not None:
-                    await _unlock(conn, key)
-
-    async def _take_operation(
-        self, engine: AsyncEngine, app_id: str, operation: str, key: int
-    ) -> AsyncConnection | tuple[str, str]:
-        """The connection holding ``key`` now, or the operation holding it and its shell."""
-        conn: AsyncConnection | None = None
-        try:
-            async with asyncio.timeout(PING_TIMEOUT * 2):
-                conn = await engine.connect()
-            held = bool(await _scalar(conn, "SELECT pg_try_advisory_lock(:k)", k=key))
-            if held:
-                await _scalar(
-                    conn,
-                    "INSERT INTO app_operations (app_id, operation, shell) VALUES (:a, :o, :s)"
-                    " ON CONFLICT (app_id) DO UPDATE SET operation = excluded.operation,"
-                    " shell = excluded.shell RETURNING 1",
-                    a=app_id,
-                    o=operation,
-                    s=self._shell_name,
-                )
-            else:
-                running = await _scalar(
-                    conn,
-                    "SELECT coalesce(max(operation || chr(31) || shell), '') FROM app_operations"
-                    " WHERE app_id = :a",
-                    a=app_id,
-                )
-        except BaseException as err:
-            if conn is not None:
-                await _discard(conn)  # may hold the lock: its session ends with it
-            if isinstance(err, Exception) and not isinstance(err, DatabaseLost):
-                raise DatabaseLost(f"the operation lock could not be taken: {err}"[:300]) from err
-            raise
-        if held:
-            return conn
-        await conn.close()
-        name, _, shell = str(running).partition("\x1f")
-        return name, shell
-
-    async def _keep_operation(
-        self,
-        engine: AsyncEngine,
-        app_id: str,
-        operation: str,
-        key: int,
-        holding: list[AsyncConnection | None],
-        over: asyncio.Event,
-    ) -> None:
-        """Ask the operation's session each `PING_EVERY` s until ``over``; one that does not
-        answer is discarded and the lock taken again on a new session (``holding[0]``). Another
-        shell that took it meanwhile keeps it: this operation is logged as no longer exclusive,
-        as it cannot be stopped half-way."""
-        while True:
-            with suppress(TimeoutError):
-                async with asyncio.timeout(PING_EVERY):
-                    await over.wait()
-                return
-            conn = holding[0]
-            if conn is None:
-                return
-            try:
-                await _scalar(conn, "SELECT 1")
-                continue
-            except TimeoutError:
-                # slow is not gone: its answer is awaited (a session that is gone fails it, its
-                # socket erroring after the keepalives); ending a live one would free the lock
-                pending = next((t for t, c in _ABANDONED.items() if c is conn), None)
-                if pending is not None:
-                    await asyncio.wait({pending})
-                if pending is None or pending.cancelled() or pending.exception() is None:
-                    continue
-                err: BaseException = pending.exception()  # type: ignore[assignment]
-            except Exception as failed:  # noqa: BLE001 - any other failure: the session is gone
-                err = failed
-            _LOGGER.warning(
-                "the %s of %s lost its lock's session (%s): taking it again", operation, app_id, err
-            )
-            holding[0] = None
-            await _discard(conn)
-            while not over.is_set():
-                try:
-                    taken = await self._take_operation(engine, app_id, operation, key)
-                except DatabaseLost:
-                    await asyncio.sleep(PING_EVERY)
-                    continue
-                if taken == (operation, self._shell_name):
-                    # its own last session, not yet ended by the server: asked again
-                    await asyncio.sleep(PING_EVERY)
-                    continue
-                if isinstance(taken, tuple):
-                    _LOGGER.error(
-                        "the %s of %s lost its lock, which another shell took (%s): the two "
-                        "run at once",
-                        operation,
-                        app_id,
-                        taken[0] or "unknown",
-                    )
-                    return
-                if over.is_set():  # the operation ended meanwhile
-                    await _unlock(taken, key)
-                    return
-                holding[0] = taken
-                break
+                await hold.release()
 
     def on_lead(self, gained: Callable[[], None], lost: Callable[[], None] | None = None) -> None:
         """Call ``gained`` each time this shell becomes leader, ``lost`` each time it stops."""
@@ -581,6 +472,120 @@ class Coordination:
                 if not first.done():
                     first.set_result(None)
                 await asyncio.sleep(LEADER_RETRY)
+
+
+class _OperationHold:
+    """One operation's hold of its app's lock among the shells (`Coordination.operation`): the
+    session that holds it (``conn``, None while none does) and the operation's end (``over``)."""
+
+    def __init__(self, engine: AsyncEngine, app_id: str, operation: str, shell: str) -> None:
+        self._engine = engine
+        self.app_id, self.operation, self.shell = app_id, operation, shell
+        self.key = lock_key("operation", app_id)
+        self.conn: AsyncConnection | None = None
+        self.over = asyncio.Event()
+
+    async def take(self) -> tuple[str, str] | None:
+        """Take the lock on a new session (``conn``): None once held, else the operation
+        holding it and its shell. DatabaseLost when the database does not answer."""
+        conn: AsyncConnection | None = None
+        try:
+            async with asyncio.timeout(PING_TIMEOUT * 2):
+                conn = await self._engine.connect()
+            held = bool(await _scalar(conn, "SELECT pg_try_advisory_lock(:k)", k=self.key))
+            if held:
+                await _scalar(
+                    conn,
+                    "INSERT INTO app_operations (app_id, operation, shell) VALUES (:a, :o, :s)"
+                    " ON CONFLICT (app_id) DO UPDATE SET operation = excluded.operation,"
+                    " shell = excluded.shell RETURNING 1",
+                    a=self.app_id,
+                    o=self.operation,
+                    s=self.shell,
+                )
+            else:
+                running = await _scalar(
+                    conn,
+                    "SELECT coalesce(max(operation || chr(31) || shell), '') FROM app_operations"
+                    " WHERE app_id = :a",
+                    a=self.app_id,
+                )
+        except BaseException as err:
+            if conn is not None:
+                await _discard(conn)  # may hold the lock: its session ends with it
+            if isinstance(err, Exception) and not isinstance(err, DatabaseLost):
+                raise DatabaseLost(f"the operation lock could not be taken: {err}"[:300]) from err
+            raise
+        if held:
+            self.conn = conn
+            return None
+        await conn.close()
+        name, _, shell = str(running).partition("\x1f")
+        return name, shell
+
+    async def keep(self) -> None:
+        """Ask the session each `PING_EVERY` s until ``over``; one that does not answer is
+        discarded and the lock taken again on a new session. Another shell that took it
+        meanwhile keeps it: this operation is logged as no longer exclusive, as it cannot be
+        stopped half-way."""
+        while True:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(PING_EVERY):
+                    await self.over.wait()
+                return
+            conn = self.conn
+            if conn is None:
+                return
+            try:
+                await _scalar(conn, "SELECT 1")
+                continue
+            except TimeoutError:
+                # slow is not gone: its answer is awaited (a session that is gone fails it, its
+                # socket erroring after the keepalives); ending a live one would free the lock
+                pending = next((t for t, c in _ABANDONED.items() if c is conn), None)
+                if pending is not None:
+                    await asyncio.wait({pending})
+                if pending is None or pending.cancelled() or pending.exception() is None:
+                    continue
+                err: BaseException = pending.exception()  # type: ignore[assignment]
+            except Exception as failed:  # noqa: BLE001 - any other failure: the session is gone
+                err = failed
+            _LOGGER.warning(
+                "the %s of %s lost its lock's session (%s): taking it again",
+                self.operation,
+                self.app_id,
+                err,
+            )
+            self.conn = None
+            await _discard(conn)
+            while not self.over.is_set():
+                try:
+                    running = await self.take()
+                except DatabaseLost:
+                    await asyncio.sleep(PING_EVERY)
+                    continue
+                if running == (self.operation, self.shell):
+                    # its own last session, not yet ended by the server: asked again
+                    await asyncio.sleep(PING_EVERY)
+                    continue
+                if running is not None:
+                    _LOGGER.error(
+                        "the %s of %s lost its lock, which another shell took (%s): the two "
+                        "run at once",
+                        self.operation,
+                        self.app_id,
+                        running[0] or "unknown",
+                    )
+                    return
+                if self.over.is_set():  # the operation ended meanwhile
+                    await self.release()
+                    return
+                break
+
+    async def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await _unlock(conn, self.key)
 
 
 class InstanceLock:
