@@ -5,14 +5,13 @@ client goes away."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
 import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -129,7 +128,7 @@ STAGING_TOUCH_EVERY = 300.0
 async def _touch_while(path: Path) -> None:
     while True:
         await asyncio.sleep(STAGING_TOUCH_EVERY)
-        with contextlib.suppress(OSError):  # gone: nothing left to keep
+        with suppress(OSError):  # gone: nothing left to keep
             os.utime(path)
 
 
