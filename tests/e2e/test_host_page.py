@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Frame, Page, Route
+from playwright.sync_api import Browser, BrowserContext, Frame, Page, Route
 from playwright.sync_api import Error as PlaywrightError
 
 from atrium.authoring.scaffold import create
@@ -55,6 +55,21 @@ def app_frame(page: Page, app_id: str) -> Frame:
                     continue
         time.sleep(0.05)
     raise AssertionError(f"no loaded frame for {app_id}")
+
+
+def page_stream_held(context: BrowserContext) -> list[Route]:
+    """Every host page's own event stream in ``context`` held (its routes gathered, to be let
+    through by the test); the notices' streams go on."""
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:
+        if "client=" in route.request.url:
+            held.append(route)
+        else:
+            route.continue_()
+
+    context.route("**/api/events?**", hold)
+    return held
 
 
 def launch(page: Page, app_id: str) -> Frame:
@@ -556,15 +571,7 @@ def test_an_earlier_instances_end_heard_late_leaves_the_tab_of_its_successor_ope
         client.delete(f"/api/instances/{made[0]}").raise_for_status()
     context = browser.new_context()
     try:
-        held: list[Route] = []
-
-        def hold(route: Route) -> None:  # the page's own stream waits, behind
-            if "client=" in route.request.url:
-                held.append(route)
-            else:
-                route.continue_()
-
-        context.route("**/api/events?**", hold)
+        held = page_stream_held(context)
         page = context.new_page()
         page.set_default_timeout(15_000)
         asked: list[str] = []
@@ -698,15 +705,7 @@ def test_an_app_installed_before_the_pages_stream_opened_is_on_the_launcher(
     launcher = 'button.app[data-app-id="com.example.meanwhile"]'
     context = browser.new_context()
     try:
-        held: list[Route] = []
-
-        def hold(route: Route) -> None:  # the page's own stream waits; its notices go on
-            if "client=" in route.request.url:
-                held.append(route)
-            else:
-                route.continue_()
-
-        context.route("**/api/events?**", hold)
+        held = page_stream_held(context)
         page = context.new_page()
         page.set_default_timeout(15_000)
         page.goto(f"{served.url}/login?token={served.token}")
